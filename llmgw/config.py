@@ -1,0 +1,604 @@
+"""Typed llmgw configuration: one frozen-dataclass tree, read from TOML, written with tomli-w.
+
+The schema is declarative.  Each section is a frozen dataclass: its annotations give the TOML
+type (str, int, float, bool, ``X | None``, ``tuple[X, ...]`` for arrays, a nested dataclass for
+a table, ``tuple[Section, ...]`` for an array of tables) and ``opt(...)`` in the field gives
+the default, value checks, per-item checks and uniqueness.  One generic walker does type
+checking, defaults and unknown-key detection and collects every problem; checks spanning
+sections are small functions registered with ``@_cross_check``.  A new section is a new
+dataclass plus a field on its parent: no new validation code.
+
+Pure module: no I/O besides ``load_config`` reading the file, no sockets, no trio.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from datetime import date, datetime, time
+from functools import cache
+from pathlib import Path
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
+from urllib.parse import urlsplit
+
+import tomli_w
+
+__all__ = [
+    "AdminConfig", "Config", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
+    "PoolConfig", "ReplicaConfig", "ServerConfig", "SimConfig", "DEFAULT_POOL",
+    "default_admin_socket", "default_config", "dump_config", "init_config_text",
+    "load_config", "parse_config",
+]
+
+ENGINES = ("vllm", "llamacpp")
+STRATEGIES = ("chat", "batch", "long-context")
+DEFAULT_POOL = "default"
+
+Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
+KeyPath = tuple[str | int, ...]
+
+
+def opt(default: Any = MISSING, *, factory: Any = MISSING, check: Check | tuple[Check, ...] = (),
+        items: Check | tuple[Check, ...] = (), unique: str | None = None) -> Any:
+    """Declare a config field.  No default and no factory = required key.
+
+    check:  checks on the converted value; items: checks on each array element;
+    unique: for an array of tables, the attribute that must be unique across elements.
+    """
+    tup = lambda c: c if isinstance(c, tuple) else (c,)  # noqa: E731
+    return field(default=default, default_factory=factory,
+                 metadata={"checks": tup(check), "items": tup(items), "unique": unique})
+
+
+# ---------------------------------------------------------------------------------- checks
+def one_of(*choices: str) -> Check:
+    def check(v: str) -> str | None:
+        if v in choices:
+            return None
+        near = difflib.get_close_matches(v, choices, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        return f"expected one of {', '.join(map(repr, choices))}; got {v!r}{hint}"
+    return check
+
+
+def in_range(lo: float, hi: float | None = None) -> Check:
+    def check(v: float) -> str | None:
+        if v >= lo and (hi is None or v <= hi):
+            return None
+        return f"must be >= {lo}, got {v!r}" if hi is None else f"must be in {lo}..{hi}, got {v!r}"
+    return check
+
+
+def positive(v: float) -> str | None:
+    return None if v > 0 and v != float("inf") else f"must be a finite number > 0, got {v!r}"
+
+
+def nonempty(v: str) -> str | None:
+    return None if v.strip() else "must not be empty"
+
+
+def http_url(v: str) -> str | None:
+    try:
+        u = urlsplit(v)
+        u.port  # noqa: B018 -- raises ValueError on a bad port
+    except ValueError:
+        u = None
+    if u is None or u.scheme not in ("http", "https") or not u.hostname or re.search(r"\s", v):
+        return f"not an http(s) URL: {v!r}"
+    return None
+
+
+def host_port(v: str) -> str | None:
+    host, sep, port = v.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if sep and host and re.fullmatch(r"[0-9]{1,5}", port) and int(port) <= 65535:
+        return None
+    return f"expected \"host:port\", got {v!r}"
+
+
+def header_name(v: str) -> str | None:
+    ok = re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", v)
+    return None if ok else f"not a valid HTTP header name: {v!r}"
+
+
+# ---------------------------------------------------------------------------------- schema
+def default_admin_socket() -> str:
+    """$XDG_RUNTIME_DIR/llmgw-<uid>/admin.sock, or under /tmp when XDG_RUNTIME_DIR is unset."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    uid = os.getuid() if hasattr(os, "getuid") else os.getpid()
+    return str(Path(base) / f"llmgw-{uid}" / "admin.sock")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    host: str = opt("127.0.0.1", check=nonempty)
+    port: int = opt(8000, check=in_range(0, 65535))
+    api_keys: tuple[str, ...] = opt((), items=nonempty)  # empty = no auth
+    max_body_bytes: int = opt(8 * 1024 * 1024, check=in_range(1))
+    request_id_header: str = opt("x-request-id", check=header_name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdminConfig:
+    socket: str = opt(factory=default_admin_socket, check=nonempty)
+    tcp: str | None = opt(None, check=host_port)  # "host:port"; requires token
+    token: str | None = opt(None, check=nonempty)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    engine: str = opt("vllm", check=one_of(*ENGINES))
+    replicas: int = opt(2, check=in_range(0))
+    model: str = opt("sim-model", check=nonempty)
+    base_port: int = opt(0, check=in_range(0, 65535))  # 0 = ephemeral
+    extra_args: tuple[str, ...] = opt(())
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricNames:
+    """Prometheus metric name overrides; None = the engine's standard name."""
+    running: str | None = opt(None, check=nonempty)
+    waiting: str | None = opt(None, check=nonempty)
+    kv_usage: str | None = opt(None, check=nonempty)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaConfig:
+    url: str = opt(check=http_url)
+    pool: str = opt(DEFAULT_POOL, check=nonempty)
+    weight: float = opt(1.0, check=positive)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    name: str = opt(check=nonempty)
+    engine: str = opt(check=one_of(*ENGINES))
+    strategy: str = opt("chat", check=one_of(*STRATEGIES))
+    pools: tuple[str, ...] = opt((), items=nonempty)
+    metrics: MetricNames = opt(factory=MetricNames)
+    replicas: tuple[ReplicaConfig, ...] = opt(())
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolConfig:
+    name: str = opt(check=nonempty)
+    priority: int = opt(0)  # lower = preferred
+    max_inflight_per_replica: int | None = opt(None, check=in_range(1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    server: ServerConfig = opt(factory=ServerConfig)
+    admin: AdminConfig = opt(factory=AdminConfig)
+    sim: SimConfig = opt(factory=SimConfig)
+    models: tuple[ModelConfig, ...] = opt((), unique="name")
+    pools: tuple[PoolConfig, ...] = opt((), unique="name")
+
+
+_CROSS_CHECKS: list[tuple[frozenset[str], Callable[[Config], Iterator[tuple[KeyPath, str]]]]] = []
+
+
+def _cross_check(*needs: str):
+    """Register a whole-config check; it runs when the top-level sections it needs are valid."""
+    def register(fn):
+        _CROSS_CHECKS.append((frozenset(needs), fn))
+        return fn
+    return register
+
+
+@_cross_check("admin")
+def _admin_tcp_needs_token(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    if cfg.admin.tcp is not None and cfg.admin.token is None:
+        yield ("admin", "tcp"), "a TCP admin listener requires admin.token"
+
+
+@_cross_check("models", "pools")
+def _pool_references(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    known = [DEFAULT_POOL] + [p.name for p in cfg.pools]
+    for i, m in enumerate(cfg.models):
+        refs = [(("pools", j), p) for j, p in enumerate(m.pools)]
+        refs += [(("replicas", j, "pool"), r.pool) for j, r in enumerate(m.replicas)]
+        for sub, name in refs:
+            if name not in known:
+                yield ("models", i, *sub), f"unknown pool {name!r}{_suggest(name, known)}"
+
+
+# ---------------------------------------------------------------------------------- errors
+@dataclass(frozen=True)
+class ConfigProblem:
+    file: str
+    key: str  # dotted path, e.g. "models[1].replicas[0].url"; "" for file-level problems
+    line: int | None
+    message: str
+    column: int | None = None
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}" + (f":{self.column}" if self.column is not None else "")
+        return f"{where}: {self.key}: {self.message}" if self.key else f"{where}: {self.message}"
+
+
+class ConfigError(Exception):
+    def __init__(self, problems: list[ConfigProblem]):
+        self.problems = list(problems)
+        super().__init__("\n".join(map(str, self.problems)))
+
+
+def _suggest(word: str, known: list[str]) -> str:
+    near = difflib.get_close_matches(word, known, n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def render_key(path: KeyPath) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            text = part if re.fullmatch(r"[A-Za-z0-9_-]+", part) else tomli_w.dumps({"k": part})[4:-1]
+            out += f".{text}" if out else text
+    return out
+
+
+# ---------------------------------------------------------------------------------- walker
+_BAD = object()  # marks a value that failed validation (its problems are already recorded)
+_TOML_TYPES = [(bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"),
+               (list, "an array"), (dict, "a table"), (datetime, "a datetime"), (date, "a date"),
+               (time, "a time")]
+
+
+def _type_name(value: Any) -> str:
+    return next((n for t, n in _TOML_TYPES if isinstance(value, t)), type(value).__name__)
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _unoptional(tp: Any) -> Any:
+    if get_origin(tp) in (Union, UnionType):
+        return next(a for a in get_args(tp) if a is not type(None))
+    return tp
+
+
+def _table(cls: type, data: dict, path: KeyPath, problems: list) -> tuple[dict[str, Any], set[str]]:
+    """Convert `data` against dataclass `cls`: (valid values by field name, names that failed)."""
+    values: dict[str, Any] = {}
+    failed: set[str] = set()
+    specs = {f.name: f for f in fields(cls)}
+    for key in data:
+        if key not in specs:
+            known = list(specs)
+            hint = _suggest(key, known) or f"; known keys: {', '.join(known)}"
+            problems.append((path + (key,), f"unknown key{hint}"))
+    for name, f in specs.items():
+        if name in data:
+            value = _convert(_hints(cls)[name], data[name], path + (name,), problems, f.metadata)
+            if value is _BAD:
+                failed.add(name)
+            else:
+                values[name] = value
+        elif f.default is MISSING and f.default_factory is MISSING:
+            problems.append((path + (name,), "missing required key"))
+            failed.add(name)
+    return values, failed
+
+
+def _convert(tp: Any, value: Any, path: KeyPath, problems: list, meta: Any) -> Any:
+    tp = _unoptional(tp)
+    if is_dataclass(tp):
+        if not isinstance(value, dict):
+            problems.append((path, f"expected a table, got {_type_name(value)}"))
+            return _BAD
+        values, failed = _table(tp, value, path, problems)
+        out = _BAD if failed else tp(**values)
+    elif get_origin(tp) is tuple:
+        elem = get_args(tp)[0]
+        if not isinstance(value, list):
+            want = "an array of tables" if is_dataclass(elem) else "an array"
+            problems.append((path, f"expected {want}, got {_type_name(value)}"))
+            return _BAD
+        item_meta = {"checks": meta.get("items", ())}
+        items = [_convert(elem, v, path + (i,), problems, item_meta) for i, v in enumerate(value)]
+        out = _BAD if any(x is _BAD for x in items) else tuple(items)
+        if unique := meta.get("unique"):
+            seen: dict[Any, int] = {}
+            for i, raw in enumerate(value):  # raw values: also catches duplicates among bad items
+                key = raw.get(unique) if isinstance(raw, dict) else None
+                if not isinstance(key, str | int | float):
+                    continue
+                if key in seen:
+                    first = render_key(path + (seen[key],))
+                    problems.append((path + (i, unique), f"duplicate {unique} {key!r} (first in {first})"))
+                    out = _BAD
+                seen.setdefault(key, i)
+    else:
+        if tp is float and isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > 2**1023:  # tomllib accepts integers of any size
+                problems.append((path, f"number too large: {value}"))
+                return _BAD
+            value = float(value)
+        if not isinstance(value, tp) or (isinstance(value, bool) and tp is not bool):
+            want = next(n for t, n in _TOML_TYPES if t is tp)
+            problems.append((path, f"expected {want}, got {_type_name(value)}"))
+            return _BAD
+        out = value
+    if out is not _BAD:
+        for check in meta.get("checks", ()):
+            if (msg := check(out)) is not None:
+                problems.append((path, msg))
+                return _BAD
+    return out
+
+
+# ---------------------------------------------------------------------------------- locator
+class _Locator:
+    """Best-effort map from key path to 1-based line, by scanning already-valid TOML text.
+
+    Understands [table] / [[array]] headers (counting occurrences per array), dotted and quoted
+    keys, inline tables and arrays (including arrays of inline tables), strings and comments.
+    A path not found maps to its nearest recorded ancestor (e.g. a missing key to its table
+    header); None when there is none.
+    """
+
+    _BARE = re.compile(r"[A-Za-z0-9_-]+")
+    _SCALAR = re.compile(r"[^,\]}\n#]+")
+
+    def __init__(self, text: str):
+        self.s, self.i, self.line = text, 0, 1
+        self.found: dict[KeyPath, int] = {}
+        self.aot: dict[KeyPath, int] = {}  # array-of-tables path -> elements seen so far
+        try:
+            self._document()
+        except (IndexError, AttributeError, ValueError, tomllib.TOMLDecodeError):
+            pass  # keep what was found so far
+
+    def line_of(self, path: KeyPath) -> int | None:
+        for n in range(len(path), 0, -1):
+            if (line := self.found.get(path[:n])) is not None:
+                return line
+        return None
+
+    def _adv(self, n: int = 1) -> None:
+        self.line += self.s.count("\n", self.i, self.i + n)
+        self.i += n
+
+    def _skip(self, newlines: bool = True) -> None:
+        while self.i < len(self.s):
+            c = self.s[self.i]
+            if c in " \t\r" or (newlines and c == "\n"):
+                self._adv()
+            elif c == "#":
+                end = self.s.find("\n", self.i)
+                self._adv((end if end >= 0 else len(self.s)) - self.i)
+            else:
+                break
+
+    def _record(self, path: KeyPath, line: int) -> None:
+        for n in range(1, len(path) + 1):
+            self.found.setdefault(path[:n], line)
+
+    def _document(self) -> None:
+        table: KeyPath = ()
+        while True:
+            self._skip()
+            if self.i >= len(self.s):
+                return
+            line = self.line
+            if self.s[self.i] == "[":
+                array = self.s.startswith("[[", self.i)
+                self._adv(2 if array else 1)
+                table = self._resolve(self._key(), array)
+                self._record(table, line)
+                self._skip(False)
+                self._adv(2 if array else 1)
+            else:
+                path = table + self._key()
+                self._record(path, line)
+                self._adv()  # '='
+                self._value(path)
+
+    def _resolve(self, keys: tuple[str, ...], array: bool) -> KeyPath:
+        cur: KeyPath = ()
+        for n, key in enumerate(keys):
+            cur += (key,)
+            if array and n == len(keys) - 1:
+                self.aot[cur] = self.aot.get(cur, 0) + 1
+                cur += (self.aot[cur] - 1,)
+            elif cur in self.aot:
+                cur += (self.aot[cur] - 1,)
+        return cur
+
+    def _key(self) -> tuple[str, ...]:
+        keys = []
+        while True:
+            self._skip(False)
+            if self.s[self.i] in "\"'":
+                start = self.i
+                self._string()
+                keys.append(tomllib.loads(f"k = {self.s[start:self.i]}")["k"])
+            else:
+                m = self._BARE.match(self.s, self.i)
+                keys.append(m.group())
+                self._adv(m.end() - self.i)
+            self._skip(False)
+            if self.s[self.i] != ".":
+                return tuple(keys)
+            self._adv()
+
+    def _string(self) -> None:
+        q = next(q for q in ('"""', "'''", '"', "'") if self.s.startswith(q, self.i))
+        self._adv(len(q))
+        while not self.s.startswith(q, self.i):
+            self._adv(2 if q[0] == '"' and self.s[self.i] == "\\" else 1)
+            if self.i >= len(self.s):
+                raise ValueError("unterminated string")
+        self._adv(len(q))
+        for _ in range(2 if len(q) == 3 else 0):  # """a""""" ends with up to two more quotes
+            if self.s.startswith(q[0], self.i):
+                self._adv()
+
+    def _value(self, path: KeyPath) -> None:
+        self._skip(False)
+        c = self.s[self.i]
+        if c in "\"'":
+            self._string()
+        elif c in "[{":
+            self._adv()
+            idx = 0
+            while True:
+                self._skip()
+                if self.s[self.i] in "]}":
+                    self._adv()
+                    return
+                if c == "[":
+                    self.found.setdefault(path + (idx,), self.line)
+                    self._value(path + (idx,))
+                    idx += 1
+                else:
+                    line = self.line
+                    sub = path + self._key()
+                    self._record(sub, line)
+                    self._adv()  # '='
+                    self._value(sub)
+                self._skip()
+                if self.s[self.i] == ",":
+                    self._adv()
+        else:
+            m = self._SCALAR.match(self.s, self.i)
+            self._adv(m.end() - self.i)
+
+
+# ---------------------------------------------------------------------------------- API
+_SYNTAX_AT = re.compile(r"^(.*) \(at line (\d+), column (\d+)\)$", re.S)
+
+
+def parse_config(text: str, filename: str = "<string>") -> Config:
+    """Parse and validate TOML text; raise ConfigError listing every problem found."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        msg, line, col = str(e), text.count("\n") + 1, None
+        if m := _SYNTAX_AT.match(msg):
+            msg, line, col = m.group(1), int(m.group(2)), int(m.group(3))
+        elif msg.endswith(" (at end of document)"):
+            msg = msg.removesuffix(" (at end of document)")
+        raise ConfigError([ConfigProblem(filename, "", line, f"invalid TOML: {msg}", col)]) from None
+    problems: list[tuple[KeyPath, str]] = []
+    values, failed = _table(Config, data, (), problems)
+    cfg = Config(**values)  # failed sections fall back to defaults, for the cross checks below
+    for needs, check in _CROSS_CHECKS:
+        if not needs & failed:
+            problems.extend(check(cfg))
+    if problems:
+        loc = _Locator(text)
+        out = [ConfigProblem(filename, render_key(p), loc.line_of(p), m) for p, m in problems]
+        out.sort(key=lambda p: p.line if p.line is not None else float("inf"))
+        raise ConfigError(out)
+    return cfg
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a TOML config file; unreadable files also raise ConfigError."""
+    name = os.fspath(path)
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ConfigError([ConfigProblem(name, "", None, f"cannot read: {e.strerror or e}")]) from None
+    except UnicodeDecodeError as e:
+        msg = f"not valid UTF-8 (byte offset {e.start})"
+        raise ConfigError([ConfigProblem(name, "", None, msg)]) from None
+    return parse_config(text, name)
+
+
+def default_config() -> Config:
+    return Config()
+
+
+def _plain(obj: Any) -> Any:
+    if is_dataclass(obj):
+        out = {}
+        for f in fields(obj):
+            value = _plain(getattr(obj, f.name))
+            # tomli-w cannot write None; empty tables/arrays that equal the default add nothing
+            if value is None or value == {} or (value == [] and f.default == ()):
+                continue
+            out[f.name] = value
+        return out
+    if isinstance(obj, tuple):
+        return [_plain(x) for x in obj]
+    return obj
+
+
+def dump_config(cfg: Config) -> str:
+    """TOML text for `cfg`; parse_config(dump_config(cfg)) == cfg for any valid cfg."""
+    return tomli_w.dumps(_plain(cfg))
+
+
+def init_config_text() -> str:
+    """The commented starter file `llmgw config init` writes (equals default_config())."""
+    return _INIT_TEXT
+
+
+_INIT_TEXT = '''\
+# llmgw configuration.
+# Every key is optional; the values shown are the defaults.
+
+[server]
+host = "127.0.0.1"               # listen address; "0.0.0.0" listens on all interfaces
+port = 8000
+api_keys = []                    # accepted bearer tokens; empty = no authentication
+max_body_bytes = 8388608         # 8 MiB; larger request bodies are refused
+request_id_header = "x-request-id"
+
+[admin]
+# Unix socket of the admin API. Default: $XDG_RUNTIME_DIR/llmgw-<uid>/admin.sock,
+# or /tmp/llmgw-<uid>/admin.sock when XDG_RUNTIME_DIR is unset.
+# socket = "/run/llmgw/admin.sock"
+# Optional TCP admin listener ("host:port"); it requires a token.
+# tcp = "127.0.0.1:8001"
+# token = "change-me"
+
+[sim]
+# The embedded simulated fleet started by the default one-process mode.
+engine = "vllm"                  # "vllm" or "llamacpp"
+replicas = 2
+model = "sim-model"
+base_port = 0                    # 0 = ephemeral ports
+extra_args = []                  # extra arguments passed to `llmgw sim`
+
+# Pools group replicas; a lower priority is preferred.
+# [[pools]]
+# name = "default"
+# priority = 0
+# max_inflight_per_replica = 16  # optional
+#
+# [[pools]]
+# name = "burst"
+# priority = 10
+
+# Models served by static endpoints. Names must be unique.
+# [[models]]
+# name = "llama-3-8b"
+# engine = "vllm"                # "vllm" or "llamacpp"
+# strategy = "chat"              # "chat", "batch" or "long-context"
+# pools = ["default", "burst"]
+# metrics = { kv_usage = "vllm:kv_cache_usage_perc" }   # optional metric name overrides
+#
+# [[models.replicas]]
+# url = "http://10.0.0.5:8000"
+# pool = "default"
+# weight = 1.0
+#
+# [[models.replicas]]
+# url = "http://10.0.0.6:8000"
+# pool = "burst"
+'''
