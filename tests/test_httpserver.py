@@ -1,0 +1,450 @@
+"""Tests for llmgw.daemon.httpserver over real loopback sockets (no sleeps as sync)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import stat
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from functools import partial
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from llmgw.daemon.httpserver import (
+    Request, Response, ServerStats, json_response, serve_tcp, serve_unix, text_response,
+)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "trio"
+
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def running(handler, **opts) -> AsyncIterator[tuple[str, int, ServerStats]]:
+    stats = ServerStats()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(partial(serve_tcp, handler, "127.0.0.1", 0, stats=stats, **opts))
+        yield f"http://127.0.0.1:{port}", port, stats
+        nursery.cancel_scope.cancel()
+
+
+def client(base: str, **kw) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=base, timeout=10.0, **kw)
+
+
+async def raw_exchange(port: int, data: bytes) -> bytes:
+    """Send ``data`` on a fresh connection and read until the server closes."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(data)
+        out = b""
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some(65536):
+                out += chunk
+    return out
+
+
+async def echo(req: Request) -> Response:
+    return json_response(200, {
+        "method": req.method, "path": req.path, "query": req.query_params(),
+        "body": req.body.decode(), "ua": req.header("User-Agent"), "client": list(req.client or ()),
+    })
+
+
+async def test_get_and_post_json() -> None:
+    async with running(echo) as (base, _, stats), client(base) as c:
+        r = await c.get("/v1/models?a=1&b=x%20y", headers={"user-agent": "t/1"})
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "application/json"
+        assert r.headers["content-length"] == str(len(r.content))
+        assert b", " not in r.content  # compact JSON
+        got = r.json()
+        assert got["method"] == "GET" and got["path"] == "/v1/models"
+        assert got["query"] == {"a": "1", "b": "x y"} and got["ua"] == "t/1"
+        assert got["client"][0] == "127.0.0.1"
+
+        r = await c.post("/v1/chat/completions", json={"model": "m", "messages": []})
+        assert r.status_code == 200
+        assert json.loads(r.json()["body"]) == {"model": "m", "messages": []}
+        await trio.testing.wait_all_tasks_blocked()  # server finished its bookkeeping
+        assert stats.requests_served == 2
+
+
+async def test_keepalive_reuses_one_connection() -> None:
+    ports: set[int] = set()
+
+    async def handler(req: Request) -> Response:
+        assert req.client is not None
+        ports.add(req.client[1])
+        return text_response(200, "ok")
+
+    async with running(handler) as (base, _, stats):
+        async with client(base) as c:
+            for _ in range(5):
+                r = await c.get("/")
+                assert r.text == "ok"
+        assert len(ports) == 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert stats.connections_total == 1 and stats.requests_served == 5
+
+
+async def test_http10_closes_connection() -> None:
+    async with running(echo) as (_, port, stats):
+        out = await raw_exchange(port, b"GET /x HTTP/1.0\r\n\r\n")  # returns only on close
+        assert out.startswith(b"HTTP/1.1 200")
+        assert json.loads(out.split(b"\r\n\r\n", 1)[1])["path"] == "/x"
+        assert stats.requests_served == 1
+
+
+async def test_pipelined_requests_answered_in_order() -> None:
+    async with running(echo) as (_, port, _s):
+        out = await raw_exchange(
+            port, b"GET /a HTTP/1.1\r\nhost: x\r\n\r\nGET /b HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        assert out.count(b"HTTP/1.1 200") == 2
+        assert out.index(b'"path":"/a"') < out.index(b'"path":"/b"')
+
+
+async def test_bytes_during_slow_handler_are_kept_not_cancelled() -> None:
+    release = trio.Event()
+    cancelled = False
+
+    async def handler(req: Request) -> Response:
+        nonlocal cancelled
+        if req.path == "/slow":
+            try:
+                await release.wait()
+            except trio.Cancelled:
+                cancelled = True
+                raise
+        return text_response(200, req.path)
+
+    async with running(handler) as (_, port, _s):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+            await trio.testing.wait_all_tasks_blocked()  # handler parked, watcher reading
+            await stream.send_all(b"GET /next HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            await trio.testing.wait_all_tasks_blocked()  # watcher consumed the pipelined bytes
+            release.set()
+            out = b""
+            with trio.fail_after(5):
+                while chunk := await stream.receive_some(65536):
+                    out += chunk
+        assert not cancelled
+        assert out.count(b"HTTP/1.1 200") == 2 and out.index(b"/slow") < out.index(b"/next")
+
+
+async def test_watching_resumes_after_pipelined_request() -> None:
+    release, second_started, second_cancelled = trio.Event(), trio.Event(), trio.Event()
+
+    async def handler(req: Request) -> Response:
+        if req.path == "/first":
+            await release.wait()
+        else:
+            second_started.set()
+            try:
+                await trio.sleep_forever()
+            finally:
+                second_cancelled.set()
+        return text_response(200, req.path)
+
+    async with running(handler) as (_, port, stats):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /first HTTP/1.1\r\nhost: x\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()
+        await stream.send_all(b"GET /second HTTP/1.1\r\nhost: x\r\n\r\n")  # pipelined
+        await trio.testing.wait_all_tasks_blocked()
+        release.set()
+        with trio.fail_after(5):
+            assert (await stream.receive_some(1000)).startswith(b"HTTP/1.1 200")
+            await second_started.wait()
+        await stream.aclose()  # leaving during the pipelined request is still noticed
+        with trio.fail_after(5):
+            await second_cancelled.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        assert stats.requests_served == 1 and stats.client_disconnects == 1
+
+
+async def test_stream_chunks_arrive_incrementally() -> None:
+    second_allowed = trio.Event()
+
+    async def handler(req: Request) -> Response:
+        async def gen() -> AsyncIterator[bytes]:
+            yield b"data: first\n\n"
+            await second_allowed.wait()  # only the client can release this
+            yield b"data: second\n\n"
+        return Response(200, [("content-type", "text/event-stream")], gen())
+
+    async with running(handler) as (base, _, stats), client(base) as c:
+        async with c.stream("GET", "/stream") as r:
+            assert r.headers["transfer-encoding"] == "chunked"
+            chunks = r.aiter_raw()
+            with trio.fail_after(5):
+                assert await chunks.__anext__() == b"data: first\n\n"
+            second_allowed.set()
+            rest = b"".join([c async for c in chunks])
+        assert rest == b"data: second\n\n"
+        r2 = await c.get("/again")  # the connection is reusable after a stream
+        assert r2.status_code == 200
+        assert stats.connections_total == 1
+
+
+async def test_stream_framing_for_http10_and_declared_length() -> None:
+    async def handler(req: Request) -> Response:
+        async def gen() -> AsyncIterator[bytes]:
+            yield b"ab"
+            yield b""  # skipped: an empty chunk would end a chunked body
+            yield b"cd"
+        headers = [("content-length", "4")] if req.path == "/sized" else []
+        return Response(200, headers, gen())
+
+    async with running(handler) as (base, port, _s):
+        out = await raw_exchange(port, b"GET / HTTP/1.0\r\n\r\n")  # close-delimited
+        head, body = out.split(b"\r\n\r\n", 1)
+        assert b"transfer-encoding" not in head.lower() and body == b"abcd"
+        async with client(base) as c:
+            r = await c.get("/sized")
+            assert r.headers["content-length"] == "4" and r.content == b"abcd"
+            r = await c.get("/chunked")
+            assert r.headers["transfer-encoding"] == "chunked" and r.content == b"abcd"
+
+
+async def test_expect_100_continue() -> None:
+    async with running(echo) as (_, port, _s):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n"
+                                  b"expect: 100-continue\r\nconnection: close\r\n\r\n")
+            with trio.fail_after(5):
+                assert await stream.receive_some(100) == b"HTTP/1.1 100 \r\n\r\n"
+            await stream.send_all(b"hello")
+            out = b""
+            with trio.fail_after(5):
+                while chunk := await stream.receive_some(65536):
+                    out += chunk
+        assert out.startswith(b"HTTP/1.1 200") and b'"body":"hello"' in out
+
+
+async def test_client_disconnect_mid_stream_closes_generator() -> None:
+    finished = trio.Event()
+
+    async def handler(req: Request) -> Response:
+        async def gen() -> AsyncIterator[bytes]:
+            try:
+                yield b"data: first\n\n"
+                await trio.sleep_forever()  # an engine waiting for its next token
+                yield b"never"
+            finally:
+                finished.set()
+        return Response(200, [("content-type", "text/event-stream")], gen())
+
+    async with running(handler) as (base, _, stats), client(base) as c:
+        async with c.stream("GET", "/stream") as r:
+            async with aclosing(r.aiter_raw()) as chunks:
+                with trio.fail_after(5):
+                    assert await chunks.__anext__() == b"data: first\n\n"
+        # leaving the block mid-body makes httpx drop the connection
+        with trio.fail_after(5):
+            await finished.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        assert stats.client_disconnects == 1 and stats.requests_active == 0
+
+
+async def test_disconnect_while_body_blocked_on_send_acloses_generator() -> None:
+    finished = trio.Event()
+    ended_by: list[str] = []
+
+    async def handler(req: Request) -> Response:
+        async def gen() -> AsyncIterator[bytes]:
+            try:
+                while True:  # fill the socket: the server ends up parked in send_all
+                    yield b"x" * 65536
+            except GeneratorExit:
+                ended_by.append("aclose")
+                raise
+            finally:
+                finished.set()
+        return Response(200, [], gen())
+
+    async with running(handler) as (_, port, _s):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        with trio.fail_after(5):
+            assert await stream.receive_some(100)
+        await trio.testing.wait_all_tasks_blocked()  # server blocked on a full socket
+        await stream.aclose()
+        with trio.fail_after(5):
+            await finished.wait()
+        assert ended_by == ["aclose"]
+
+
+async def test_disconnect_during_slow_handler_cancels_it() -> None:
+    started, cleaned_up = trio.Event(), trio.Event()
+
+    async def handler(req: Request) -> Response:
+        started.set()
+        try:
+            await trio.sleep_forever()  # a long non-streaming generation
+        finally:
+            cleaned_up.set()
+        return text_response(200, "unreachable")
+
+    async with running(handler) as (_, port, stats):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+        with trio.fail_after(5):
+            await started.wait()
+        await stream.aclose()
+        with trio.fail_after(5):
+            await cleaned_up.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        assert stats.client_disconnects == 1 and stats.connections_open == 0
+
+
+async def test_oversized_body_gets_413() -> None:
+    async with running(echo, max_body_bytes=1024) as (base, _, stats), client(base) as c:
+        r = await c.post("/", content=b"x" * 4096)  # Content-Length, rejected up front
+        assert r.status_code == 413
+        err = r.json()["error"]
+        assert err["code"] == 413 and err["type"] == "invalid_request_error" and err["param"] is None
+        assert "1024" in err["message"]
+
+        async def chunked() -> AsyncIterator[bytes]:
+            for _ in range(8):
+                yield b"y" * 512
+
+        r = await c.post("/", content=chunked())  # counted while reading
+        assert r.status_code == 413
+        r = await c.post("/", content=b"z" * 1024)  # at the limit is fine
+        assert r.status_code == 200 and len(r.json()["body"]) == 1024
+
+
+async def test_garbage_gets_400_and_close() -> None:
+    async with running(echo) as (_, port, stats):
+        out = await raw_exchange(port, b"\x00\x01 not http at all\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 400 ")
+        head, body = out.split(b"\r\n\r\n", 1)
+        assert b"connection: close" in head.lower()
+        assert json.loads(body)["error"]["code"] == 400
+        assert stats.requests_served == 0
+
+
+async def test_custom_error_body_builder() -> None:
+    def llama_cpp(status: int, message: str, kind: str) -> object:
+        return {"error": {"code": status, "message": message, "type": kind}}
+
+    async with running(echo, error_body=llama_cpp) as (_, port, _s):
+        out = await raw_exchange(port, b"BAD\r\n\r\n")
+        err = json.loads(out.split(b"\r\n\r\n", 1)[1])["error"]
+        assert set(err) == {"code", "message", "type"}
+        assert err["code"] == 400 and err["type"] == "invalid_request_error"
+
+
+async def test_handler_exception_is_500_and_server_survives(caplog: pytest.LogCaptureFixture) -> None:
+    async def handler(req: Request) -> Response:
+        if req.path == "/boom":
+            raise RuntimeError("kaboom")
+        return text_response(200, "fine")
+
+    caplog.set_level(logging.ERROR, logger="llmgw.daemon.httpserver")
+    async with running(handler) as (base, _, stats), client(base) as c:
+        r = await c.get("/boom")
+        assert r.status_code == 500
+        assert r.json()["error"] == {"message": "Internal server error", "type": "server_error",
+                                     "param": None, "code": 500}
+        r = await c.get("/ok")  # same keep-alive connection still works
+        assert r.text == "fine"
+        assert stats.handler_errors == 1 and stats.connections_total == 1
+    excs = [rec.exc_info[1] for rec in caplog.records if rec.exc_info]
+    assert len(excs) == 1 and "kaboom" in str(excs[0])  # logged with its traceback
+
+
+async def test_slow_head_gets_408_and_idle_connection_is_closed() -> None:
+    async with running(echo, request_timeout=0.2, keepalive_timeout=0.2) as (_, port, _s):
+        out = await raw_exchange(port, b"GET / HTTP/1.1\r\nhost:")  # never finishes the head
+        assert out.startswith(b"HTTP/1.1 408 ")
+        assert await raw_exchange(port, b"") == b""  # idle: closed without a word
+
+
+async def test_head_request_has_no_body() -> None:
+    async with running(echo) as (_, port, _s):
+        out = await raw_exchange(port, b"HEAD / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        head, body = out.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 200") and b"content-length: " in head and body == b""
+
+
+async def test_cancelling_server_closes_everything() -> None:
+    finished = trio.Event()
+
+    async def handler(req: Request) -> Response:
+        async def gen() -> AsyncIterator[bytes]:
+            try:
+                yield b"one"
+                await trio.sleep_forever()
+                yield b"unreachable"
+            finally:
+                finished.set()
+        return Response(200, [], gen())
+
+    stats = ServerStats()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(partial(serve_tcp, handler, "127.0.0.1", 0, stats=stats))
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        with trio.fail_after(5):
+            assert await stream.receive_some(1000)
+        nursery.cancel_scope.cancel()
+    assert finished.is_set()  # the nursery exit waited for the stream's cleanup
+    assert stats.connections_open == 0 and stats.requests_active == 0
+    with pytest.raises(OSError):
+        await trio.open_tcp_stream("127.0.0.1", port)
+    with trio.fail_after(5):
+        while await stream.receive_some(1000):  # server side is closed: EOF
+            pass
+    await stream.aclose()
+
+
+async def test_unix_socket(tmp_path) -> None:
+    sockdir = tmp_path / "run"
+    sockdir.mkdir(mode=0o700)
+    path = str(sockdir / "llmgw.sock")
+    async with trio.open_nursery() as nursery:
+        assert await nursery.start(partial(serve_unix, echo, path)) == path
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        transport = httpx.AsyncHTTPTransport(uds=path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://llmgw", timeout=10) as c:
+            r = await c.post("/x?k=v", content=b"hi")
+            assert r.json()["body"] == "hi" and r.json()["query"] == {"k": "v"}
+            assert r.json()["client"] == []  # no peer address on Unix sockets
+        with pytest.raises(OSError):  # a live server is not clobbered
+            await serve_unix(echo, path)
+        nursery.cancel_scope.cancel()
+    assert not os.path.exists(path)
+    # a stale socket file left by a crash is replaced
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(path)
+    stale.close()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(serve_unix, echo, path))
+        nursery.cancel_scope.cancel()
+
+
+def test_request_helpers() -> None:
+    req = Request("GET", "/p?a=1&a=2&b=&c=%2F", "/p", "a=1&a=2&b=&c=%2F",
+                  [("x-one", "1"), ("x-one", "2")], b'{"k": 1}', None)
+    assert req.header("X-One") == "1" and req.header("missing") is None
+    assert req.query_params() == {"a": "2", "b": "", "c": "/"}
+    assert req.json() == {"k": 1}
+    r = json_response(201, {"a": [1, 2]}, headers=[("x-y", "z")])
+    assert r.body == b'{"a":[1,2]}' and r.headers == [("content-type", "application/json"), ("x-y", "z")]
