@@ -1,0 +1,471 @@
+"""`llmgw sim --engine vllm`: one simulated vLLM replica — OpenAI HTTP surface, Prometheus
+metrics, runtime LoRA and KV cache events over ZMQ — around the pure engine core."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from llmgw.daemon.httpserver import Request, Response, serve_tcp
+from llmgw.daemon.sim_runner import EngineRunner
+from llmgw.kv import events as kvev
+from llmgw.kv.hashing import HashContext, LoRA, VllmVersion, event_hash, to_event_extra_keys
+from llmgw.sim import vllm_surface as vs
+from llmgw.sim.args import (ArgError, parse_kv_events_config, parse_lora_modules, sim_options)
+from llmgw.sim.blockpool import Cleared, PoolEvent, Removed, Stored
+from llmgw.sim.engine import EngineConfig, EngineCore, LoraRef, SimRequest
+from llmgw.sim.openai_params import GenParams, ParamError, parse_gen_params
+from llmgw.sim.textstream import TextStream
+from llmgw.sim.tokenizer import ChatTemplateError, Tokenizer, render_chat
+from llmgw.sim.vllm_metrics import VllmMetrics
+
+log = logging.getLogger("llmgw.sim.vllm")
+
+_JSON = [("content-type", "application/json")]
+_SSE = [("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache")]
+
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "true")
+
+
+class VllmSim:
+    def __init__(self, ns: argparse.Namespace, dotted: dict[str, str], env: Mapping[str, str]) -> None:
+        self.opts = opts = sim_options(ns)
+        self.version = VllmVersion.parse(opts.vllm_version)
+        model = ns.model_tag or ns.model_flag
+        if not model:
+            raise ArgError("a model is required: llmgw sim --engine vllm MODEL [flags]")
+        self.model_path = model
+        self.served: list[str] = ns.served_model_name or [model]
+        self.host = ns.host or "0.0.0.0"
+        self.port = ns.port
+        self.api_key = ns.api_key or env.get("VLLM_API_KEY")
+        self.max_model_len = ns.max_model_len
+        self.prompt_details = ns.enable_prompt_tokens_details
+        self.force_usage = ns.enable_force_include_usage
+        self.load_tracking = ns.enable_server_load_tracking
+        self.runtime_lora = _truthy(env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
+        self.dev_mode = _truthy(env.get("VLLM_SERVER_DEV_MODE"))
+        self.int_hashes = env.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") != "0"
+        self.block_size = ns.block_size or 16
+        kv_blocks = opts.kv_blocks or max(2, int(8192 * ns.gpu_memory_utilization / 0.9))
+        if (kv_blocks - 1) * self.block_size < self.max_model_len:
+            raise ArgError(
+                f"To serve at least one request with the model's max seq len ({self.max_model_len}), "
+                f"{-(-self.max_model_len // self.block_size) + 1} KV blocks are needed, but --sim-kv-blocks "
+                f"gives {kv_blocks}. Increase --sim-kv-blocks or decrease --max-model-len.")
+        try:
+            self.hash_ctx = HashContext.create(self.version, ns.prefix_caching_hash_algo, self.block_size,
+                                               env.get("PYTHONHASHSEED"))
+        except ValueError as e:
+            raise ArgError(str(e)) from None
+        self.enable_lora = ns.enable_lora
+        self.loras = vs.LoraRegistry(self.served, ns.max_lora_rank, ns.max_cpu_loras or ns.max_loras, self.version)
+        for m in parse_lora_modules(ns.lora_modules):
+            if not self.enable_lora:
+                raise ArgError("--lora-modules needs --enable-lora")
+            try:
+                self.loras.load(m.name, m.path, rank=1, base_model_name=m.base_model_name)
+            except vs.VllmError as e:
+                raise ArgError(f"--lora-modules {m.name}: {e.message}") from None
+        cfg = EngineConfig(
+            block_size=self.block_size, num_blocks=kv_blocks, max_num_seqs=ns.max_num_seqs,
+            max_num_batched_tokens=max(ns.max_num_batched_tokens, 1), max_model_len=self.max_model_len,
+            max_loras=ns.max_loras, prefix_caching=ns.enable_prefix_caching,
+            prefill_s_per_token=opts.prefill_ms_per_token / 1e3, decode_s_per_step=opts.decode_ms_per_token / 1e3,
+            decode_s_per_seq=opts.decode_ms_per_seq / 1e3, default_output_len=opts.output_len, seed=opts.seed)
+        self.tok = Tokenizer()
+        self.core = EngineCore(cfg, self.tok)
+        cache_info = {"block_size": str(self.block_size), "num_gpu_blocks": str(kv_blocks),
+                      "enable_prefix_caching": str(ns.enable_prefix_caching),
+                      "prefix_caching_hash_algo": ns.prefix_caching_hash_algo,
+                      "gpu_memory_utilization": str(ns.gpu_memory_utilization)}
+        self.metrics = VllmMetrics(self.core, self.served[0], self.version,
+                                   show_hidden_old=ns.show_hidden_metrics_for_version is not None,
+                                   lora_enabled=self.enable_lora, max_loras=ns.max_loras, cache_info=cache_info)
+        self.core.sink = self.metrics
+        self.kv_cfg = parse_kv_events_config(ns.kv_events_config, dotted, self.version)
+        self.publisher: Any = None
+        # <= 0.11 builds the batch in schedule(), 0.12+ after the step (vllm-wire.md §1.2).
+        late = self.version >= (0, 12)
+        self.runner = EngineRunner(self.core, on_step=self._publish if late else None,
+                                   on_schedule=None if late else self._publish)
+        self.server_load = 0
+        self.ready = False
+        self.bound_port: int | None = None
+
+    # -- KV events -------------------------------------------------------------------------
+    def _event(self, ev: PoolEvent) -> kvev.KVEvent:
+        conv = self.int_hashes
+        v = self.version
+        group = 0 if v >= (0, 20) else None
+        if isinstance(ev, Stored):
+            return kvev.BlockStored(
+                block_hashes=[event_hash(h, conv) for h in ev.hashes],
+                parent_block_hash=event_hash(ev.parent, conv) if ev.parent is not None else None,
+                token_ids=list(ev.token_ids), block_size=ev.block_size, lora_id=ev.lora_id, medium="GPU",
+                lora_name=ev.lora_name if v >= (0, 14) else None,
+                extra_keys=list(ev.extra_keys) if v >= (0, 17) else None, group_idx=group,
+                kv_cache_spec_kind="full_attention" if v >= (0, 22) else None)
+        if isinstance(ev, Removed):
+            return kvev.BlockRemoved(block_hashes=[event_hash(ev.block_hash, conv)], medium="GPU", group_idx=group)
+        assert isinstance(ev, Cleared)
+        return kvev.AllBlocksCleared()
+
+    def _publish(self, now: float) -> None:
+        events = self.core.take_kv_events()
+        if not events or self.publisher is None:
+            return
+        batch = kvev.EventBatch(ts=time.time(), events=[self._event(e) for e in events], data_parallel_rank=0)
+        self.publisher.publish(kvev.encode_batch(batch, self.version))
+
+    # -- HTTP ------------------------------------------------------------------------------
+    async def handle(self, req: Request) -> Response:
+        try:
+            return await self._route(req)
+        except vs.VllmError as e:
+            return Response(e.status, list(_JSON), vs.dumps(e.body()))
+
+    async def _route(self, req: Request) -> Response:
+        path, method = req.path, req.method
+        if self.api_key and path.startswith("/v1") and req.header("authorization") != f"Bearer {self.api_key}":
+            return Response(401, list(_JSON), vs.dumps({"error": "Unauthorized"}))
+        routes = self._routes()
+        entry = routes.get(path)
+        if entry is None:
+            return Response(404, list(_JSON), b'{"detail":"Not Found"}')
+        methods, fn = entry
+        if method not in methods:
+            return Response(405, list(_JSON), b'{"detail":"Method Not Allowed"}')
+        return await fn(req)
+
+    def _routes(self) -> dict[str, tuple[tuple[str, ...], Any]]:
+        r: dict[str, tuple[tuple[str, ...], Any]] = {
+            "/health": (("GET",), self._health), "/ping": (("GET", "POST"), self._health),
+            "/version": (("GET",), self._version), "/v1/models": (("GET",), self._models),
+            "/metrics": (("GET",), self._metrics), "/load": (("GET",), self._load),
+            "/tokenize": (("POST",), self._tokenize), "/detokenize": (("POST",), self._detokenize),
+            "/v1/chat/completions": (("POST",), self._chat), "/v1/completions": (("POST",), self._completions),
+        }
+        if self.runtime_lora:
+            r["/v1/load_lora_adapter"] = (("POST",), self._load_lora)
+            r["/v1/unload_lora_adapter"] = (("POST",), self._unload_lora)
+        if self.dev_mode:
+            r["/reset_prefix_cache"] = (("POST",), self._reset_prefix_cache)
+        if self.version >= (0, 31):
+            r["/kv_event_sources"] = (("GET",), self._kv_sources)
+        return r
+
+    async def _health(self, req: Request) -> Response:
+        return Response(200 if self.ready else 503)
+
+    async def _version(self, req: Request) -> Response:
+        return Response(200, list(_JSON), vs.dumps({"version": str(self.version)}))
+
+    async def _load(self, req: Request) -> Response:
+        return Response(200, list(_JSON), vs.dumps({"server_load": self.server_load}))
+
+    async def _metrics(self, req: Request) -> Response:
+        return Response(200, [("content-type", "text/plain; version=0.0.4; charset=utf-8")], self.metrics.render())
+
+    async def _kv_sources(self, req: Request) -> Response:
+        if self.publisher is None:
+            return Response(200, list(_JSON), b"{}")
+        cfg = dict(self.kv_cfg, endpoint=self.publisher.endpoint,
+                   replay_endpoint=self.publisher.replay_endpoint)
+        return Response(200, list(_JSON), vs.dumps({"0": cfg}))
+
+    async def _models(self, req: Request) -> Response:
+        created = int(time.time())
+        body = vs.model_list(self.served, self.model_path, self.max_model_len,
+                             list(self.loras.adapters.values()), created)
+        return Response(200, list(_JSON), vs.dumps(body))
+
+    def _body(self, req: Request) -> dict[str, Any]:
+        try:
+            body = json.loads(req.body or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise vs.VllmError(400, f"JSON decode error: {e}") from None
+        if not isinstance(body, dict):
+            raise vs.VllmError(400, "Input should be a valid dictionary or object to extract fields from")
+        return body
+
+    def _resolve_model(self, name: object) -> LoraRef | None:
+        if name is None or name in self.served:
+            return None
+        if isinstance(name, str) and name in self.loras.adapters:
+            e = self.loras.adapters[name]
+            return LoraRef(e.name, e.int_id, e.path)
+        raise vs.model_not_found(name)
+
+    async def _tokenize(self, req: Request) -> Response:
+        body = self._body(req)
+        self._resolve_model(body.get("model"))
+        if "messages" in body:
+            try:
+                text = render_chat(body["messages"], add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                                   continue_final_message=bool(body.get("continue_final_message", False)))
+            except ChatTemplateError as e:
+                raise vs.VllmError(400, str(e)) from None
+            ids = self.tok.encode(text, add_special_tokens=bool(body.get("add_special_tokens", False)))
+        elif isinstance(body.get("prompt"), str):
+            ids = self.tok.encode(body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True)))
+        else:
+            raise vs.VllmError(400, "Either 'prompt' (a string) or 'messages' must be given.")
+        strs = [self.tok.token_str(i) for i in ids] if body.get("return_token_strs") else None
+        out = {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs}
+        return Response(200, list(_JSON), vs.dumps(out))
+
+    async def _detokenize(self, req: Request) -> Response:
+        body = self._body(req)
+        self._resolve_model(body.get("model"))
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(self.tok.valid_id(i) for i in ids):
+            raise vs.VllmError(400, "'tokens' must be a list of valid token ids", param="tokens")
+        return Response(200, list(_JSON), vs.dumps({"prompt": self.tok.decode(ids)}))
+
+    async def _load_lora(self, req: Request) -> Response:
+        body = self._body(req)
+        path = body.get("lora_path")
+        exists, rank = self._inspect_adapter(path)
+        if not self.enable_lora:
+            raise vs.VllmError(400, "LoRA is not enabled. Please start the server with --enable-lora.")
+        msg = self.loras.load(body.get("lora_name"), path, load_inplace=bool(body.get("load_inplace", False)),
+                              exists=exists, rank=rank)
+        return Response(200, [("content-type", "text/plain; charset=utf-8")], msg.encode())
+
+    def _inspect_adapter(self, path: object) -> tuple[bool, int]:
+        if not isinstance(path, str) or not path:
+            return True, 1
+        p = Path(path)
+        if not p.exists():
+            return (not self.opts.lora_require_path), 8
+        try:
+            return True, int(json.loads((p / "adapter_config.json").read_text()).get("r", 8))
+        except (OSError, ValueError, AttributeError):
+            return True, 8
+
+    async def _unload_lora(self, req: Request) -> Response:
+        msg = self.loras.unload(self._body(req).get("lora_name"))
+        return Response(200, [("content-type", "text/plain; charset=utf-8")], msg.encode())
+
+    async def _reset_prefix_cache(self, req: Request) -> Response:
+        ok = self.core.reset_prefix_cache()
+        self._publish(trio.current_time())
+        if not ok:
+            raise vs.VllmError(400, "Failed to reset prefix cache: blocks are still in use.")
+        return Response(200)
+
+    # -- generation ------------------------------------------------------------------------
+    async def _chat(self, req: Request) -> Response:
+        body = self._body(req)
+        lora = self._resolve_model(body.get("model"))
+        try:
+            params = parse_gen_params(body, chat=True, strict_cache_salt=self.version >= (0, 30))
+            if "messages" not in body:
+                raise ParamError("Field required: 'messages'", "messages")
+            text = render_chat(body["messages"], add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                               continue_final_message=bool(body.get("continue_final_message", False)))
+        except ParamError as e:
+            raise vs.VllmError(e.status, e.message, param=e.param) from None
+        except ChatTemplateError as e:
+            raise vs.VllmError(400, str(e)) from None
+        prompt = self.tok.encode(text, add_special_tokens=bool(body.get("add_special_tokens", False)))
+        return await self._generate(body, params, [prompt], lora, chat=True)
+
+    async def _completions(self, req: Request) -> Response:
+        body = self._body(req)
+        lora = self._resolve_model(body.get("model"))
+        try:
+            params = parse_gen_params(body, chat=False, strict_cache_salt=self.version >= (0, 30))
+            prompts = self._prompts(body.get("prompt"))
+        except ParamError as e:
+            raise vs.VllmError(e.status, e.message, param=e.param) from None
+        return await self._generate(body, params, prompts, lora, chat=False)
+
+    def _prompts(self, p: object) -> list[list[int]]:
+        if isinstance(p, str):
+            return [self.tok.encode(p, add_special_tokens=True)]
+        if isinstance(p, list) and p:
+            if all(isinstance(x, str) for x in p):
+                return [self.tok.encode(x, add_special_tokens=True) for x in p]
+            if all(self.tok.valid_id(x) for x in p):
+                return [list(p)]  # type: ignore[arg-type]
+            if all(isinstance(x, list) and x and all(self.tok.valid_id(i) for i in x) for x in p):
+                return [list(x) for x in p]  # type: ignore[union-attr]
+        raise ParamError("'prompt' must be a string, a list of strings, or a list of token ids", "prompt")
+
+    def _check_len(self, n_prompt: int, params: GenParams) -> int:
+        mml = self.max_model_len
+        if n_prompt > mml or (params.max_tokens is None and n_prompt >= mml):
+            raise vs.VllmError(400, f"This model's maximum context length is {mml} tokens. However, your request "
+                               f"has {n_prompt} input tokens. Please reduce the length of the input messages.",
+                               param="input_tokens")
+        if params.max_tokens is None:
+            return mml - n_prompt
+        if n_prompt + params.max_tokens > mml:
+            raise vs.VllmError(400, f"'max_tokens' or 'max_completion_tokens' is too large: {params.max_tokens}. "
+                               f"This model's maximum context length is {mml} tokens and your request has "
+                               f"{n_prompt} input tokens ({params.max_tokens} > {mml} - {n_prompt}).",
+                               param="max_tokens")
+        return params.max_tokens
+
+    async def _generate(self, body: dict[str, Any], params: GenParams, prompts: list[list[int]],
+                        lora: LoraRef | None, *, chat: bool) -> Response:
+        max_tokens = [self._check_len(len(p), params) for p in prompts]
+        if lora is not None and self.loras.touch(lora.name) and self.opts.lora_load_ms > 0:
+            await trio.sleep(self.opts.lora_load_ms / 1e3)  # a cold adapter is loaded before it runs
+        model = body.get("model") or self.served[0]
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        hl = LoRA(lora.name, lora.int_id, lora.path) if lora else None
+        send, recv = trio.open_memory_channel[Any](float("inf"))
+        reqs: list[SimRequest] = []
+        for pi, prompt in enumerate(prompts):
+            for i in range(params.n):
+                bh = self.hash_ctx.hasher(hl, params.cache_salt)
+                r = SimRequest(
+                    req_id=f"{rid}-{pi * params.n + i}", prompt=prompt, max_tokens=max_tokens[pi],
+                    arrival=trio.current_time(), ignore_eos=params.ignore_eos,
+                    text=TextStream(params.stop, params.include_stop_str_in_output),
+                    stop_token_ids=params.stop_token_ids, min_tokens=params.min_tokens, lora=lora,
+                    cache_salt=params.cache_salt,
+                    seed=None if params.seed is None and params.n == 1 else (params.seed or 0) + i,
+                    hasher=_bind_hasher(bh, self.block_size), lora_event_extra=_event_extra(bh, self.version))
+                r.hashes = bh.block_hashes
+                r.index = pi * params.n + i  # type: ignore[attr-defined]
+                reqs.append(r)
+        self.server_load += 1
+        for r in reqs:
+            self.runner.submit(r, send)
+        include_usage = params.include_usage or self.force_usage
+        gen = _Gen(self, reqs, recv, rid, created, str(model), chat, include_usage,
+                   params.continuous_usage or (self.force_usage and params.stream))
+        if params.stream:
+            return Response(200, list(_SSE), gen.sse())
+        try:
+            body_out = await gen.collect()
+        finally:
+            gen.abort_rest()
+        return Response(200, list(_JSON), vs.dumps(body_out))
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        from llmgw.daemon.kv_publisher import KVEventPublisher
+
+        async with trio.open_nursery() as nursery:
+            if self.kv_cfg["enable_kv_cache_events"] and self.kv_cfg["publisher"] == "zmq":
+                self.publisher = KVEventPublisher(
+                    self.kv_cfg["endpoint"], replay_endpoint=self.kv_cfg["replay_endpoint"],
+                    buffer_steps=self.kv_cfg["buffer_steps"], hwm=self.kv_cfg["hwm"],
+                    max_queue_size=self.kv_cfg["max_queue_size"], topic=self.kv_cfg["topic"],
+                    replay_with_topic=self.version >= (0, 26))
+                await nursery.start(self.publisher.run)
+            if self.opts.load_seconds > 0:
+                await trio.sleep(self.opts.load_seconds)  # vLLM answers nothing while the model loads
+            nursery.start_soon(self.runner.run)
+            self.ready = True
+            self.bound_port = await nursery.start(serve_tcp, self.handle, self.host, self.port)
+            log.info("simulated vLLM %s serving %s on %s:%s", self.version, self.served[0], self.host,
+                     self.bound_port)
+            task_status.started(self.bound_port)
+
+
+def _bind_hasher(bh: Any, block_size: int) -> Any:
+    def extend(tokens: Any, hashes: list[bytes], n_blocks: int) -> None:
+        want = n_blocks * block_size
+        if bh.num_tokens < want:
+            bh.extend(tokens[bh.num_tokens:want])
+    return extend
+
+
+def _event_extra(bh: Any, version: VllmVersion) -> Any:
+    return lambda i: to_event_extra_keys(bh.extra_keys[i], version)
+
+
+class _Gen:
+    """Turns engine outputs into an OpenAI response, streamed or whole; aborts what the client left."""
+
+    def __init__(self, sim: VllmSim, reqs: list[SimRequest], recv: trio.MemoryReceiveChannel[Any], rid: str,
+                 created: int, model: str, chat: bool, include_usage: bool, continuous: bool) -> None:
+        self.sim, self.reqs, self.recv, self.rid = sim, reqs, recv, rid
+        self.created, self.model, self.chat = created, model, chat
+        self.include_usage, self.continuous = include_usage, continuous
+        self.done = 0
+        self.closed = False
+
+    def abort_rest(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for r in self.reqs:
+            if not r.finished:
+                self.sim.runner.abort(r.req_id)
+        self.sim.server_load -= 1
+
+    def _usage(self) -> dict[str, Any]:
+        prompt = sum(len(p) for p in {id(r.prompt): r.prompt for r in self.reqs}.values())
+        completion = sum(len(r.output) for r in self.reqs)
+        cached = sum(r.num_cached_prompt_tokens for r in self.reqs) if self.sim.prompt_details else None
+        return vs.usage(prompt, completion, cached)
+
+    async def collect(self) -> dict[str, Any]:
+        texts = {r.index: "" for r in self.reqs}  # type: ignore[attr-defined]
+        async for out in self.recv:
+            texts[out.req.index] += out.text
+            if out.finished:
+                self.done += 1
+                if self.done == len(self.reqs):
+                    break
+        choices = [(texts[r.index], r.finish_reason, r.stop_reason) for r in self.reqs]  # type: ignore[attr-defined]
+        build = vs.chat_response if self.chat else vs.completion_response
+        return build(self.rid, self.created, self.model, choices, self._usage())
+
+    async def sse(self) -> AsyncIterator[bytes]:
+        rid, created, model = self.rid, self.created, self.model
+        try:
+            if self.chat:
+                for r in self.reqs:
+                    yield _data(vs.chat_first_chunk(rid, created, model, r.index))  # type: ignore[attr-defined]
+            chunk_fn = vs.chat_chunk if self.chat else vs.completion_chunk
+            obj = "chat.completion.chunk" if self.chat else "text_completion"
+            async for out in self.recv:
+                r = out.req
+                if out.finished:
+                    self.done += 1
+                if not out.text and not out.finished:
+                    continue
+                chunk = chunk_fn(rid, created, model, r.index, out.text,  # type: ignore[attr-defined]
+                                 r.finish_reason if out.finished else None, r.stop_reason)
+                if self.continuous:
+                    chunk["usage"] = vs.usage(len(r.prompt), len(r.output), None)
+                yield _data(chunk)
+                if self.done == len(self.reqs):
+                    break
+            if self.include_usage:
+                yield _data(vs.usage_chunk(rid, created, model, obj, self._usage()))
+            yield b"data: [DONE]\n\n"
+        finally:
+            self.abort_rest()
+
+
+def _data(obj: Any) -> bytes:
+    return b"data: " + vs.dumps(obj) + b"\n\n"
+
+
+def build(argv: list[str], env: Mapping[str, str] | None = None) -> VllmSim:
+    from llmgw.sim.args import build_vllm_parser, split_dotted_kv_events
+
+    rest, dotted = split_dotted_kv_events(argv)
+    ns = build_vllm_parser().parse_args(rest)
+    return VllmSim(ns, dotted, os.environ if env is None else env)

@@ -1,0 +1,237 @@
+"""Command lines of the simulated engines: `vllm serve`'s and `llama-server`'s flags as a launcher
+passes them, plus `--sim-*` flags for what only a simulator has (capacity, costs, seed).
+
+The point is that an agent can start `llmgw sim --engine vllm ...` with exactly the arguments it
+would give `vllm serve`, so flags vLLM accepts and the simulator cannot use are accepted too."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SimOptions", "build_vllm_parser", "build_llamacpp_parser", "parse_kv_events_config",
+           "parse_lora_modules", "add_sim_flags"]
+
+
+class ArgError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    kv_blocks: int | None
+    prefill_ms_per_token: float
+    decode_ms_per_token: float
+    decode_ms_per_seq: float
+    output_len: int
+    seed: int
+    load_seconds: float
+    vllm_version: str
+    lora_require_path: bool
+    lora_load_ms: float
+
+
+def add_sim_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("simulator (llmgw sim only)")
+    g.add_argument("--sim-kv-blocks", type=int, default=None,
+                   help="KV cache capacity in blocks (vllm; default 8192 x gpu-memory-utilization/0.9)")
+    g.add_argument("--sim-prefill-ms-per-token", type=float, default=0.05,
+                   help="time to compute one uncached prompt token (default 0.05 ms: 20k tok/s)")
+    g.add_argument("--sim-decode-ms-per-token", type=float, default=10.0,
+                   help="time of one decode step, i.e. per output token of each sequence (default 10 ms)")
+    g.add_argument("--sim-decode-ms-per-seq", type=float, default=0.05,
+                   help="extra decode-step time per sequence in the batch (default 0.05 ms)")
+    g.add_argument("--sim-output-len", type=int, default=64,
+                   help="mean natural output length in tokens (where the model emits EOS; default 64)")
+    g.add_argument("--sim-seed", type=int, default=0, help="seed of the simulated model's output")
+    g.add_argument("--sim-load-seconds", type=float, default=0.0,
+                   help="model load time before the engine serves (default 0)")
+    g.add_argument("--sim-vllm-version", default="0.33.0",
+                   help="vLLM version to impersonate: wire formats, metric names, LoRA keys (default 0.33.0)")
+    g.add_argument("--sim-lora-require-path", action="store_true",
+                   help="LoRA paths must exist on disk (else any path loads; rank from adapter_config.json 'r')")
+    g.add_argument("--sim-lora-load-ms", type=float, default=0.0,
+                   help="time to load an adapter not in the worker's LoRA cache (default 0)")
+    g.add_argument("--sim-zero-cost", action="store_true",
+                   help="set every time cost to zero (throughput benchmarks of the surrounding system)")
+
+
+def sim_options(ns: argparse.Namespace) -> SimOptions:
+    zero = ns.sim_zero_cost
+    return SimOptions(
+        kv_blocks=ns.sim_kv_blocks,
+        prefill_ms_per_token=0.0 if zero else ns.sim_prefill_ms_per_token,
+        decode_ms_per_token=0.0 if zero else ns.sim_decode_ms_per_token,
+        decode_ms_per_seq=0.0 if zero else ns.sim_decode_ms_per_seq,
+        output_len=ns.sim_output_len,
+        seed=ns.sim_seed,
+        load_seconds=ns.sim_load_seconds,
+        vllm_version=ns.sim_vllm_version,
+        lora_require_path=ns.sim_lora_require_path,
+        lora_load_ms=0.0 if zero else ns.sim_lora_load_ms,
+    )
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    return v
+
+
+class _BoolPair(argparse.Action):
+    """vLLM's --enable-X / --no-enable-X / --disable-X flag families."""
+
+    def __call__(self, parser: Any, ns: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        setattr(ns, self.dest, not (option_string or "").startswith(("--no-", "--disable-")))
+
+
+def build_vllm_parser(prog: str = "llmgw sim --engine vllm") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Simulated vLLM OpenAI server (vllm serve flags).")
+    p.add_argument("model_tag", nargs="?", help="model name or path (as `vllm serve MODEL`)")
+    p.add_argument("--model", dest="model_flag", default=None)
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--block-size", type=_positive_int, default=None)
+    p.add_argument("--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-prefix-caching",
+                   dest="enable_prefix_caching", action=_BoolPair, nargs=0, default=True)
+    p.add_argument("--prefix-caching-hash-algo", default="sha256",
+                   choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
+    p.add_argument("--kv-events-config", default=None, help="KVEventsConfig as JSON")
+    p.add_argument("--enable-lora", "--no-enable-lora", "--disable-lora", dest="enable_lora",
+                   action=_BoolPair, nargs=0, default=False)
+    p.add_argument("--max-loras", type=_positive_int, default=1)
+    p.add_argument("--max-lora-rank", type=_positive_int, default=16)
+    p.add_argument("--max-cpu-loras", type=_positive_int, default=None)
+    p.add_argument("--lora-modules", nargs="+", default=[])
+    p.add_argument("--max-num-seqs", type=_positive_int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
+    p.add_argument("--max-model-len", type=_positive_int, default=4096)
+    p.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=float, default=0.92)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--enable-prompt-tokens-details", action="store_true")
+    p.add_argument("--enable-force-include-usage", action="store_true")
+    p.add_argument("--enable-server-load-tracking", action="store_true")
+    p.add_argument("--show-hidden-metrics-for-version", default=None)
+    # Accepted so that launch lines written for real vLLM run unchanged; they change nothing here.
+    for flag in ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--data-parallel-size",
+                 "-dp", "--dtype", "--seed", "--swap-space", "--quantization", "-q", "--kv-cache-dtype",
+                 "--download-dir", "--chat-template", "--generation-config", "--uvicorn-log-level",
+                 "--max-logprobs", "--tokenizer", "--revision", "--load-format", "--distributed-executor-backend",
+                 "--cpu-offload-gb", "--compilation-config", "-O", "--tool-call-parser", "--reasoning-parser"):
+        p.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), default=None)
+    for flag in ("--trust-remote-code", "--enforce-eager", "--disable-log-requests", "--disable-log-stats",
+                 "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--enable-auto-tool-choice",
+                 "--disable-frontend-multiprocessing", "--enable-log-requests"):
+        p.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), action="store_true")
+    add_sim_flags(p)
+    return p
+
+
+KV_EVENTS_DEFAULTS: dict[str, Any] = {
+    "enable_kv_cache_events": False, "publisher": None, "endpoint": "tcp://*:5557", "replay_endpoint": None,
+    "buffer_steps": 10000, "hwm": 100000, "max_queue_size": 100000, "topic": "",
+}
+
+
+def parse_kv_events_config(text: str | None, dotted: dict[str, str], version: tuple[int, ...]) -> dict[str, Any]:
+    """KVEventsConfig from JSON and/or dotted flags, with the publisher default of the version."""
+    cfg = dict(KV_EVENTS_DEFAULTS)
+    if text:
+        try:
+            given = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ArgError(f"--kv-events-config: not valid JSON: {e}") from None
+        if not isinstance(given, dict):
+            raise ArgError("--kv-events-config: must be a JSON object")
+        cfg.update(given)
+    for k, v in dotted.items():
+        cfg[k] = json.loads(v) if v in ("true", "false", "null") or v.lstrip("-").isdigit() else v
+    unknown = set(cfg) - set(KV_EVENTS_DEFAULTS)
+    if unknown:
+        raise ArgError(f"--kv-events-config: unknown field(s) {sorted(unknown)}")
+    if cfg["publisher"] is None:
+        # 0.10/0.11 default to "null" (no events unless publisher is set); 0.12+ pick zmq when enabled.
+        cfg["publisher"] = "zmq" if version >= (0, 12) and cfg["enable_kv_cache_events"] else "null"
+    if cfg["publisher"] not in ("null", "zmq"):
+        raise ArgError(f"--kv-events-config: publisher must be 'null' or 'zmq', got {cfg['publisher']!r}")
+    return cfg
+
+
+def split_dotted_kv_events(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Pull `--kv-events-config.FIELD VALUE` pairs out of argv (vLLM's dotted form)."""
+    rest: list[str] = []
+    dotted: dict[str, str] = {}
+    it = iter(argv)
+    for a in it:
+        if a.startswith("--kv-events-config."):
+            key, _, val = a[len("--kv-events-config."):].partition("=")
+            if not _:
+                val = next(it, "")
+            dotted[key.replace("-", "_")] = val
+        else:
+            rest.append(a)
+    return rest, dotted
+
+
+@dataclass(frozen=True)
+class LoraModule:
+    name: str
+    path: str
+    base_model_name: str | None = None
+
+
+def parse_lora_modules(items: list[str]) -> list[LoraModule]:
+    out = []
+    for item in items:
+        if item.lstrip().startswith("{"):
+            try:
+                d = json.loads(item)
+                out.append(LoraModule(d["name"], d["path"], d.get("base_model_name")))
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ArgError(f"--lora-modules: invalid JSON module {item!r}: {e}") from None
+        else:
+            name, eq, path = item.partition("=")
+            if not eq or not name or not path:
+                raise ArgError(f"--lora-modules: expected name=path or JSON, got {item!r}")
+            out.append(LoraModule(name, path))
+    return out
+
+
+class _Tagged(argparse.Action):
+    """Appends (option, value) to one shared list, keeping the order of different flags."""
+
+    def __call__(self, parser: Any, ns: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        setattr(ns, self.dest, [*getattr(ns, self.dest, []), (option_string, values)])
+
+
+def build_llamacpp_parser(prog: str = "llmgw sim --engine llamacpp") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Simulated llama.cpp llama-server.")
+    p.add_argument("-m", "--model", default="models/sim.gguf")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("-c", "--ctx-size", type=int, default=4096)
+    p.add_argument("-np", "--parallel", type=_positive_int, default=1)
+    p.add_argument("-b", "--batch-size", type=_positive_int, default=2048)
+    p.add_argument("--metrics", action="store_true")
+    p.add_argument("--slots", "--no-slots", dest="slots", action=_BoolPair, nargs=0, default=True)
+    # One list in command-line order: adapter ids follow the order of --lora/--lora-scaled together.
+    p.add_argument("--lora", dest="lora_args", action=_Tagged, default=[], help="FILE[,FILE...] at scale 1")
+    p.add_argument("--lora-scaled", dest="lora_args", action=_Tagged, default=[], help="FILE:SCALE[,...]")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("-a", "--alias", default=None)
+    p.add_argument("--cache-ram", "-cram", type=int, default=8192)
+    p.add_argument("--slot-prompt-similarity", "-sps", type=float, default=0.1)
+    p.add_argument("--jinja", "--no-jinja", dest="jinja", action=_BoolPair, nargs=0, default=True)
+    for flag in ("-t", "--threads", "-ngl", "--n-gpu-layers", "--chat-template", "--chat-template-file",
+                 "-fa", "--flash-attn", "--slot-save-path", "-ub", "--ubatch-size", "--seed", "-s",
+                 "-ctk", "--cache-type-k", "-ctv", "--cache-type-v", "--timeout", "-to"):
+        p.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), default=None)
+    for flag in ("--cont-batching", "--no-cont-batching", "--mlock", "--no-mmap", "--lora-init-without-apply",
+                 "--no-webui", "--verbose", "-v", "--log-disable"):
+        p.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), action="store_true")
+    add_sim_flags(p)
+    return p

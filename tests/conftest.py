@@ -1,0 +1,99 @@
+"""Shared fixtures: real simulator processes on ephemeral 127.0.0.1 ports, always stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SHARED_SPECS = Path(__file__).resolve().parents[2] / "shared" / "specs"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "trio"
+
+
+@dataclass
+class SimProc:
+    proc: subprocess.Popen[bytes]
+    info: dict[str, Any]
+    stderr: list[str]
+
+    @property
+    def url(self) -> str:
+        return self.info["url"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f:
+                f.close()
+
+
+def start_sim(args: list[str], env: dict[str, str] | None = None, timeout: float = 30.0) -> SimProc:
+    """Start `llmgw sim ARGS` and wait for its ready line (its first stdout line)."""
+    full_env = dict(os.environ)
+    full_env.setdefault("PYTHONHASHSEED", "0")
+    full_env.update(env or {})
+    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "sim", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=full_env, start_new_session=True)
+    err: list[str] = []
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            err.append(line.decode(errors="replace"))
+
+    threading.Thread(target=pump, daemon=True).start()
+    result: list[bytes] = []
+    reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(timeout)
+    if not result or not result[0]:
+        sim = SimProc(proc, {}, err)
+        sim.stop()
+        raise RuntimeError(f"simulator did not start: {''.join(err)[-2000:]}")
+    return SimProc(proc, json.loads(result[0]), err)
+
+
+@pytest.fixture
+def sim_factory() -> Iterator[Any]:
+    started: list[SimProc] = []
+
+    def factory(args: list[str], env: dict[str, str] | None = None) -> SimProc:
+        s = start_sim(args, env)
+        started.append(s)
+        return s
+
+    yield factory
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_sim() -> Iterator[SimProc]:
+    """One zero-cost vLLM simulator shared by a module's read-mostly tests."""
+    s = start_sim(["--engine", "vllm", "sim-model", "--host", "127.0.0.1", "--port", "0", "--sim-zero-cost",
+                   "--enable-lora", "--max-loras", "2", "--lora-modules", "sql-lora=/adapters/sql-lora",
+                   "--enable-prompt-tokens-details"],
+                  env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"})
+    yield s
+    s.stop()
