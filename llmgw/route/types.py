@@ -1,0 +1,95 @@
+"""Types shared by the router's pure core: what the scheduler knows of an endpoint and of a
+request, and the decision it records. The trio shell fills these; the core only reads them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["EndpointView", "RequestInfo", "Candidate", "FilterDrop", "Decision"]
+
+
+@dataclass(slots=True)
+class EndpointView:
+    """One replica as the scheduler sees it at decision time (a cheap, mutable snapshot)."""
+
+    id: str  # stable name, e.g. "llama-70b/replica-2" or the URL
+    model: str  # the base model it serves
+    url: str
+    engine: str = "vllm"  # "vllm" | "llamacpp"
+    pool: str = "default"
+    pool_priority: int = 0  # lower = preferred
+    weight: float = 1.0
+    adapters: frozenset[str] = frozenset()  # LoRA adapters it can serve now
+    # breaker: "closed" | "open" | "half_open"; `available` is what the breaker allows right now
+    breaker_state: str = "closed"
+    available: bool = True
+    retry_at: float | None = None  # when an open breaker lets a probe through
+    # scraped engine state (None = never scraped / the contract has no such metric)
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None  # fraction 0..1
+    scraped_at: float | None = None
+    stale: bool = True
+    # the router's own live view (exact, updated on every request start/end)
+    inflight: int = 0
+    inflight_at_scrape: int = 0  # our inflight when the last scrape was taken
+    max_inflight: int | None = None  # admission cap per replica (pool setting)
+    drain_rate: float | None = None  # requests finished per second, from engine counters
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    """What a routing decision may look at: never the whole body."""
+
+    request_id: str
+    model: str  # the model name the client asked for (base model or adapter)
+    base_model: str
+    adapter: str | None = None
+    session_key: str | None = None  # e.g. the `user` field or an x-session-id header
+    prompt_tokens_estimate: int = 0  # bytes / 4 of the rendered prompt, for long-context weights
+    strategy: str | None = None  # a named preset asked for by header; None = the model's default
+
+
+@dataclass(slots=True)
+class Candidate:
+    endpoint_id: str
+    scores: dict[str, float]  # scorer name -> value in [0, 1] (1 = best) before weights
+    total: float
+    flags: tuple[str, ...] = ()  # scorer remarks, e.g. "kv 0.97 >= ceiling 0.95" (a veto)
+
+
+@dataclass(slots=True)
+class FilterDrop:
+    filter: str
+    endpoint_id: str
+    reason: str
+
+
+@dataclass(slots=True)
+class Decision:
+    request_id: str
+    model: str
+    strategy: str
+    picker: str
+    chosen: str | None  # endpoint id; None when nothing could be picked
+    candidates: list[Candidate]
+    dropped: list[FilterDrop]
+    weights: dict[str, float]
+    decided_at: float  # wall-clock seconds
+    decide_us: float  # time spent deciding, microseconds
+    note: str = ""  # e.g. "all breakers open: trying the one closest to recovery"
+    n_candidates: int = 0  # how many were scored; `candidates` keeps only the best few of them
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id, "model": self.model, "strategy": self.strategy,
+            "picker": self.picker, "chosen": self.chosen, "weights": self.weights,
+            "candidates": [{"endpoint": c.endpoint_id, "scores": c.scores, "total": c.total,
+                            "flags": list(c.flags)} for c in self.candidates],
+            "n_candidates": self.n_candidates,
+            "dropped": [{"filter": d.filter, "endpoint": d.endpoint_id, "reason": d.reason}
+                        for d in self.dropped],
+            "decided_at": self.decided_at, "decide_us": self.decide_us, "note": self.note,
+        }
