@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["SimOptions", "build_vllm_parser", "build_llamacpp_parser", "parse_kv_events_config",
-           "parse_lora_modules", "add_sim_flags"]
+           "parse_lora_modules", "add_sim_flags", "parse_lora_args"]
 
 
 class ArgError(ValueError):
@@ -208,6 +208,25 @@ class _Tagged(argparse.Action):
         setattr(ns, self.dest, [*getattr(ns, self.dest, []), (option_string, values)])
 
 
+def parse_lora_args(items: list[tuple[str, str]]) -> list[tuple[str, float]]:
+    """llama-server's --lora FILE[,FILE] (scale 1) and --lora-scaled FILE:SCALE[,...] as (path, scale),
+    in command-line order: an adapter's id is its index here."""
+    out: list[tuple[str, float]] = []
+    for flag, item in items:
+        for part in filter(None, item.split(",")):
+            if flag == "--lora":
+                out.append((part, 1.0))
+                continue
+            path, sep, scale = part.rpartition(":")
+            try:
+                if not sep or not path:
+                    raise ValueError
+                out.append((path, float(scale)))
+            except ValueError:
+                raise ArgError(f"--lora-scaled: expected FNAME:SCALE, got {part!r}") from None
+    return out
+
+
 def build_llamacpp_parser(prog: str = "llmgw sim --engine llamacpp") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Simulated llama.cpp llama-server.")
     p.add_argument("-m", "--model", default="models/sim.gguf")
@@ -225,11 +244,18 @@ def build_llamacpp_parser(prog: str = "llmgw sim --engine llamacpp") -> argparse
     p.add_argument("-a", "--alias", default=None)
     p.add_argument("--cache-ram", "-cram", type=int, default=8192)
     p.add_argument("--slot-prompt-similarity", "-sps", type=float, default=0.1)
+    p.add_argument("--slot-save-path", default=None, help="directory for POST /slots/ID?action=save|restore")
     p.add_argument("--jinja", "--no-jinja", dest="jinja", action=_BoolPair, nargs=0, default=True)
     for flag in ("-t", "--threads", "-ngl", "--n-gpu-layers", "--chat-template", "--chat-template-file",
-                 "-fa", "--flash-attn", "--slot-save-path", "-ub", "--ubatch-size", "--seed", "-s",
+                 "-fa", "--flash-attn", "-ub", "--ubatch-size", "--seed", "-s",
                  "-ctk", "--cache-type-k", "-ctv", "--cache-type-v", "--timeout", "-to"):
         p.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), default=None)
+    p.add_argument("--sim-kv-bytes-per-token", type=_positive_int, default=131072,
+                   help="KV state size of one token, for the --cache-ram limit (default 128 KiB: an 8B GQA "
+                        "model at f16)")
+    p.add_argument("--sim-instant-abort", action="store_true",
+                   help="free a slot as soon as any client leaves (llama-server notices a non-streaming "
+                        "client only after 1 s without results for any request)")
     for flag in ("--cont-batching", "--no-cont-batching", "--mlock", "--no-mmap", "--lora-init-without-apply",
                  "--no-webui", "--verbose", "-v", "--log-disable"):
         p.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), action="store_true")
