@@ -18,6 +18,15 @@ import pytest
 SHARED_SPECS = Path(__file__).resolve().parents[2] / "shared" / "specs"
 
 
+@pytest.fixture(scope="session")
+def golden() -> dict[str, Any]:
+    """vLLM's golden vectors from ../shared/specs (skips cleanly where shared/ is absent)."""
+    path = SHARED_SPECS / "vllm-golden.json"
+    if not path.exists():
+        pytest.skip(f"golden vectors not found at {path}")
+    return json.loads(path.read_text())
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "trio"

@@ -16,7 +16,7 @@ import zmq
 
 from llmgw.kv.hashing import HashContext, LoRA, event_hash
 
-from .conftest import SHARED_SPECS, SimProc
+from .conftest import SimProc
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -65,15 +65,15 @@ def test_openai_sdk_chat_and_completions(vllm_sim: SimProc) -> None:
     assert len(parts) == 3 and parts[-1].choices[0].finish_reason == "length"
 
 
-def test_sse_framing_matches_vllm(vllm_sim: SimProc) -> None:
+def test_sse_framing_matches_vllm(vllm_sim: SimProc, golden: dict[str, Any]) -> None:
     body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
             "stream": True, "stream_options": {"include_usage": True}}
     raw = httpx.post(f"{vllm_sim.url}/v1/chat/completions", json=body).text
     events = raw.split("\n\n")
     assert events[-1] == "" and events[-2] == "data: [DONE]"
     first = json.loads(events[0][6:])
-    golden = json.loads((SHARED_SPECS / "vllm-golden.json").read_text())["http_json_0.33.0"]["sse_chat_stream_example"]
-    gold = [json.loads(e[6:]) for e in golden.split("\n\n") if e.startswith("data: {")]
+    example = golden["http_json_0.33.0"]["sse_chat_stream_example"]
+    gold = [json.loads(e[6:]) for e in example.split("\n\n") if e.startswith("data: {")]
     for ours, theirs in zip([first, *[json.loads(e[6:]) for e in events[1:-2]]], gold, strict=False):
         assert list(ours) == list(theirs)  # same keys in the same order
         assert list(ours["choices"][0]) == list(theirs["choices"][0]) if ours["choices"] else True
@@ -134,13 +134,13 @@ def test_bad_requests_get_vllm_errors(vllm_sim: SimProc, body: bytes, status: in
     assert httpx.get(f"{vllm_sim.url}/health").status_code == 200  # still alive
 
 
-def test_runtime_lora_load_unload_with_vllms_messages(vllm_sim: SimProc) -> None:
+def test_runtime_lora_load_unload_with_vllms_messages(vllm_sim: SimProc, golden: dict[str, Any]) -> None:
     url = vllm_sim.url
-    golden = json.loads((SHARED_SPECS / "vllm-golden.json").read_text())["http_json_0.33.0"]
+    http = golden["http_json_0.33.0"]
     r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "tenant-x", "lora_path": "/adapters/x"})
     assert r.status_code == 200 and r.text == "Success: LoRA adapter 'tenant-x' added successfully."
     again = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "sql-lora", "lora_path": "/p"})
-    assert again.status_code == 400 and again.json() == golden["error_already_loaded_json"]
+    assert again.status_code == 400 and again.json() == http["error_already_loaded_json"]
     missing = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "only-name"})
     assert missing.status_code == 400 and "must be provided" in missing.json()["error"]["message"]
     assert any(m["id"] == "tenant-x" for m in httpx.get(f"{url}/v1/models").json()["data"])
@@ -158,15 +158,14 @@ def test_lora_routes_absent_without_env(sim_factory: Any) -> None:
     assert httpx.post(f"{s.url}/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "b"}).status_code == 404
 
 
-def test_lora_path_and_rank_errors(sim_factory: Any, tmp_path: Any) -> None:
+def test_lora_path_and_rank_errors(sim_factory: Any, tmp_path: Any, golden: dict[str, Any]) -> None:
     big = tmp_path / "big"
     big.mkdir()
     (big / "adapter_config.json").write_text(json.dumps({"r": 64}))
     s = sim_factory(["sim-model", "--host", "127.0.0.1", "--port", "0", "--enable-lora", "--sim-zero-cost",
                      "--sim-lora-require-path"], env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"})
     nf = httpx.post(f"{s.url}/v1/load_lora_adapter", json={"lora_name": "sql-lora", "lora_path": "/nope"})
-    golden = json.loads((SHARED_SPECS / "vllm-golden.json").read_text())["http_json_0.33.0"]
-    assert nf.status_code == 404 and nf.json() == golden["error_load_adapter_path_not_found_json"]
+    assert nf.status_code == 404 and nf.json() == golden["http_json_0.33.0"]["error_load_adapter_path_not_found_json"]
     rank = httpx.post(f"{s.url}/v1/load_lora_adapter", json={"lora_name": "big", "lora_path": str(big)})
     assert rank.status_code == 500 and "greater than max_lora_rank 16" in rank.json()["error"]["message"]
 
