@@ -11,6 +11,8 @@ USAGE = """\
 usage: llmgw <command> [args]
 
 commands:
+  daemon [--role router] [--config FILE]      run the router (no models configured: in front
+                                              of a simulated fleet, the embedded default)
   sim --engine vllm|llamacpp [engine flags]   run one simulated engine replica
   sim fleet N [--engine E] [--base-port P] [-- engine flags]
                                               run N simulated replicas (demos, benchmarks)
@@ -36,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from llmgw.daemon.sim_main import main as sim_main
 
         return sim_main(rest)
+    if cmd == "daemon":
+        from llmgw.daemon.daemon_main import main as daemon_main
+
+        return daemon_main(rest)
     if cmd == "config":
         return _config(rest)
     print(f"llmgw: unknown command {cmd!r}\n\n{USAGE}", end="", file=sys.stderr)

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import tomli_w
 
 __all__ = [
-    "AdminConfig", "Config", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
+    "AdminConfig", "BreakerConfig", "Config", "RouterConfig", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
     "PoolConfig", "ReplicaConfig", "ServerConfig", "SimConfig", "DEFAULT_POOL",
     "default_admin_socket", "default_config", "dump_config", "init_config_text",
     "load_config", "parse_config",
@@ -141,6 +141,30 @@ class SimConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BreakerConfig:
+    failure_threshold: int = opt(3, check=in_range(1))  # consecutive failures; 1 = a plain cooldown
+    cooldown_s: float = opt(5.0, check=positive)  # first open period
+    max_cooldown_s: float = opt(120.0, check=positive)  # backoff doubles up to this
+    half_open_probes: int = opt(1, check=in_range(1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterConfig:
+    scrape_interval_s: float = opt(1.0, check=positive)
+    stale_after_s: float = opt(5.0, check=positive)  # scraped metrics older than this are stale
+    connect_timeout_s: float = opt(3.0, check=positive)
+    first_byte_timeout_s: float = opt(600.0, check=positive)  # long prefills take minutes
+    idle_timeout_s: float = opt(120.0, check=positive)  # longest gap between streamed chunks
+    max_attempts: int = opt(3, check=in_range(1))  # replicas tried while nothing was sent
+    kv_ceiling: float = opt(0.95, check=in_range(0, 1))  # hard KV-usage penalty above this
+    saturation_load: float = opt(64.0, check=positive)  # running+waiting at which a replica is saturated
+    queue_size: int = opt(256, check=in_range(0))  # requests waiting when all is saturated
+    queue_timeout_s: float = opt(10.0, check=positive)  # then 429 with Retry-After
+    decisions_kept: int = opt(1000, check=in_range(1))  # ring of recent decisions
+    breaker: BreakerConfig = opt(factory=BreakerConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
 class MetricNames:
     """Prometheus metric name overrides; None = the engine's standard name."""
     running: str | None = opt(None, check=nonempty)
@@ -177,6 +201,7 @@ class Config:
     server: ServerConfig = opt(factory=ServerConfig)
     admin: AdminConfig = opt(factory=AdminConfig)
     sim: SimConfig = opt(factory=SimConfig)
+    router: RouterConfig = opt(factory=RouterConfig)
     models: tuple[ModelConfig, ...] = opt((), unique="name")
     pools: tuple[PoolConfig, ...] = opt((), unique="name")
 
@@ -574,6 +599,25 @@ replicas = 2
 model = "sim-model"
 base_port = 0                    # 0 = ephemeral ports
 extra_args = []                  # extra arguments passed to `llmgw sim`
+
+[router]
+scrape_interval_s = 1.0          # how often each replica's /metrics is read
+stale_after_s = 5.0              # older scraped metrics are stale (live inflight counts still apply)
+connect_timeout_s = 3.0
+first_byte_timeout_s = 600.0     # long prefills can take minutes before the first byte
+idle_timeout_s = 120.0           # longest silence between streamed chunks
+max_attempts = 3                 # replicas tried for one request while nothing was sent to the client
+kv_ceiling = 0.95                # replicas above this KV-cache usage get a hard penalty
+saturation_load = 64.0           # running+waiting at which a replica counts as saturated
+queue_size = 256                 # requests held when every replica is saturated
+queue_timeout_s = 10.0           # then 429 with Retry-After
+decisions_kept = 1000            # recent decisions kept with their rationale
+
+[router.breaker]
+failure_threshold = 3            # consecutive failures that open the breaker; 1 = plain cooldown
+cooldown_s = 5.0                 # first open period; doubles after each failed probe
+max_cooldown_s = 120.0
+half_open_probes = 1
 
 # Pools group replicas; a lower priority is preferred.
 # [[pools]]

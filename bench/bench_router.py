@@ -1,0 +1,140 @@
+"""Router overhead: added latency against hitting the engine directly, and router CPU per streamed
+request, measured in one run against zero-cost simulator replicas.
+
+    .venv/bin/python bench/bench_router.py [--rate 200] [--seconds 10] [--replicas 2]
+
+1. Added latency (open loop at --rate streamed requests/s, 20 chunks each): the same schedule is
+   sent once straight to a replica and once through the router; the difference of their latency
+   percentiles is the router's cost. Run with keep-alive connections (a pool of reused
+   connections, where Nagle + delayed ACK would add ~40 ms) and with a new connection per request.
+2. CPU: the router process's CPU time (from /proc) per streamed request, in a closed loop with
+   32 concurrent keep-alive clients. The router is pinned to CPU 0, everything else to CPU 1.
+Bounded: a fixed number of requests on 127.0.0.1; every process is stopped at the end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import Conn, Latencies, build_request, proc_cpu_seconds  # noqa: E402
+
+BODY = json.dumps({"model": "m", "prompt": "Tell me a story", "max_tokens": 20, "ignore_eos": True,
+                   "stream": True}).encode()
+
+
+def spawn(cmd: list[str], cpu: int | None) -> tuple[subprocess.Popen[bytes], dict]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "PYTHONHASHSEED": "0", "LLMGW_LOG_LEVEL": "warning"})
+    assert proc.stdout is not None
+    info = json.loads(proc.stdout.readline())
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        for tid in os.listdir(f"/proc/{proc.pid}/task"):
+            os.sched_setaffinity(int(tid), {cpu})
+    return proc, info
+
+
+async def open_loop(port: int, rate: float, n: int, keepalive: bool) -> Latencies:
+    raw = build_request("POST", "/v1/completions", BODY)
+    lat = Latencies()
+    pool: list[Conn] = []
+    start = trio.current_time()
+
+    async def one(i: int) -> None:
+        await trio.sleep_until(start + i / rate)
+        t0 = time.perf_counter()
+        c = pool.pop() if keepalive and pool else await Conn.open("127.0.0.1", port)
+        status, data, _ = await c.request(raw)
+        lat.values.append(time.perf_counter() - t0)
+        assert status == 200 and data.endswith(b"data: [DONE]\n\n")
+        if keepalive:
+            pool.append(c)
+        else:
+            await c.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(one, i)
+    for c in pool:
+        await c.aclose()
+    return lat
+
+
+async def closed_loop(port: int, n: int, conns: int) -> float:
+    raw = build_request("POST", "/v1/completions", BODY)
+    t0 = trio.current_time()
+
+    async def worker() -> None:
+        c = await Conn.open("127.0.0.1", port)
+        for _ in range(n // conns):
+            status, _, _ = await c.request(raw)
+            assert status == 200
+        await c.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(conns):
+            nursery.start_soon(worker)
+    return trio.current_time() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rate", type=float, default=200.0)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--cpu-requests", type=int, default=3000)
+    a = ap.parse_args()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        sims = []
+        for _ in range(a.replicas):
+            p, info = spawn([sys.executable, "-m", "llmgw", "sim", "--engine", "vllm", "m", "--host", "127.0.0.1",
+                             "--port", "0", "--sim-zero-cost", "--max-num-seqs", "1024", "--sim-kv-blocks", "65536"], 1)
+            procs.append(p)
+            sims.append(info)
+        cfg = Path(tempfile.mkdtemp()) / "bench.toml"
+        reps = "\n".join(f'[[models.replicas]]\nurl = "{s["url"]}"' for s in sims)
+        cfg.write_text(f'[server]\nhost = "127.0.0.1"\n[router]\nqueue_size = 4096\nsaturation_load = 100000.0\n'
+                       f'[[models]]\nname = "m"\nengine = "vllm"\n{reps}\n')
+        rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(cfg), "--port", "0",
+                           "--log-level", "warning"], 0)
+        procs.append(rp)
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {1})
+        n = int(a.rate * a.seconds)
+        print(f"added latency, {n} streamed requests (20 chunks) at {a.rate:.0f}/s, open loop:")
+        for keepalive in (True, False):
+            trio.run(open_loop, sims[0]["port"], a.rate, min(n, 200), keepalive)  # warm-up
+            direct = trio.run(open_loop, sims[0]["port"], a.rate, n, keepalive)
+            routed = trio.run(open_loop, rinfo["port"], a.rate, n, keepalive)
+            label = "keep-alive     " if keepalive else "new connection "
+            print(f"  {label} direct p50 {1e3 * direct.pct(50):6.2f} ms p99 {1e3 * direct.pct(99):6.2f} ms | "
+                  f"router p50 {1e3 * routed.pct(50):6.2f} ms p99 {1e3 * routed.pct(99):6.2f} ms | "
+                  f"added p50 {1e3 * (routed.pct(50) - direct.pct(50)):+.2f} ms "
+                  f"p99 {1e3 * (routed.pct(99) - direct.pct(99)):+.2f} ms")
+        cpu0 = proc_cpu_seconds(rp.pid)
+        elapsed = trio.run(closed_loop, rinfo["port"], a.cpu_requests, 32)
+        cpu1 = proc_cpu_seconds(rp.pid)
+        per = (cpu1 - cpu0) / a.cpu_requests
+        print(f"router CPU: {1e3 * per:.3f} ms per streamed request (20 chunks) = "
+              f"{1 / per:,.0f} streamed requests/s per core; closed loop {a.cpu_requests / elapsed:,.0f} req/s")
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()

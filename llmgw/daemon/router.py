@@ -1,0 +1,304 @@
+"""The router's request path: OpenAI request → admission → decision → proxy → feedback.
+
+The body goes to the engine unchanged; the response streams back as it arrives (one write per
+upstream read, backpressure from the client's socket). A retry on another replica happens only
+while nothing has been sent to the client; a client that leaves closes the upstream connection
+at once, so the engine aborts the sequence."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import trio
+
+from llmgw.config import Config
+from llmgw.daemon.httpserver import Request, Response
+from llmgw.daemon.registry import ModelEntry, Registry, Replica
+from llmgw.daemon.router_metrics import RouterMetrics
+from llmgw.daemon.upstream import (UpstreamClosed, UpstreamConnectError, UpstreamError, UpstreamPool,
+                                   UpstreamProtocolError, UpstreamTimeout)
+from llmgw.route.admission import WaitQueue, suggest_retry_after
+from llmgw.route.breaker import FailureKind, Permit
+from llmgw.route.filters import is_saturated
+from llmgw.route.openai_req import ApiError, parse_body
+from llmgw.route.scheduler import Scheduler, SchedulerConfig
+from llmgw.route.strategies import Strategy, StrategyError, resolve
+from llmgw.route.types import Decision, RequestInfo
+
+log = logging.getLogger("llmgw.router")
+
+_JSON = "application/json"
+_KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
+STRATEGY_HEADER = "x-llmgw-strategy"
+
+
+def _error(e: ApiError, rid: str, rid_header: str) -> Response:
+    headers = [("content-type", _JSON), (rid_header, rid), *e.headers]
+    return Response(e.status, headers, json.dumps(e.body()).encode())
+
+
+class Router:
+    def __init__(self, cfg: Config, pool: UpstreamPool, *, seed: int | None = None) -> None:
+        self.cfg = cfg
+        self.pool = pool
+        self.registry = Registry(cfg)
+        rc = cfg.router
+        self.sched = Scheduler(SchedulerConfig(kv_ceiling=rc.kv_ceiling, saturation_load=rc.saturation_load))
+        self.rng = random.Random(seed)
+        self.decisions: deque[Decision] = deque(maxlen=rc.decisions_kept)
+        self.queues: dict[str, WaitQueue] = {}
+        self._wakers: dict[str, trio.Event] = {}
+        self.metrics = RouterMetrics(self)
+        self.api_keys = set(cfg.server.api_keys)
+        self.rid_header = cfg.server.request_id_header.lower()
+        self._strategies: dict[str, Strategy] = {}
+
+    # -- HTTP entry ---------------------------------------------------------------------------
+    async def handle(self, req: Request) -> Response:
+        rid = req.header(self.rid_header) or uuid.uuid4().hex
+        path = req.path
+        try:
+            if path == "/health":
+                return Response(200, [("content-type", _JSON)], b'{"status":"ok"}')
+            if path == "/metrics":
+                return Response(200, [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                                self.metrics.render())
+            self._authorize(req)
+            if path == "/v1/models":
+                if req.method != "GET":
+                    raise ApiError(405, f"Method {req.method} not allowed on {path}")
+                return self._models(rid)
+            kind = _KINDS.get(path)
+            if kind is None:
+                raise ApiError(404, f"Unknown route {path}", code="not_found")
+            if req.method != "POST":
+                raise ApiError(405, f"Method {req.method} not allowed on {path}")
+            return await self._proxy(req, kind, rid)
+        except ApiError as e:
+            if e.status not in (401, 404, 405):
+                self.metrics.request_done("-", "rejected", e.status, None, None)
+            return _error(e, rid, self.rid_header)
+
+    def _authorize(self, req: Request) -> None:
+        if not self.api_keys:
+            return
+        auth = req.header("authorization") or ""
+        key = auth[7:] if auth[:7].lower() == "bearer " else None
+        if key is None or not any(_consteq(key, k) for k in self.api_keys):
+            raise ApiError(401, "Invalid or missing API key.", code="invalid_api_key")
+
+    def _models(self, rid: str) -> Response:
+        created = int(time.time())
+        data: list[dict[str, Any]] = []
+        for m in self.registry.models.values():
+            data.append({"id": m.name, "object": "model", "created": created, "owned_by": "llmgw",
+                         "root": m.name, "parent": None, "replicas": len(m.replicas)})
+            for a in sorted(m.adapters):
+                data.append({"id": a, "object": "model", "created": created, "owned_by": "llmgw",
+                             "root": a, "parent": m.name, "replicas": len(m.adapters[a])})
+        return Response(200, [("content-type", _JSON), (self.rid_header, rid)],
+                        json.dumps({"object": "list", "data": data}).encode())
+
+    # -- the request path ---------------------------------------------------------------------
+    async def _proxy(self, req: Request, kind: str, rid: str) -> Response:
+        started = trio.current_time()
+        body = parse_body(req.body, kind=kind)
+        resolved = self.registry.resolve(body.model)
+        if resolved is None:
+            raise ApiError(404, f"The model `{body.model}` does not exist.", param="model",
+                           code="model_not_found")
+        entry, adapter = resolved
+        strategy = self._strategy(entry, req.header(STRATEGY_HEADER))
+        info = RequestInfo(request_id=rid, model=body.model, base_model=entry.name, adapter=adapter,
+                           session_key=req.header("x-session-id") or body.session_key,
+                           prompt_tokens_estimate=body.prompt_chars // 4, strategy=strategy.name)
+        await self._admit(entry, rid)
+        headers = [("content-type", "application/json"), ("x-request-id", rid)]
+        tried: set[str] = set()
+        last_error: UpstreamError | None = None
+        for _attempt in range(self.cfg.router.max_attempts):
+            rep, decision = self._decide(entry, info, strategy, tried)
+            if rep is None:
+                break
+            tried.add(rep.id)
+            result = await self._attempt(rep, decision, req, headers, body.stream, entry.name, rid, started)
+            if isinstance(result, Response):
+                return result
+            last_error = result
+        self.metrics.request_done(entry.name, "failed", 502 if last_error else 503, None, None)
+        if last_error is None:
+            raise ApiError(503, f"No replica of `{entry.name}` can serve this request now.",
+                           type_="service_unavailable", headers=[("retry-after", "1")])
+        if isinstance(last_error, UpstreamTimeout):
+            raise ApiError(504, f"The engine did not answer in time ({last_error.phase}).",
+                           type_="timeout")
+        raise ApiError(502, f"No replica could serve the request: {last_error}", type_="bad_gateway")
+
+    def _strategy(self, entry: ModelEntry, asked: str | None) -> Strategy:
+        name = asked or entry.strategy
+        s = self._strategies.get(name)
+        if s is None:
+            try:
+                s = resolve(name)
+            except StrategyError as e:
+                raise ApiError(400, str(e), param=STRATEGY_HEADER) from None
+            self._strategies[name] = s
+        return s
+
+    def _decide(self, entry: ModelEntry, info: RequestInfo, strategy: Strategy,
+                tried: set[str]) -> tuple[Replica | None, Decision]:
+        now = trio.current_time()
+        views = self.registry.views(entry, now)
+        if tried:
+            views = [v for v in views if v.id not in tried]
+        d = self.sched.decide(info, views, strategy, now=now, wall=time.time(), rng=self.rng)
+        self.decisions.append(d)
+        self.metrics.decision(d)
+        return (self.registry.replicas[d.chosen] if d.chosen else None), d
+
+    async def _admit(self, entry: ModelEntry, rid: str) -> None:
+        """Hold the request while every replica of the model is saturated (bounded, with a deadline)."""
+        cfg = self.sched.config
+        q = self.queues.get(entry.name)
+        if q is None:
+            q = self.queues[entry.name] = WaitQueue(self.cfg.router.queue_size)
+
+        def saturated() -> bool:
+            # Replicas behind an open breaker don't count: waiting cannot help them, and the
+            # scheduler's all-open fallback handles a model with none available.
+            now = trio.current_time()
+            live = [r for r in entry.replicas if r.breaker.can_pass(now)]
+            return bool(live) and all(is_saturated(r.view, cfg) for r in live)
+
+        if q.admit_now(saturated):
+            return
+        now = trio.current_time()
+        ticket = q.enqueue(rid, now + self.cfg.router.queue_timeout_s, now)
+        drain = sum(r.view.drain_rate or 0.0 for r in entry.replicas) or None
+        if ticket is None:
+            self.metrics.rejected(entry.name, "queue_full")
+            raise ApiError(429, "All replicas are saturated and the wait queue is full.", type_="rate_limit",
+                           code="saturated", headers=[("retry-after", str(suggest_retry_after(len(q), drain)))])
+        event = self._wakers[rid] = trio.Event()
+        try:
+            with trio.move_on_at(ticket.deadline):
+                await event.wait()
+                return
+            q.cancel(ticket)
+            self.metrics.rejected(entry.name, "queue_timeout")
+            raise ApiError(429, "All replicas stayed saturated; try again later.", type_="rate_limit",
+                           code="saturated", headers=[("retry-after", str(suggest_retry_after(len(q), drain)))])
+        except BaseException:
+            q.cancel(ticket)
+            raise
+        finally:
+            self._wakers.pop(rid, None)
+
+    def _capacity_freed(self, entry_name: str) -> None:
+        q = self.queues.get(entry_name)
+        if not q:
+            return
+        entry = self.registry.models[entry_name]
+        cfg = self.sched.config
+        for t in q.on_capacity(1, saturated=lambda: all(is_saturated(r.view, cfg) for r in entry.replicas)):
+            # one finished request frees room for one waiter
+            ev = self._wakers.get(t.request_id)
+            if ev is not None:
+                ev.set()
+
+    async def _attempt(self, rep: Replica, decision: Decision, req: Request, headers: list[tuple[str, str]],
+                       stream: bool, model: str, rid: str, started: float) -> Response | UpstreamError:
+        """One try on one replica. Returns the client's Response, or the error to try another with."""
+        now = trio.current_time()
+        forced = bool(decision.note) and not rep.breaker.can_pass(now)
+        permit = rep.breaker.allow(now, force=forced)
+        if permit is Permit.DENY:
+            return UpstreamConnectError(f"breaker of {rep.id} is open")
+        rc = self.cfg.router
+        v = rep.view
+        v.inflight += 1
+        stack = AsyncExitStack()
+        try:
+            resp = await stack.enter_async_context(self.pool.stream(
+                v.url, "POST", req.target, headers, req.body, connect_timeout=rc.connect_timeout_s,
+                first_byte_timeout=rc.first_byte_timeout_s, idle_timeout=rc.idle_timeout_s))
+        except UpstreamError as e:
+            await stack.aclose()
+            self._finish(rep, model, e, started, None, permit)
+            return e
+        except BaseException:
+            await stack.aclose()
+            self._finish(rep, model, "cancelled", started, None, permit)
+            raise
+        if resp.status >= 500:
+            await stack.aclose()
+            err = UpstreamProtocolError(f"{rep.id} answered {resp.status}")
+            self._finish(rep, model, err, started, None, permit, status=resp.status)
+            return err
+        out_headers = [("content-type", resp.header("content-type") or _JSON), (self.rid_header, rid),
+                       ("x-llmgw-endpoint", rep.id)]
+        if resp.status == 200 and stream:
+            out_headers.append(("cache-control", "no-cache"))
+        return Response(resp.status, out_headers,
+                        self._relay(stack, resp, rep, model, started, permit, stream))
+
+    async def _relay(self, stack: AsyncExitStack, resp: Any, rep: Replica, model: str, started: float,
+                     permit: Permit, stream: bool) -> AsyncIterator[bytes]:
+        outcome: Any = "cancelled"
+        first: float | None = None
+        try:
+            async for data in resp.iter_body():
+                if first is None:
+                    first = trio.current_time()
+                yield data
+            outcome = "ok"
+        except UpstreamError as e:
+            outcome = e
+            if stream:
+                # Headers are gone: tell an SSE client in-band, as OpenAI does, then end cleanly.
+                msg = json.dumps({"error": {"message": f"upstream failed mid-stream: {e}", "type": "bad_gateway",
+                                            "param": None, "code": 502}})
+                yield f"data: {msg}\n\n".encode()
+        finally:
+            with trio.CancelScope(shield=True):
+                await stack.aclose()
+            self._finish(rep, model, outcome, started, first, permit, status=resp.status)
+
+    def _finish(self, rep: Replica, model: str, outcome: Any, started: float, first: float | None,
+                permit: Permit, status: int | None = None) -> None:
+        v = rep.view
+        v.inflight -= 1
+        rep.completed += 1
+        now = trio.current_time()
+        b = rep.breaker
+        if outcome == "ok":
+            b.on_success(now)
+            self.metrics.request_done(model, "ok", status or 200, first and first - started, now - started)
+        elif outcome == "cancelled":
+            b.on_failure(now, FailureKind.CLIENT_CANCEL)
+            self.metrics.request_done(model, "client_cancelled", 499, first and first - started, now - started)
+        else:
+            kind = (FailureKind.CONNECT if isinstance(outcome, UpstreamConnectError) else
+                    FailureKind.TIMEOUT if isinstance(outcome, UpstreamTimeout) else
+                    FailureKind.RESET if isinstance(outcome, UpstreamClosed) else FailureKind.HTTP_5XX)
+            b.on_failure(now, kind)
+            self.metrics.upstream_error(rep.id, kind.value if hasattr(kind, "value") else str(kind))
+            if first is not None:  # it failed after the client got bytes: the request is done
+                self.metrics.request_done(model, "upstream_failed", 502, first - started, now - started)
+        if permit is Permit.PROBE and outcome == "cancelled":
+            b.release_probe()
+        self._capacity_freed(v.model)
+
+
+def _consteq(a: str, b: str) -> bool:
+    import hmac
+
+    return hmac.compare_digest(a.encode(), b.encode())

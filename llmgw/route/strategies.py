@@ -1,0 +1,100 @@
+"""Routing strategies. A strategy is only data: scorer weights, a picker and its parameter.
+
+Weights are normalised to sum to 1 (zero weights dropped), so a candidate's total is in [0, 1]
+and totals compare across strategies.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .pickers import PICKERS
+from .scorers import SCORERS
+
+__all__ = ["Strategy", "PRESETS", "resolve", "StrategyError", "RESERVED_KEYS"]
+
+RESERVED_KEYS = ("picker", "param")  # override keys that are not scorer weights
+
+
+class StrategyError(ValueError):
+    pass
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _suggest(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    name: str
+    weights: Mapping[str, float]  # scorer name -> weight; read-only once built
+    picker: str = "max-score"
+    param: float | None = None  # the picker's parameter: softmax temperature
+
+    def __post_init__(self) -> None:
+        where = f"strategy {self.name!r}"
+        for k, w in self.weights.items():
+            if not _finite(w) or w < 0:
+                raise StrategyError(f"{where}: weight {k!r} must be a number >= 0, got {w!r}")
+        total = sum(self.weights.values())
+        if total <= 0:
+            raise StrategyError(f"{where}: at least one weight must be > 0")
+        if self.picker not in PICKERS:
+            raise StrategyError(f"{where}: unknown picker {self.picker!r}"
+                                f"{_suggest(self.picker, PICKERS)}; "
+                                f"known: {', '.join(sorted(PICKERS))}")
+        if self.param is not None and not _finite(self.param):
+            raise StrategyError(f"{where}: param must be a finite number, got {self.param!r}")
+        object.__setattr__(self, "weights",
+                           {k: w / total for k, w in self.weights.items() if w > 0})
+
+
+PRESETS: dict[str, Strategy] = {
+    s.name: s for s in (
+        # Latency: go where a request starts soonest, keep a conversation's prefix cache warm.
+        Strategy("chat", {"load": 0.35, "queue": 0.15, "kv": 0.15, "inflight": 0.10,
+                          "session": 0.25}),
+        # Throughput: fill KV and drain queues evenly; power-of-two spreads without herding.
+        Strategy("batch", {"kv": 0.40, "queue": 0.35, "load": 0.15, "weight": 0.10},
+                 picker="power-of-two"),
+        # Long prompts need KV room most: a full cache means preemption and recompute.
+        Strategy("long-context", {"kv": 0.60, "queue": 0.20, "load": 0.20}),
+    )
+}
+
+
+def resolve(name: str, overrides: Mapping[str, Any] | None = None, *,
+            scorers: Iterable[str] | None = None) -> Strategy:
+    """A preset by name, with ``overrides`` merged in: scorer name -> weight (0 disables a
+    scorer), plus the reserved keys ``picker`` and ``param``. ``scorers`` is the set of scorer
+    names weights may use (default: the built-in :data:`SCORERS`)."""
+    base = PRESETS.get(name)
+    if base is None:
+        raise StrategyError(f"unknown strategy {name!r}{_suggest(name, PRESETS)}; "
+                            f"known: {', '.join(sorted(PRESETS))}")
+    if not overrides:
+        return base
+    known = set(SCORERS if scorers is None else scorers)
+    weights = dict(base.weights)
+    picker, param = base.picker, base.param
+    for k, v in overrides.items():
+        if k == "picker":
+            picker = v
+        elif k == "param":
+            param = v
+        elif k in known:
+            weights[k] = v
+        else:
+            raise StrategyError(f"strategy {name!r}: unknown scorer {k!r}"
+                                f"{_suggest(k, [*known, *RESERVED_KEYS])}; known: "
+                                f"{', '.join(sorted(known))}, or {' / '.join(RESERVED_KEYS)}")
+    return Strategy(name, weights, picker, param)
