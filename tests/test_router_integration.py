@@ -249,3 +249,43 @@ def test_admission_429_with_retry_after_when_everything_is_saturated(procs: list
         assert r.json()["error"]["type"] == "rate_limit"
     r = httpx.post(f"{d.url}/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1})
     assert r.status_code == 200
+
+
+class GarbageEngine:
+    """An 'engine' that answers every request with bytes that are not HTTP."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"\x00\x01garbage that is not HTTP\r\n\r\n")
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
+def test_engine_answering_garbage_is_retried_elsewhere_and_reported(procs: list[Any], tmp_path: Path) -> None:
+    bad = GarbageEngine()
+    procs.append(bad)
+    good = sim(procs, "--sim-zero-cost")
+    d = router(procs, tmp_path, [good], replicas=[{"url": bad.url}, {"url": good.url}])
+    for _ in range(4):
+        r = httpx.post(f"{d.url}/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1},
+                       headers={"x-llmgw-strategy": "batch"})
+        assert r.status_code == 200 and r.headers["x-llmgw-endpoint"] == "m/1"
+    alone = Daemon(write_config(tmp_path, [{"name": "m", "replicas": [{"url": bad.url}]}]))
+    procs.append(alone)
+    r = httpx.post(f"{alone.url}/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1})
+    assert r.status_code == 502 and r.json()["error"]["type"] == "bad_gateway"
+    assert httpx.get(f"{alone.url}/health").status_code == 200

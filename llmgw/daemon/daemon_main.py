@@ -26,7 +26,7 @@ class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname.lower(),
                                "logger": record.name, "msg": record.getMessage()}
-        for key in ("request_id", "model", "endpoint", "status", "outcome"):
+        for key in ("request_id", "model", "endpoint", "status", "outcome", "ttft_ms", "latency_ms"):
             if hasattr(record, key):
                 out[key] = getattr(record, key)
         if record.exc_info:

@@ -232,26 +232,26 @@ class Router:
                 first_byte_timeout=rc.first_byte_timeout_s, idle_timeout=rc.idle_timeout_s))
         except UpstreamError as e:
             await stack.aclose()
-            self._finish(rep, model, e, started, None, permit)
+            self._finish(rep, model, e, started, None, permit, rid=rid)
             return e
         except BaseException:
             await stack.aclose()
-            self._finish(rep, model, "cancelled", started, None, permit)
+            self._finish(rep, model, "cancelled", started, None, permit, rid=rid)
             raise
         if resp.status >= 500:
             await stack.aclose()
             err = UpstreamProtocolError(f"{rep.id} answered {resp.status}")
-            self._finish(rep, model, err, started, None, permit, status=resp.status)
+            self._finish(rep, model, err, started, None, permit, status=resp.status, rid=rid)
             return err
         out_headers = [("content-type", resp.header("content-type") or _JSON), (self.rid_header, rid),
                        ("x-llmgw-endpoint", rep.id)]
         if resp.status == 200 and stream:
             out_headers.append(("cache-control", "no-cache"))
         return Response(resp.status, out_headers,
-                        self._relay(stack, resp, rep, model, started, permit, stream))
+                        self._relay(stack, resp, rep, model, started, permit, stream, rid))
 
     async def _relay(self, stack: AsyncExitStack, resp: Any, rep: Replica, model: str, started: float,
-                     permit: Permit, stream: bool) -> AsyncIterator[bytes]:
+                     permit: Permit, stream: bool, rid: str) -> AsyncIterator[bytes]:
         outcome: Any = "cancelled"
         first: float | None = None
         try:
@@ -270,10 +270,10 @@ class Router:
         finally:
             with trio.CancelScope(shield=True):
                 await stack.aclose()
-            self._finish(rep, model, outcome, started, first, permit, status=resp.status)
+            self._finish(rep, model, outcome, started, first, permit, status=resp.status, rid=rid)
 
     def _finish(self, rep: Replica, model: str, outcome: Any, started: float, first: float | None,
-                permit: Permit, status: int | None = None) -> None:
+                permit: Permit, status: int | None = None, rid: str = "") -> None:
         v = rep.view
         v.inflight -= 1
         rep.completed += 1
@@ -296,6 +296,12 @@ class Router:
         if permit is Permit.PROBE and outcome == "cancelled":
             b.release_probe()
         self._capacity_freed(v.model)
+        if log.isEnabledFor(logging.INFO):  # the access log: one JSON line per attempt
+            log.info("request %s", outcome if isinstance(outcome, str) else f"failed: {outcome}",
+                     extra={"request_id": rid, "model": model, "endpoint": rep.id, "status": status,
+                            "outcome": outcome if isinstance(outcome, str) else type(outcome).__name__,
+                            "ttft_ms": None if first is None else round((first - started) * 1e3, 2),
+                            "latency_ms": round((now - started) * 1e3, 2)})
 
 
 def _consteq(a: str, b: str) -> bool:
