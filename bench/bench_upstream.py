@@ -147,7 +147,8 @@ async def bench(url: str, a: argparse.Namespace) -> None:
                     await run(max(100, n // 10), a.concurrency, fn)  # warm-up: connections, caches
                     c, wall, pieces = await run(n, a.concurrency, fn)
                     keep(label, n, c)
-                    extra = f"   ({pieces / n:.1f} reads/stream)" if pieces else ""
+                    extra = (f"   ({pieces / n:.1f} reads/stream, {c / pieces * 1e6:.1f} us/read)"
+                             if pieces else "")
                     report(label, n, c, wall, extra)
             print(f"pool stats: {pool.stats}")
             for fs in floor_socks:

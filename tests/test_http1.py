@@ -239,6 +239,18 @@ def test_chunked_many_chunks_in_one_feed_is_one_data_event() -> None:
     assert p.keep_alive and p.done
 
 
+def test_large_chunk_across_reads() -> None:
+    body = bytes(range(256)) * 300  # 76800 bytes: beyond the table of common size lines
+    raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk_of(body) + chunk_of(b"end") + b"0\r\n\r\n"
+    for step in (1000, 65536, len(raw)):
+        p, events = parse(raw, list(range(0, len(raw), step)))
+        assert events[1:] == [Data(body + b"end"), End()] and p.keep_alive
+
+
+def chunk_of(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
 def test_feed_body_fast_path_and_trailers() -> None:
     p = ResponseParser()
     assert p.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n") == [

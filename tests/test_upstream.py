@@ -270,6 +270,7 @@ async def test_leaving_early_closes_the_connection() -> None:
             async with pool.stream(srv.url, "POST", "/", [], b"{}") as resp:
                 async for _ in resp.iter_body():
                     break
+            assert not resp.complete
             await eof.wait()
         assert pool.idle_count() == 0 and pool.stats.aborted == 1
 

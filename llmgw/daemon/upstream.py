@@ -391,8 +391,8 @@ class UpstreamResponse:
 
     @property
     def complete(self) -> bool:
-        """The whole body has been received."""
-        return self._conn is None and self._error is None
+        """The whole body has been received (the parser saw its end)."""
+        return self._parser is not None and self._parser.done
 
     def iter_body(self) -> UpstreamResponse:
         """``async for piece in resp.iter_body()``: body bytes as they arrive, one piece per

@@ -70,7 +70,7 @@ _VALUE = rb"[^\x00-\x08\x0a-\x1f\x7f]*"  # field content: no controls but HTAB (
 _FIELD = re.compile(("^(" + _TOKEN.decode() + "):[ \t]*(" + _VALUE.decode() + ")\r?\n"), re.M)
 _FOLDED = re.compile(rb"(?:(?:" + _TOKEN + rb":|[ \t])" + _VALUE + rb"\r?\n)*")
 _CHUNK_SIZE = re.compile(rb"0*([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\x00-\x08\x0a-\x1f\x7f]*)?\r?")
-_SIZE_LINES = {b"%x\r" % i: i for i in range(8192)}  # chunk-size lines as h11/uvicorn write them
+_SIZE_LINES = {b"%x\r" % i: i for i in range(4096)}  # chunk-size lines as h11/uvicorn write them
 _NO_BODY_STATUS = frozenset((204, 304))
 _MAX_CHUNK_LINE = 8192  # a chunk-size line with its extensions
 
