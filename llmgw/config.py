@@ -17,6 +17,7 @@ import difflib
 import os
 import re
 import tomllib
+from contextvars import ContextVar
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from datetime import date, datetime, time
@@ -29,7 +30,7 @@ from urllib.parse import urlsplit
 import tomli_w
 
 __all__ = [
-    "AdminConfig", "BreakerConfig", "Config", "RouterConfig", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
+    "AdminConfig", "BreakerConfig", "Config", "RouterConfig", "ScorerWeights", "StrategyConfig", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
     "PoolConfig", "ReplicaConfig", "ServerConfig", "SimConfig", "DEFAULT_POOL",
     "default_admin_socket", "default_config", "dump_config", "init_config_text",
     "load_config", "parse_config",
@@ -108,6 +109,21 @@ def header_name(v: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------- schema
+# Strategy names a model may use: the presets plus the file's own [[strategies]], set while a
+# file is parsed so the field check sees them even when other sections have errors.
+_KNOWN_STRATEGIES: ContextVar[frozenset[str]] = ContextVar("_KNOWN_STRATEGIES", default=frozenset(STRATEGIES))
+
+
+def known_strategy(v: str) -> str | None:
+    known = _KNOWN_STRATEGIES.get()
+    if v in known:
+        return None
+    ordered = [*STRATEGIES, *sorted(known - set(STRATEGIES))]
+    close = difflib.get_close_matches(v, ordered, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"expected one of {', '.join(repr(k) for k in ordered)}; got {v!r}{hint}"
+
+
 def default_admin_socket() -> str:
     """$XDG_RUNTIME_DIR/llmgw-<uid>/admin.sock, or under /tmp when XDG_RUNTIME_DIR is unset."""
     base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
@@ -165,6 +181,27 @@ class RouterConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScorerWeights:
+    """A strategy's weights by scorer name; unset = 0 (the scorer does not take part)."""
+    load: float = opt(0.0, check=in_range(0))
+    queue: float = opt(0.0, check=in_range(0))
+    kv: float = opt(0.0, check=in_range(0))
+    inflight: float = opt(0.0, check=in_range(0))
+    weight: float = opt(0.0, check=in_range(0))
+    session: float = opt(0.0, check=in_range(0))
+    prefix: float = opt(0.0, check=in_range(0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyConfig:
+    """A named strategy: only weights and a picker (a preset's name may be reused to replace it)."""
+    name: str = opt(check=nonempty)
+    picker: str = opt("max-score", check=one_of("max-score", "power-of-two", "softmax", "round-robin"))
+    temperature: float | None = opt(None, check=positive)  # softmax only
+    weights: ScorerWeights = opt(factory=ScorerWeights)
+
+
+@dataclass(frozen=True, kw_only=True)
 class MetricNames:
     """Prometheus metric name overrides; None = the engine's standard name."""
     running: str | None = opt(None, check=nonempty)
@@ -183,7 +220,7 @@ class ReplicaConfig:
 class ModelConfig:
     name: str = opt(check=nonempty)
     engine: str = opt(check=one_of(*ENGINES))
-    strategy: str = opt("chat", check=one_of(*STRATEGIES))
+    strategy: str = opt("chat", check=known_strategy)  # a preset or a [[strategies]] name
     pools: tuple[str, ...] = opt((), items=nonempty)
     metrics: MetricNames = opt(factory=MetricNames)
     replicas: tuple[ReplicaConfig, ...] = opt(())
@@ -204,6 +241,7 @@ class Config:
     router: RouterConfig = opt(factory=RouterConfig)
     models: tuple[ModelConfig, ...] = opt((), unique="name")
     pools: tuple[PoolConfig, ...] = opt((), unique="name")
+    strategies: tuple[StrategyConfig, ...] = opt((), unique="name")
 
 
 _CROSS_CHECKS: list[tuple[frozenset[str], Callable[[Config], Iterator[tuple[KeyPath, str]]]]] = []
@@ -221,6 +259,14 @@ def _cross_check(*needs: str):
 def _admin_tcp_needs_token(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
     if cfg.admin.tcp is not None and cfg.admin.token is None:
         yield ("admin", "tcp"), "a TCP admin listener requires admin.token"
+
+
+@_cross_check("strategies")
+def _strategy_weights(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    for i, st in enumerate(cfg.strategies):
+        w = st.weights
+        if not any((w.load, w.queue, w.kv, w.inflight, w.weight, w.session, w.prefix)):
+            yield ("strategies", i, "weights"), "at least one weight must be > 0"
 
 
 @_cross_check("models", "pools")
@@ -518,7 +564,13 @@ def parse_config(text: str, filename: str = "<string>") -> Config:
             msg = msg.removesuffix(" (at end of document)")
         raise ConfigError([ConfigProblem(filename, "", line, f"invalid TOML: {msg}", col)]) from None
     problems: list[tuple[KeyPath, str]] = []
-    values, failed = _table(Config, data, (), problems)
+    raw = data.get("strategies")
+    names = {st.get("name") for st in raw if isinstance(st, dict)} if isinstance(raw, list) else set()
+    token = _KNOWN_STRATEGIES.set(frozenset(STRATEGIES) | {n for n in names if isinstance(n, str)})
+    try:
+        values, failed = _table(Config, data, (), problems)
+    finally:
+        _KNOWN_STRATEGIES.reset(token)
     cfg = Config(**values)  # failed sections fall back to defaults, for the cross checks below
     for needs, check in _CROSS_CHECKS:
         if not needs & failed:
@@ -628,6 +680,13 @@ half_open_probes = 1
 # [[pools]]
 # name = "burst"
 # priority = 10
+
+# Strategies are only weights and a picker; the presets are chat, batch and long-context.
+# A request may name one with the x-llmgw-strategy header.
+# [[strategies]]
+# name = "least-loaded"
+# picker = "power-of-two"        # max-score, power-of-two, softmax (with temperature), round-robin
+# weights = { load = 0.7, queue = 0.3 }
 
 # Models served by static endpoints. Names must be unique.
 # [[models]]

@@ -500,3 +500,20 @@ def test_init_config_examples_are_valid_when_uncommented():
     assert [p.name for p in cfg.pools] == ["default", "burst"]
     assert [m.name for m in cfg.models] == ["llama-3-8b"]
     assert len(cfg.models[0].replicas) == 2
+
+
+def test_custom_strategies_are_known_to_models_and_need_a_weight() -> None:
+    from llmgw.config import ConfigError, parse_config
+
+    ok = parse_config('[[strategies]]\nname = "rr"\npicker = "round-robin"\nweights = { load = 1.0 }\n'
+                      '[[models]]\nname = "m"\nengine = "vllm"\nstrategy = "rr"\n')
+    assert ok.models[0].strategy == "rr" and ok.strategies[0].weights.load == 1.0
+    try:
+        parse_config('[[strategies]]\nname = "z"\n[[models]]\nname = "m"\nengine = "vllm"\nstrategy = "rx"\n',
+                     "f.toml")
+    except ConfigError as e:
+        text = str(e)
+        assert "strategies[0].weights: at least one weight must be > 0" in text
+        assert "models[0].strategy" in text and "'rx'" in text
+    else:
+        raise AssertionError("expected a ConfigError")

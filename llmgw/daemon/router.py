@@ -59,7 +59,7 @@ class Router:
         self.metrics = RouterMetrics(self)
         self.api_keys = set(cfg.server.api_keys)
         self.rid_header = cfg.server.request_id_header.lower()
-        self._strategies: dict[str, Strategy] = {}
+        self._strategies: dict[str, Strategy] = self._configured_strategies()
 
     # -- HTTP entry ---------------------------------------------------------------------------
     async def handle(self, req: Request) -> Response:
@@ -149,9 +149,20 @@ class Router:
             try:
                 s = resolve(name)
             except StrategyError as e:
-                raise ApiError(400, str(e), param=STRATEGY_HEADER) from None
+                known = ", ".join(sorted({*self._strategies, "chat", "batch", "long-context"}))
+                raise ApiError(400, f"unknown strategy {name!r}; known: {known}", param=STRATEGY_HEADER) from e
             self._strategies[name] = s
         return s
+
+    def _configured_strategies(self) -> dict[str, Strategy]:
+        """[[strategies]] from the config (a preset's name replaces the preset)."""
+        out = {}
+        for sc in self.cfg.strategies:
+            w = sc.weights
+            weights = {k: getattr(w, k) for k in ("load", "queue", "kv", "inflight", "weight", "session", "prefix")
+                       if getattr(w, k) > 0 and k in self.sched.scorers}
+            out[sc.name] = Strategy(sc.name, weights, sc.picker, sc.temperature)
+        return out
 
     def _decide(self, entry: ModelEntry, info: RequestInfo, strategy: Strategy,
                 tried: set[str]) -> tuple[Replica | None, Decision]:

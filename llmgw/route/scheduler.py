@@ -216,18 +216,26 @@ class Scheduler:
         order = top_indices(totals, cfg.record_candidates)
         if chosen not in order:
             order[-1] = chosen
-        rows = zip(*[[sc.offset] * len(order) if sc.scale == 0.0
-                     else [sc.at(i) for i in order] if isinstance(sc.values, dict)
-                     else [sc.offset + sc.scale * sc.values[i] for i in order]
-                     for sc in scores])
+        affine: list[tuple[float, float, Any]] = []
+        for sc in scores:
+            vals = sc.values
+            if sc.scale == 0.0:
+                vals = totals  # any list of n finite floats: offset + 0.0 * x == offset
+            elif isinstance(vals, dict):
+                vals = {i: vals.get(i, 0.0) for i in order}
+            affine.append((sc.offset, sc.scale, vals))
+        # one comprehension for every (scorer, candidate) value, scorer-major: candidate j's
+        # values are flat[j::k] (one comprehension per scorer costs a frame each)
+        flat = [off + a * vals[i] for off, a, vals in affine for i in order]
+        k = len(order)
         flags = ctx.flags
         if flags is None:
-            candidates = [Candidate(eps[i].id, dict(zip(names, row)), const + totals[i])
-                          for i, row in zip(order, rows)]
+            candidates = [Candidate(eps[i].id, dict(zip(names, flat[j::k])), const + totals[i])
+                          for j, i in enumerate(order)]
         else:
-            candidates = [Candidate(eps[i].id, dict(zip(names, row)), const + totals[i],
+            candidates = [Candidate(eps[i].id, dict(zip(names, flat[j::k])), const + totals[i],
                                     tuple(flags.get(i, ())))
-                          for i, row in zip(order, rows)]
+                          for j, i in enumerate(order)]
         return self._decision(req, strategy, eps[chosen].id, candidates, dropped, notes,
                               wall, t0, n)
 
