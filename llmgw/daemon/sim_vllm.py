@@ -434,13 +434,17 @@ class _Gen:
     async def sse(self) -> AsyncIterator[bytes]:
         rid, created, model = self.rid, self.created, self.model
         try:
-            if self.chat:
-                for r in self.reqs:
-                    yield _data(vs.chat_first_chunk(rid, created, model, r.index))  # type: ignore[attr-defined]
             chunk_fn = vs.chat_chunk if self.chat else vs.completion_chunk
             obj = "chat.completion.chunk" if self.chat else "text_completion"
+            first = self.chat
             async for out in self.recv:
                 r = out.req
+                if first:
+                    # vLLM sends the role chunks with the first engine output, not before: so
+                    # the first byte of a stream marks time to first token, as a router sees it.
+                    first = False
+                    for q in self.reqs:
+                        yield _data(vs.chat_first_chunk(rid, created, model, q.index))  # type: ignore[attr-defined]
                 if out.finished:
                     self.done += 1
                 if not out.text and not out.finished:
