@@ -41,8 +41,10 @@ class Picker(Protocol):
 
 
 def tie_break(indices: Sequence[int], endpoints: Sequence[EndpointView],
-              loads: Sequence[float] | None = None) -> int:
-    """Among equally scored candidates: the least loaded, then the smallest id (deterministic).
+              loads: Sequence[float] | None = None, rng: random.Random | None = None) -> int:
+    """Among equally scored candidates: the least loaded, then (with ``rng``) a random one of
+    those, else the smallest id. Random matters: an idle fleet ties on everything, and a fixed
+    order would send every cold prefix to the same replica.
     ``loads`` are the candidates' load estimates if already computed (else computed here)."""
     if loads is None:
         ls = [load_estimate(endpoints[i]) for i in indices]
@@ -52,6 +54,8 @@ def tie_break(indices: Sequence[int], endpoints: Sequence[EndpointView],
     if ls.count(lo) == 1:
         return indices[ls.index(lo)]
     best = [i for i, x in zip(indices, ls) if x == lo]
+    if rng is not None:
+        return best[rng.randrange(len(best))]
     ids = [endpoints[i].id for i in best]
     return best[ids.index(min(ids))]
 
@@ -70,7 +74,7 @@ def pick_max_score(totals: list[float], endpoints: Sequence[EndpointView],
     best = max(totals)
     if totals.count(best) == 1:  # exact ties only: equal inputs give bit-equal totals
         return totals.index(best)
-    return tie_break(_all_indices(totals, best), endpoints, loads)
+    return tie_break(_all_indices(totals, best), endpoints, loads, rng)
 
 
 def pick_power_of_two(totals: list[float], endpoints: Sequence[EndpointView],
