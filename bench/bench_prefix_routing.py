@@ -48,42 +48,27 @@ def text(rng: random.Random, n_words: int) -> str:
 
 
 def workload(seed: int, tenants: int, users: int, turns: int, sys_words: int) -> list[dict]:
-    """Requests in arrival order: each user's turns are in order; users interleave."""
+    """Conversations in arrival order: a tenant's system prompt, then the user's turns. The
+    assistant's turns are whatever the engine answers, resent with the history each turn."""
     rng = random.Random(seed)
     systems = [f"You are tenant {t}'s assistant. " + text(rng, sys_words) for t in range(tenants)]
-    convs = []
-    for t in range(tenants):
-        for u in range(users):
-            history = [{"role": "system", "content": systems[t]}]
-            reqs = []
-            for _ in range(turns):
-                history = history + [{"role": "user", "content": text(rng, 40)}]
-                reqs.append({"messages": list(history), "tenant": t})
-                history = history + [{"role": "assistant", "content": text(rng, 20)}]
-            convs.append(reqs)
-    order = []
-    while any(convs):
-        c = rng.choice([c for c in convs if c])
-        order.append(c.pop(0))
-    return order
+    convs = [{"tenant": t, "system": systems[t], "turns": [text(rng, 40) for _ in range(turns)]}
+             for t in range(tenants) for _ in range(users)]
+    rng.shuffle(convs)
+    return convs
 
 
-def working_set_blocks(reqs: list[dict]) -> int:
+def working_set_blocks(convs: list[dict], max_tokens: int) -> int:
     """Distinct 16-token blocks of the whole workload: each tenant's system prompt once, plus each
-    conversation's own tail at its longest (tokens as the simulator's tokenizer counts them)."""
+    conversation's own turns (tokens as the simulator's tokenizer counts them)."""
     from llmgw.sim.tokenizer import Tokenizer, render_chat
 
     tok = Tokenizer()
-    sys_blocks: dict[int, int] = {}
-    longest: dict[tuple[int, str], int] = {}
-    for r in reqs:
-        msgs = r["messages"]
-        n_sys = len(tok.encode(render_chat(msgs[:1], add_generation_prompt=False))) // 16
-        sys_blocks[r["tenant"]] = n_sys
-        n = len(tok.encode(render_chat(msgs))) // 16 + 1
-        key = (r["tenant"], msgs[1]["content"])
-        longest[key] = max(longest.get(key, 0), n - n_sys)
-    return sum(sys_blocks.values()) + sum(longest.values())
+    sys_blocks = {c["tenant"]: len(tok.encode(render_chat([{"role": "system", "content": c["system"]}],
+                                                          add_generation_prompt=False))) // 16 for c in convs}
+    tails = sum((sum(len(tok.encode(u)) + 8 for u in c["turns"]) + max_tokens * len(c["turns"])) // 16 + 1
+                for c in convs)
+    return sum(sys_blocks.values()) + tails
 
 
 def spawn(cmd: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], dict]:
@@ -93,35 +78,36 @@ def spawn(cmd: list[str], env: dict[str, str] | None = None) -> tuple[subprocess
     return proc, json.loads(proc.stdout.readline())
 
 
-async def replay(port: int, reqs: list[dict], rate: float, seed: int, strategy: str,
-                 slo: float) -> tuple[Latencies, Counter, int]:
+async def replay(port: int, convs: list[dict], rate: float, seed: int, strategy: str,
+                 slo: float, think: float = 0.3) -> tuple[Latencies, Counter, int]:
+    """Conversations arrive open loop (Poisson at `rate` requests/s overall); within one, the next
+    turn goes out a think time after the answer, with the real answer in the history."""
     rng = random.Random(seed)
+    turns_per = sum(len(c["turns"]) for c in convs) / len(convs)
     t = 0.0
-    times = []
-    for _ in reqs:
-        t += rng.expovariate(rate)
-        times.append(t)
+    starts = []
+    for _ in convs:
+        t += rng.expovariate(rate / turns_per)
+        starts.append(t)
     lat = Latencies()
-    per = Counter()
+    per: Counter = Counter()
     good = 0
     start = trio.current_time()
 
-    async def one(at: float, r: dict) -> None:
+    async def one(messages: list[dict]) -> str:
         nonlocal good
-        await trio.sleep_until(start + at)
-        body = json.dumps({"model": "m", "messages": r["messages"], "max_tokens": 8, "stream": True,
+        body = json.dumps({"model": "m", "messages": messages, "max_tokens": 8, "stream": True,
                            "ignore_eos": True}).encode()
         c = await Conn.open("127.0.0.1", port)
         t0 = time.perf_counter()
-        raw = build_request("POST", "/v1/chat/completions", body, headers={"x-llmgw-strategy": strategy})
-        await c.stream.send_all(raw)
+        await c.stream.send_all(build_request("POST", "/v1/chat/completions", body,
+                                              headers={"x-llmgw-strategy": strategy}))
         end = await c._until(b"\r\n\r\n")
         head = bytes(c.buf[:end]).decode("latin-1").lower()
         del c.buf[: end + 4]
         while b"data: " not in c.buf:
             await c._more()
-        ttft = time.perf_counter() - t0
-        lat.values.append(ttft)
+        lat.values.append(time.perf_counter() - t0)
         for line in head.split("\r\n"):
             if line.startswith("x-llmgw-endpoint:"):
                 per[line.split(":", 1)[1].strip()] += 1
@@ -130,10 +116,26 @@ async def replay(port: int, reqs: list[dict], rate: float, seed: int, strategy: 
         if time.perf_counter() - t0 <= slo:
             good += 1
         await c.aclose()
+        answer = ""
+        for part in bytes(c.buf).split(b"data: ")[1:]:
+            part = part.split(b"\r\n")[0].strip()
+            if part.startswith(b"{"):
+                for ch in json.loads(part).get("choices", []):
+                    answer += ch.get("delta", {}).get("content") or ""
+        return answer
+
+    async def conversation(at: float, conv: dict, crng: random.Random) -> None:
+        await trio.sleep_until(start + at)
+        history = [{"role": "system", "content": conv["system"]}]
+        for user in conv["turns"]:
+            history.append({"role": "user", "content": user})
+            answer = await one(history)
+            history.append({"role": "assistant", "content": answer})
+            await trio.sleep(crng.expovariate(1 / think))
 
     async with trio.open_nursery() as nursery:
-        for at, r in zip(times, reqs):
-            nursery.start_soon(one, at, r)
+        for i, (at, conv) in enumerate(zip(starts, convs)):
+            nursery.start_soon(conversation, at, conv, random.Random(seed * 7919 + i))
     return lat, per, good
 
 
@@ -146,6 +148,15 @@ def engine_counters(urls: list[str]) -> tuple[float, float]:
             elif line.startswith("vllm:prefix_cache_hits_total"):
                 h += float(line.rsplit(" ", 1)[1])
     return q, h
+
+
+def prefix_outcomes(router_url: str) -> Counter:
+    out: Counter = Counter()
+    for line in httpx.get(f"{router_url}/metrics").text.splitlines():
+        if line.startswith("llmgw_prefix_decisions_total{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            out[outcome] = int(float(line.rsplit(" ", 1)[1]))
+    return out
 
 
 def main() -> None:
@@ -163,8 +174,9 @@ def main() -> None:
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--json", help="write the results here too")
     a = ap.parse_args()
-    reqs = workload(a.seed, a.tenants, a.users, a.turns, a.sys_words)
-    blocks = a.kv_blocks or max(64, int(1.1 * working_set_blocks(reqs) / a.replicas))
+    convs = workload(a.seed, a.tenants, a.users, a.turns, a.sys_words)
+    n_req = sum(len(c["turns"]) for c in convs)
+    blocks = a.kv_blocks or max(64, int(1.1 * working_set_blocks(convs, 8) / a.replicas))
     procs: list[subprocess.Popen[bytes]] = []
     results = {}
     try:
@@ -185,31 +197,50 @@ def main() -> None:
         lines += ["[[models]]", 'name = "m"', 'engine = "vllm"']
         lines += [f'[[models.replicas]]\nurl = "{u}"' for u in sims]
         cfg.write_text("\n".join(lines) + "\n")
-        rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(cfg), "--port", "0",
-                           "--log-level", "warning"])
-        procs.append(rp)
-        print(f"{len(reqs)} requests, {a.tenants} tenants x {a.users} users x {a.turns} turns, "
+        def start_router() -> tuple[subprocess.Popen[bytes], dict]:
+            # A fresh router per strategy: no run inherits another's prefix index.
+            rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(cfg), "--port", "0",
+                               "--log-level", "warning"])
+            procs.append(rp)
+            deadline = time.monotonic() + 10  # wait until it has scraped every replica once
+            while time.monotonic() < deadline and "llmgw_endpoint_stale" in (
+                    m := httpx.get(f"{rinfo['url']}/metrics").text) and ' 1.0' in "".join(
+                    l for l in m.splitlines() if l.startswith("llmgw_endpoint_stale")):
+                time.sleep(0.05)
+            return rp, rinfo
+
+        def stop(p: subprocess.Popen[bytes]) -> None:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=10)
+            procs.remove(p)
+        print(f"{n_req} requests, {a.tenants} tenants x {a.users} users x {a.turns} turns, "
               f"system prompts ~{a.sys_words * 2} tokens, {a.replicas} replicas x {blocks} KV blocks, "
-              f"{a.rate}/s open loop")
+              f"{a.rate}/s open loop (conversations arrive open loop; turns follow answers)")
         print(f"{'strategy':12} {'hit rate':>8} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'max/mean':>8} "
               f"{'CPU/req':>8}  requests per replica")
         for name in a.strategies.split(","):
             for u in sims:
                 httpx.post(f"{u}/reset_prefix_cache")
+            rp, rinfo = start_router()
             q0, h0 = engine_counters(sims)
+            o0 = prefix_outcomes(rinfo["url"])
             cpu0 = proc_cpu_seconds(rp.pid)
-            lat, per, good = trio.run(replay, rinfo["port"], reqs, a.rate, a.seed, name, a.slo)
+            lat, per, good = trio.run(replay, rinfo["port"], convs, a.rate, a.seed, name, a.slo)
             cpu1 = proc_cpu_seconds(rp.pid)
             q1, h1 = engine_counters(sims)
+            outcomes = prefix_outcomes(rinfo["url"]) - o0
             hit = (h1 - h0) / max(1.0, q1 - q0)
             counts = [per.get(f"m/{i}", 0) for i in range(a.replicas)]
             imb = max(counts) / (sum(counts) / len(counts))
             results[name] = {"hit_rate": hit, "ttft_p50": lat.pct(50), "ttft_p90": lat.pct(90),
                              "ttft_p99": lat.pct(99), "per_replica": counts, "max_over_mean": imb,
-                             "router_cpu_ms": 1e3 * (cpu1 - cpu0) / len(reqs), "goodput": good / len(reqs)}
+                             "router_cpu_ms": 1e3 * (cpu1 - cpu0) / n_req, "goodput": good / n_req,
+                             "prefix_outcomes": dict(outcomes)}
             r = results[name]
             print(f"{name:12} {hit:8.1%} {1e3 * r['ttft_p50']:7.1f}ms {1e3 * r['ttft_p90']:6.1f}ms "
-                  f"{1e3 * r['ttft_p99']:6.1f}ms {imb:8.2f} {r['router_cpu_ms']:6.2f}ms  {counts}")
+                  f"{1e3 * r['ttft_p99']:6.1f}ms {imb:8.2f} {r['router_cpu_ms']:6.2f}ms  {counts}  "
+                  f"{dict(outcomes) if name == 'prefix' else ''}")
+            stop(rp)
         if a.saturation:
             print("saturation ramp: goodput (share of requests done within the SLO) by rate")
             for rate in (a.rate * 2, a.rate * 4, a.rate * 8):
@@ -217,9 +248,11 @@ def main() -> None:
                 for name in a.strategies.split(","):
                     for u in sims:
                         httpx.post(f"{u}/reset_prefix_cache")
-                    _, _, good = trio.run(replay, rinfo["port"], reqs, rate, a.seed, name, a.slo)
-                    row.append(f"{name} {good / len(reqs):.0%}")
-                    results.setdefault("saturation", {}).setdefault(str(rate), {})[name] = good / len(reqs)
+                    rp, rinfo = start_router()
+                    _, _, good = trio.run(replay, rinfo["port"], convs, rate, a.seed, name, a.slo)
+                    stop(rp)
+                    row.append(f"{name} {good / n_req:.0%}")
+                    results.setdefault("saturation", {}).setdefault(str(rate), {})[name] = good / n_req
                 print(f"  {rate:6.0f}/s  " + "  ".join(row))
         if a.json:
             Path(a.json).write_text(json.dumps(results, indent=1))

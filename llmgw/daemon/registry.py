@@ -36,6 +36,7 @@ class Replica:
     scrape_errors: int = 0
     last_scrape: ScrapeResult | None = None
     completed: int = 0  # requests this router finished on it (llama.cpp has no such counter)
+    slots: int | None = None  # llama.cpp: -np, from /slots (its cache is its slots' last prompts)
     served_models: frozenset[str] = frozenset()
 
     @property
@@ -72,6 +73,7 @@ class Registry:
         self.pool_cap = {p.name: p.max_inflight_per_replica for p in cfg.pools}
         self.models: dict[str, ModelEntry] = {}
         self.replicas: dict[str, Replica] = {}
+        self.on_capacity: Any = None  # called with a replica when its cache capacity changes
         for m in cfg.models:
             self.add_model(m)
 
@@ -141,7 +143,11 @@ class Registry:
             rep.scrape_error = f"scrape failed: {e or type(e).__name__}"
             return
         now = trio.current_time()
+        prev = rep.last_scrape
         rep.last_scrape = result
+        if self.on_capacity and (prev is None or (prev.kv_blocks, prev.block_size) != (result.kv_blocks,
+                                                                                       result.block_size)):
+            self.on_capacity(rep)
         rep.scrape_error = "; ".join(result.errors) or None
         if result.errors:
             rep.scrape_errors += 1
@@ -166,6 +172,8 @@ class Registry:
         except Exception:  # noqa: BLE001 — a bad /v1/models never harms routing
             return
         entry = self.models[rep.view.model]
+        if rep.view.engine == "llamacpp":
+            await self._learn_slots(pool, rep)
         adapters = {d["id"] for d in data if isinstance(d, dict) and d.get("parent")}
         rep.view.adapters = frozenset(adapters)
         for names in entry.adapters.values():
@@ -174,6 +182,21 @@ class Registry:
             entry.adapters.setdefault(a, set()).add(rep.id)
         for a in [a for a, ids in entry.adapters.items() if not ids]:
             del entry.adapters[a]
+
+    async def _learn_slots(self, pool: UpstreamPool, rep: Replica) -> None:
+        try:
+            with trio.fail_after(2):
+                reply = await pool.request(rep.view.url, "GET", "/slots", connect_timeout=2,
+                                           first_byte_timeout=2, idle_timeout=2)
+            import json
+
+            slots = json.loads(reply.body) if reply.status == 200 else None
+        except Exception:  # noqa: BLE001 — /slots may be disabled (--no-slots): keep the default
+            return
+        if isinstance(slots, list) and slots and len(slots) != rep.slots:
+            rep.slots = len(slots)
+            if self.on_capacity:
+                self.on_capacity(rep)
 
     def all_replicas(self) -> Iterable[Replica]:
         return self.replicas.values()

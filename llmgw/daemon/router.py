@@ -29,6 +29,8 @@ from llmgw.route.admission import WaitQueue, suggest_retry_after
 from llmgw.route.breaker import FailureKind, Permit
 from llmgw.route.filters import is_saturated
 from llmgw.route.openai_req import ApiError, parse_body
+from llmgw.route.prefix_scorer import PrefixRouting
+from llmgw.route.prefix_tree import Capacity, request_head
 from llmgw.route.scheduler import Scheduler, SchedulerConfig
 from llmgw.route.strategies import Strategy, StrategyError, resolve
 from llmgw.route.types import Decision, RequestInfo
@@ -51,7 +53,10 @@ class Router:
         self.pool = pool
         self.registry = Registry(cfg)
         rc = cfg.router
-        self.sched = Scheduler(SchedulerConfig(kv_ceiling=rc.kv_ceiling, saturation_load=rc.saturation_load))
+        self.prefix = PrefixRouting()
+        self.sched = Scheduler(SchedulerConfig(kv_ceiling=rc.kv_ceiling, saturation_load=rc.saturation_load),
+                               scorers=self.prefix.scorers())
+        self.registry.on_capacity = self._capacity_known
         self.rng = random.Random(seed)
         self.decisions: deque[Decision] = deque(maxlen=rc.decisions_kept)
         self.queues: dict[str, WaitQueue] = {}
@@ -124,8 +129,16 @@ class Router:
         headers = [("content-type", "application/json"), ("x-request-id", rid)]
         tried: set[str] = set()
         last_error: UpstreamError | None = None
+        # Tier-1 cache affinity: the head the engine caches first, recorded for the chosen replica.
+        head = request_head(body.obj, kind) if kind != "embeddings" else b""
+        salt = body.obj.get("cache_salt") if isinstance(body.obj.get("cache_salt"), str) else None
         for _attempt in range(self.cfg.router.max_attempts):
+            if head:
+                self.prefix.prepare(info, head, cache_salt=salt)
             rep, decision = self._decide(entry, info, strategy, tried)
+            if head:
+                self.prefix.after_pick(info, head, decision.chosen, trio.current_time(), cache_salt=salt,
+                                       decision=decision)
             if rep is None:
                 break
             tried.add(rep.id)
@@ -313,6 +326,16 @@ class Router:
                             "outcome": outcome if isinstance(outcome, str) else type(outcome).__name__,
                             "ttft_ms": None if first is None else round((first - started) * 1e3, 2),
                             "latency_ms": round((now - started) * 1e3, 2)})
+
+
+    def _capacity_known(self, rep: Replica) -> None:
+        """The engine told us what its cache holds (vLLM's cache_config_info): the prefix index
+        ages this replica's holdings against it instead of assuming it keeps everything."""
+        res = rep.last_scrape
+        if rep.slots:
+            self.prefix.set_capacity(rep.id, Capacity.llamacpp(rep.slots))
+        elif res is not None and res.kv_blocks and res.block_size:
+            self.prefix.set_capacity(rep.id, Capacity.vllm(res.kv_blocks, res.block_size))
 
 
 def _consteq(a: str, b: str) -> bool:

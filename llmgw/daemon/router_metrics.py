@@ -93,6 +93,28 @@ class RouterMetrics(Collector):
         for rep in reps:
             errors.add_metric([rep.id, rep.view.model], rep.scrape_errors)
         yield errors
+        pm = self.router.prefix.metrics()
+        dec = CounterMetricFamily("llmgw_prefix_decisions", "Prefix-affinity outcome of each decision.",
+                                  labels=["outcome"])
+        for outcome, n in pm["decisions"].items():
+            dec.add_metric([outcome], n)
+        yield dec
+        mb = pm["matched_bytes"]
+        from prometheus_client.core import HistogramMetricFamily
+
+        h = HistogramMetricFamily("llmgw_prefix_matched_bytes", "Head bytes the chosen replica held.")
+        h.add_metric([], [(str(le) if le != float("inf") else "+Inf", c) for le, c in mb["buckets"]], mb["sum"])
+        yield h
+        tree = pm["tree"]
+        for key, doc in (("nodes", "Prefix tree nodes."), ("bytes", "Prefix tree bytes (accounted).")):
+            if key in tree:
+                g = GaugeMetricFamily(f"llmgw_prefix_tree_{key}", doc)
+                g.add_metric([], float(tree[key]))
+                yield g
+        alarm = GaugeMetricFamily("llmgw_prefix_zero_hit_alarm",
+                                  "1 while prefix hits stay at zero although traffic shares prefixes.")
+        alarm.add_metric([], 1.0 if self.router.prefix.zero_hit_alarm(now) else 0.0)
+        yield alarm
         q = GaugeMetricFamily("llmgw_admission_queue_length", "Requests waiting for capacity.", labels=["model"])
         for model, queue in self.router.queues.items():
             q.add_metric([model], len(queue))

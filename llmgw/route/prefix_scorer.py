@@ -1,0 +1,394 @@
+"""The ``prefix`` scorer: cache-aware routing, tier 1, over :class:`~.prefix_tree.PrefixIndex`.
+
+A candidate scores the fraction of the request head it holds (0..1), scaled by how often it was
+sent that prefix relative to the best holder (``count_weight``: a holder seen once scores less
+than one seen fifty times, so a randomising picker does not make the preference flip). It is a
+SCORER, not a filter: the value is one vote in the strategy's weighted sum, so queue, load or
+inflight can outvote it, and nobody is ever dropped for lacking the prefix.
+
+Load protection, selectable by ``PrefixScorerConfig.guard`` (the lead benchmarks both):
+
+``"imbalance"``  a holder loses its affinity for this request when its load estimate exceeds the
+    least loaded candidate's by BOTH ``abs_gap`` requests AND a factor ``rel_gap``. Absolute alone
+    misfires on a busy fleet (108 vs 100 is balanced); relative alone on an idle one (3 vs 0 is
+    "infinitely" unbalanced and harmless). The chosen replica is recorded as usual (count + 1).
+``"spill"``  a per-request gate against the fleet mean: a holder whose load exceeds
+    ``spill_factor`` × the candidates' mean load + ``spill_slack`` loses its affinity; when the
+    request then lands on a non-holder, that target is recorded as an EXTRA holder carrying the
+    count of the holder it relieved, so the hot prefix is now replicated and later requests split
+    between the two by load rather than snapping back to the original.
+``"none"``  affinity is never withdrawn (the load scorers alone counterweigh it).
+
+The shell holds a :class:`PrefixRouting`: ``prepare(req, head, cache_salt=...)`` before
+``Scheduler.decide`` (the scorer reads the head from there: ``RequestInfo`` carries no body),
+``after_pick(req, head, decision.chosen, now, decision=decision)`` right after — it records the
+replica the picker ACTUALLY chose (never the one the scorer proposed), classifies the decision
+(hit / miss / guarded / spilled), and appends a one-line rationale to ``decision.note``. Each
+holder among the recorded candidates also carries a flag with its matched length and count.
+``after_pick`` consumes the prepared head: a retry (another ``decide`` for the same request)
+calls ``prepare`` again; ``forget(req)`` drops a prepared request that is not routed at all.
+The shell also calls ``set_capacity`` per replica (from ``vllm:cache_config_info`` or
+llama.cpp's ``-np``) and ``remove_replica`` when one leaves; ``metrics()`` and
+``zero_hit_alarm(now)`` feed the exporter.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from hashlib import blake2b
+from typing import Any
+
+from .prefix_tree import Capacity, Match, Partition, PrefixConfig, PrefixIndex, partition_key
+from .scorers import ScoreContext, Scorer, Scores
+from .types import Decision, EndpointView, RequestInfo
+
+__all__ = [
+    "PrefixScorerConfig", "PrefixRouting", "PrefixOutcome", "ZeroHitAlarm", "OUTCOMES",
+    "MATCH_BUCKETS", "GUARDS",
+]
+
+OUTCOMES = ("hit", "miss", "guarded", "spilled")
+GUARDS = ("imbalance", "spill", "none")
+# matched bytes of the chosen replica (0 = a miss); ~4 bytes a token, vLLM blocks are 16 tokens
+MATCH_BUCKETS = (0, 64, 256, 1024, 4096, 16384, 65536, 262144)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixScorerConfig:
+    guard: str = "imbalance"  # "imbalance" | "spill" | "none"
+    abs_gap: float = 8.0  # imbalance: holder load - min load must exceed this (requests) ...
+    rel_gap: float = 1.5  # ... AND holder load must exceed rel_gap × min load
+    spill_factor: float = 1.5  # spill: holder load > spill_factor × mean load + spill_slack
+    spill_slack: float = 4.0
+    cold_room: float = 0.25  # a cold head's score toward the least-filled cache (0 = off)
+    min_match_bytes: int = 64  # less than a vLLM block (16 tokens ≈ 64 B) saves nothing
+    count_weight: float = 0.5  # 0: any holder scores its fraction; 1: ∝ count / best count
+    name: str = "prefix"  # the scorer's name in strategies
+
+    def __post_init__(self) -> None:
+        if self.guard not in GUARDS:
+            raise ValueError(f"guard must be one of {', '.join(GUARDS)}, got {self.guard!r}")
+        if not (self.abs_gap >= 0 and self.rel_gap >= 1):
+            raise ValueError("abs_gap must be >= 0 and rel_gap >= 1")
+        if not (self.spill_factor >= 1 and self.spill_slack >= 0):
+            raise ValueError("spill_factor must be >= 1 and spill_slack >= 0")
+        if self.min_match_bytes < 0 or not 0 <= self.count_weight <= 1:
+            raise ValueError("min_match_bytes must be >= 0 and count_weight in [0, 1]")
+
+
+@dataclass(slots=True)
+class PrefixOutcome:
+    outcome: str  # one of OUTCOMES, or "none" when nothing was chosen
+    matched_bytes: int  # of the head, on the chosen replica
+    head_bytes: int
+    holders: int  # replicas holding at least min_match_bytes of the head
+    note: str
+
+
+@dataclass(slots=True)
+class _Pending:
+    partition: Partition
+    head: bytes
+    match: Match | None = None
+    gated: dict[str, int] = field(default_factory=dict)  # holder withdrawn -> its count
+    live: int = 0  # candidate holders that kept their affinity
+    cands: int = -1  # candidates holding the prefix (-1: not scored)
+
+
+class ZeroHitAlarm:
+    """True when, over the last ``window_s``, at least ``min_requests`` requests were routed, at
+    least ``min_shared`` of them share a head prefix (their first ``probe_bytes`` were seen
+    before within the window) and NOT ONE was a prefix hit: the index is not doing its job
+    (records going nowhere, a head rendering that changes per request, a partition key that
+    never repeats...). Sharing is judged by its own probe, independent of the tree."""
+
+    def __init__(self, window_s: float = 60.0, *, min_requests: int = 50,
+                 min_shared: float = 0.2, probe_bytes: int = 256, buckets: int = 12,
+                 max_probes: int = 8192) -> None:
+        if not (window_s > 0 and min_requests >= 1 and 0 < min_shared <= 1 and buckets >= 1):
+            raise ValueError("bad ZeroHitAlarm settings")
+        self.window_s = window_s
+        self.min_requests = min_requests
+        self.min_shared = min_shared
+        self.probe_bytes = probe_bytes
+        self._width = window_s / buckets
+        self._buckets: deque[list[float]] = deque()  # [start, requests, shared, hits]
+        self._probes: OrderedDict[bytes, float] = OrderedDict()
+        self._max_probes = max_probes
+        self._first: float | None = None
+
+    def observe(self, now: float, partition: Partition, head: bytes, hit: bool) -> None:
+        if self._first is None:
+            self._first = now
+        probe = blake2b(repr(partition).encode() + b"\0" + head[: self.probe_bytes],
+                        digest_size=12).digest()
+        seen = self._probes.get(probe)
+        shared = seen is not None and now - seen <= self.window_s
+        self._probes[probe] = now
+        self._probes.move_to_end(probe)
+        if len(self._probes) > self._max_probes:
+            self._probes.popitem(last=False)
+        b = self._buckets
+        if not b or now >= b[-1][0] + self._width:
+            b.append([now, 0, 0, 0])
+        cur = b[-1]
+        cur[1] += 1
+        cur[2] += shared
+        cur[3] += hit
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        b = self._buckets
+        while b and b[0][0] + self._width <= now - self.window_s:
+            b.popleft()
+
+    def window(self, now: float) -> tuple[int, int, int]:
+        """(requests, sharing requests, hits) in the window ending at ``now``."""
+        self._trim(now)
+        return (int(sum(x[1] for x in self._buckets)), int(sum(x[2] for x in self._buckets)),
+                int(sum(x[3] for x in self._buckets)))
+
+    def check(self, now: float) -> bool:
+        if self._first is None or now - self._first < self.window_s:
+            return False  # not watched for a whole window yet
+        n, shared, hits = self.window(now)
+        return n >= self.min_requests and shared >= self.min_shared * n and hits == 0
+
+
+class PrefixRouting:
+    """What the shell holds: the index, the ``prefix`` scorer, the after-pick hook, metrics."""
+
+    def __init__(self, index: PrefixIndex | PrefixConfig | None = None,
+                 config: PrefixScorerConfig | None = None, *,
+                 alarm: ZeroHitAlarm | None = None, max_pending: int = 1024) -> None:
+        self.index = index if isinstance(index, PrefixIndex) else PrefixIndex(index)
+        self.config = config or PrefixScorerConfig()
+        self.alarm = alarm or ZeroHitAlarm()
+        self._pending: OrderedDict[str, _Pending] = OrderedDict()
+        self._max_pending = max_pending
+        self._pos_last: tuple[list[EndpointView], dict[str, int]] | None = None
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.outvoted = 0  # misses where a candidate held the prefix (load won the vote)
+        self.scored = 0
+        self._buckets = [0] * (len(MATCH_BUCKETS) + 1)  # last = +Inf
+        self._matched_sum = 0
+
+    # -- wiring ---------------------------------------------------------------------------------
+    @property
+    def scorer(self) -> Scorer:
+        return self._score
+
+    def scorers(self) -> dict[str, Scorer]:
+        """For ``Scheduler(scorers=routing.scorers())``."""
+        return {self.config.name: self._score}
+
+    def set_capacity(self, replica: str, capacity: Capacity) -> None:
+        self.index.set_capacity(replica, capacity)
+
+    def remove_replica(self, replica: str) -> None:
+        self.index.remove_replica(replica)
+
+    @staticmethod
+    def partition(req: RequestInfo, cache_salt: str | None = None) -> Partition:
+        return partition_key(req.base_model, req.adapter, cache_salt)
+
+    def prepare(self, req: RequestInfo, head: bytes, *, cache_salt: str | None = None) -> None:
+        """Hand the scorer this request's head (:func:`~.prefix_tree.request_head`) before each
+        ``decide``. Bounded: a prepare never followed by after_pick cannot leak."""
+        p = self._pending
+        p[req.request_id] = _Pending(self.partition(req, cache_salt), head)
+        p.move_to_end(req.request_id)
+        if len(p) > self._max_pending:
+            p.popitem(last=False)
+
+    # -- the scorer -----------------------------------------------------------------------------
+    def _positions(self, eps: Sequence[EndpointView]) -> dict[str, int]:
+        last = self._pos_last
+        if last is not None and last[0] == eps:  # the same view objects: an identity scan
+            return last[1]
+        pos = {e.id: i for i, e in enumerate(eps)}
+        self._pos_last = (list(eps), pos)
+        return pos
+
+    def _score(self, ctx: ScoreContext) -> Scores:
+        p = self._pending.get(ctx.req.request_id)
+        eps = ctx.endpoints
+        if p is None or not p.head or not eps:
+            return Scores.constant(0.0)
+        cfg = self.config
+        least = cfg.min_match_bytes
+        m = self.index.match(p.partition, p.head, ctx.now, min_bytes=least)
+        p.match = m
+        p.gated = {}
+        p.live = 0
+        p.cands = 0
+        self.scored += 1
+        if not m.holders:
+            return self._cold(eps)
+        pos = self._positions(eps)
+        get = pos.get
+        held = [(i, r, mb, c) for r, (mb, c) in m.holders.items() if (i := get(r)) is not None]
+        p.cands = len(held)
+        if not held:
+            return self._cold(eps)
+        # Both gates reduce to one load threshold per decision: imbalance withdraws a holder
+        # when load - least > abs_gap AND load > rel_gap × least, i.e. load > max(least +
+        # abs_gap, rel_gap × least); spill when load > spill_factor × mean + spill_slack.
+        guard = cfg.guard
+        live = held
+        why = ""
+        if guard != "none":
+            loads = ctx.loads
+            if guard == "imbalance":
+                lo = min(loads)
+                limit = max(lo + cfg.abs_gap, cfg.rel_gap * lo)
+                why = (f"prefix guarded: load {{:g}} vs least {lo:g} "
+                       f"(gap > {cfg.abs_gap:g} and > {cfg.rel_gap:g}×)")
+            else:
+                mean = sum(loads) / len(loads)
+                limit = cfg.spill_factor * mean + cfg.spill_slack
+                why = (f"prefix spilled: load {{:g}} > {cfg.spill_factor:g}×mean {mean:g} "
+                       f"+ {cfg.spill_slack:g}")
+            live = [h for h in held if loads[h[0]] <= limit]
+            if len(live) < len(held):
+                p.gated = {h[1]: h[3] for h in held if loads[h[0]] > limit}
+        p.live = len(live)
+        inv = 1.0 / m.head_bytes
+        vals: dict[int, float] = {}
+        if live:
+            w = cfg.count_weight
+            base = 1.0 - w
+            k = w / max([h[3] for h in live])
+            vals = {i: mb * inv * (base + k * c) for i, _r, mb, c in live}
+        # remarks for the decision: only the best few candidates are recorded, so only the
+        # best few holders are worth a flag
+        keep = ctx.cfg.record_candidates
+        shown = held if len(held) <= keep else heapq.nlargest(keep, held, key=lambda h: h[2])
+        n = m.head_bytes
+        gated = p.gated
+        for i, r, mb, c in shown:
+            if r in gated:
+                ctx.flag(i, why.format(ctx.loads[i]))
+            else:
+                ctx.flag(i, f"prefix {mb}/{n} B held, sent {c}×")
+        return Scores(vals) if vals else Scores.constant(0.0)
+
+    def _cold(self, eps: Sequence[EndpointView]) -> Scores:
+        """No candidate holds this head: nudge it toward the replica whose cache the index fills
+        least, so new prefixes (tenants, conversations) spread the working set evenly over the
+        caches instead of wherever an idle fleet's tie happens to fall. Small (``cold_room``):
+        any real load difference still decides."""
+        room = self.config.cold_room
+        if room <= 0:
+            return Scores.constant(0.0)
+        held = [self.index.held_bytes(e.id) for e in eps]
+        hi = max(held)
+        if hi <= 0:
+            return Scores.constant(0.0)
+        return Scores(held, -room / hi, room)
+
+    # -- after the pick -------------------------------------------------------------------------
+    def after_pick(self, req: RequestInfo, head: bytes | None, chosen: str | None, now: float, *,
+                   cache_salt: str | None = None,
+                   decision: Decision | None = None) -> PrefixOutcome:
+        """Record that ``chosen`` — the replica the picker actually chose — was sent the head,
+        classify the decision for the metrics, and (given the Decision) append the prefix
+        rationale to its note. ``head`` None: the one given to :meth:`prepare`."""
+        p = self._pending.pop(req.request_id, None)
+        if p is None:
+            p = _Pending(self.partition(req, cache_salt), head or b"")
+        elif head is not None and head is not p.head and head != p.head:
+            p.head, p.match, p.gated, p.live, p.cands = head, None, {}, 0, -1  # not scored
+        cfg = self.config
+        m = p.match
+        if m is None:  # not scored (the strategy gives prefix no weight): look now
+            m = self.index.match(p.partition, p.head, now, min_bytes=cfg.min_match_bytes)
+        least = cfg.min_match_bytes
+        holders = {r: v for r, v in m.holders.items() if v[0] >= least and v[0] > 0}
+        if chosen is None:
+            return PrefixOutcome("none", 0, m.head_bytes, len(holders), "prefix: nothing chosen")
+        mine = holders.get(chosen)
+        got = mine[0] if mine is not None else 0
+        if mine is not None:
+            outcome = "hit"
+        elif p.gated and not p.live:  # the gate withdrew every holder's affinity
+            outcome = "spilled" if cfg.guard == "spill" else "guarded"
+        else:
+            outcome = "miss"
+            outvoted = p.live > 0 if p.cands >= 0 else bool(holders)
+            if outvoted:
+                self.outvoted += 1
+        count = 1
+        if outcome == "spilled":  # an extra holder with the standing of the one it relieves
+            count = max(1, max(p.gated.values()))
+        if p.head:
+            self.index.record(p.partition, p.head, chosen, now, count=count)
+        self.outcomes[outcome] += 1
+        self._observe_length(got)
+        self.alarm.observe(now, p.partition, p.head, outcome == "hit")
+        n = m.head_bytes
+        if outcome == "hit":
+            note = f"prefix hit {got}/{n} B on {chosen} ({len(holders)} holder(s))"
+        elif outcome == "miss":
+            if not holders:
+                note = f"prefix miss: {n} B head, cold"
+            else:
+                best = max(v[0] for v in holders.values())
+                note = (f"prefix miss: {len(holders)} holder(s), best {best}/{n} B, "
+                        + ("outvoted" if outvoted else "none among the candidates"))
+        else:
+            note = (f"prefix {outcome}: {', '.join(sorted(p.gated))} over the load gate, "
+                    f"{chosen} recorded" + (f" as extra holder (count {count})"
+                                            if outcome == "spilled" else ""))
+        if decision is not None:
+            decision.note = f"{decision.note}; {note}" if decision.note else note
+        return PrefixOutcome(outcome, got, n, len(holders), note)
+
+    def forget(self, req: RequestInfo) -> None:
+        """Drop a prepared request that will not reach after_pick (rejected, cancelled)."""
+        self._pending.pop(req.request_id, None)
+
+    def _observe_length(self, got: int) -> None:
+        b = self._buckets
+        for k, le in enumerate(MATCH_BUCKETS):
+            if got <= le:
+                b[k] += 1
+                break
+        else:
+            b[-1] += 1
+        self._matched_sum += got
+
+    # -- metrics --------------------------------------------------------------------------------
+    def metrics(self) -> dict[str, Any]:
+        """Decisions by outcome, the chosen replica's matched length as cumulative histogram
+        buckets (Prometheus style, upper bound in bytes -> count), and the tree's size."""
+        cum: list[tuple[float, int]] = []
+        acc = 0
+        for le, c in zip([*MATCH_BUCKETS, float("inf")], self._buckets):
+            acc += c
+            cum.append((le, acc))
+        return {
+            "decisions": dict(self.outcomes), "outvoted": self.outvoted, "scored": self.scored,
+            "matched_bytes": {"buckets": cum, "sum": self._matched_sum, "count": acc},
+            "tree": self.index.stats(),
+        }
+
+    def zero_hit_alarm(self, now: float) -> bool:
+        return self.alarm.check(now)
+
+
+def routing_from(settings: Mapping[str, Any] | None = None) -> PrefixRouting:
+    """A PrefixRouting from a flat settings mapping (config file): keys of PrefixConfig
+    (budget_bytes, max_head_bytes, max_count, ttl_s, default_capacity_bytes) and of
+    PrefixScorerConfig (guard, abs_gap, rel_gap, spill_factor, spill_slack, min_match_bytes,
+    count_weight)."""
+    s = dict(settings or {})
+    tree_keys = {"budget_bytes", "max_head_bytes", "max_count", "ttl_s"}
+    tree = {k: s.pop(k) for k in list(s) if k in tree_keys}
+    cap = s.pop("default_capacity_bytes", None)
+    if cap is not None:
+        tree["default_capacity"] = Capacity(bytes=int(cap))
+    return PrefixRouting(PrefixConfig(**tree), PrefixScorerConfig(**s))

@@ -1,0 +1,835 @@
+"""Cache-aware routing, tier 1: an approximate radix tree of what each replica's prefix cache holds.
+
+Pure: no I/O, no clock; ``now`` is passed in (monotonic seconds). One tree per *partition* —
+(base model, adapter, cache_salt) — because those partition an engine's cache: a block cached
+under one adapter or salt is never a hit for another. The tree is over the BYTES of what the
+engine caches first, the rendered request head (:func:`request_head`); tokens are not needed.
+
+What each replica holds is *modelled*, never assumed: a replica gets a :class:`Capacity` and its
+holdings are aged out as the engine would evict them —
+
+  vLLM       a byte budget (num_gpu_blocks × block_size tokens × ~4 bytes/token), LRU over the
+             tree nodes it holds, deepest first (vLLM frees a request's blocks tail first, so a
+             shared prefix outlives its suffixes);
+  llama.cpp  ``-np`` slots, each holding only its last prompt: a new prompt takes the slot whose
+             prompt shares the longest prefix with it (if that is at least ``similarity`` of the
+             new prompt), else the least recently used slot, and the old prompt's unshared tail
+             is gone. With a host-RAM prompt cache (``--cache-ram``), a prompt pushed out of its
+             slot is kept there, LRU within ``ram_bytes``.
+
+So sending a replica more distinct prefixes than it can hold just overwrites them, in the tree
+as in the engine.
+
+Matching counts PARTIAL labels: a node's label is the first request that created it, so the
+second request with the same system prompt diverges inside it; the shared bytes within the label
+count, and an insert splits the node there.
+
+Each node keeps a count per holder (how often that replica was sent this prefix, bounded by
+halving every count of the node when one reaches ``max_count``): the scorer prefers the replica
+seen MOST OFTEN, which stays stable under a randomising picker where "most recent" would flip.
+
+Memory is bounded by ``budget_bytes`` for the whole index, enforced on an *accounted* size
+(label bytes + a per-node and a per-holder cost calibrated against tracemalloc, with a margin);
+least-recently-recorded leaves go first. The tests and ``bench/bench_prefix.py`` measure the
+real size with tracemalloc and check it stays within the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+__all__ = [
+    "Capacity", "PrefixConfig", "PrefixIndex", "Match", "request_head", "partition_key",
+    "matched_fraction",
+    "NODE_COST", "HOLDER_COST", "REPLICA_COST", "BYTES_PER_TOKEN",
+]
+
+BYTES_PER_TOKEN = 4.0  # rendered text is ~4 bytes per token; token-id prompts pack 4 bytes each
+
+# Accounted bytes per tree node (beyond its label) and per (node, replica) holding. Calibrated
+# with tracemalloc on CPython 3.11 (tests/test_prefix_tree.py measures it): a node is ~430 B
+# (the object, its label's bytes header, a holders dict, a children dict on inner nodes and its
+# entry in the global LRU), a holding ~150 B (its entry in the node's holders dict and in the
+# replica's LRU or refcount map); both carry a ~25 % margin so the measured size stays under
+# the budget.
+NODE_COST = 640
+HOLDER_COST = 240
+REPLICA_COST = 1024
+_PARTITION_COST = 1024
+
+Partition = Hashable
+_NOKEY = object()
+
+
+def partition_key(model: str, adapter: str | None = None,
+                  cache_salt: str | None = None) -> tuple[str, str | None, str | None]:
+    """The cache partition of a request: what an engine never shares cache blocks across."""
+    return (model, adapter, cache_salt)
+
+
+# --------------------------------------------------------------------------- request heads
+
+_MSG_SEP = b"\x1e"  # between messages
+_KEEP = ("role", "content")
+
+
+def _canon(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=str).encode("utf-8", "surrogatepass")
+
+
+def _text(s: str) -> bytes:
+    return s.encode("utf-8", "surrogatepass")
+
+
+def _content(c: Any) -> bytes:
+    if c is None:
+        return b""
+    if isinstance(c, str):
+        return _text(c)
+    if isinstance(c, list):  # content parts: text as is, anything else (images...) canonical
+        out = []
+        for p in c:
+            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str):
+                out.append(_text(p["text"]))
+            elif isinstance(p, str):
+                out.append(_text(p))
+            else:
+                out.append(_canon(p))
+        return b"\x1f".join(out)
+    return _canon(c)
+
+
+def _message(m: Any) -> bytes:
+    if not isinstance(m, dict):
+        return _canon(m)
+    role = m.get("role")
+    head = (_text(role) if isinstance(role, str) else b"") + b"\0" + _content(m.get("content"))
+    rest = {k: v for k, v in m.items() if k not in _KEEP and v is not None}
+    if rest:  # name, tool_calls, tool_call_id...: the template renders them too
+        head += b"\0" + _canon(rest)
+    return head
+
+
+def _prompt(p: Any) -> bytes:
+    if isinstance(p, str):
+        return _text(p)
+    if isinstance(p, list) and p:
+        first = p[0]
+        if isinstance(first, int) and not isinstance(first, bool):
+            try:
+                a = array("I", p)  # token ids, 4 bytes each (≈ the 4 bytes/token of text)
+            except (OverflowError, TypeError):
+                return _canon(p)
+            if a.itemsize != 4:  # pragma: no cover - no mainstream platform
+                a = array("L", p)
+            return a.tobytes()
+        if isinstance(first, (str, list)):  # a batch: the engine caches each; route on the first
+            return _prompt(first)
+    return b"" if p is None else _canon(p)
+
+
+def request_head(body: Mapping[str, Any], kind: str) -> bytes:
+    """The bytes an engine caches first for this request, deterministically: for chat, each
+    message as ``role NUL content`` in order (separated by 0x1E), the tools' canonical JSON after
+    the leading system/developer messages (where chat templates render them); for completions
+    the prompt (a string as UTF-8, token ids packed 4 bytes each, a batch by its first prompt);
+    for embeddings the input, likewise. Anything else: b""."""
+    if kind == "chat":
+        msgs = body.get("messages")
+        if not isinstance(msgs, list):
+            return b""
+        parts = [_message(m) for m in msgs]
+        tools = body.get("tools")
+        if tools:
+            k = 0
+            while k < len(msgs) and isinstance(msgs[k], dict) \
+                    and msgs[k].get("role") in ("system", "developer"):
+                k += 1
+            parts.insert(k, b"tools\0" + _canon(tools))
+        return _MSG_SEP.join(parts)
+    if kind == "completions":
+        return _prompt(body.get("prompt"))
+    if kind == "embeddings":
+        return _prompt(body.get("input"))
+    return b""
+
+
+# --------------------------------------------------------------------------- capacity
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What one replica can hold of request heads, in head bytes (≈ tokens × 4).
+
+    Exactly one of ``bytes`` (an LRU byte budget: vLLM's KV cache) or ``slots`` (llama.cpp's
+    ``-np`` slots, each holding its last prompt; ``ram_bytes`` adds its host-RAM prompt cache)."""
+
+    bytes: int | None = None
+    slots: int | None = None
+    ram_bytes: int = 0
+    similarity: float = 0.1  # llama.cpp --slot-prompt-similarity: reuse a slot sharing >= this
+
+    def __post_init__(self) -> None:
+        if (self.bytes is None) == (self.slots is None):
+            raise ValueError("a Capacity has exactly one of bytes (vLLM) or slots (llama.cpp)")
+        if self.bytes is not None and self.bytes < 0:
+            raise ValueError(f"capacity bytes must be >= 0, got {self.bytes}")
+        if self.slots is not None and self.slots < 1:
+            raise ValueError(f"slots must be >= 1, got {self.slots}")
+        if self.ram_bytes < 0 or (self.ram_bytes and self.slots is None):
+            raise ValueError("ram_bytes must be >= 0 and only goes with slots (llama.cpp)")
+        if not 0.0 <= self.similarity <= 1.0:
+            raise ValueError(f"similarity must be in [0, 1], got {self.similarity}")
+
+    @classmethod
+    def vllm(cls, num_gpu_blocks: int, block_size: int, *,
+             bytes_per_token: float = BYTES_PER_TOKEN, fraction: float = 1.0) -> Capacity:
+        """From ``vllm:cache_config_info`` (num_gpu_blocks, block_size labels). ``fraction`` is
+        the share of the KV cache left to cached prefixes (running requests' working sets and
+        their outputs occupy the rest)."""
+        return cls(bytes=int(num_gpu_blocks * block_size * bytes_per_token * fraction))
+
+    @classmethod
+    def tokens(cls, tokens: int, *, bytes_per_token: float = BYTES_PER_TOKEN) -> Capacity:
+        """An LRU capacity of so many tokens (e.g. ``ScrapeResult.kv_capacity_tokens``)."""
+        return cls(bytes=int(tokens * bytes_per_token))
+
+    @classmethod
+    def llamacpp(cls, slots: int, *, ram_tokens: int = 0, similarity: float = 0.1,
+                 bytes_per_token: float = BYTES_PER_TOKEN) -> Capacity:
+        """``-np`` slots; ``ram_tokens`` is how many prompt tokens its host-RAM cache keeps
+        (``--cache-ram`` MiB ÷ the model's KV bytes per token)."""
+        return cls(slots=slots, ram_bytes=int(ram_tokens * bytes_per_token),
+                   similarity=similarity)
+
+    def describe(self) -> str:
+        if self.slots is not None:
+            return f"{self.slots} slots" + (f" + {self.ram_bytes} B ram" if self.ram_bytes else "")
+        return f"{self.bytes} B lru"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixConfig:
+    budget_bytes: int = 64 << 20  # the whole index (accounted; measured in tests and the bench)
+    default_capacity: Capacity = field(default_factory=lambda: Capacity(bytes=4 << 20))
+    max_head_bytes: int = 128 << 10  # heads are cut here: only the start decides the route
+    max_count: int = 1024  # a holder count reaching this halves every count of its node
+    ttl_s: float | None = None  # forget what was not recorded again within this long
+
+    def __post_init__(self) -> None:
+        if self.budget_bytes < 4096:
+            raise ValueError(f"budget_bytes must be >= 4096, got {self.budget_bytes}")
+        if self.max_head_bytes < 1 or self.max_count < 2:
+            raise ValueError("max_head_bytes must be >= 1 and max_count >= 2")
+        if self.ttl_s is not None and not (self.ttl_s > 0 and math.isfinite(self.ttl_s)):
+            raise ValueError(f"ttl_s must be > 0 or None, got {self.ttl_s}")
+
+
+# --------------------------------------------------------------------------- tree
+
+class _Node:
+    __slots__ = ("label", "end", "parent", "children", "holders", "last")
+
+    def __init__(self, label: bytes, end: int, parent: _Node | None) -> None:
+        self.label = label
+        self.end = end  # bytes from the partition root to the end of this label
+        self.parent = parent
+        self.children: dict[int, _Node] | None = None  # first byte of the child's label -> child
+        self.holders: dict[str, int] = {}  # replica -> count
+        self.last = 0.0  # `now` of the last record through this node
+
+
+def _lcp(a: bytes, b: bytes, pos: int) -> int:
+    """Length of the common prefix of ``a`` and ``b[pos:]``: a binary search of C-level
+    ``startswith`` checks that only copies the still-undecided half (≈ len(a) bytes in all)."""
+    lo, hi = 0, min(len(a), len(b) - pos)
+    while lo < hi:
+        mid = (lo + hi + 1) >> 1
+        if b.startswith(a[lo:mid], pos + lo):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class Match(NamedTuple):
+    matched_bytes: int  # the longest prefix of the head the tree knows (whoever holds it)
+    head_bytes: int  # the head's length (after the max_head_bytes cut)
+    holders: dict[str, tuple[int, int]]  # replica -> (head bytes it holds, its count there)
+
+    def best(self) -> str | None:
+        """The holder with the longest match, then the highest count, then the smallest id."""
+        if not self.holders:
+            return None
+        return min(self.holders.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0]))[0]
+
+
+class _LruHold:
+    """vLLM: the replica holds nodes within a byte capacity, least recently sent first out.
+    Paths are touched leaf to root, so an ancestor is always more recent than its descendants
+    and eviction takes tails before the prefixes they extend."""
+
+    __slots__ = ("cap", "lru", "used")
+    kind = "bytes"
+
+    def __init__(self, cap: Capacity) -> None:
+        self.cap = cap
+        self.lru: OrderedDict[_Node, None] = OrderedDict()
+        self.used = 0
+
+    def touch(self, path: list[_Node]) -> list[_Node]:
+        lru = self.lru
+        move = lru.move_to_end
+        for nd in reversed(path):
+            try:
+                move(nd)
+            except KeyError:
+                lru[nd] = None
+                self.used += len(nd.label)
+        return self._fit()
+
+    def _fit(self) -> list[_Node]:
+        out: list[_Node] = []
+        limit = self.cap.bytes or 0
+        lru = self.lru
+        while self.used > limit and lru:
+            nd, _ = lru.popitem(last=False)
+            self.used -= len(nd.label)
+            out.append(nd)
+        return out
+
+    def split(self, child: _Node, mid: _Node) -> None:
+        # the bytes are conserved (child's label shrank by what mid took); mid must stay more
+        # recent than child and less recent than its own ancestors
+        lru = self.lru
+        lru[mid] = None
+        a = mid.parent
+        while a is not None and a.parent is not None:
+            if a in lru:
+                lru.move_to_end(a)
+            a = a.parent
+
+    def forget(self, nd: _Node) -> list[_Node]:
+        if self.lru.pop(nd, 0) is None:
+            self.used -= len(nd.label)
+        return []
+
+    def recap(self, cap: Capacity) -> list[_Node]:
+        self.cap = cap
+        return self._fit()
+
+    def nodes(self) -> list[_Node]:
+        return list(self.lru)
+
+    def empty(self) -> bool:
+        return not self.lru
+
+    def held_bytes(self) -> int:
+        return self.used
+
+    def check(self) -> None:
+        assert self.used == sum(len(n.label) for n in self.lru), "lru used bytes"
+
+
+class _SlotHold:
+    """llama.cpp: ``slots`` slots, each holding the path of its last prompt; a node is held while
+    a slot (or the host-RAM cache) references it."""
+
+    __slots__ = ("cap", "term", "tick", "clock", "refs", "ram", "ram_used")
+    kind = "slots"
+
+    def __init__(self, cap: Capacity) -> None:
+        self.cap = cap
+        n = cap.slots or 1
+        self.term: list[_Node | None] = [None] * n  # each slot's prompt: its last node
+        self.tick = [0] * n
+        self.clock = 0
+        self.refs: dict[_Node, int] = {}
+        self.ram: OrderedDict[_Node, None] = OrderedDict()  # saved prompts, by their last node
+        self.ram_used = 0
+
+    def _ref(self, t: _Node) -> None:
+        refs = self.refs
+        while t.parent is not None:
+            refs[t] = refs.get(t, 0) + 1
+            t = t.parent
+
+    def _unref(self, t: _Node | None, out: list[_Node]) -> None:
+        refs = self.refs
+        while t is not None and t.parent is not None:
+            c = refs.get(t)
+            if c is not None:
+                if c <= 1:
+                    del refs[t]
+                    out.append(t)
+                else:
+                    refs[t] = c - 1
+            t = t.parent
+
+    def touch(self, path: list[_Node]) -> list[_Node]:
+        t = path[-1]
+        on = set(path)
+        term = self.term
+        best, best_lcp = -1, 0
+        for i, o in enumerate(term):
+            x = o
+            while x is not None and x not in on:
+                x = x.parent
+            if x is not None and x.end > best_lcp:
+                best, best_lcp = i, x.end
+        if best < 0 or best_lcp < self.cap.similarity * t.end:
+            tick = self.tick
+            best = term.index(None) if None in term else tick.index(min(tick))
+        self.clock += 1
+        self.tick[best] = self.clock
+        old = term[best]
+        term[best] = t
+        self._ref(t)
+        out: list[_Node] = []
+        if old is not None:
+            if self.cap.ram_bytes and old not in on:  # pushed out of its slot: into host RAM
+                if old in self.ram:
+                    self.ram.move_to_end(old)
+                else:
+                    self.ram[old] = None
+                    self.ram_used += old.end
+                    self._ref(old)
+            self._unref(old, out)
+        self._fit_ram(out)
+        return out
+
+    def _fit_ram(self, out: list[_Node]) -> None:
+        limit = self.cap.ram_bytes
+        while self.ram_used > limit and self.ram:
+            o, _ = self.ram.popitem(last=False)
+            self.ram_used -= o.end
+            self._unref(o, out)
+
+    def split(self, child: _Node, mid: _Node) -> None:
+        self.refs[mid] = self.refs.get(child, 1)
+
+    def forget(self, nd: _Node) -> list[_Node]:
+        self.refs.pop(nd, None)
+        up = nd.parent if nd.parent is not None and nd.parent.parent is not None else None
+        self.term = [up if t is nd else t for t in self.term]
+        out: list[_Node] = []
+        if nd in self.ram:  # a saved prompt loses its tail: drop the entry and its references
+            del self.ram[nd]
+            self.ram_used -= nd.end
+            self._unref(nd.parent, out)
+        return out
+
+    def recap(self, cap: Capacity) -> list[_Node]:
+        out: list[_Node] = []
+        n = cap.slots or 1
+        if n < len(self.term):  # fewer slots: the least recently used ones go
+            order = sorted(range(len(self.term)), key=self.tick.__getitem__, reverse=True)
+            keep = sorted(order[:n])
+            for i in order[n:]:
+                self._unref(self.term[i], out)
+            self.term = [self.term[i] for i in keep]
+            self.tick = [self.tick[i] for i in keep]
+        elif n > len(self.term):
+            self.term += [None] * (n - len(self.term))
+            self.tick += [0] * (n - len(self.tick))
+        self.cap = cap
+        self._fit_ram(out)
+        return out
+
+    def nodes(self) -> list[_Node]:
+        return list(self.refs)
+
+    def empty(self) -> bool:
+        return not self.refs
+
+    def held_bytes(self) -> int:
+        return sum(len(n.label) for n in self.refs)
+
+    def check(self) -> None:
+        want: dict[_Node, int] = {}
+        for t in [*self.term, *self.ram]:
+            while t is not None and t.parent is not None:
+                want[t] = want.get(t, 0) + 1
+                t = t.parent
+        assert want == self.refs, "slot refcounts"
+        assert self.ram_used == sum(t.end for t in self.ram), "ram bytes"
+
+
+_Hold = _LruHold | _SlotHold
+
+
+def _hold_for(cap: Capacity) -> _Hold:
+    return _SlotHold(cap) if cap.slots is not None else _LruHold(cap)
+
+
+class PrefixIndex:
+    """The radix trees (one per partition), the replicas' modelled holdings, the byte budget."""
+
+    def __init__(self, config: PrefixConfig | None = None) -> None:
+        self.config = config or PrefixConfig()
+        self._roots: dict[Partition, _Node] = {}
+        self._root_keys: dict[_Node, Partition] = {}
+        self._lru: OrderedDict[_Node, None] = OrderedDict()  # every non-root node, oldest first
+        self._holds: dict[str, _Hold] = {}
+        self._caps: dict[str, Capacity] = {}
+        self._names: dict[str, str] = {}  # the one str object each replica is keyed by
+        self._acct = 0  # accounted bytes
+        self._label_bytes = 0
+        self.counts = {"records": 0, "lookups": 0, "splits": 0, "evicted_budget": 0,
+                       "evicted_ttl": 0, "released_capacity": 0, "pruned": 0}
+
+    # -- capacity and replicas ------------------------------------------------------------------
+    def set_capacity(self, replica: str, capacity: Capacity) -> None:
+        """What ``replica`` can hold from now on. Same kind: its holdings shrink to fit (LRU /
+        least recently used slots first). Another kind (an engine swapped): forgotten."""
+        self._caps[replica] = capacity
+        hold = self._holds.get(replica)
+        if hold is None:
+            return
+        if (capacity.slots is None) == (hold.kind == "bytes"):
+            for nd in hold.recap(capacity):
+                self._release(nd, replica)
+        else:  # the next record starts a hold of the new kind
+            del self._holds[replica]
+            self._acct -= REPLICA_COST
+            self._purge(replica, hold)
+
+    def capacity(self, replica: str) -> Capacity:
+        return self._caps.get(replica) or self.config.default_capacity
+
+    def remove_replica(self, replica: str) -> None:
+        """The replica left: no node names it any more, and its capacity is forgotten."""
+        self._caps.pop(replica, None)
+        self.clear_replica(replica)
+
+    def clear_replica(self, replica: str) -> None:
+        """The replica's cache was emptied (a restart, ``/reset_prefix_cache``, an
+        ``AllBlocksCleared`` event): it holds nothing now; its capacity stays."""
+        self._names.pop(replica, None)
+        hold = self._holds.pop(replica, None)
+        if hold is not None:
+            self._purge(replica, hold)
+            self._acct -= REPLICA_COST
+
+    def _purge(self, replica: str, hold: _Hold) -> None:
+        for nd in hold.nodes():
+            if replica in nd.holders:
+                self._drop_holder(nd, replica)
+
+    def replicas(self) -> list[str]:
+        return list(self._holds)
+
+    # -- match ----------------------------------------------------------------------------------
+    def match(self, partition: Partition, head: bytes, now: float, *,
+              min_bytes: int = 0) -> Match:
+        """What of ``head`` the tree knows, and which replicas hold how much of it (holders
+        of fewer than ``min_bytes`` of it are left out). Read-only (bar expiring entries older
+        than ``ttl_s``): only :meth:`record` says what was sent."""
+        if self.config.ttl_s is not None:
+            self._expire(now)
+        self.counts["lookups"] += 1
+        head = head[: self.config.max_head_bytes]
+        n = len(head)
+        node = self._roots.get(partition)
+        if node is None or n == 0:
+            return Match(0, n, {})
+        pos = 0
+        path: list[_Node] = []
+        ends: list[int] = []
+        while pos < n:
+            ch = node.children
+            if ch is None:
+                break
+            child = ch.get(head[pos])
+            if child is None:
+                break
+            lab = child.label
+            path.append(child)
+            if head.startswith(lab, pos):
+                pos += len(lab)
+                ends.append(pos)
+                node = child
+                continue
+            pos += _lcp(lab, head, pos)  # a partial label match counts
+            ends.append(pos)
+            break
+        # shallow to deep, deeper entries overwriting: each replica ends with its deepest node
+        holders: dict[str, tuple[int, int]] = {}
+        for nd, m in zip(path, ends):
+            if m >= min_bytes:
+                for r, c in nd.holders.items():
+                    holders[r] = (m, c)
+        return Match(pos, n, holders)
+
+    # -- record ---------------------------------------------------------------------------------
+    def record(self, partition: Partition, head: bytes, replica: str, now: float, *,
+               count: int = 1) -> None:
+        """``replica`` was sent ``head`` (call it with the replica the picker actually chose):
+        it now holds the head's path, each node's count for it grows by ``count``, and its
+        capacity model releases what the engine would have evicted to make room."""
+        head = head[: self.config.max_head_bytes]
+        n = len(head)
+        if n == 0:
+            return
+        if self.config.ttl_s is not None:
+            self._expire(now)
+        self.counts["records"] += 1
+        replica = self._names.setdefault(replica, replica)  # one str object per replica
+        hold = self._holds.get(replica)
+        if hold is None:
+            hold = self._holds[replica] = _hold_for(self.capacity(replica))
+            self._acct += REPLICA_COST
+        root = self._roots.get(partition)
+        if root is None:
+            root = self._roots[partition] = _Node(b"", 0, None)
+            self._root_keys[root] = partition
+            self._acct += _PARTITION_COST
+        node = root
+        pos = 0
+        path: list[_Node] = []
+        while pos < n:
+            ch = node.children
+            child = None if ch is None else ch.get(head[pos])
+            if child is None:
+                leaf = _Node(head[pos:], n, node)
+                if ch is None:
+                    node.children = {head[pos]: leaf}
+                else:
+                    ch[head[pos]] = leaf
+                self._acct += NODE_COST + n - pos
+                self._label_bytes += n - pos
+                path.append(leaf)
+                break
+            lab = child.label
+            if head.startswith(lab, pos):
+                pos += len(lab)
+                path.append(child)
+                node = child
+                continue
+            k = _lcp(lab, head, pos)
+            node = self._split(child, k)
+            path.append(node)
+            pos += k
+        # leaf to root: every ancestor ends up more recent than its descendants
+        lru = self._lru
+        move = lru.move_to_end
+        for nd in reversed(path):
+            nd.last = now
+            try:
+                move(nd)
+            except KeyError:
+                lru[nd] = None
+        cap = self.config.max_count
+        new_holdings = 0
+        for nd in path:
+            h = nd.holders
+            c = h.get(replica)
+            if c is None:
+                h[replica] = count
+                new_holdings += 1
+            else:
+                c += count
+                h[replica] = c
+                if c >= cap:
+                    for r in h:
+                        h[r] = (h[r] >> 1) or 1
+        self._acct += HOLDER_COST * new_holdings
+        for nd in hold.touch(path):
+            self._release(nd, replica)
+        if self._acct > self.config.budget_bytes:
+            self._evict()
+
+    def _split(self, child: _Node, k: int) -> _Node:
+        """Cut ``child``'s label after ``k`` bytes: a new node takes the first ``k`` and the
+        same holders (each holding it too), ``child`` keeps the rest below it."""
+        self.counts["splits"] += 1
+        lab = child.label
+        parent = child.parent
+        assert parent is not None and parent.children is not None and 0 < k < len(lab)
+        mid = _Node(lab[:k], child.end - len(lab) + k, parent)
+        parent.children[lab[0]] = mid
+        rest = lab[k:]
+        child.label = rest
+        child.parent = mid
+        mid.children = {rest[0]: child}
+        mid.holders = dict(child.holders)
+        mid.last = child.last
+        self._lru[mid] = None
+        self._acct += NODE_COST + HOLDER_COST * len(mid.holders)
+        for r in mid.holders:
+            self._holds[r].split(child, mid)
+        return mid
+
+    # -- removal --------------------------------------------------------------------------------
+    def _release(self, nd: _Node, replica: str) -> None:
+        """The replica's capacity model says it no longer holds ``nd``."""
+        if replica in nd.holders:
+            self.counts["released_capacity"] += 1
+            self._drop_holder(nd, replica)
+
+    def _drop_holder(self, nd: _Node, replica: str) -> None:
+        del nd.holders[replica]
+        self._acct -= HOLDER_COST
+        hold = self._holds.get(replica)
+        if hold is not None and hold.empty():  # holds nothing: its state goes too
+            del self._holds[replica]
+            self._names.pop(replica, None)
+            self._acct -= REPLICA_COST
+        while not nd.holders and nd.children is None and nd.parent is not None:
+            parent = nd.parent
+            self.counts["pruned"] += 1
+            self._unlink(nd)  # a leaf nobody holds routes nothing
+            nd = parent
+
+    def _unlink(self, nd: _Node) -> None:
+        """Take the leaf ``nd`` out of the tree; its holders forget it."""
+        parent = nd.parent
+        assert parent is not None and nd.children is None
+        ch = parent.children
+        assert ch is not None
+        del ch[nd.label[0]]
+        if not ch:
+            parent.children = None
+        del self._lru[nd]
+        self._acct -= NODE_COST + len(nd.label)
+        self._label_bytes -= len(nd.label)
+        if nd.holders:
+            released: list[tuple[_Node, str]] = []
+            holders = nd.holders
+            nd.holders = {}
+            for r in holders:
+                hold = self._holds[r]
+                released.extend((x, r) for x in hold.forget(nd))
+                if hold.empty():
+                    del self._holds[r]
+                    self._names.pop(r, None)
+                    self._acct -= REPLICA_COST
+            self._acct -= HOLDER_COST * len(holders)
+            for x, r in released:
+                if x is not nd:
+                    self._release(x, r)
+        nd.parent = None
+        if parent.parent is None and parent.children is None:  # maybe an empty partition
+            key = self._root_keys.pop(parent, _NOKEY)
+            if key is not _NOKEY:
+                del self._roots[key]
+                self._acct -= _PARTITION_COST
+
+    def _evict(self) -> None:
+        """Least recently recorded leaves out until the index fits its budget."""
+        budget = self.config.budget_bytes
+        lru = self._lru
+        while self._acct > budget and lru:
+            nd = next(iter(lru))
+            if nd.children is not None:  # cannot happen (ancestors are more recent); be safe
+                lru.move_to_end(nd)
+                continue
+            self.counts["evicted_budget"] += 1
+            self._remove_leaf(nd)
+
+    def _remove_leaf(self, nd: _Node) -> None:
+        parent = nd.parent
+        self._unlink(nd)
+        # the parent may now be a leaf nobody holds
+        while parent is not None and parent.parent is not None and not parent.holders \
+                and parent.children is None and parent in self._lru:
+            up = parent.parent
+            self.counts["pruned"] += 1
+            self._unlink(parent)
+            parent = up
+
+    def _expire(self, now: float) -> None:
+        cut = now - (self.config.ttl_s or 0.0)
+        lru = self._lru
+        while lru:
+            nd = next(iter(lru))
+            if nd.last >= cut:
+                break
+            if nd.children is not None:
+                lru.move_to_end(nd)
+                continue
+            self.counts["evicted_ttl"] += 1
+            self._remove_leaf(nd)
+
+    # -- introspection --------------------------------------------------------------------------
+    @property
+    def accounted_bytes(self) -> int:
+        return self._acct
+
+    def held_bytes(self, replica: str) -> int:
+        """Head bytes the index believes the replica holds now (0 if it holds nothing)."""
+        hold = self._holds.get(replica)
+        return hold.held_bytes() if hold is not None else 0
+
+    def stats(self, *, per_replica: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "partitions": len(self._roots), "nodes": len(self._lru),
+            "bytes": self._acct, "label_bytes": self._label_bytes,
+            "budget_bytes": self.config.budget_bytes, "replicas": len(self._holds),
+            **self.counts,
+        }
+        if per_replica:
+            out["held"] = {r: {"kind": h.kind, "held_bytes": h.held_bytes(),
+                               "nodes": len(h.nodes()), "capacity": self.capacity(r).describe()}
+                           for r, h in self._holds.items()}
+        return out
+
+    def iter_nodes(self) -> Iterator[tuple[Partition, _Node]]:
+        for key, root in self._roots.items():
+            stack = list((root.children or {}).values())
+            while stack:
+                nd = stack.pop()
+                yield key, nd
+                if nd.children:
+                    stack.extend(nd.children.values())
+
+    def holders_of(self, replica: str) -> int:
+        """How many nodes name ``replica`` as a holder (a full scan: tests and debugging)."""
+        return sum(1 for _, nd in self.iter_nodes() if replica in nd.holders)
+
+    def check(self) -> None:
+        """Assert every internal invariant (tests): structure, accounting, holdings."""
+        seen: set[int] = set()
+        acct = _PARTITION_COST * len(self._roots) + REPLICA_COST * len(self._holds)
+        labels = 0
+        holdings: dict[str, set[_Node]] = {}
+        for key, root in self._roots.items():
+            assert root.children, f"empty partition {key!r} kept"
+            stack = [root]
+            while stack:
+                nd = stack.pop()
+                if nd.children is not None:
+                    assert nd.children, "empty children dict"
+                    for b, c in nd.children.items():
+                        assert c.parent is nd and c.label and c.label[0] == b, "child link"
+                        assert c.end == nd.end + len(c.label), "child end"
+                        stack.append(c)
+                if nd is root:
+                    continue
+                seen.add(id(nd))
+                assert nd in self._lru, "node missing from the lru"
+                assert nd.holders or nd.children, "a leaf nobody holds was kept"
+                acct += NODE_COST + len(nd.label) + HOLDER_COST * len(nd.holders)
+                labels += len(nd.label)
+                for r in nd.holders:
+                    holdings.setdefault(r, set()).add(nd)
+        assert len(seen) == len(self._lru), "lru holds nodes not in a tree"
+        assert acct == self._acct, f"accounted {self._acct} != recomputed {acct}"
+        assert labels == self._label_bytes
+        for r, hold in self._holds.items():
+            hold.check()
+            assert set(hold.nodes()) == holdings.get(r, set()), f"holdings of {r}"
+        assert set(holdings) <= set(self._holds)
+
+
+def matched_fraction(m: Match, replica: str) -> float:
+    """The share of the head ``replica`` holds (0..1)."""
+    h = m.holders.get(replica)
+    return h[0] / m.head_bytes if h and m.head_bytes else 0.0
+
