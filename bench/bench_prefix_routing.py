@@ -38,6 +38,9 @@ STRATEGIES = {
     "round-robin": {"picker": "round-robin", "weights": {"load": 1.0}},
     "load-only": {"picker": "max-score", "weights": {"load": 0.6, "queue": 0.2, "inflight": 0.2}},
     "prefix": {"picker": "max-score", "weights": {"prefix": 0.6, "load": 0.25, "queue": 0.15}},
+    # the same weights with the other load guard: a spill gate against the fleet mean
+    "prefix-spill": {"picker": "max-score", "weights": {"prefix": 0.6, "load": 0.25, "queue": 0.15},
+                     "guard": "spill"},
 }
 WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud "
          "forest ember quartz falcon harbor lantern meadow summit canyon glacier orchard").split()
@@ -192,14 +195,17 @@ def main() -> None:
         lines = ['[server]', 'host = "127.0.0.1"', '[router]', 'scrape_interval_s = 0.25', 'queue_size = 4096',
                  'saturation_load = 100000.0']
         for name, st in STRATEGIES.items():
-            w = ", ".join(f"{k} = {v}" for k, v in st["weights"].items())
+            w = ", ".join(f"{k} = {v}" for k, v in st["weights"].items())  # type: ignore[union-attr]
             lines += ["[[strategies]]", f'name = "{name}"', f'picker = "{st["picker"]}"', f"weights = {{ {w} }}"]
         lines += ["[[models]]", 'name = "m"', 'engine = "vllm"']
         lines += [f'[[models.replicas]]\nurl = "{u}"' for u in sims]
         cfg.write_text("\n".join(lines) + "\n")
-        def start_router() -> tuple[subprocess.Popen[bytes], dict]:
+        def start_router(name: str) -> tuple[subprocess.Popen[bytes], dict]:
             # A fresh router per strategy: no run inherits another's prefix index.
-            rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(cfg), "--port", "0",
+            guard = STRATEGIES[name].get("guard", "imbalance")
+            path = cfg.with_name(f"bench-{guard}.toml")
+            path.write_text(cfg.read_text().replace("[router]\n", f"[router]\nprefix = {{ guard = \"{guard}\" }}\n", 1))
+            rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(path), "--port", "0",
                                "--log-level", "warning"])
             procs.append(rp)
             deadline = time.monotonic() + 10  # wait until it has scraped every replica once
@@ -221,7 +227,7 @@ def main() -> None:
         for name in a.strategies.split(","):
             for u in sims:
                 httpx.post(f"{u}/reset_prefix_cache")
-            rp, rinfo = start_router()
+            rp, rinfo = start_router(name)
             q0, h0 = engine_counters(sims)
             o0 = prefix_outcomes(rinfo["url"])
             cpu0 = proc_cpu_seconds(rp.pid)
@@ -239,7 +245,7 @@ def main() -> None:
             r = results[name]
             print(f"{name:12} {hit:8.1%} {1e3 * r['ttft_p50']:7.1f}ms {1e3 * r['ttft_p90']:6.1f}ms "
                   f"{1e3 * r['ttft_p99']:6.1f}ms {imb:8.2f} {r['router_cpu_ms']:6.2f}ms  {counts}  "
-                  f"{dict(outcomes) if name == 'prefix' else ''}")
+                  f"{dict(outcomes) if name.startswith('prefix') else ''}")
             stop(rp)
         if a.saturation:
             print("saturation ramp: goodput (share of requests done within the SLO) by rate")
@@ -248,7 +254,7 @@ def main() -> None:
                 for name in a.strategies.split(","):
                     for u in sims:
                         httpx.post(f"{u}/reset_prefix_cache")
-                    rp, rinfo = start_router()
+                    rp, rinfo = start_router(name)
                     _, _, good = trio.run(replay, rinfo["port"], convs, rate, a.seed, name, a.slo)
                     stop(rp)
                     row.append(f"{name} {good / n_req:.0%}")

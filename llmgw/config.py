@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import tomli_w
 
 __all__ = [
-    "AdminConfig", "BreakerConfig", "Config", "RouterConfig", "ScorerWeights", "StrategyConfig", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
+    "AdminConfig", "BreakerConfig", "Config", "PrefixRoutingConfig", "RouterConfig", "ScorerWeights", "StrategyConfig", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
     "PoolConfig", "ReplicaConfig", "ServerConfig", "SimConfig", "DEFAULT_POOL",
     "default_admin_socket", "default_config", "dump_config", "init_config_text",
     "load_config", "parse_config",
@@ -165,6 +165,17 @@ class BreakerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrefixRoutingConfig:
+    """Cache-aware routing, tier 1 (the `prefix` scorer; a strategy gives it its weight)."""
+    guard: str = opt("imbalance", check=one_of("imbalance", "spill", "none"))
+    abs_gap: float = opt(8.0, check=in_range(0))  # imbalance: holder load - least load > this ...
+    rel_gap: float = opt(1.5, check=in_range(1))  # ... and holder load > this × least load
+    spill_factor: float = opt(1.5, check=in_range(1))  # spill: holder load > factor × mean + slack
+    spill_slack: float = opt(4.0, check=in_range(0))
+    budget_mb: float = opt(64.0, check=positive)  # memory of the whole prefix index
+
+
+@dataclass(frozen=True, kw_only=True)
 class RouterConfig:
     scrape_interval_s: float = opt(1.0, check=positive)
     stale_after_s: float = opt(5.0, check=positive)  # scraped metrics older than this are stale
@@ -178,6 +189,7 @@ class RouterConfig:
     queue_timeout_s: float = opt(10.0, check=positive)  # then 429 with Retry-After
     decisions_kept: int = opt(1000, check=in_range(1))  # ring of recent decisions
     breaker: BreakerConfig = opt(factory=BreakerConfig)
+    prefix: PrefixRoutingConfig = opt(factory=PrefixRoutingConfig)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -670,6 +682,14 @@ failure_threshold = 3            # consecutive failures that open the breaker; 1
 cooldown_s = 5.0                 # first open period; doubles after each failed probe
 max_cooldown_s = 120.0
 half_open_probes = 1
+
+[router.prefix]
+guard = "imbalance"              # "imbalance", "spill" or "none": how load overrides prefix affinity
+abs_gap = 8.0                    # imbalance: a holder loses affinity when its load exceeds the least
+rel_gap = 1.5                    #   loaded candidate's by abs_gap requests AND by a factor rel_gap
+spill_factor = 1.5               # spill: ... when its load > spill_factor x mean + spill_slack
+spill_slack = 4.0
+budget_mb = 64.0                 # memory of the prefix index (LRU eviction of leaves beyond it)
 
 # Pools group replicas; a lower priority is preferred.
 # [[pools]]

@@ -29,8 +29,8 @@ from llmgw.route.admission import WaitQueue, suggest_retry_after
 from llmgw.route.breaker import FailureKind, Permit
 from llmgw.route.filters import is_saturated
 from llmgw.route.openai_req import ApiError, parse_body
-from llmgw.route.prefix_scorer import PrefixRouting
-from llmgw.route.prefix_tree import Capacity, request_head
+from llmgw.route.prefix_scorer import PrefixRouting, PrefixScorerConfig
+from llmgw.route.prefix_tree import Capacity, PrefixConfig, request_head
 from llmgw.route.scheduler import Scheduler, SchedulerConfig
 from llmgw.route.strategies import Strategy, StrategyError, resolve
 from llmgw.route.types import Decision, RequestInfo
@@ -53,7 +53,11 @@ class Router:
         self.pool = pool
         self.registry = Registry(cfg)
         rc = cfg.router
-        self.prefix = PrefixRouting()
+        pc = rc.prefix
+        self.prefix = PrefixRouting(
+            PrefixConfig(budget_bytes=int(pc.budget_mb * (1 << 20))),
+            PrefixScorerConfig(guard=pc.guard, abs_gap=pc.abs_gap, rel_gap=pc.rel_gap,
+                               spill_factor=pc.spill_factor, spill_slack=pc.spill_slack))
         self.sched = Scheduler(SchedulerConfig(kv_ceiling=rc.kv_ceiling, saturation_load=rc.saturation_load),
                                scorers=self.prefix.scorers())
         self.registry.on_capacity = self._capacity_known
