@@ -61,6 +61,8 @@ class Router:
         self.sched = Scheduler(SchedulerConfig(kv_ceiling=rc.kv_ceiling, saturation_load=rc.saturation_load),
                                scorers=self.prefix.scorers())
         self.registry.on_capacity = self._capacity_known
+        self._alarm_tick = 0
+        self._alarm_on = False
         self.rng = random.Random(seed)
         self.decisions: deque[Decision] = deque(maxlen=rc.decisions_kept)
         self.queues: dict[str, WaitQueue] = {}
@@ -143,6 +145,7 @@ class Router:
             if head:
                 self.prefix.after_pick(info, head, decision.chosen, trio.current_time(), cache_salt=salt,
                                        decision=decision)
+                self._check_prefix_alarm()
             if rep is None:
                 break
             tried.add(rep.id)
@@ -331,6 +334,21 @@ class Router:
                             "ttft_ms": None if first is None else round((first - started) * 1e3, 2),
                             "latency_ms": round((now - started) * 1e3, 2)})
 
+
+    def _check_prefix_alarm(self) -> None:
+        """Log when prefix hits stay at zero while traffic shares prefixes (and when it clears):
+        the silent failure mode of affinity routing. Checked every 64 decisions."""
+        self._alarm_tick += 1
+        if self._alarm_tick % 64:
+            return
+        on = self.prefix.zero_hit_alarm(trio.current_time())
+        if on != self._alarm_on:
+            self._alarm_on = on
+            if on:
+                log.warning("prefix routing: zero cache-affinity hits although requests share prefixes "
+                            "(check the strategy's prefix weight, cache_salt use and replica capacities)")
+            else:
+                log.info("prefix routing: affinity hits again")
 
     def _capacity_known(self, rep: Replica) -> None:
         """The engine told us what its cache holds (vLLM's cache_config_info): the prefix index
