@@ -143,6 +143,7 @@ async def replay(port: int, convs: list[dict], rate: float, seed: int, strategy:
 
 
 def engine_counters(urls: list[str]) -> tuple[float, float]:
+    """(prompt tokens queried, prompt tokens served from cache), from the engines' own counters."""
     q = h = 0.0
     for u in urls:
         for line in httpx.get(f"{u}/metrics").text.splitlines():
@@ -150,7 +151,62 @@ def engine_counters(urls: list[str]) -> tuple[float, float]:
                 q += float(line.rsplit(" ", 1)[1])
             elif line.startswith("vllm:prefix_cache_hits_total"):
                 h += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("llamacpp:prompt_tokens_total"):  # evaluated, cached excluded
+                q += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("llamacpp:prompt_tokens_cached_total"):
+                q += float(line.rsplit(" ", 1)[1])
+                h += float(line.rsplit(" ", 1)[1])
     return q, h
+
+
+class RealLlama:
+    """Real llama-server replicas (LLMGW_LLAMA_SERVER, built by ../shared/tools), restarted for
+    each strategy so every run starts with empty slots; --cache-ram 0: only slots hold prompts."""
+
+    def __init__(self, n: int, slots: int) -> None:
+        binary = os.environ.get("LLMGW_LLAMA_SERVER")
+        if not binary or not Path(binary).exists():
+            raise SystemExit("--engine llamacpp-real needs LLMGW_LLAMA_SERVER (../shared/tools/build-llama-server.sh)")
+        self.binary, self.model = binary, str(Path(binary).resolve().parent.parent / "tiny.gguf")
+        self.n, self.slots = n, slots
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.urls: list[str] = []
+        self.ports = [free_port() for _ in range(n)]
+
+    def start(self) -> list[str]:
+        self.stop()
+        for port in self.ports:
+            self.procs.append(subprocess.Popen(
+                [self.binary, "-m", self.model, "--host", "127.0.0.1", "--port", str(port), "-c",
+                 str(4096 * self.slots), "-np", str(self.slots), "-t", "1", "--metrics", "--cache-ram", "0"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        for u in self.urls:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if httpx.get(f"{u}/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"llama-server at {u} did not become healthy")
+                time.sleep(0.05)
+        return self.urls
+
+    def stop(self) -> None:
+        for p in self.procs:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=10)
+        self.procs = []
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def prefix_outcomes(router_url: str) -> Counter:
@@ -176,28 +232,34 @@ def main() -> None:
     ap.add_argument("--saturation", action="store_true", help="also ramp the rate to saturation")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--engine", choices=["sim", "llamacpp-real"], default="sim",
+                    help="llamacpp-real: real llama-server replicas with -np --slots and --cache-ram 0")
+    ap.add_argument("--slots", type=int, default=2, help="llamacpp-real: -np per replica")
     a = ap.parse_args()
     convs = workload(a.seed, a.tenants, a.users, a.turns, a.sys_words)
     n_req = sum(len(c["turns"]) for c in convs)
     blocks = a.kv_blocks or max(64, int(1.1 * working_set_blocks(convs, 8) / a.replicas))
     procs: list[subprocess.Popen[bytes]] = []
     results = {}
+    real = RealLlama(a.replicas, a.slots) if a.engine == "llamacpp-real" else None
     try:
         sims = []
-        for _ in range(a.replicas):
+        for _ in range(a.replicas if real is None else 0):
             p, info = spawn([sys.executable, "-m", "llmgw", "sim", "--engine", "vllm", "m", "--host", "127.0.0.1",
                              "--port", "0", "--sim-kv-blocks", str(blocks), "--max-model-len", "8192",
                              "--sim-prefill-ms-per-token", "0.05", "--sim-decode-ms-per-token", "8"],
                             env={"VLLM_SERVER_DEV_MODE": "1"})
             procs.append(p)
             sims.append(info["url"])
+        if real is not None:
+            sims = real.start()
         cfg = Path(tempfile.mkdtemp()) / "bench.toml"
         lines = ['[server]', 'host = "127.0.0.1"', '[router]', 'scrape_interval_s = 0.25', 'queue_size = 4096',
                  'saturation_load = 100000.0']
         for name, st in STRATEGIES.items():
             w = ", ".join(f"{k} = {v}" for k, v in st["weights"].items())  # type: ignore[union-attr]
             lines += ["[[strategies]]", f'name = "{name}"', f'picker = "{st["picker"]}"', f"weights = {{ {w} }}"]
-        lines += ["[[models]]", 'name = "m"', 'engine = "vllm"']
+        lines += ["[[models]]", 'name = "m"', f'engine = "{"vllm" if real is None else "llamacpp"}"']
         lines += [f'[[models.replicas]]\nurl = "{u}"' for u in sims]
         cfg.write_text("\n".join(lines) + "\n")
         def start_router(name: str) -> tuple[subprocess.Popen[bytes], dict]:
@@ -219,14 +281,18 @@ def main() -> None:
             os.killpg(p.pid, signal.SIGTERM)
             p.wait(timeout=10)
             procs.remove(p)
+        what = f"{blocks} KV blocks" if real is None else f"{a.slots} slots (real llama-server, --cache-ram 0)"
         print(f"{n_req} requests, {a.tenants} tenants x {a.users} users x {a.turns} turns, "
-              f"system prompts ~{a.sys_words * 2} tokens, {a.replicas} replicas x {blocks} KV blocks, "
+              f"system prompts ~{a.sys_words * 2} tokens, {a.replicas} replicas x {what}, "
               f"{a.rate}/s open loop (conversations arrive open loop; turns follow answers)")
         print(f"{'strategy':12} {'hit rate':>8} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'max/mean':>8} "
               f"{'CPU/req':>8}  requests per replica")
         for name in a.strategies.split(","):
+            if real is not None:
+                real.start()  # empty slots; same ports, so the config still holds
             for u in sims:
-                httpx.post(f"{u}/reset_prefix_cache")
+                if real is None:
+                    httpx.post(f"{u}/reset_prefix_cache")
             rp, rinfo = start_router(name)
             q0, h0 = engine_counters(sims)
             o0 = prefix_outcomes(rinfo["url"])
@@ -263,6 +329,8 @@ def main() -> None:
         if a.json:
             Path(a.json).write_text(json.dumps(results, indent=1))
     finally:
+        if real is not None:
+            real.stop()
         for p in procs:
             try:
                 os.killpg(p.pid, signal.SIGTERM)
