@@ -448,3 +448,188 @@ def test_request_helpers() -> None:
     assert req.json() == {"k": 1}
     r = json_response(201, {"a": [1, 2]}, headers=[("x-y", "z")])
     assert r.body == b'{"a":[1,2]}' and r.headers == [("content-type", "application/json"), ("x-y", "z")]
+
+
+# ---------------------------------------------------------------- the codec's edges, over the wire
+
+@pytest.mark.parametrize("raw, status", [
+    (b"GET / HTTP/2.0\r\nhost: x\r\n\r\n", 505),
+    (b"GET / HTTP/1.1\r\nhost: x\r\nx: " + b"a" * 2000 + b"\r\n\r\n", 431),
+    (b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n", 400),
+    (b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\n", 501),
+    (b"GET / HTTP/1.1\r\n\r\n", 400),  # no Host
+    (b"GET / HTTP/1.1\r\nhost: x\r\nx: a\x01b\r\n\r\n", 400),
+])
+async def test_refused_requests_get_their_status_and_close(raw: bytes, status: int) -> None:
+    async with running(echo, max_head_bytes=1024) as (_, port, stats):
+        out = await raw_exchange(port, raw)
+        head, body = out.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 %d " % status) and b"connection: close" in head.lower()
+        assert json.loads(body)["error"]["code"] == status
+        assert stats.requests_served == 0
+
+
+async def test_chunked_request_body_and_100_continue() -> None:
+    async with running(echo) as (_, port, _s):
+        out = await raw_exchange(port, b"POST /c HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n"
+                                       b"connection: close\r\n\r\n5;x=y\r\nhello\r\n1\r\n!\r\n0\r\nt: 1\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 200") and b'"body":"hello!"' in out
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n"
+                                  b"expect: 100-continue\r\nconnection: close\r\n\r\n")
+            with trio.fail_after(5):
+                assert await stream.receive_some(100) == b"HTTP/1.1 100 \r\n\r\n"
+            await stream.send_all(b"2\r\nhi\r\n0\r\n\r\n")
+            out = b""
+            with trio.fail_after(5):
+                while chunk := await stream.receive_some(65536):
+                    out += chunk
+        assert out.startswith(b"HTTP/1.1 200") and b'"body":"hi"' in out
+
+
+async def test_invalid_response_from_handler_is_500(caplog: pytest.LogCaptureFixture) -> None:
+    closed = trio.Event()
+
+    async def handler(req: Request) -> Response:
+        if req.path == "/bad-header":
+            return Response(200, [("x-bad", "a\r\nInjected: yes")], b"ok")
+        if req.path == "/bad-stream":
+            async def gen() -> AsyncIterator[bytes]:
+                try:
+                    yield b"never sent"
+                finally:
+                    closed.set()
+            g = gen()
+            await g.__anext__()  # started, so that aclose() runs its finally
+            return Response(200, [("bad name", "v")], g)
+        if req.path == "/204-with-body":
+            return Response(204, [], b"body")
+        return text_response(200, "fine")
+
+    caplog.set_level(logging.ERROR, logger="llmgw.daemon.httpserver")
+    async with running(handler) as (base, _, stats), client(base) as c:
+        for path in ("/bad-header", "/bad-stream", "/204-with-body"):
+            r = await c.get(path)
+            assert r.status_code == 500 and "Injected" not in r.headers
+            assert r.json()["error"]["message"] == "Internal server error"
+        assert closed.is_set()
+        r = await c.get("/ok")  # the connection is still good
+        assert r.text == "fine" and stats.connections_total == 1 and stats.handler_errors == 3
+
+
+async def test_stream_not_matching_its_content_length_is_cut(caplog: pytest.LogCaptureFixture) -> None:
+    async def handler(req: Request) -> Response:
+        async def gen() -> AsyncIterator[bytes]:
+            yield b"abcd"
+        return Response(200, [("content-length", req.query)], gen())
+
+    caplog.set_level(logging.ERROR, logger="llmgw.daemon.httpserver")
+    async with running(handler) as (_, port, stats):
+        for declared in (b"10", b"2"):
+            out = await raw_exchange(port, b"GET /?%s HTTP/1.1\r\nhost: x\r\n\r\n" % declared)  # closes
+            head, body = out.split(b"\r\n\r\n", 1)
+            assert b"content-length: %s" % declared in head and len(body) <= 4
+        assert stats.handler_errors == 2 and stats.requests_served == 0
+
+
+async def test_stream_that_produces_at_once_is_coalesced_and_complete() -> None:
+    async def handler(req: Request) -> Response:
+        async def gen() -> AsyncIterator[bytes]:
+            for i in range(100):
+                yield b"%d," % i
+                if i % 30 == 29:
+                    await trio.sleep(0)  # a pause: what is held goes out first
+        return Response(200, [("content-type", "text/plain")], gen())
+
+    async with running(handler) as (base, port, _s):
+        async with client(base) as c:
+            r = await c.get("/")
+            assert r.content == b"".join(b"%d," % i for i in range(100))
+            assert r.headers["transfer-encoding"] == "chunked"
+
+    async def quick(req: Request) -> Response:
+        async def gen() -> AsyncIterator[bytes]:
+            yield b"first"
+            yield b"second"
+        return Response(200, [], gen())
+
+    async with running(quick) as (_, port, _s):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            with trio.fail_after(5):
+                data = await stream.receive_some(65536)
+        # head, both chunks and the end of the body in one send(), so one segment
+        assert data.endswith(b"\r\n\r\n5\r\nfirst\r\n6\r\nsecond\r\n0\r\n\r\n"), data
+
+
+async def test_send_now_hands_what_the_socket_refuses_to_a_flusher_task() -> None:
+    from llmgw.daemon.httpserver import _Conn
+    from llmgw.http1server import RequestParser
+
+    a, b = trio.socket.socketpair()
+    out = socket.socket(fileno=a.fileno())
+    try:
+        out.setblocking(False)
+        c = _Conn(trio.SocketStream(a), out, RequestParser(), None)
+        got = bytearray()
+        async with trio.open_nursery() as nursery:
+            c.nursery = nursery
+            c.pending = b"x" * 2_000_000  # far more than the socket buffer
+            c.send_now()
+            assert c.flushing is not None and c.pending == b""
+            c.pending = b"y" * 10
+            c.send_now()  # queued behind the flusher's bytes
+            nursery.start_soon(c.write, b"z")  # waits for the flusher
+            with trio.fail_after(10):
+                while len(got) < 2_000_011:
+                    got += await b.recv(65536)
+        assert got == b"x" * 2_000_000 + b"y" * 10 + b"z" and c.flushing is None and not c.eof
+
+        c.pending = b"x" * 2_000_000
+        async with trio.open_nursery() as nursery:
+            c.nursery = nursery
+            c.send_now()
+            b.close()  # the peer leaves with the flusher's bytes unsent
+        assert c.eof and c.scope.cancel_called and c.flushing is None
+    finally:
+        out.detach()
+        a.close()
+        b.close()
+
+
+async def test_last_chunk_does_not_wait_for_a_slow_aclose() -> None:
+    released = trio.Event()
+
+    class Body:
+        def __init__(self) -> None:
+            self.done = False
+
+        def __aiter__(self) -> Body:
+            return self
+
+        async def __anext__(self) -> bytes:
+            if self.done:
+                raise StopAsyncIteration
+            self.done = True
+            return b"last"
+
+        async def aclose(self) -> None:
+            await released.wait()  # cleanup that ends only once the client has "last"
+
+    async def handler(req: Request) -> Response:
+        return Response(200, [], Body())
+
+    async with running(handler) as (_, port, _s):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            out = b""
+            with trio.fail_after(5):
+                while b"4\r\nlast\r\n" not in out:
+                    out += await stream.receive_some(65536)
+                assert not out.endswith(b"0\r\n\r\n")  # the end comes after the cleanup
+                released.set()
+                while not out.endswith(b"0\r\n\r\n"):
+                    out += await stream.receive_some(65536)

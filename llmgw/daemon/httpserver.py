@@ -1,4 +1,4 @@
-"""A lean HTTP/1.1 server on trio + h11.
+"""A lean HTTP/1.1 server on trio.
 
 Not hypercorn: on trio it costs ~0.7 ms CPU a request and never tells a streaming
 app that its client left (shared/specs/python-stack.md).  Here one task per
@@ -7,6 +7,10 @@ owns the receive side; while a handler runs or its response is sent, EOF or a
 reset from the peer cancels it at once, so the handler's ``finally:`` blocks run
 and a streaming body is ``aclose()``d.  A half-close after the request counts as
 leaving: LLM clients don't do that, and a stuck stream would hold an engine slot.
+
+The protocol itself (request parsing, response framing) is the pure codec in
+llmgw.http1server; this module only moves its bytes.  It replaced h11, which cost
+several times more a request (header validation, event objects, its state machine).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 import os
 import socket as _socket
 import stat
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -24,8 +29,11 @@ from math import inf
 from typing import Any, NoReturn, TypedDict, Unpack
 from urllib.parse import parse_qsl
 
-import h11
 import trio
+
+from llmgw.http1server import (
+    BODY_CHUNKED, BODY_LENGTH, BODY_NONE, CONTINUE, ProtocolError, RequestParser, serialize_response_head,
+)
 
 __all__ = ["ErrorBody", "Handler", "Request", "Response", "ServerOptions", "ServerStats",
            "json_response", "openai_error_body", "serve_listeners", "serve_tcp", "serve_unix",
@@ -39,6 +47,9 @@ _CLEANUP = 5.0  # s: bound on a streaming body's aclose() (its finally may await
 _BYTES = (bytes, bytearray, memoryview)
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 _NOSIGNAL = getattr(_socket, "MSG_NOSIGNAL", 0)
+_wait_readable = trio.lowlevel.wait_readable
+_CLOSE, _KEEP = 1, 2  # _Server.run: the response was sent; the connection closes / is kept
+_COALESCE = 16384  # stream bytes held back while the body produces synchronously, at most
 
 
 @dataclass(slots=True)
@@ -117,43 +128,61 @@ class ServerOptions(TypedDict, total=False):
 
 class _Conn:
     """State shared by a connection's request loop and its reader task."""
-    __slots__ = ("stream", "out", "h11", "client", "scope", "deadline", "timed_out", "eof", "reading",
-                 "handling", "paused", "discard", "main", "reader")
+    __slots__ = ("stream", "out", "parser", "client", "scope", "deadline", "timed_out", "eof", "reading",
+                 "handling", "paused", "discard", "main", "reader", "keep_alive", "nursery", "pending",
+                 "backlog", "flushing")
 
-    def __init__(self, stream: trio.SocketStream, out: _socket.socket, conn: h11.Connection,
+    def __init__(self, stream: trio.SocketStream, out: _socket.socket, parser: RequestParser,
                  client: tuple[str, int] | None) -> None:
-        self.stream, self.out, self.h11, self.client = stream, out, conn, client
+        self.stream, self.out, self.parser, self.client = stream, out, parser, client
         # Wraps the request loop; cancelled by the reader when the peer leaves and by
         # the server's sweeper when ``deadline`` passes.  One per connection, so a
         # request costs no scope enter/exit and no deadline re-arming.
         self.scope = trio.CancelScope()
         self.deadline = inf  # read timeout; inf while a request is handled
         self.timed_out = self.eof = self.reading = self.handling = False
-        self.paused = False  # reader holds off: h11 has unconsumed pipelined bytes
+        self.paused = False  # reader holds off: the parser has unconsumed pipelined bytes
         self.discard = False  # lingering close: throw input away
         self.main: trio.lowlevel.Task | None = None  # request loop parked for input
         self.reader: trio.lowlevel.Task | None = None  # reader parked while paused
+        self.keep_alive = True  # the request being handled allows another one after it
+        self.nursery: trio.Nursery | None = None  # the connection's, for the flusher task
+        self.pending = b""  # response bytes produced but not yet written (see send_now)
+        self.backlog = b""  # bytes the flusher task still has to write
+        self.flushing: trio.Event | None = None  # set when the flusher task is done
 
     async def read_loop(self) -> None:
-        # Always parked in receive_some (unless paused), so watching a running
+        # Always parked waiting for input (unless paused), so watching a running
         # handler costs no extra syscall; a watcher task spawned per request and
-        # cancelled afterwards doubled the CPU cost of a small request.
+        # cancelled afterwards doubled the CPU cost of a small request.  It waits
+        # first and then reads, unlike trio's receive_some, whose first recv() before
+        # every request would fail: the client sends only once it has the response.
+        sock = self.out
+        ready = True  # a new connection's first request is usually in already
         while True:
             while self.paused:
                 self.reader = trio.lowlevel.current_task()
                 await trio.lowlevel.wait_task_rescheduled(self._abort_reader)
+            if not ready:
+                try:
+                    await _wait_readable(sock)
+                except trio.ClosedResourceError:
+                    self.gone()
+                    return
             try:
-                data = await self.stream.receive_some(_RECV)
-            except _GONE:
-                data = b""
+                data = sock.recv(_RECV)
+            except BlockingIOError:
+                ready = False
+                continue
+            except OSError:
+                data = b""  # reset, or closed under us
+            ready = False
             if not data:
-                self.eof = True
-                self.scope.cancel()  # the peer left: stop its handler/stream now
-                self._wake_main()
+                self.gone()
                 return
             if self.discard:
                 continue
-            self.h11.receive_data(data)
+            self.parser.feed(data)
             if self.handling:
                 # Pipelined bytes mid-request: keep them for the next cycle and stop
                 # watching, rather than buffer without bound.
@@ -164,6 +193,8 @@ class _Conn:
         # Straight to the socket (trio's own fd) when it takes everything, as it
         # nearly always does: trio's send_all costs 2-3x the syscall, ~30% of a
         # streamed chunk.  Only a full socket waits in send_all: the backpressure.
+        if self.flushing is not None:
+            await self.flushing.wait()  # after what the flusher task still holds
         try:
             n = self.out.send(data, _NOSIGNAL)
         except BlockingIOError:
@@ -172,6 +203,47 @@ class _Conn:
             raise trio.BrokenResourceError(exc) from exc
         if n < len(data):
             await self.stream.send_all(memoryview(data)[n:])
+
+    def send_now(self) -> None:
+        """Write ``pending`` without waiting, for a caller that must not block now.
+
+        What the socket does not take goes out from a flusher task, which later
+        writes wait for.  Never raises: a peer found gone is handled like EOF.
+        """
+        data, self.pending = self.pending, b""
+        if self.flushing is not None:
+            self.backlog += data
+            return
+        try:
+            n = self.out.send(data, _NOSIGNAL)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            self.gone()
+            return
+        if n < len(data):
+            assert self.nursery is not None
+            self.backlog = data[n:]
+            self.flushing = trio.Event()
+            self.nursery.start_soon(self._flush)
+
+    async def _flush(self) -> None:
+        try:
+            while self.backlog:
+                data, self.backlog = self.backlog, b""
+                await self.stream.send_all(data)
+        except _GONE:
+            self.gone()
+        finally:
+            assert self.flushing is not None
+            self.flushing.set()
+            self.flushing = None
+
+    def gone(self) -> None:
+        """The peer left (EOF, or a write failed): stop its handler/stream now."""
+        self.eof = True
+        self.scope.cancel()
+        self._wake_main()
 
     def _wake_main(self) -> None:
         if self.main is not None:
@@ -238,12 +310,12 @@ class _Server:
                 # stall small writes on keep-alive connections by ~40 ms.
                 stream.socket.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
                 client = tuple(stream.socket.getpeername()[:2])
-            # A second Python socket on trio's fd for _Conn.write; no dup (which would
-            # double the fds per connection), so it must be detached, never closed.
+            # A second Python socket on trio's fd for _Conn's reads and writes; no dup (which
+            # would double the fds per connection), so it must be detached, never closed.
             out = _socket.socket(fileno=stream.socket.fileno())
         except OSError:
             return  # already gone
-        c = _Conn(stream, out, h11.Connection(h11.SERVER, max_incomplete_event_size=self.max_head), client)
+        c = _Conn(stream, out, RequestParser(max_head_bytes=self.max_head, max_body_bytes=self.max_body), client)
         stats = self.stats
         stats.connections_open += 1
         stats.connections_total += 1
@@ -251,6 +323,7 @@ class _Server:
         try:
             out.setblocking(False)  # trio's fd is non-blocking already; be explicit
             async with trio.open_nursery() as nursery:
+                c.nursery = nursery
                 nursery.start_soon(c.read_loop)
                 with c.scope, suppress(*_GONE):  # _GONE: the peer vanished as we wrote
                     await self.request_loop(c)
@@ -265,99 +338,73 @@ class _Server:
             stats.connections_open -= 1
 
     async def request_loop(self, c: _Conn) -> None:
-        conn, stats = c.h11, self.stats
+        stats = self.stats
         while (req := await self.read_request(c)) is not None:
             c.deadline = inf  # handling has no time limit; a disconnect ends it
-            if c.paused and not conn.trailing_data[0]:
+            if c.paused and not c.parser.buffered:
                 c.resume_reader()  # pipelined input consumed: watch this request again
             stats.requests_active += 1
-            c.handling, ok = True, False
+            c.handling, served = True, 0
             try:
-                ok = await self.run(c, req)
+                served = await self.run(c, req)
             finally:
                 c.handling = False
                 stats.requests_active -= 1
-                if ok:
+                if served:
                     stats.requests_served += 1
                 elif c.eof:
                     stats.client_disconnects += 1
-            if not ok or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                return  # error, or HTTP/1.0 / "connection: close" (h11: MUST_CLOSE)
-            conn.start_next_cycle()
+            if served != _KEEP:
+                return  # error, or HTTP/1.0 / "connection: close" / a close-delimited body
 
     async def read_request(self, c: _Conn) -> Request | None:
-        conn = c.h11
+        p = c.parser
         # Idle keep-alive wait until the first byte, then one deadline for the whole
         # head + body: per-read timeouts would let a slowloris trickle forever.
-        c.reading = bool(conn.trailing_data[0])  # pipelined bytes already buffered
+        c.reading = bool(p.buffered)  # pipelined bytes already buffered
         if c.reading:
             await trio.lowlevel.checkpoint()  # no wait for input this cycle: yield here
         c.deadline = trio.current_time() + (self.request_timeout if c.reading else self.keepalive_timeout)
-        head: h11.Request | None = None
-        headers: list[tuple[str, str]] = []
-        chunks: list[bytes] = []
-        size = 0
         try:
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    if conn.they_are_waiting_for_100_continue:
-                        await c.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
-                        continue  # input may have arrived meanwhile
-                    if not await c.wait_input():
-                        return None  # EOF: idle close, or a truncated request
-                    if not c.reading:
-                        c.reading = True
-                        c.deadline = trio.current_time() + self.request_timeout
-                elif type(event) is h11.Request:
-                    head = event
-                    for name, value in event.headers:
-                        if name == b"content-length" and int(value) > self.max_body:
-                            await self.reject(c, 413, self.too_large)
-                            return None
-                        headers.append((name.decode("latin-1"), value.decode("latin-1")))
-                elif type(event) is h11.Data:
-                    size += len(event.data)
-                    if size > self.max_body:
-                        await self.reject(c, 413, self.too_large)
-                        return None
-                    chunks.append(event.data)
-                elif type(event) is h11.EndOfMessage:
-                    break
-                else:
-                    return None  # ConnectionClosed
-        except h11.RemoteProtocolError as exc:
-            await self.reject(c, exc.error_status_hint, f"Malformed HTTP request: {exc}")
+            while (r := p.next_request()) is None:
+                if p.expect_continue:
+                    p.expect_continue = False
+                    await c.write(CONTINUE)
+                    continue  # input may have arrived meanwhile
+                if not await c.wait_input():
+                    return None  # EOF: idle close, or a truncated request
+                if not c.reading:
+                    c.reading = True
+                    c.deadline = trio.current_time() + self.request_timeout
+        except ProtocolError as exc:
+            await self.reject(c, exc.status, self.too_large if exc.status == 413 else f"Malformed HTTP request: {exc}")
             return None
         c.reading = False
-        assert head is not None
-        target = head.target.decode("latin-1")
+        target = r.target
         path, _, query = target.partition("?")
-        return Request(head.method.decode("ascii"), target, path, query, headers, b"".join(chunks),
-                       c.client, head.http_version.decode("ascii"))
+        req = Request(r.method, target, path, query, r.headers, r.body, c.client, r.http_version)
+        c.keep_alive = r.keep_alive
+        return req
 
     async def reject(self, c: _Conn, status: int, message: str) -> None:
         """Answer an unreadable request with an error, then close gracefully."""
         resp = self.error(status, message)
-        resp.headers.append(("connection", "close"))
-        try:
-            out = c.h11.send(h11.Response(status_code=status, headers=resp.headers))
-            out += c.h11.send(h11.Data(data=resp.body))  # type: ignore[arg-type]
-            out += c.h11.send(h11.EndOfMessage())
-        except h11.LocalProtocolError:
-            return  # h11 can't frame a response in this state; just close
+        body = resp.body
+        assert isinstance(body, bytes)
+        head = serialize_response_head(status, resp.headers, http_version=None, keep_alive=False,
+                                       body_length=len(body))[0]
         # Closing with unread input makes the kernel send RST, which can destroy the
         # 4xx before the client reads it: half-close and drain until EOF, bounded.
         c.discard = True
         with trio.move_on_after(_LINGER), suppress(*_GONE):
-            await c.write(out)
+            await c.write(head + body)
             await c.stream.send_eof()
             while await c.wait_input():
                 pass
 
-    async def run(self, c: _Conn, req: Request) -> bool:
-        """Call the handler and send its response; True if the connection is reusable."""
-        conn = c.h11
+    async def run(self, c: _Conn, req: Request) -> int:
+        """Call the handler and send its response: _KEEP if the connection is reusable,
+        _CLOSE if the response was sent but the connection must close, 0 on failure."""
         try:
             resp = await self.handler(req)
         except Exception:
@@ -365,50 +412,151 @@ class _Server:
             self.stats.handler_errors += 1
             resp = self.error(500, "Internal server error")
         try:
-            body, headers = resp.body, resp.headers
-            if isinstance(body, _BYTES):
-                if resp.status not in (204, 304) and not any(n.lower() == "content-length" for n, _ in headers):
-                    headers = [*headers, ("content-length", str(len(body)))]
-                out = conn.send(h11.Response(status_code=resp.status, headers=headers))
-                if body and req.method != "HEAD":
-                    out += conn.send(h11.Data(data=body))
-                await c.write(out + conn.send(h11.EndOfMessage()))  # one write
-                return True
-            await c.write(conn.send(h11.Response(status_code=resp.status, headers=headers)))
-            # h11 picks chunked framing for an HTTP/1.1 peer when the handler set no
-            # framing header; we then frame chunks ourselves (h11's Data path costs
-            # ~10 us a chunk, and its chunked writer keeps no count to upset).
-            chunked = req.http_version == "1.1" and resp.status not in (204, 304) and not any(
-                n.lower() in ("content-length", "transfer-encoding") for n, _ in headers)
+            head, framing, length, keep = self.frame(c, req, resp)
+        except Exception:
+            # Nothing is sent yet: answer 500 as if the handler had raised.
+            logger.exception("handler returned an invalid response: %s %s", req.method, req.target)
+            self.stats.handler_errors += 1
+            if not isinstance(resp.body, _BYTES):
+                await self.close_body(resp.body)
+            resp = self.error(500, "Internal server error")
+            head, framing, length, keep = self.frame(c, req, resp)
+        body = resp.body
+        sized = isinstance(body, _BYTES)
+        done = _KEEP if keep else _CLOSE
+        try:
+            if sized:  # one write
+                if framing == BODY_CHUNKED:  # the handler asked for chunked itself
+                    await c.write(b"%b%x\r\n%b\r\n0\r\n\r\n" % (head, len(body), body) if body  # type: ignore[arg-type]
+                                  else head + b"0\r\n\r\n")
+                else:
+                    await c.write(head + body if body and framing != BODY_NONE else head)  # type: ignore[operator]
+                return done
+            c.pending = head  # out with the first chunk, if that comes without waiting
             try:
                 if req.method != "HEAD":
-                    i = 0
-                    async for chunk in body:
-                        if chunk:  # an empty chunk would end a chunked body
-                            # No buffering: each chunk goes to the socket now; a full
-                            # socket blocks here, which is the generator's backpressure.
-                            await c.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked
-                                          else conn.send(h11.Data(data=chunk)))
-                        i += 1
-                        if not i & 15:  # c.write rarely yields: don't let a generator
-                            await trio.lowlevel.checkpoint()  # that never awaits hog the loop
+                    # Body bytes still allowed: the declared length, none, or no limit (-1).
+                    left = length if framing == BODY_LENGTH else 0 if framing == BODY_NONE else -1
+                    await self.stream_body(c, body, framing == BODY_CHUNKED, left)  # type: ignore[arg-type]
             finally:
-                if (aclose := getattr(body, "aclose", None)) is not None:
-                    # Shielded so the generator's finally may await (e.g. cancel an
-                    # upstream request) although we got here by cancellation; bounded.
-                    with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLEANUP):
-                        await aclose()
-            await c.write(conn.send(h11.EndOfMessage()))
-            return True
+                await self.close_body(body, c)  # type: ignore[arg-type]
+            data, c.pending = c.pending, b""
+            await c.write(data + b"0\r\n\r\n" if framing == BODY_CHUNKED and req.method != "HEAD" else data)
+            return done
         except _GONE:
             c.eof = True  # the peer reset while we wrote: it left
-            return False
+            return 0
         except Exception:
             # Mid-stream the head is out already: closing without the last chunk is
             # how the client learns the body is truncated.
             logger.exception("sending the response failed: %s %s", req.method, req.target)
             self.stats.handler_errors += 1
-            return False
+            if c.pending:
+                c.send_now()  # what the body did produce, best effort
+            return 0
+
+    @staticmethod
+    async def stream_body(c: _Conn, body: AsyncIterator[bytes], chunked: bool, left: int) -> None:
+        """Send a streaming body, each chunk as soon as it is there.
+
+        Chunks go to ``c.pending`` and out when the body would block for the next
+        one: a body that produces several at once (or the head and the first chunk,
+        or the last chunk and the end of the response) costs one send() for all.
+        Each ``__anext__`` is stepped by hand to learn whether it would block,
+        without an extra task or a timer (which cost more than the sends saved).
+        """
+        it = body.__aiter__()
+        anext = type(it).__anext__
+        i = 0
+        while True:
+            step = anext(it).__await__()
+            try:
+                trap = step.send(None)
+            except StopIteration as ready:
+                chunk = ready.value  # produced without blocking
+            except StopAsyncIteration:
+                break
+            else:
+                if c.pending:  # it has to wait: what we hold goes out first
+                    c.send_now()
+                try:
+                    chunk = await _resume(step, trap)
+                except StopAsyncIteration:
+                    break
+            if chunk:  # an empty chunk would end a chunked body
+                if chunked:
+                    c.pending = b"%b%x\r\n%b\r\n" % (c.pending, len(chunk), chunk)
+                else:
+                    if left >= 0:
+                        left -= len(chunk)
+                        if left < 0:
+                            raise ProtocolError("the body is longer than its content-length")
+                    c.pending = b"%b%b" % (c.pending, chunk)
+                if len(c.pending) >= _COALESCE:
+                    # A full socket blocks here: that is the generator's backpressure.
+                    data, c.pending = c.pending, b""
+                    await c.write(data)
+            i += 1
+            if not i & 15:  # don't let a generator that never awaits hog the loop
+                data, c.pending = c.pending, b""
+                if data:
+                    await c.write(data)
+                await trio.lowlevel.checkpoint()
+        if left > 0:
+            raise ProtocolError("the body is shorter than its content-length")
+
+    @staticmethod
+    def frame(c: _Conn, req: Request, resp: Response) -> tuple[bytes, int, int, bool]:
+        """The response head and its framing (see serialize_response_head)."""
+        body = resp.body
+        sized = isinstance(body, _BYTES)
+        out = serialize_response_head(resp.status, resp.headers, method=req.method, http_version=req.http_version,
+                                      keep_alive=c.keep_alive, body_length=len(body) if sized else None)
+        if sized and body:
+            framing, length = out[1], out[2]
+            if (framing == BODY_LENGTH and len(body) != length) or (framing == BODY_NONE and req.method != "HEAD"):
+                raise ProtocolError(f"a body of {len(body)} bytes does not fit status {resp.status} "
+                                    f"with content-length {length}")
+        return out
+
+    @staticmethod
+    async def close_body(body: AsyncIterator[bytes], c: _Conn | None = None) -> None:
+        if (aclose := getattr(body, "aclose", None)) is not None:
+            # Shielded so the generator's finally may await (e.g. cancel an
+            # upstream request) although we got here by cancellation; bounded.
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLEANUP):
+                step = aclose().__await__()
+                try:
+                    trap = step.send(None)
+                except StopIteration:
+                    return  # closed without waiting (an exhausted generator)
+                if c is not None and c.pending:
+                    c.send_now()  # the body's last bytes don't wait for its cleanup
+                await _resume(step, trap)
+
+
+@types.coroutine
+def _resume(step: Any, trap: Any) -> Any:
+    """``await _resume(step, trap)``: the rest of an await begun by hand with
+    ``step.send(None)``, which returned ``trap`` (the operation parked on a trio
+    primitive).  Hands the trap to trio and relays what comes back, as ``yield from``
+    would; the operation has registered for its wake-up, so nothing may run between."""
+    while True:
+        try:
+            value = yield trap
+        except GeneratorExit:
+            step.close()
+            raise
+        except BaseException as exc:  # Cancelled, KeyboardInterrupt: into the operation
+            try:
+                trap = step.throw(exc)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                trap = step.send(value)
+            except StopIteration as done:
+                return done.value
 
 
 async def serve_listeners(handler: Handler, listeners: list[trio.SocketListener], *,
