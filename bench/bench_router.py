@@ -28,8 +28,9 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import Conn, Latencies, build_request, proc_cpu_seconds  # noqa: E402
 
-BODY = json.dumps({"model": "m", "prompt": "Tell me a story", "max_tokens": 20, "ignore_eos": True,
-                   "stream": True}).encode()
+def body(model: str) -> bytes:
+    return json.dumps({"model": model, "prompt": "Tell me a story", "max_tokens": 20, "ignore_eos": True,
+                       "stream": True}).encode()
 
 
 def spawn(cmd: list[str], cpu: int | None) -> tuple[subprocess.Popen[bytes], dict]:
@@ -43,8 +44,8 @@ def spawn(cmd: list[str], cpu: int | None) -> tuple[subprocess.Popen[bytes], dic
     return proc, info
 
 
-async def open_loop(port: int, rate: float, n: int, keepalive: bool) -> Latencies:
-    raw = build_request("POST", "/v1/completions", BODY)
+async def open_loop(port: int, rate: float, n: int, keepalive: bool, model: str = "m") -> Latencies:
+    raw = build_request("POST", "/v1/completions", body(model))
     lat = Latencies()
     pool: list[Conn] = []
     start = trio.current_time()
@@ -70,7 +71,7 @@ async def open_loop(port: int, rate: float, n: int, keepalive: bool) -> Latencie
 
 
 async def closed_loop(port: int, n: int, conns: int) -> float:
-    raw = build_request("POST", "/v1/completions", BODY)
+    raw = build_request("POST", "/v1/completions", body("m"))
     t0 = trio.current_time()
 
     async def worker() -> None:
@@ -103,8 +104,15 @@ def main() -> None:
             sims.append(info)
         cfg = Path(tempfile.mkdtemp()) / "bench.toml"
         reps = "\n".join(f'[[models.replicas]]\nurl = "{s["url"]}"' for s in sims)
-        cfg.write_text(f'[server]\nhost = "127.0.0.1"\n[router]\nqueue_size = 4096\nsaturation_load = 100000.0\n'
-                       f'[[models]]\nname = "m"\nengine = "vllm"\n{reps}\n')
+        # "m1" is the first replica alone: added latency compares the same replica with and
+        # without the router in front; "m" spreads over all replicas for the CPU measurement.
+        head = '[server]\nhost = "127.0.0.1"\n[router]\nqueue_size = 4096\nsaturation_load = 100000.0\n'
+        cfg.write_text(f'{head}[[models]]\nname = "m"\nengine = "vllm"\n{reps}\n')
+        one = cfg.with_name("one.toml")  # the first replica alone, for the added-latency comparison
+        one.write_text(f'{head}[[models]]\nname = "m"\nengine = "vllm"\n[[models.replicas]]\nurl = "{sims[0]["url"]}"\n')
+        lp, linfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(one), "--port", "0",
+                           "--log-level", "warning"], 0)
+        procs.append(lp)
         rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(cfg), "--port", "0",
                            "--log-level", "warning"], 0)
         procs.append(rp)
@@ -114,8 +122,9 @@ def main() -> None:
         print(f"added latency, {n} streamed requests (20 chunks) at {a.rate:.0f}/s, open loop:")
         for keepalive in (True, False):
             trio.run(open_loop, sims[0]["port"], a.rate, min(n, 200), keepalive)  # warm-up
+            trio.run(open_loop, linfo["port"], a.rate, min(n, 200), keepalive)
             direct = trio.run(open_loop, sims[0]["port"], a.rate, n, keepalive)
-            routed = trio.run(open_loop, rinfo["port"], a.rate, n, keepalive)
+            routed = trio.run(open_loop, linfo["port"], a.rate, n, keepalive)
             label = "keep-alive     " if keepalive else "new connection "
             print(f"  {label} direct p50 {1e3 * direct.pct(50):6.2f} ms p99 {1e3 * direct.pct(99):6.2f} ms | "
                   f"router p50 {1e3 * routed.pct(50):6.2f} ms p99 {1e3 * routed.pct(99):6.2f} ms | "
