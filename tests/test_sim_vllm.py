@@ -306,3 +306,28 @@ def test_kv_events_eviction_and_reset(sim_factory: Any) -> None:
         for ev in msgpack.unpackb(frames[-1], raw=False)[1]:
             kinds.append(ev["type"])
     assert "BlockRemoved" in kinds and kinds.count("BlockStored") == 12
+
+
+def test_sim_fleet_starts_and_stops_every_replica() -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "sim", "fleet", "2", "--", "--sim-zero-cost"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        fleet = json.loads(proc.stdout.readline())["fleet"]
+        assert len(fleet) == 2
+        for r in fleet:
+            assert httpx.get(f"{r['url']}/health").status_code == 200
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        for r in fleet:  # every replica's process is gone
+            wait_for(lambda r=r: not os.path.exists(f"/proc/{r['pid']}") or
+                     open(f"/proc/{r['pid']}/stat").read().split()[2] == "Z")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -15,6 +15,7 @@ from typing import Any
 
 import trio
 
+from llmgw.daemon.children import read_ready_line, stop_groups
 from llmgw.config import Config, ConfigError, ModelConfig, ReplicaConfig, default_config, load_config
 
 log = logging.getLogger("llmgw.daemon")
@@ -92,7 +93,7 @@ async def _run(cfg: Config) -> None:
                             break
         finally:
             with trio.CancelScope(shield=True):
-                await _stop_fleet(fleet)
+                await stop_groups(fleet)
             nursery.cancel_scope.cancel()
 
 
@@ -107,7 +108,7 @@ async def _start_sim_fleet(cfg: Config, procs: list[trio.Process]) -> Config:
         cmd += list(s.extra_args)
         proc = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, start_new_session=True)
         procs.append(proc)
-        line = await _first_line(proc)
+        line = await read_ready_line(proc)
         if not line:
             raise RuntimeError(f"simulated replica {i} failed to start: {' '.join(cmd)}")
         urls.append(json.loads(line)["url"])
@@ -115,30 +116,3 @@ async def _start_sim_fleet(cfg: Config, procs: list[trio.Process]) -> Config:
     model = ModelConfig(name=s.model, engine=s.engine,
                         replicas=tuple(ReplicaConfig(url=u) for u in urls))
     return replace(cfg, models=(model,))
-
-
-async def _first_line(proc: trio.Process) -> str:
-    assert proc.stdout is not None
-    buf = b""
-    while b"\n" not in buf:
-        chunk = await proc.stdout.receive_some(4096)
-        if not chunk:
-            return ""
-        buf += chunk
-    return buf.split(b"\n", 1)[0].decode()
-
-
-async def _stop_fleet(procs: list[trio.Process]) -> None:
-    for proc in procs:
-        if proc.returncode is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    with trio.move_on_after(5):
-        for proc in procs:
-            await proc.wait()
-    for proc in procs:
-        if proc.returncode is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()

@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from llmgw.daemon.children import read_ready_line, stop_groups
 from llmgw.sim.args import ArgError
 
 log = logging.getLogger("llmgw.sim")
@@ -121,10 +122,10 @@ async def _run_fleet(ns: argparse.Namespace, engine_args: list[str]) -> int:
                    "--port", str(port), *_model_args(ns, i), *engine_args]
             proc = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, start_new_session=True)
             procs.append(proc)
-            line = await _read_line(proc)
+            line = await read_ready_line(proc)
             if line is None:
                 print(f"llmgw sim fleet: replica {i} failed to start (exit {await proc.wait()})", file=sys.stderr)
-                _stop_all(procs)
+                await stop_groups(procs)
                 return 1
             info = json.loads(line)
             ready.append(info)
@@ -141,13 +142,8 @@ async def _run_fleet(ns: argparse.Namespace, engine_args: list[str]) -> int:
                         waiters.cancel_scope.cancel()
                         break
         finally:
-            _stop_all(procs)
-            with trio.move_on_after(5):
-                for proc in procs:
-                    await proc.wait()
-            for proc in procs:
-                if proc.returncode is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            with trio.CancelScope(shield=True):
+                await stop_groups(procs)
             nursery.cancel_scope.cancel()
     return 0
 
@@ -156,17 +152,6 @@ def _model_args(ns: argparse.Namespace, i: int) -> list[str]:
     if ns.engine == "vllm":
         return [ns.model]
     return ["-m", f"{ns.model}.gguf", "--alias", ns.model]
-
-
-async def _read_line(proc: trio.Process) -> str | None:
-    buf = b""
-    assert proc.stdout is not None
-    while b"\n" not in buf:
-        chunk = await proc.stdout.receive_some(4096)
-        if not chunk:
-            return None
-        buf += chunk
-    return buf.split(b"\n", 1)[0].decode()
 
 
 async def _drain(proc: trio.Process) -> None:
@@ -178,12 +163,3 @@ async def _drain(proc: trio.Process) -> None:
 async def _wait_then_cancel(proc: trio.Process, scope: trio.CancelScope) -> None:
     await proc.wait()
     scope.cancel()  # one replica died: stop the fleet rather than serve a partial one silently
-
-
-def _stop_all(procs: list[trio.Process]) -> None:
-    for proc in procs:
-        if proc.returncode is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
