@@ -290,3 +290,27 @@ def test_engine_answering_garbage_is_retried_elsewhere_and_reported(procs: list[
     r = httpx.post(f"{alone.url}/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1})
     assert r.status_code == 502 and r.json()["error"]["type"] == "bad_gateway"
     assert httpx.get(f"{alone.url}/health").status_code == 200
+
+
+def test_a_pool_cap_is_never_exceeded_even_when_every_pool_is_saturated(procs: list[Any], tmp_path: Path) -> None:
+    s = sim(procs, "--sim-decode-ms-per-token", "5", "--sim-prefill-ms-per-token", "0")
+    d = Daemon(write_config(tmp_path, [{"name": "m", "replicas": [{"url": s.url, "pool": "p"}]}],
+                            pools=[{"name": "p", "max_inflight_per_replica": 1}],
+                            router="queue_size = 8\nqueue_timeout_s = 20"))
+    procs.append(d)
+    results: list[int] = []
+    peak = [0.0]
+    body = {"model": "m", "prompt": "x", "max_tokens": 20, "ignore_eos": True}
+
+    def client() -> None:
+        results.append(httpx.post(f"{d.url}/v1/completions", json=body, timeout=30).status_code)
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        peak[0] = max(peak[0], metric(s.url, "vllm:num_requests_running") + metric(s.url, "vllm:num_requests_waiting"))
+    for t in threads:
+        t.join()
+    assert results == [200, 200, 200, 200]  # each waited its turn in the admission queue
+    assert peak[0] <= 1  # the engine never saw two at once

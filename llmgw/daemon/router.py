@@ -25,7 +25,7 @@ from llmgw.daemon.registry import ModelEntry, Registry, Replica
 from llmgw.daemon.router_metrics import RouterMetrics
 from llmgw.daemon.upstream import (UpstreamClosed, UpstreamConnectError, UpstreamError, UpstreamPool,
                                    UpstreamProtocolError, UpstreamTimeout)
-from llmgw.route.admission import WaitQueue, suggest_retry_after
+from llmgw.route.admission import ConcurrencyCaps, WaitQueue, suggest_retry_after
 from llmgw.route.breaker import FailureKind, Permit
 from llmgw.route.filters import is_saturated
 from llmgw.route.openai_req import ApiError, parse_body
@@ -63,6 +63,10 @@ class Router:
         self.registry.on_capacity = self._capacity_known
         self._alarm_tick = 0
         self._alarm_on = False
+        # Per-replica caps (a pool's max_inflight_per_replica), taken check-and-reserve.
+        self.caps = ConcurrencyCaps()
+        for rep in self.registry.all_replicas():
+            self.caps.set_cap(rep.id, rep.view.max_inflight)
         self.rng = random.Random(seed)
         self.decisions: deque[Decision] = deque(maxlen=rc.decisions_kept)
         self.queues: dict[str, WaitQueue] = {}
@@ -138,10 +142,19 @@ class Router:
         # Tier-1 cache affinity: the head the engine caches first, recorded for the chosen replica.
         head = request_head(body.obj, kind) if kind != "embeddings" else b""
         salt = body.obj.get("cache_salt") if isinstance(body.obj.get("cache_salt"), str) else None
-        for _attempt in range(self.cfg.router.max_attempts):
+        attempts = 0
+        while attempts < self.cfg.router.max_attempts:
             if head:
                 self.prefix.prepare(info, head, cache_salt=salt)
             rep, decision = self._decide(entry, info, strategy, tried)
+            if rep is not None and not self.caps.try_reserve(rep.id):
+                # Every pool was saturated and the preferred one was kept: its cap is full.
+                # Wait for capacity like any saturated request, then decide again.
+                if head:
+                    self.prefix.forget(info)
+                await self._admit(entry, rid, force_wait=True)
+                continue
+            attempts += 1
             if head:
                 self.prefix.after_pick(info, head, decision.chosen, trio.current_time(), cache_salt=salt,
                                        decision=decision)
@@ -195,7 +208,7 @@ class Router:
         self.metrics.decision(d)
         return (self.registry.replicas[d.chosen] if d.chosen else None), d
 
-    async def _admit(self, entry: ModelEntry, rid: str) -> None:
+    async def _admit(self, entry: ModelEntry, rid: str, *, force_wait: bool = False) -> None:
         """Hold the request while every replica of the model is saturated (bounded, with a deadline)."""
         cfg = self.sched.config
         q = self.queues.get(entry.name)
@@ -209,7 +222,7 @@ class Router:
             live = [r for r in entry.replicas if r.breaker.can_pass(now)]
             return bool(live) and all(is_saturated(r.view, cfg) for r in live)
 
-        if q.admit_now(saturated):
+        if not force_wait and q.admit_now(saturated):
             return
         now = trio.current_time()
         ticket = q.enqueue(rid, now + self.cfg.router.queue_timeout_s, now)
@@ -252,6 +265,7 @@ class Router:
         forced = bool(decision.note) and not rep.breaker.can_pass(now)
         permit = rep.breaker.allow(now, force=forced)
         if permit is Permit.DENY:
+            self.caps.release(rep.id)
             return UpstreamConnectError(f"breaker of {rep.id} is open")
         rc = self.cfg.router
         v = rep.view
@@ -307,6 +321,7 @@ class Router:
                 permit: Permit, status: int | None = None, rid: str = "") -> None:
         v = rep.view
         v.inflight -= 1
+        self.caps.release(rep.id)
         rep.completed += 1
         now = trio.current_time()
         b = rep.breaker
