@@ -30,7 +30,8 @@ from llmgw.route.breaker import FailureKind, Permit
 from llmgw.route.filters import is_saturated
 from llmgw.route.openai_req import ApiError, parse_body
 from llmgw.route.prefix_scorer import PrefixRouting, PrefixScorerConfig
-from llmgw.route.prefix_tree import Capacity, PrefixConfig, request_head
+from llmgw.route.prefix_tree import Capacity, PrefixConfig
+from llmgw.route.request_head import request_head
 from llmgw.route.scheduler import Scheduler, SchedulerConfig
 from llmgw.route.strategies import Strategy, StrategyError, resolve
 from llmgw.route.types import Decision, RequestInfo
