@@ -314,3 +314,15 @@ def test_a_pool_cap_is_never_exceeded_even_when_every_pool_is_saturated(procs: l
         t.join()
     assert results == [200, 200, 200, 200]  # each waited its turn in the admission queue
     assert peak[0] <= 1  # the engine never saw two at once
+
+
+def test_embeddings_through_the_router(procs: list[Any], tmp_path: Path) -> None:
+    s = sim(procs, "--sim-zero-cost", "--runner", "pooling")
+    d = router(procs, tmp_path, [s])
+    client = openai.OpenAI(base_url=f"{d.url}/v1", api_key="x")
+    out = client.embeddings.create(model="m", input=["hello world", "hello world", "other"])
+    vecs = [e.embedding for e in out.data]
+    assert len(vecs) == 3 and len(vecs[0]) == 384 and vecs[0] == vecs[1] != vecs[2]
+    assert abs(sum(x * x for x in vecs[0]) - 1.0) < 1e-3 and out.usage.prompt_tokens > 0
+    r = httpx.post(f"{d.url}/v1/embeddings", json={"model": "m"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"

@@ -331,3 +331,8 @@ def test_sim_fleet_starts_and_stops_every_replica() -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_embeddings_only_on_a_pooling_model(vllm_sim: SimProc) -> None:
+    r = httpx.post(f"{vllm_sim.url}/v1/embeddings", json={"model": "sim-model", "input": "x"})
+    assert r.status_code == 400 and "does not support Embeddings API" in r.json()["error"]["message"]

@@ -58,6 +58,7 @@ class VllmSim:
         self.dev_mode = _truthy(env.get("VLLM_SERVER_DEV_MODE"))
         self.int_hashes = env.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") != "0"
         self.block_size = ns.block_size or 16
+        self.pooling = ns.runner == "pooling" or ns.task in ("embed", "embedding")
         kv_blocks = opts.kv_blocks or max(2, int(8192 * ns.gpu_memory_utilization / 0.9))
         if (kv_blocks - 1) * self.block_size < self.max_model_len:
             raise ArgError(
@@ -156,6 +157,7 @@ class VllmSim:
             "/metrics": (("GET",), self._metrics), "/load": (("GET",), self._load),
             "/tokenize": (("POST",), self._tokenize), "/detokenize": (("POST",), self._detokenize),
             "/v1/chat/completions": (("POST",), self._chat), "/v1/completions": (("POST",), self._completions),
+            "/v1/embeddings": (("POST",), self._embeddings),
         }
         if self.runtime_lora:
             r["/v1/load_lora_adapter"] = (("POST",), self._load_lora)
@@ -265,6 +267,31 @@ class VllmSim:
         if not ok:
             raise vs.VllmError(400, "Failed to reset prefix cache: blocks are still in use.")
         return Response(200)
+
+    async def _embeddings(self, req: Request) -> Response:
+        """A pooling model's /v1/embeddings: a deterministic unit vector per input (from its
+        token ids), with vLLM's response shape and usage."""
+        body = self._body(req)
+        self._resolve_model(body.get("model"))
+        if not self.pooling:
+            raise vs.VllmError(400, "The model does not support Embeddings API", param="model")
+        try:
+            prompts = self._prompts(body.get("input"))
+        except ParamError as e:
+            raise vs.VllmError(400, e.message.replace("'prompt'", "'input'"), param="input") from None
+        n_tokens = 0
+        data = []
+        for i, ids in enumerate(prompts):
+            if len(ids) > self.max_model_len:
+                raise vs.VllmError(400, f"This model's maximum context length is {self.max_model_len} tokens. "
+                                   f"However, your request has {len(ids)} input tokens.", param="input_tokens")
+            n_tokens += len(ids)
+            data.append({"index": i, "object": "embedding", "embedding": _embed(ids, 384)})
+        out = {"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+               "model": body.get("model") or self.served[0], "data": data,
+               "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens, "completion_tokens": 0,
+                         "prompt_tokens_details": None}}
+        return Response(200, list(_JSON), vs.dumps(out))
 
     # -- generation ------------------------------------------------------------------------
     async def _chat(self, req: Request) -> Response:
@@ -379,6 +406,23 @@ class VllmSim:
             log.info("simulated vLLM %s serving %s on %s:%s", self.version, self.served[0], self.host,
                      self.bound_port)
             task_status.started(self.bound_port)
+
+
+def _embed(ids: list[int], dim: int) -> list[float]:
+    """A deterministic unit vector: the same input always embeds the same, different ones differ."""
+    import hashlib
+    import math
+    import struct
+
+    seed = hashlib.blake2b(struct.pack(f"<{len(ids)}I", *ids), digest_size=16).digest()
+    raw: list[float] = []
+    block = seed
+    while len(raw) < dim:
+        block = hashlib.blake2b(block, digest_size=64).digest()
+        raw.extend(b / 127.5 - 1.0 for b in block)
+    raw = raw[:dim]
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    return [round(x / norm, 6) for x in raw]
 
 
 def _bind_hasher(bh: Any, block_size: int) -> Any:

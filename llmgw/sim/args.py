@@ -110,6 +110,9 @@ def build_vllm_parser(prog: str = "llmgw sim --engine vllm") -> argparse.Argumen
     p.add_argument("--max-num-seqs", type=_positive_int, default=256)
     p.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
     p.add_argument("--max-model-len", type=_positive_int, default=4096)
+    p.add_argument("--runner", choices=["auto", "generate", "pooling"], default="auto",
+                   help="pooling serves /v1/embeddings (an embedding model) instead of generation")
+    p.add_argument("--task", default=None, help="older spelling: embed = --runner pooling")
     p.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=float, default=0.92)
     p.add_argument("--api-key", default=None)
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
