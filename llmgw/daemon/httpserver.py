@@ -32,8 +32,15 @@ from urllib.parse import parse_qsl
 import trio
 
 from llmgw.http1server import (
-    BODY_CHUNKED, BODY_LENGTH, BODY_NONE, CONTINUE, ProtocolError, RequestParser, serialize_response_head,
+    BODY_CHUNKED,
+    BODY_LENGTH,
+    BODY_NONE,
+    CONTINUE,
+    ProtocolError,
+    RequestParser,
+    serialize_response_head,
 )
+from llmgw.route.http1 import first_header
 
 __all__ = ["ErrorBody", "Handler", "Request", "Response", "ServerOptions", "ServerStats",
            "json_response", "openai_error_body", "serve_listeners", "serve_tcp", "serve_unix",
@@ -65,11 +72,7 @@ class Request:
 
     def header(self, name: str) -> str | None:
         """First value of header ``name`` (case-insensitive), or None."""
-        name = name.lower()
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
+        return first_header(self.headers, name.lower())
 
     def query_params(self) -> dict[str, str]:
         """Decoded query parameters; the last of repeated keys wins."""

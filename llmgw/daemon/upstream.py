@@ -49,7 +49,13 @@ from urllib.parse import urlsplit
 
 import trio
 
-from llmgw.route.http1 import Data, ProtocolError, ResponseParser, serialize_request
+from llmgw.route.http1 import (
+    Data,
+    ProtocolError,
+    ResponseParser,
+    first_header,
+    serialize_request,
+)
 
 __all__ = ["PoolStats", "Reply", "UpstreamClosed", "UpstreamConnectError", "UpstreamError", "UpstreamPool",
            "UpstreamProtocolError", "UpstreamResponse", "UpstreamTimeout"]
@@ -349,11 +355,7 @@ class Reply:
     reason: str = ""
 
     def header(self, name: str) -> str | None:
-        name = name.lower()
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
+        return first_header(self.headers, name.lower())
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -383,11 +385,7 @@ class UpstreamResponse:
 
     def header(self, name: str) -> str | None:
         """First value of header ``name`` (case-insensitive), or None."""
-        name = name.lower()
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
+        return first_header(self.headers, name.lower())
 
     @property
     def complete(self) -> bool:

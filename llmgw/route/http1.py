@@ -24,11 +24,20 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["ProtocolError", "Head", "Data", "End", "Event", "ResponseParser", "serialize_request"]
+__all__ = [
+    "first_header", "ProtocolError", "Head", "Data", "End", "Event", "ResponseParser", "serialize_request"]
 
 
 class ProtocolError(ValueError):
     """The bytes are not a valid HTTP/1.1 response (or a request could not be framed)."""
+
+
+def first_header(headers: list[tuple[str, str]], name: str) -> str | None:
+    """First value of header ``name`` in lowercased ``(name, value)`` pairs, or None."""
+    for k, v in headers:
+        if k == name:
+            return v
+    return None
 
 
 @dataclass(slots=True)
@@ -40,10 +49,7 @@ class Head:
 
     def header(self, name: str) -> str | None:
         """First value of header ``name`` (give it lowercase), or None."""
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
+        return first_header(self.headers, name)
 
 
 @dataclass(slots=True)
