@@ -7,6 +7,7 @@ breaker, since the engine may be serving fine while its /metrics is slow."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable
@@ -166,8 +167,6 @@ class Registry:
             with trio.fail_after(2):
                 reply = await pool.request(rep.view.url, "GET", "/v1/models", connect_timeout=2,
                                            first_byte_timeout=2, idle_timeout=2)
-            import json
-
             data = json.loads(reply.body).get("data", [])
         except Exception:  # noqa: BLE001 — a bad /v1/models never harms routing
             return
@@ -188,8 +187,6 @@ class Registry:
             with trio.fail_after(2):
                 reply = await pool.request(rep.view.url, "GET", "/slots", connect_timeout=2,
                                            first_byte_timeout=2, idle_timeout=2)
-            import json
-
             slots = json.loads(reply.body) if reply.status == 200 else None
         except Exception:  # noqa: BLE001 — /slots may be disabled (--no-slots): keep the default
             return

@@ -7,6 +7,7 @@ at once, so the engine aborts the sequence."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import random
@@ -23,8 +24,14 @@ from llmgw.config import Config
 from llmgw.daemon.httpserver import Request, Response
 from llmgw.daemon.registry import ModelEntry, Registry, Replica
 from llmgw.daemon.router_metrics import RouterMetrics
-from llmgw.daemon.upstream import (UpstreamClosed, UpstreamConnectError, UpstreamError, UpstreamPool,
-                                   UpstreamProtocolError, UpstreamTimeout)
+from llmgw.daemon.upstream import (
+    UpstreamClosed,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
 from llmgw.route.admission import ConcurrencyCaps, WaitQueue, suggest_retry_after
 from llmgw.route.breaker import FailureKind, Permit
 from llmgw.route.filters import is_saturated
@@ -377,6 +384,4 @@ class Router:
 
 
 def _consteq(a: str, b: str) -> bool:
-    import hmac
-
     return hmac.compare_digest(a.encode(), b.encode())

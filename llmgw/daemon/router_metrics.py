@@ -8,8 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from llmgw.route.types import Decision
@@ -62,8 +68,6 @@ class RouterMetrics(Collector):
         self.rejections.labels(model, reason).inc()
 
     def collect(self) -> Iterable[Metric]:
-        import trio
-
         reps = list(self.router.registry.all_replicas())
         now = trio.current_time()
         labels = ["endpoint", "model"]
@@ -100,8 +104,6 @@ class RouterMetrics(Collector):
             dec.add_metric([outcome], n)
         yield dec
         mb = pm["matched_bytes"]
-        from prometheus_client.core import HistogramMetricFamily
-
         h = HistogramMetricFamily("llmgw_prefix_matched_bytes", "Head bytes the chosen replica held.")
         h.add_metric([], [(str(le) if le != float("inf") else "+Inf", c) for le, c in mb["buckets"]], mb["sum"])
         yield h

@@ -4,9 +4,12 @@ metrics, runtime LoRA and KV cache events over ZMQ — around the pure engine co
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
+import math
 import os
+import struct
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -18,9 +21,20 @@ import trio
 from llmgw.daemon.httpserver import Request, Response, serve_tcp
 from llmgw.daemon.sim_runner import EngineRunner
 from llmgw.kv import events as kvev
-from llmgw.kv.hashing import HashContext, LoRA, VllmVersion, event_hash, to_event_extra_keys
+from llmgw.kv.hashing import (
+    HashContext,
+    LoRA,
+    VllmVersion,
+    event_hash,
+    to_event_extra_keys,
+)
 from llmgw.sim import vllm_surface as vs
-from llmgw.sim.args import (ArgError, parse_kv_events_config, parse_lora_modules, sim_options)
+from llmgw.sim.args import (
+    ArgError,
+    parse_kv_events_config,
+    parse_lora_modules,
+    sim_options,
+)
 from llmgw.sim.blockpool import Cleared, PoolEvent, Removed, Stored
 from llmgw.sim.engine import EngineConfig, EngineCore, LoraRef, SimRequest
 from llmgw.sim.openai_params import GenParams, ParamError, parse_gen_params
@@ -410,10 +424,6 @@ class VllmSim:
 
 def _embed(ids: list[int], dim: int) -> list[float]:
     """A deterministic unit vector: the same input always embeds the same, different ones differ."""
-    import hashlib
-    import math
-    import struct
-
     seed = hashlib.blake2b(struct.pack(f"<{len(ids)}I", *ids), digest_size=16).digest()
     raw: list[float] = []
     block = seed
