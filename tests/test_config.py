@@ -17,13 +17,13 @@ from llmgw.config import (
     ReplicaConfig,
     ServerConfig,
     SimConfig,
-    _Locator,
     default_config,
     dump_config,
     init_config_text,
     load_config,
     parse_config,
 )
+from llmgw.config_locate import TomlLocator as _Locator
 
 
 def problems(text: str, filename: str = "t.toml") -> list[tuple[str, int | None, str]]:
