@@ -33,6 +33,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import Conn, Latencies, build_request, proc_cpu_seconds  # noqa: E402
+from procs import spawn, stop  # noqa: E402
 
 STRATEGIES = {
     "round-robin": {"picker": "round-robin", "weights": {"load": 1.0}},
@@ -72,13 +73,6 @@ def working_set_blocks(convs: list[dict], max_tokens: int) -> int:
     tails = sum((sum(len(tok.encode(u)) + 8 for u in c["turns"]) + max_tokens * len(c["turns"])) // 16 + 1
                 for c in convs)
     return sum(sys_blocks.values()) + tails
-
-
-def spawn(cmd: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], dict]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, "PYTHONHASHSEED": "0", **(env or {})})
-    assert proc.stdout is not None
-    return proc, json.loads(proc.stdout.readline())
 
 
 async def replay(port: int, convs: list[dict], rate: float, seed: int, strategy: str,
@@ -238,7 +232,7 @@ def main() -> None:
     a = ap.parse_args()
     convs = workload(a.seed, a.tenants, a.users, a.turns, a.sys_words)
     n_req = sum(len(c["turns"]) for c in convs)
-    blocks = a.kv_blocks or max(64, int(1.1 * working_set_blocks(convs, 8) / a.replicas))
+    blocks = a.kv_blocks or max(8192 // 16 + 1, int(1.1 * working_set_blocks(convs, 8) / a.replicas))  # >= one --max-model-len 8192 sequence
     procs: list[subprocess.Popen[bytes]] = []
     results = {}
     real = RealLlama(a.replicas, a.slots) if a.engine == "llamacpp-real" else None
@@ -277,9 +271,8 @@ def main() -> None:
                 time.sleep(0.05)
             return rp, rinfo
 
-        def stop(p: subprocess.Popen[bytes]) -> None:
-            os.killpg(p.pid, signal.SIGTERM)
-            p.wait(timeout=10)
+        def stop_router(p: subprocess.Popen[bytes]) -> None:
+            stop(p)
             procs.remove(p)
         what = f"{blocks} KV blocks" if real is None else f"{a.slots} slots (real llama-server, --cache-ram 0)"
         print(f"{n_req} requests, {a.tenants} tenants x {a.users} users x {a.turns} turns, "
@@ -312,7 +305,7 @@ def main() -> None:
             print(f"{name:12} {hit:8.1%} {1e3 * r['ttft_p50']:7.1f}ms {1e3 * r['ttft_p90']:6.1f}ms "
                   f"{1e3 * r['ttft_p99']:6.1f}ms {imb:8.2f} {r['router_cpu_ms']:6.2f}ms  {counts}  "
                   f"{dict(outcomes) if name.startswith('prefix') else ''}")
-            stop(rp)
+            stop_router(rp)
         if a.saturation:
             print("saturation ramp: goodput (share of requests done within the SLO) by rate")
             for rate in (a.rate * 2, a.rate * 4, a.rate * 8):
@@ -322,7 +315,7 @@ def main() -> None:
                         httpx.post(f"{u}/reset_prefix_cache")
                     rp, rinfo = start_router(name)
                     _, _, good = trio.run(replay, rinfo["port"], convs, rate, a.seed, name, a.slo)
-                    stop(rp)
+                    stop_router(rp)
                     row.append(f"{name} {good / n_req:.0%}")
                     results.setdefault("saturation", {}).setdefault(str(rate), {})[name] = good / n_req
                 print(f"  {rate:6.0f}/s  " + "  ".join(row))
@@ -332,11 +325,7 @@ def main() -> None:
         if real is not None:
             real.stop()
         for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(timeout=10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(p.pid, signal.SIGKILL)
+            stop(p)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,21 +26,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import Conn, Latencies, build_request, proc_cpu_seconds  # noqa: E402
+from procs import spawn, stop  # noqa: E402
 
 def body(model: str) -> bytes:
     return json.dumps({"model": model, "prompt": "Tell me a story", "max_tokens": 20, "ignore_eos": True,
                        "stream": True}).encode()
-
-
-def spawn(cmd: list[str], cpu: int | None) -> tuple[subprocess.Popen[bytes], dict]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, "PYTHONHASHSEED": "0", "LLMGW_LOG_LEVEL": "warning"})
-    assert proc.stdout is not None
-    info = json.loads(proc.stdout.readline())
-    if cpu is not None and hasattr(os, "sched_setaffinity"):
-        for tid in os.listdir(f"/proc/{proc.pid}/task"):
-            os.sched_setaffinity(int(tid), {cpu})
-    return proc, info
 
 
 async def open_loop(port: int, rate: float, n: int, keepalive: bool, model: str = "m") -> Latencies:
@@ -99,7 +88,7 @@ def main() -> None:
         sims = []
         for _ in range(a.replicas):
             p, info = spawn([sys.executable, "-m", "llmgw", "sim", "--engine", "vllm", "m", "--host", "127.0.0.1",
-                             "--port", "0", "--sim-zero-cost", "--max-num-seqs", "1024", "--sim-kv-blocks", "65536"], 1)
+                             "--port", "0", "--sim-zero-cost", "--max-num-seqs", "1024", "--sim-kv-blocks", "65536"], cpu=1)
             procs.append(p)
             sims.append(info)
         cfg = Path(tempfile.mkdtemp()) / "bench.toml"
@@ -111,10 +100,10 @@ def main() -> None:
         one = cfg.with_name("one.toml")  # the first replica alone, for the added-latency comparison
         one.write_text(f'{head}[[models]]\nname = "m"\nengine = "vllm"\n[[models.replicas]]\nurl = "{sims[0]["url"]}"\n')
         lp, linfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(one), "--port", "0",
-                           "--log-level", "warning"], 0)
+                           "--log-level", "warning"], cpu=0)
         procs.append(lp)
         rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(cfg), "--port", "0",
-                           "--log-level", "warning"], 0)
+                           "--log-level", "warning"], cpu=0)
         procs.append(rp)
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {1})
@@ -138,11 +127,7 @@ def main() -> None:
               f"{1 / per:,.0f} streamed requests/s per core; closed loop {a.cpu_requests / elapsed:,.0f} req/s")
     finally:
         for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(timeout=10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(p.pid, signal.SIGKILL)
+            stop(p)
 
 
 if __name__ == "__main__":
