@@ -1,0 +1,117 @@
+"""What the router and the agents say to each other about engines: the spec of a replica the
+router wants run (sent in `desired`), and an agent's report of one engine it runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+__all__ = ["ENGINE_STATES", "RUNNING_STATES", "EngineReport", "EngineSpec", "EngineState", "GpuInfo", "NodeFacts"]
+
+EngineState = Literal["starting", "ready", "unhealthy", "crashed", "failed", "crashloop", "stopping", "stopped"]
+ENGINE_STATES: tuple[str, ...] = ("starting", "ready", "unhealthy", "crashed", "failed", "crashloop",
+                                  "stopping", "stopped")
+# States in which the engine process exists (and holds its GPUs and port).
+RUNNING_STATES = frozenset({"starting", "ready", "unhealthy", "stopping"})
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One replica the router wants an agent to run. `generation` is bumped by an operator to
+    restart the engine or to clear its crash loop; any other change means a different engine."""
+
+    replica: str  # unique id, e.g. "llama-8b/3f9a1c"
+    model: str  # the name it serves (vLLM --served-model-name, llama.cpp --alias)
+    engine: str  # "vllm" | "llamacpp": the API flavour and metric contract
+    model_path: str  # vLLM: HF id or path; llama.cpp: .gguf path; simulator: anything
+    simulate: bool = False  # run `llmgw sim --engine <engine>` instead of the real binary
+    binary: str | None = None  # default: "vllm" / "llama-server" on PATH
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    gpu_indices: tuple[int, ...] = ()  # → CUDA_VISIBLE_DEVICES
+    health_timeout_s: float = 600.0
+    generation: int = 0
+
+    def spec_hash(self) -> str:
+        """Identity of the engine process: everything but `generation`."""
+        d = asdict(self)
+        d.pop("generation")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_wire(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["args"] = list(self.args)
+        d["env"] = [list(kv) for kv in self.env]
+        d["gpu_indices"] = list(self.gpu_indices)
+        return d
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> EngineSpec:
+        return cls(replica=d["replica"], model=d["model"], engine=d["engine"], model_path=d["model_path"],
+                   simulate=bool(d.get("simulate", False)), binary=d.get("binary"),
+                   args=tuple(d.get("args", ())), env=tuple((str(k), str(v)) for k, v in d.get("env", ())),
+                   gpu_indices=tuple(int(i) for i in d.get("gpu_indices", ())),
+                   health_timeout_s=float(d.get("health_timeout_s", 600.0)),
+                   generation=int(d.get("generation", 0)))
+
+
+@dataclass
+class EngineReport:
+    """An agent's account of one engine. Sent whole on every change and in every hello."""
+
+    replica: str
+    model: str
+    state: str  # one of ENGINE_STATES
+    spec_hash: str = ""
+    generation: int = 0
+    url: str | None = None  # where the router reaches it, once it listens
+    pid: int | None = None
+    restarts: int = 0
+    detail: str = ""  # why: exit status, health deadline, crash loop ...
+    log_tail: tuple[str, ...] = ()  # the engine's last output lines when it failed or crashed
+    adopted: bool = False  # found running from an earlier agent run and kept
+
+    def to_wire(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["log_tail"] = list(self.log_tail)
+        return d
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> EngineReport:
+        return cls(replica=d["replica"], model=d["model"], state=d["state"], spec_hash=d.get("spec_hash", ""),
+                   generation=int(d.get("generation", 0)), url=d.get("url"), pid=d.get("pid"),
+                   restarts=int(d.get("restarts", 0)), detail=d.get("detail", ""),
+                   log_tail=tuple(d.get("log_tail", ())), adopted=bool(d.get("adopted", False)))
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    memory_mb: int
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What an agent found on its node (GPUs from nvidia-smi when present)."""
+
+    cpus: int = 0
+    memory_mb: int = 0
+    gpus: tuple[GpuInfo, ...] = ()
+    hostname: str = ""
+    agent_version: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"cpus": self.cpus, "memory_mb": self.memory_mb, "hostname": self.hostname,
+                "agent_version": self.agent_version,
+                "gpus": [{"index": g.index, "name": g.name, "memory_mb": g.memory_mb} for g in self.gpus]}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> NodeFacts:
+        return cls(cpus=int(d.get("cpus", 0)), memory_mb=int(d.get("memory_mb", 0)),
+                   hostname=str(d.get("hostname", "")), agent_version=str(d.get("agent_version", "")),
+                   gpus=tuple(GpuInfo(int(g["index"]), str(g.get("name", "")), int(g.get("memory_mb", 0)))
+                              for g in d.get("gpus", ())))
