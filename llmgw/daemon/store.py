@@ -1,0 +1,403 @@
+"""The router's persistent store: models, nodes, replica assignments and an event history in one
+SQLite file (WAL). Synchronous on purpose: writes are small and fast, and the router runs one
+reconcile at a time, so a thread would buy nothing but locking."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+
+from llmgw.fleet.types import EngineSpec
+
+__all__ = ["DESIRED_STATES", "SCHEMA_VERSION", "AssignmentRow", "HistoryRow", "NodeRow", "Store", "StoreError"]
+
+DESIRED_STATES: tuple[str, ...] = ("run", "drain", "stop")
+
+# MIGRATIONS[v] takes a store from schema v to v + 1; append, never edit a released entry.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE models (
+        name TEXT PRIMARY KEY, spec TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+    CREATE TABLE nodes (
+        name TEXT PRIMARY KEY,
+        agent_labels TEXT NOT NULL DEFAULT '{}', operator_labels TEXT NOT NULL DEFAULT '{}',
+        facts TEXT NOT NULL DEFAULT '{}', first_seen REAL, last_seen REAL);
+    -- No foreign keys: reconcile owns consistency, and a model or node may go while its
+    -- assignments drain.
+    CREATE TABLE assignments (
+        replica TEXT PRIMARY KEY, model TEXT NOT NULL, node TEXT NOT NULL, spec TEXT NOT NULL,
+        desired TEXT NOT NULL CHECK (desired IN ('run', 'drain', 'stop')),
+        created_at REAL NOT NULL, updated_at REAL NOT NULL);
+    CREATE INDEX assignments_node ON assignments (node);
+    CREATE INDEX assignments_model ON assignments (model);
+    CREATE TABLE history (
+        id INTEGER PRIMARY KEY, ts REAL NOT NULL, event TEXT NOT NULL,
+        replica TEXT, model TEXT, node TEXT, detail TEXT NOT NULL DEFAULT '');
+    CREATE INDEX history_ts ON history (ts);
+    CREATE INDEX history_replica ON history (replica, ts);
+    CREATE INDEX history_model ON history (model, ts);
+    CREATE INDEX history_node ON history (node, ts);
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreError(Exception):
+    """The store file cannot be used: not SQLite, not ours, or from a newer llmgw."""
+
+
+@dataclass
+class NodeRow:
+    name: str
+    agent_labels: dict[str, str]
+    operator_labels: dict[str, str]
+    facts: dict[str, Any]
+    first_seen: float | None  # None: labelled by an operator, never seen from an agent
+    last_seen: float | None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Effective labels: the operator overrides what the agent reports."""
+        return {**self.agent_labels, **self.operator_labels}
+
+
+@dataclass
+class AssignmentRow:
+    replica: str
+    model: str
+    node: str
+    spec: dict[str, Any]  # EngineSpec.to_wire()
+    desired: str = "run"  # one of DESIRED_STATES
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+    def engine_spec(self) -> EngineSpec:
+        return EngineSpec.from_wire(self.spec)
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    id: int
+    ts: float
+    event: str
+    replica: str | None
+    model: str | None
+    node: str | None
+    detail: str
+
+
+def _name(value: object, what: str = "name") -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    return value
+
+
+def _labels(labels: object) -> dict[str, str]:
+    if not isinstance(labels, dict):
+        raise TypeError(f"labels must be a dict, got {type(labels).__name__}")
+    for k, v in labels.items():
+        _name(k, "label key")
+        if not isinstance(v, str):
+            raise TypeError(f"label {k!r} must have a string value, got {v!r}")
+    return labels
+
+
+def _obj(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{what} must be a dict, got {type(value).__name__}")
+    return value
+
+
+def _desired(value: object) -> str:
+    if value not in DESIRED_STATES:
+        raise ValueError(f"desired must be one of {', '.join(DESIRED_STATES)}, got {value!r}")
+    return str(value)
+
+
+def _dumps(value: Any) -> str:
+    # Sorted and NaN-free so equal data is equal text and any JSON reader can load it.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _statements(script: str) -> Iterator[str]:
+    """Split a script into statements: executescript() would commit our open transaction."""
+    *parts, tail = script.split(";")
+    buf = ""
+    for part in parts:
+        buf += part + ";"
+        if sqlite3.complete_statement(buf):  # a ';' inside a string or trigger body does not end it
+            yield buf
+            buf = ""
+    if (buf + tail).strip():
+        raise AssertionError(f"incomplete SQL at end of migration: {buf + tail!r}")
+
+
+class Store:
+    """Use `Store.open(path)` or `Store.memory()`. Each write method commits on its own unless it
+    runs inside `transaction()`."""
+
+    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+        self._conn = conn
+        self.path = path
+        self._depth = 0  # transaction() nesting; > 0 means savepoints
+
+    @classmethod
+    def open(cls, path: str) -> Store:
+        if path != ":memory:":
+            parent = os.path.dirname(path)
+            if parent and not os.path.isdir(parent):
+                os.makedirs(parent, mode=0o700, exist_ok=True)
+        try:
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves instead of the module guessing.
+            conn = sqlite3.connect(path, isolation_level=None)
+        except sqlite3.Error as e:
+            raise StoreError(f"store {path}: cannot open: {e}") from e
+        store = cls(conn, path)
+        try:
+            conn.execute("PRAGMA busy_timeout=5000")  # first, so the WAL switch waits for other writers
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")  # never corrupt; a power cut may lose the latest commits
+            conn.execute("PRAGMA foreign_keys=ON")
+            store._migrate()
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise StoreError(f"store {path} is not a usable SQLite database: {e}") from e
+        except BaseException:
+            conn.close()
+            raise
+        return store
+
+    @classmethod
+    def memory(cls) -> Store:
+        return cls.open(":memory:")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- schema
+
+    def _version(self) -> int:
+        tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "meta" not in tables:
+            if tables:
+                raise StoreError(f"store {self.path} is an SQLite database but not an llmgw store")
+            return 0
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        try:
+            version = int(row[0]) if row else 0
+        except ValueError:
+            raise StoreError(f"store {self.path} has a bad schema_version {row[0]!r}") from None
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"store {self.path} was written by a newer llmgw "
+                             f"(schema {version} > {SCHEMA_VERSION})")
+        return version
+
+    def _migrate(self) -> None:
+        # Read first without the write lock, so opening an up-to-date store never waits on a writer.
+        if self._version() == SCHEMA_VERSION:
+            return
+        with self.transaction():
+            version = self._version()  # again under the lock: another process may have migrated
+            for script in MIGRATIONS[version:]:
+                for stmt in _statements(script):
+                    self._conn.execute(stmt)
+            self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                               (str(SCHEMA_VERSION),))
+
+    # -- transactions
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One commit for every write inside. Nested use becomes a savepoint, so an inner block that
+        fails and is caught by its caller leaves none of its writes behind."""
+        conn = self._conn
+        if self._depth == 0:
+            conn.execute("BEGIN IMMEDIATE")  # take the write lock now: no SQLITE_BUSY on upgrade
+            commit, rollback = ("COMMIT",), ("ROLLBACK",)
+        else:
+            sp = f"sp{self._depth}"
+            conn.execute(f"SAVEPOINT {sp}")
+            commit, rollback = (f"RELEASE {sp}",), (f"ROLLBACK TO {sp}", f"RELEASE {sp}")
+        self._depth += 1
+        try:
+            yield
+            for stmt in commit:
+                conn.execute(stmt)
+        except BaseException:
+            if conn.in_transaction:  # SQLite may already have rolled back on its own (e.g. disk full)
+                for stmt in rollback:
+                    conn.execute(stmt)
+            raise
+        finally:
+            self._depth -= 1
+
+    # -- models
+
+    def put_model(self, name: str, spec: dict[str, Any], *, now: float | None = None) -> None:
+        _name(name)
+        text = _dumps(_obj(spec, "spec"))
+        ts = time.time() if now is None else now
+        with self.transaction():
+            self._conn.execute(
+                "INSERT INTO models (name, spec, created_at, updated_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, updated_at = excluded.updated_at",
+                (name, text, ts, ts))
+
+    def delete_model(self, name: str) -> bool:
+        with self.transaction():
+            return self._conn.execute("DELETE FROM models WHERE name = ?", (_name(name),)).rowcount > 0
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        return {n: json.loads(s) for n, s in self._conn.execute("SELECT name, spec FROM models ORDER BY name")}
+
+    def model(self, name: str) -> dict[str, Any] | None:
+        row = self._conn.execute("SELECT spec FROM models WHERE name = ?", (_name(name),)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    # -- nodes
+
+    def upsert_node(self, name: str, *, agent_labels: dict[str, str], facts: dict[str, Any],
+                    seen_at: float) -> None:
+        """What an agent reports replaces the agent's labels and facts; operator labels stay."""
+        _name(name)
+        labels, fact_text = _dumps(_labels(agent_labels)), _dumps(_obj(facts, "facts"))
+        with self.transaction():
+            self._conn.execute(
+                "INSERT INTO nodes (name, agent_labels, facts, first_seen, last_seen) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET agent_labels = excluded.agent_labels, facts = excluded.facts, "
+                "first_seen = COALESCE(nodes.first_seen, excluded.first_seen), last_seen = excluded.last_seen",
+                (name, labels, fact_text, seen_at, seen_at))
+
+    def set_node_labels(self, name: str, labels: dict[str, str]) -> None:
+        """Merge operator labels into the node's (a node can be labelled before its agent connects)."""
+        _name(name)
+        _labels(labels)
+        with self.transaction():
+            merged = {**self._operator_labels(name), **labels}
+            self._conn.execute(
+                "INSERT INTO nodes (name, operator_labels) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET operator_labels = excluded.operator_labels",
+                (name, _dumps(merged)))
+
+    def remove_node_labels(self, name: str, keys: list[str]) -> None:
+        _name(name)
+        if isinstance(keys, str):  # a bare string would remove its letters one by one
+            raise TypeError("keys must be a list of label keys, not a string")
+        with self.transaction():
+            drop = set(keys)
+            current = self._operator_labels(name)
+            kept = {k: v for k, v in current.items() if k not in drop}
+            if kept != current:
+                self._conn.execute("UPDATE nodes SET operator_labels = ? WHERE name = ?", (_dumps(kept), name))
+
+    def _operator_labels(self, name: str) -> dict[str, str]:
+        row = self._conn.execute("SELECT operator_labels FROM nodes WHERE name = ?", (name,)).fetchone()
+        return {} if row is None else json.loads(row[0])
+
+    def nodes(self) -> dict[str, NodeRow]:
+        rows = self._conn.execute("SELECT name, agent_labels, operator_labels, facts, first_seen, last_seen "
+                                  "FROM nodes ORDER BY name")
+        return {n: NodeRow(n, json.loads(a), json.loads(o), json.loads(f), fs, ls) for n, a, o, f, fs, ls in rows}
+
+    def delete_node(self, name: str) -> bool:
+        with self.transaction():
+            return self._conn.execute("DELETE FROM nodes WHERE name = ?", (_name(name),)).rowcount > 0
+
+    # -- assignments
+
+    def put_assignment(self, row: AssignmentRow) -> None:
+        """Insert or replace a replica's assignment; the first created_at is kept."""
+        _name(row.replica, "replica")
+        _name(row.model, "model")
+        _name(row.node, "node")
+        _desired(row.desired)
+        spec = _obj(row.spec, "spec")
+        for key in ("replica", "model"):
+            if key in spec and spec[key] != getattr(row, key):
+                raise ValueError(f"assignment {row.replica}: spec {key} {spec[key]!r} != {getattr(row, key)!r}")
+        with self.transaction():
+            self._conn.execute(
+                "INSERT INTO assignments (replica, model, node, spec, desired, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (replica) DO UPDATE SET model = excluded.model, "
+                "node = excluded.node, spec = excluded.spec, desired = excluded.desired, "
+                "updated_at = excluded.updated_at",
+                (row.replica, row.model, row.node, _dumps(spec), row.desired, row.created_at, row.updated_at))
+
+    def set_desired(self, replica: str, desired: str, *, now: float | None = None) -> None:
+        """Raises KeyError for an unknown replica: a silent no-op would hide a reconcile bug."""
+        _name(replica, "replica")
+        _desired(desired)
+        ts = time.time() if now is None else now
+        with self.transaction():
+            cur = self._conn.execute("UPDATE assignments SET desired = ?, updated_at = ? WHERE replica = ?",
+                                     (desired, ts, replica))
+            if cur.rowcount == 0:
+                raise KeyError(replica)
+
+    def delete_assignment(self, replica: str) -> bool:
+        with self.transaction():
+            cur = self._conn.execute("DELETE FROM assignments WHERE replica = ?", (_name(replica, "replica"),))
+            return cur.rowcount > 0
+
+    def assignments(self) -> dict[str, AssignmentRow]:
+        rows = self._conn.execute("SELECT replica, model, node, spec, desired, created_at, updated_at "
+                                  "FROM assignments ORDER BY replica")
+        return {r: AssignmentRow(r, m, n, json.loads(s), d, c, u) for r, m, n, s, d, c, u in rows}
+
+    # -- history
+
+    def record(self, event: str, *, replica: str | None = None, model: str | None = None,
+               node: str | None = None, detail: str = "", ts: float | None = None) -> None:
+        _name(event, "event")
+        for what, value in (("replica", replica), ("model", model), ("node", node)):
+            if value is not None:
+                _name(value, what)
+        if not isinstance(detail, str):
+            raise TypeError(f"detail must be a string, got {type(detail).__name__}")
+        with self.transaction():
+            self._conn.execute("INSERT INTO history (ts, event, replica, model, node, detail) "
+                               "VALUES (?, ?, ?, ?, ?, ?)",
+                               (time.time() if ts is None else ts, event, replica, model, node, detail))
+
+    def history(self, limit: int = 100, replica: str | None = None, model: str | None = None,
+                node: str | None = None) -> list[HistoryRow]:
+        """Newest first; the filters that are given must all match."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        where, args = [], []
+        for col, value in (("replica", replica), ("model", model), ("node", node)):
+            if value is not None:
+                where.append(f"{col} = ?")
+                args.append(value)
+        sql = "SELECT id, ts, event, replica, model, node, detail FROM history"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        # id breaks ties so events recorded at the same instant keep their order.
+        sql += " ORDER BY ts DESC, id DESC LIMIT ?"
+        return [HistoryRow(*r) for r in self._conn.execute(sql, (*args, limit))]
+
+    def prune_history(self, keep: int = 100_000) -> int:
+        """Delete all but the newest `keep` events; returns how many went."""
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0, got {keep}")
+        with self.transaction():
+            return self._conn.execute(
+                "DELETE FROM history WHERE id IN "
+                "(SELECT id FROM history ORDER BY ts DESC, id DESC LIMIT -1 OFFSET ?)", (keep,)).rowcount
