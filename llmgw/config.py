@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import socket
 import tomllib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -32,10 +33,10 @@ import tomli_w
 from llmgw.config_locate import KeyPath, TomlLocator
 
 __all__ = [
-    "AdminConfig", "BreakerConfig", "Config", "PrefixRoutingConfig", "RouterConfig", "ScorerWeights", "StrategyConfig", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
+    "AdminConfig", "AgentConfig", "BreakerConfig", "ControlConfig", "DeployConfig", "GpuConfig", "RestartConfig", "Config", "PrefixRoutingConfig", "RouterConfig", "ScorerWeights", "StrategyConfig", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
     "PoolConfig", "ReplicaConfig", "ServerConfig", "SimConfig", "DEFAULT_POOL",
     "default_admin_socket", "default_config", "dump_config", "init_config_text",
-    "load_config", "parse_config",
+    "load_config", "model_from_dict", "model_to_dict", "parse_config",
 ]
 
 ENGINES = ("vllm", "llamacpp")
@@ -125,6 +126,42 @@ def known_strategy(v: str) -> str | None:
     return f"expected one of {', '.join(repr(k) for k in ordered)}; got {v!r}{hint}"
 
 
+def node_name(v: str) -> str | None:
+    ok = re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?", v)
+    return None if ok else f"not a valid node name (letters, digits, '.', '_', '-'; at most 253): {v!r}"
+
+
+def label_keys(labels: dict[str, str]) -> str | None:
+    for k in labels:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?", k):
+            return f"not a valid label key: {k!r}"
+    return None
+
+
+def key_value(v: str) -> str | None:
+    k, sep, _ = v.partition("=")
+    return None if sep and k.strip() else f"expected \"KEY=VALUE\", got {v!r}"
+
+
+def _state_home() -> Path:
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "llmgw"
+
+
+def default_store_path() -> str:
+    """$XDG_STATE_HOME/llmgw/router.db (~/.local/state/llmgw/router.db)."""
+    return str(_state_home() / "router.db")
+
+
+def default_agent_state_dir() -> str:
+    """$XDG_STATE_HOME/llmgw/agent (~/.local/state/llmgw/agent)."""
+    return str(_state_home() / "agent")
+
+
+def default_node_name() -> str:
+    name = socket.gethostname().split(".")[0] or "localhost"
+    return name if node_name(name) is None else "localhost"
+
+
 def default_admin_socket() -> str:
     """$XDG_RUNTIME_DIR/llmgw-<uid>/admin.sock, or under /tmp when XDG_RUNTIME_DIR is unset."""
     base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
@@ -155,6 +192,57 @@ class SimConfig:
     model: str = opt("sim-model", check=nonempty)
     base_port: int = opt(0, check=in_range(0, 65535))  # 0 = ephemeral
     extra_args: tuple[str, ...] = opt(())
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControlConfig:
+    """[control]: the router's side of the agent stream, node timeouts and the store."""
+    listen: str = opt("127.0.0.1:7070", check=host_port)  # agents connect here
+    join_token: str | None = opt(None, check=nonempty)  # agents must present it; unset = no agents
+    join_token_file: str | None = opt(None, check=nonempty)  # or read it from this file
+    tls_cert: str | None = opt(None, check=nonempty)  # PEM; with tls_key, the stream is TLS
+    tls_key: str | None = opt(None, check=nonempty)
+    heartbeat_s: float = opt(1.0, check=positive)
+    not_ready_after_s: float = opt(5.0, check=positive)  # silence before a node is not ready
+    lost_after_s: float = opt(30.0, check=positive)  # not ready this long = lost, replicas move
+    max_lost_fraction: float = opt(0.5, check=in_range(0, 1))  # more silent at once = our partition
+    drain_timeout_s: float = opt(30.0, check=positive)  # a stopping replica's requests may finish
+    max_message_bytes: int = opt(4 * 1024 * 1024, check=in_range(1024))
+    store: str = opt(factory=default_store_path, check=nonempty)  # SQLite file; ":memory:" = none
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuConfig:
+    name: str = opt("gpu", check=nonempty)
+    memory_mb: int = opt(check=in_range(1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartConfig:
+    base_s: float = opt(1.0, check=positive)  # first restart delay; doubles per crash
+    max_s: float = opt(60.0, check=positive)
+    crashloop_after: int = opt(5, check=in_range(1))  # crashes within window_s = crash loop
+    window_s: float = opt(300.0, check=positive)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    """[agent]: this node's agent."""
+    node: str = opt(factory=default_node_name, check=node_name)
+    router: str = opt("127.0.0.1:7070", check=host_port)  # the router's [control] listen address
+    join_token: str | None = opt(None, check=nonempty)
+    join_token_file: str | None = opt(None, check=nonempty)
+    tls: bool = opt(False)
+    tls_ca: str | None = opt(None, check=nonempty)  # PEM bundle that signed the router's cert
+    labels: dict[str, str] = opt(factory=dict, check=label_keys)  # llmgw.io/rack = "r12", ...
+    advertise_host: str = opt("127.0.0.1", check=nonempty)  # engines listen here; the router dials it
+    state_dir: str = opt(factory=default_agent_state_dir, check=nonempty)
+    gpus: tuple[GpuConfig, ...] | None = opt(None)  # declared GPUs instead of nvidia-smi's
+    memory_mb: int | None = opt(None, check=in_range(0))  # instead of /proc/meminfo
+    reconnect_min_s: float = opt(0.5, check=positive)
+    reconnect_max_s: float = opt(30.0, check=positive)
+    stop_grace_s: float = opt(10.0, check=positive)  # TERM, this long, then KILL the engine's group
+    restart: RestartConfig = opt(factory=RestartConfig)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,13 +318,32 @@ class ReplicaConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DeployConfig:
+    """[models.deploy]: replicas the agents run for this model, placed by the router."""
+    count: int = opt(1, check=in_range(0))
+    model_path: str | None = opt(None, check=nonempty)  # default: the model's name
+    simulate: bool = opt(False)  # run `llmgw sim` for the engine instead of the real binary
+    binary: str | None = opt(None, check=nonempty)  # default: vllm / llama-server on PATH
+    args: tuple[str, ...] = opt(())
+    env: tuple[str, ...] = opt((), items=key_value)
+    gpus: int = opt(0, check=in_range(0))  # GPUs per replica
+    gpu_memory_mb: int = opt(0, check=in_range(0))  # at least this much on each of them
+    memory_mb: int = opt(0, check=in_range(0))  # host memory per replica
+    node_selector: dict[str, str] = opt(factory=dict)  # only nodes with these labels
+    health_timeout_s: float = opt(600.0, check=positive)
+    pool: str = opt(DEFAULT_POOL, check=nonempty)
+    weight: float = opt(1.0, check=positive)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     name: str = opt(check=nonempty)
     engine: str = opt(check=one_of(*ENGINES))
     strategy: str = opt("chat", check=known_strategy)  # a preset or a [[strategies]] name
     pools: tuple[str, ...] = opt((), items=nonempty)
     metrics: MetricNames = opt(factory=MetricNames)
-    replicas: tuple[ReplicaConfig, ...] = opt(())
+    replicas: tuple[ReplicaConfig, ...] = opt(())  # static endpoints
+    deploy: DeployConfig | None = opt(None)  # replicas placed on agents
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,6 +357,8 @@ class PoolConfig:
 class Config:
     server: ServerConfig = opt(factory=ServerConfig)
     admin: AdminConfig = opt(factory=AdminConfig)
+    control: ControlConfig = opt(factory=ControlConfig)
+    agent: AgentConfig = opt(factory=AgentConfig)
     sim: SimConfig = opt(factory=SimConfig)
     router: RouterConfig = opt(factory=RouterConfig)
     models: tuple[ModelConfig, ...] = opt((), unique="name")
@@ -274,6 +383,26 @@ def _admin_tcp_needs_token(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
         yield ("admin", "tcp"), "a TCP admin listener requires admin.token"
 
 
+@_cross_check("control")
+def _control_tls_pair(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    c = cfg.control
+    if (c.tls_cert is None) != (c.tls_key is None):
+        yield ("control", "tls_cert" if c.tls_cert is None else "tls_key"), "tls_cert and tls_key go together"
+    if c.join_token and c.join_token_file:
+        yield ("control", "join_token_file"), "set join_token or join_token_file, not both"
+    if c.lost_after_s < c.not_ready_after_s:
+        yield ("control", "lost_after_s"), "must be >= not_ready_after_s"
+
+
+@_cross_check("agent")
+def _agent_token(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    a = cfg.agent
+    if a.join_token and a.join_token_file:
+        yield ("agent", "join_token_file"), "set join_token or join_token_file, not both"
+    if a.tls_ca and not a.tls:
+        yield ("agent", "tls_ca"), "tls_ca needs tls = true"
+
+
 @_cross_check("strategies")
 def _strategy_weights(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
     for i, st in enumerate(cfg.strategies):
@@ -288,6 +417,8 @@ def _pool_references(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
     for i, m in enumerate(cfg.models):
         refs = [(("pools", j), p) for j, p in enumerate(m.pools)]
         refs += [(("replicas", j, "pool"), r.pool) for j, r in enumerate(m.replicas)]
+        if m.deploy is not None:
+            refs.append((("deploy", "pool"), m.deploy.pool))
         for sub, name in refs:
             if name not in known:
                 yield ("models", i, *sub), f"unknown pool {name!r}{_suggest(name, known)}"
@@ -384,6 +515,14 @@ def _convert(tp: Any, value: Any, path: KeyPath, problems: list, meta: Any) -> A
             return _BAD
         values, failed = _table(tp, value, path, problems)
         out = _BAD if failed else tp(**values)
+    elif get_origin(tp) is dict:
+        elem = get_args(tp)[1]
+        if not isinstance(value, dict):
+            problems.append((path, f"expected a table, got {_type_name(value)}"))
+            return _BAD
+        item_meta = {"checks": meta.get("items", ())}
+        conv = {k: _convert(elem, v, path + (k,), problems, item_meta) for k, v in value.items()}
+        out = _BAD if any(x is _BAD for x in conv.values()) else conv
     elif get_origin(tp) is tuple:
         elem = get_args(tp)[0]
         if not isinstance(value, list):
@@ -588,3 +727,20 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # url = "http://10.0.0.6:8000"
 # pool = "burst"
 '''
+
+
+def model_to_dict(m: ModelConfig) -> dict[str, Any]:
+    """A model's definition as plain data (what the store keeps and the admin API answers)."""
+    return _plain(m)
+
+
+def model_from_dict(data: Any, source: str = "<model>", *, pools: tuple[PoolConfig, ...] = ()) -> ModelConfig:
+    """Validate a model definition given as plain data (`pools`: those it may name);
+    ConfigError names every bad field."""
+    problems: list[tuple[KeyPath, str]] = []
+    out = _convert(ModelConfig, data, (), problems, {})
+    if not problems:
+        problems += [(p[2:], m) for p, m in _pool_references(Config(models=(out,), pools=pools))]
+    if problems:
+        raise ConfigError([ConfigProblem(source, render_key(p) or "", None, m) for p, m in problems])
+    return out
