@@ -190,7 +190,6 @@ class SimConfig:
     engine: str = opt("vllm", check=one_of(*ENGINES))
     replicas: int = opt(2, check=in_range(0))
     model: str = opt("sim-model", check=nonempty)
-    base_port: int = opt(0, check=in_range(0, 65535))  # 0 = ephemeral
     extra_args: tuple[str, ...] = opt(())
 
 
@@ -663,7 +662,6 @@ request_id_header = "x-request-id"
 engine = "vllm"                  # "vllm" or "llamacpp"
 replicas = 2
 model = "sim-model"
-base_port = 0                    # 0 = ephemeral ports
 extra_args = []                  # extra arguments passed to `llmgw sim`
 
 [router]
@@ -726,6 +724,61 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # [[models.replicas]]
 # url = "http://10.0.0.6:8000"
 # pool = "burst"
+
+# Models whose replicas the agents run, placed by the router (see docs/architecture.md).
+# [[models]]
+# name = "qwen-7b"
+# engine = "vllm"
+# [models.deploy]
+# count = 2                      # replicas
+# model_path = "Qwen/Qwen2.5-7B-Instruct"   # what `vllm serve` / `llama-server -m` gets; default: name
+# simulate = false               # true: run `llmgw sim` instead of the real engine
+# binary = "vllm"                # default: vllm / llama-server on PATH
+# args = ["--max-model-len", "8192"]
+# env = ["HF_HOME=/models/hf"]
+# gpus = 1                       # GPUs per replica ...
+# gpu_memory_mb = 20000          # ... with at least this much memory each
+# memory_mb = 16000              # host memory per replica
+# node_selector = { "llmgw.io/site" = "fra" }   # only nodes with these labels
+# health_timeout_s = 600.0       # an engine not healthy by then is reported failed, with its log
+# pool = "default"
+# weight = 1.0
+
+[control]
+# The router's side of the agent stream. Agents join with the join token; without one (and
+# outside the one-process mode, which makes its own) no agent can join.
+listen = "127.0.0.1:7070"        # "0.0.0.0:7070" to accept agents from other machines
+# join_token = "a long random secret"      # or join_token_file = "/etc/llmgw/join-token"
+# tls_cert = "/etc/llmgw/router.pem"       # with tls_key: the stream is TLS
+# tls_key = "/etc/llmgw/router.key"
+heartbeat_s = 1.0
+not_ready_after_s = 5.0          # silence before a node is not ready (nothing new placed there)
+lost_after_s = 30.0              # not ready this long = lost: its replicas are placed elsewhere
+max_lost_fraction = 0.5          # more nodes silent at once = the router is cut off: nobody is lost
+drain_timeout_s = 30.0           # a replica being removed may finish its requests for this long
+max_message_bytes = 4194304      # larger messages close the connection
+# store = "/var/lib/llmgw/router.db"       # default: $XDG_STATE_HOME/llmgw/router.db
+
+[agent]
+# This node's agent (--role agent, or the local agent of the one-process mode).
+# node = "gpu-01"                # default: the host name
+router = "127.0.0.1:7070"        # the router's [control] listen address
+# join_token = "a long random secret"      # or join_token_file = "..."
+tls = false                      # true when the router serves TLS; tls_ca for a private CA
+labels = {}                      # e.g. { "llmgw.io/site" = "fra", "llmgw.io/rack" = "r12" }
+advertise_host = "127.0.0.1"     # engines listen here and the router dials it: the node's address
+# state_dir = "/var/lib/llmgw/agent"       # default: $XDG_STATE_HOME/llmgw/agent
+# gpus = [{ name = "L4", memory_mb = 24000 }]   # declared GPUs instead of nvidia-smi's
+# memory_mb = 65536              # instead of /proc/meminfo
+reconnect_min_s = 0.5            # reconnect backoff, jittered
+reconnect_max_s = 30.0
+stop_grace_s = 10.0              # TERM, this long, then KILL to the engine's process group
+
+[agent.restart]
+base_s = 1.0                     # first restart delay after a crash; doubles per crash
+max_s = 60.0
+crashloop_after = 5              # this many crashes within window_s = crash loop (needs an operator)
+window_s = 300.0
 '''
 
 

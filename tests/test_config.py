@@ -40,7 +40,7 @@ def test_defaults():
     assert cfg.server == ServerConfig(host="127.0.0.1", port=8000, api_keys=(),
                                       max_body_bytes=8 * 1024 * 1024, request_id_header="x-request-id")
     assert cfg.admin.tcp is None and cfg.admin.token is None
-    assert cfg.sim == SimConfig(engine="vllm", replicas=2, model="sim-model", base_port=0, extra_args=())
+    assert cfg.sim == SimConfig(engine="vllm", replicas=2, model="sim-model", extra_args=())
     assert cfg.models == () and cfg.pools == ()
 
 
@@ -71,7 +71,6 @@ token = "secret"
 engine = "llamacpp"
 replicas = 0
 model = "m"
-base_port = 7000
 extra_args = ["--fast"]
 
 [[pools]]
@@ -110,7 +109,7 @@ def full_config() -> Config:
         server=ServerConfig(host="0.0.0.0", port=9000, api_keys=("k1", "k2"), max_body_bytes=1024,
                             request_id_header="X-Req"),
         admin=AdminConfig(socket="/run/llmgw/admin.sock", tcp="[::1]:9001", token="secret"),
-        sim=SimConfig(engine="llamacpp", replicas=0, model="m", base_port=7000, extra_args=("--fast",)),
+        sim=SimConfig(engine="llamacpp", replicas=0, model="m", extra_args=("--fast",)),
         pools=(PoolConfig(name="gpu", priority=-1, max_inflight_per_replica=4),
                PoolConfig(name="burst", priority=10)),
         models=(
@@ -203,7 +202,7 @@ def test_unknown_keys():
     assert problems("[[model]]\nname = 'x'\n") == [("model", 1, "unknown key (did you mean 'models'?)")]
     [(key, line, msg)] = problems("\n[sim]\nzzz = 1\n")
     assert (key, line) == ("sim.zzz", 3)
-    assert msg == "unknown key; known keys: engine, replicas, model, base_port, extra_args"
+    assert msg == "unknown key; known keys: engine, replicas, model, extra_args"
     [(key, line, msg)] = problems('[server]\n"odd key" = 1\n')
     assert (key, line) == ('server."odd key"', 2)
 
@@ -444,7 +443,7 @@ def configs(draw) -> Config:
         admin=AdminConfig(socket=draw(names), tcp=tcp,
                           token=draw(names if tcp else opt_names)),
         sim=draw(st.builds(SimConfig, engine=st.sampled_from(["vllm", "llamacpp"]), replicas=st.integers(0, 64),
-                           model=names, base_port=ports, extra_args=st.lists(texts, max_size=3).map(tuple))),
+                           model=names, extra_args=st.lists(texts, max_size=3).map(tuple))),
         models=tuple(models), pools=tuple(pools),
     )
 
@@ -498,8 +497,45 @@ def test_init_config_examples_are_valid_when_uncommented():
     cfg = parse_config(text)
     assert cfg.admin.tcp == "127.0.0.1:8001" and cfg.admin.token
     assert [p.name for p in cfg.pools] == ["default", "burst"]
-    assert [m.name for m in cfg.models] == ["llama-3-8b"]
+    assert [m.name for m in cfg.models] == ["llama-3-8b", "qwen-7b"]
     assert len(cfg.models[0].replicas) == 2
+    d = cfg.models[1].deploy
+    assert d is not None and d.count == 2 and d.gpus == 1 and d.node_selector == {"llmgw.io/site": "fra"}
+    assert cfg.control.join_token and cfg.control.tls_cert and cfg.agent.node == "gpu-01"
+    assert cfg.agent.gpus is not None and cfg.agent.gpus[0].memory_mb == 24000
+
+
+def test_agent_config_errors_are_all_named() -> None:
+    from llmgw.config import ConfigError, parse_config
+
+    text = """[agent]
+node = "bad name!"
+router = "nowhere"
+labels = { "llmgw.io/rack" = 7 }
+gpus = [{ name = "L4" }]
+tls_ca = "ca.pem"
+
+[agent.restart]
+crashloop_after = 0
+
+[control]
+tls_cert = "c.pem"
+lost_after_s = 1.0
+"""
+    try:
+        parse_config(text, "agent.toml")
+    except ConfigError as e:
+        got = {(p.key, p.line) for p in e.problems}
+        msgs = str(e)
+    else:
+        raise AssertionError("expected errors")
+    assert ("agent.node", 2) in got and "not a valid node name" in msgs
+    assert ("agent.router", 3) in got and 'expected "host:port"' in msgs
+    assert ("agent.labels.llmgw.io/rack", 4) in got or any(k.startswith("agent.labels") for k, _ in got)
+    assert any(k.startswith("agent.gpus[0].memory_mb") for k, _ in got)
+    assert ("agent.restart.crashloop_after", 9) in got
+    assert any(k == "control.tls_key" for k, _ in got) and "tls_cert and tls_key go together" in msgs
+    assert any(k == "control.lost_after_s" for k, _ in got)
 
 
 def test_custom_strategies_are_known_to_models_and_need_a_weight() -> None:
