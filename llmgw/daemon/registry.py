@@ -19,6 +19,7 @@ import trio
 from llmgw.config import Config, ModelConfig
 from llmgw.daemon.upstream import UpstreamError, UpstreamPool
 from llmgw.route.breaker import Breaker, BreakerConfig
+from llmgw.route.cache_stats import CacheStats
 from llmgw.route.contract import DrainRate, ScrapeResult, scrape
 from llmgw.route.types import EndpointView
 
@@ -39,6 +40,8 @@ class Replica:
     completed: int = 0  # requests this router finished on it (llama.cpp has no such counter)
     slots: int | None = None  # llama.cpp: -np, from /slots (its cache is its slots' last prompts)
     served_models: frozenset[str] = frozenset()
+    draining: bool = False  # leaving: no new requests, in-flight ones finish
+    node: str | None = None  # the agent's node, for replicas the control plane placed
 
     @property
     def id(self) -> str:
@@ -75,10 +78,15 @@ class Registry:
         self.models: dict[str, ModelEntry] = {}
         self.replicas: dict[str, Replica] = {}
         self.on_capacity: Any = None  # called with a replica when its cache capacity changes
+        self.cache_stats = CacheStats()  # prefix decisions (the router's) and engine hit rates (scraped)
         for m in cfg.models:
             self.add_model(m)
 
     def add_model(self, m: ModelConfig) -> ModelEntry:
+        if m.name in self.models:  # a redefinition keeps the live replicas
+            old = self.models[m.name]
+            old.engine, old.strategy = m.engine, m.strategy
+            return old
         entry = ModelEntry(m.name, m.engine, m.strategy, [])
         self.models[m.name] = entry
         for i, r in enumerate(m.replicas):
@@ -94,6 +102,27 @@ class Registry:
         self.models[m.name].replicas.append(rep)
         return rep
 
+    def remove_replica(self, rid: str) -> Replica | None:
+        rep = self.replicas.pop(rid, None)
+        if rep is None:
+            return None
+        entry = self.models.get(rep.view.model)
+        if entry is not None:
+            entry.replicas = [r for r in entry.replicas if r.id != rid]
+            for ids in entry.adapters.values():
+                ids.discard(rid)
+            for a in [a for a, ids in entry.adapters.items() if not ids]:
+                del entry.adapters[a]
+        return rep
+
+    def remove_model(self, name: str) -> list[Replica]:
+        entry = self.models.pop(name, None)
+        if entry is None:
+            return []
+        for r in entry.replicas:
+            self.replicas.pop(r.id, None)
+        return entry.replicas
+
     def resolve(self, name: str) -> tuple[ModelEntry, str | None] | None:
         """A requested model name → (base model entry, adapter or None)."""
         entry = self.models.get(name)
@@ -107,6 +136,8 @@ class Registry:
     def views(self, entry: ModelEntry, now: float) -> list[EndpointView]:
         out = []
         for r in entry.replicas:
+            if r.draining:
+                continue
             r.refresh_view(now)
             r.view.stale = self.is_stale(r, now)
             out.append(r.view)
@@ -154,6 +185,8 @@ class Registry:
             rep.scrape_errors += 1
         v.running, v.waiting, v.kv_usage = result.running, result.waiting, result.kv_usage
         v.scraped_at = now
+        if result.prefix_hits_total is not None and result.prefix_queries_total is not None:
+            self.cache_stats.engine(v.model, rep.id, result.prefix_hits_total, result.prefix_queries_total, now)
         v.inflight_at_scrape = inflight_before
         total = result.finished_total if result.finished_total is not None else rep.completed
         rep.drain.observe(now, total)
@@ -208,5 +241,6 @@ class Registry:
                         "stale": v.stale, "scrape_age_s": None if v.scraped_at is None else now - v.scraped_at,
                         "scrape_error": r.scrape_error, "drain_rate": v.drain_rate,
                         "breaker": r.breaker.snapshot(), "adapters": sorted(v.adapters),
+                        "node": r.node, "draining": r.draining,
                         "wall": time.time()})
         return out

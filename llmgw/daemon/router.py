@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from llmgw.config import Config
+from llmgw.config import Config, ModelConfig
 from llmgw.daemon.httpserver import Request, Response
 from llmgw.daemon.registry import ModelEntry, Registry, Replica
 from llmgw.daemon.router_metrics import RouterMetrics
@@ -83,6 +83,26 @@ class Router:
         self.api_keys = set(cfg.server.api_keys)
         self.rid_header = cfg.server.request_id_header.lower()
         self._strategies: dict[str, Strategy] = self._configured_strategies()
+
+    # -- replicas placed and withdrawn by the control plane ------------------------------------
+    def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
+                    node: str | None = None) -> Replica:
+        self.registry.add_model(m)
+        rep = self.registry.replicas.get(rid)
+        if rep is not None and rep.view.url == url.rstrip("/"):
+            rep.draining = False
+            return rep
+        if rep is not None:  # restarted elsewhere on the node: a fresh replica, fresh state
+            self.remove_replica(rid)
+        rep = self.registry.add_replica(m, rid, url, pool, weight)
+        rep.node = node
+        self.caps.set_cap(rid, rep.view.max_inflight)
+        self._capacity_freed(m.name)
+        return rep
+
+    def remove_replica(self, rid: str) -> None:
+        if self.registry.remove_replica(rid) is not None:
+            self.prefix.remove_replica(rid)
 
     # -- HTTP entry ---------------------------------------------------------------------------
     async def handle(self, req: Request) -> Response:
@@ -164,8 +184,11 @@ class Router:
                 continue
             attempts += 1
             if head:
-                self.prefix.after_pick(info, head, decision.chosen, trio.current_time(), cache_salt=salt,
-                                       decision=decision)
+                now = trio.current_time()
+                outcome = self.prefix.after_pick(info, head, decision.chosen, now, cache_salt=salt,
+                                                 decision=decision).outcome
+                if decision.chosen:
+                    self.registry.cache_stats.decision(entry.name, decision.chosen, outcome == "hit", now)
                 self._check_prefix_alarm()
             if rep is None:
                 break
