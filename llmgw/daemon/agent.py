@@ -1,0 +1,239 @@
+"""The agent: one per node. It learns the node's facts, dials the router, says hello with its full
+state, and then runs what the router's `desired` sets say, reporting every engine's changes.
+
+The connection is the agent's to keep: on any failure it reconnects with exponential backoff and
+jitter, and says hello again with everything it runs — the router needs no memory of it. A
+router that falls silent for three heartbeats is treated as gone (a half-open TCP connection
+would otherwise hide it). Engines keep running while the router is away; only an agent that is
+stopped stops them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import shutil
+import socket
+import ssl
+import subprocess
+import uuid
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from llmgw.config import AgentConfig
+from llmgw.daemon.engines import EngineSupervisor
+from llmgw.daemon.stream import MessageStream, StreamClosed, open_client
+from llmgw.fleet.facts import NVIDIA_SMI_QUERY, parse_meminfo_mb, parse_nvidia_smi
+from llmgw.fleet.lifecycle import RestartPolicy
+from llmgw.fleet.types import EngineReport, GpuInfo, NodeFacts
+from llmgw.fleet.wire import (
+    FROM_ROUTER,
+    SUPPORTED_VERSIONS,
+    Bye,
+    Desired,
+    EngineUpdate,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    Refused,
+    Welcome,
+)
+
+log = logging.getLogger("llmgw.agent")
+
+__all__ = ["Agent", "RouterRefused", "gather_facts", "read_token"]
+
+WELCOME_TIMEOUT_S = 10.0
+
+
+class RouterRefused(Exception):
+    """The router refused this agent (wrong token, unsupported version)."""
+
+
+# What ends a session (and is followed by a reconnect), as opposed to a bug.
+_SESSION_ERRORS = (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError,
+                   trio.TooSlowError, ssl.SSLError, OSError)
+
+
+def read_token(token: str | None, token_file: str | None) -> str | None:
+    if token_file:
+        return Path(token_file).read_text().strip() or None
+    return token
+
+
+async def gather_facts(acfg: AgentConfig) -> NodeFacts:
+    from llmgw import __version__
+
+    if acfg.gpus is not None:
+        gpus = tuple(GpuInfo(i, g.name, g.memory_mb) for i, g in enumerate(acfg.gpus))
+    else:
+        gpus = ()
+        if shutil.which(NVIDIA_SMI_QUERY[0]):
+            try:
+                with trio.fail_after(10):
+                    done = await trio.run_process(NVIDIA_SMI_QUERY, capture_stdout=True, check=False,
+                                                  stderr=subprocess.DEVNULL)
+                gpus = parse_nvidia_smi(done.stdout.decode(errors="replace"))
+            except (OSError, trio.TooSlowError) as e:
+                log.warning("nvidia-smi failed: %s; reporting no GPUs", e)
+    memory = acfg.memory_mb
+    if memory is None:
+        try:
+            memory = parse_meminfo_mb(Path("/proc/meminfo").read_text())
+        except OSError:
+            memory = 0
+    return NodeFacts(cpus=os.cpu_count() or 0, memory_mb=memory, gpus=gpus, hostname=socket.gethostname(),
+                     agent_version=__version__)
+
+
+class Agent:
+    def __init__(self, acfg: AgentConfig, *, router: str, token: str | None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self.cfg = acfg
+        host, _, port = router.rpartition(":")
+        self.router_host, self.router_port = host.strip("[]"), int(port)
+        self.token = token or ""
+        self.ssl_context = ssl_context
+        self.agent_id = uuid.uuid4().hex[:12]
+        self.facts = NodeFacts()
+        self.connected = False
+        self.welcomed = False
+        self.router_id: str | None = None
+        self.supervisor: EngineSupervisor | None = None
+        self._ms: MessageStream | None = None
+        self._outbox_send, self._outbox = trio.open_memory_channel[EngineReport](math.inf)
+        self._rng = random.Random()
+
+    def _on_report(self, report: EngineReport) -> None:
+        if self.connected:
+            self._outbox_send.send_nowait(report)
+        # while disconnected the next hello carries the whole state instead
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        a = self.cfg
+        self.facts = await gather_facts(a)
+        r = a.restart
+        sup = self.supervisor = EngineSupervisor(
+            Path(a.state_dir), a.advertise_host, self._on_report,
+            policy_factory=partial(RestartPolicy, base_s=r.base_s, max_s=r.max_s,
+                                   crashloop_after=r.crashloop_after, window_s=r.window_s),
+            grace_s=a.stop_grace_s, log=logging.getLogger("llmgw.engine"))
+        adopted = await sup.adopt_leftovers()
+        if adopted:
+            log.info("adopted %d engines left running by an earlier agent: %s", len(adopted),
+                     ", ".join(e.replica for e in adopted))
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(sup.run)
+                task_status.started()
+                await self._connect_loop()
+        finally:
+            with trio.CancelScope(shield=True):
+                await sup.stop_all()
+
+    async def _connect_loop(self) -> None:
+        a = self.cfg
+        delay = a.reconnect_min_s
+        while True:
+            self.welcomed = False
+            try:
+                ms = await open_client(self.router_host, self.router_port, ssl_context=self.ssl_context,
+                                       accept=FROM_ROUTER)
+            except (OSError, ssl.SSLError, trio.BrokenResourceError) as e:
+                log.warning("cannot reach the router at %s:%d: %s", self.router_host, self.router_port, e)
+            else:
+                try:
+                    await self._session(ms)
+                except RouterRefused as e:
+                    log.error("the router refused this agent: %s", e)
+                    delay = a.reconnect_max_s  # a wrong token will not fix itself quickly
+                except trio.TooSlowError:
+                    log.warning("the router went silent (or sent no welcome); reconnecting")
+                except _SESSION_ERRORS as e:
+                    log.warning("connection to the router lost: %s", e or type(e).__name__)
+                finally:
+                    self.connected = False
+                    with trio.CancelScope(shield=True), trio.move_on_after(1):
+                        await ms.aclose()
+            if self.welcomed:
+                delay = a.reconnect_min_s
+            await trio.sleep(delay * (0.5 + self._rng.random()))  # jitter: agents must not return in lockstep
+            delay = min(delay * 2, a.reconnect_max_s)
+
+    async def _session(self, ms: MessageStream) -> None:
+        sup = self.supervisor
+        assert sup is not None
+        while True:  # reports queued for an earlier connection are covered by the hello
+            try:
+                self._outbox.receive_nowait()
+            except trio.WouldBlock:
+                break
+        self.connected = True
+        await ms.send(Hello(token=self.token, node=self.cfg.node, agent_id=self.agent_id,
+                            versions=tuple(sorted(SUPPORTED_VERSIONS)), labels=dict(self.cfg.labels),
+                            facts=self.facts, engines=tuple(sup.reports())))
+        with trio.fail_after(WELCOME_TIMEOUT_S):
+            msg = await ms.receive()
+        if isinstance(msg, Refused):
+            raise RouterRefused(msg.reason)
+        if not isinstance(msg, Welcome):
+            raise ProtocolError(f"expected welcome, got {type(msg).TYPE}")
+        self.welcomed = True
+        if msg.router_id != self.router_id:
+            log.info("connected to router %s at %s:%d as node %s", msg.router_id, self.router_host,
+                     self.router_port, self.cfg.node)
+        self.router_id = msg.router_id
+        hb = msg.heartbeat_s
+        self._ms = ms
+        failed: list[BaseException] = []
+
+        async def guarded(fn: Any) -> None:
+            # Kept out of the nursery's exception group: the first failure ends the session
+            # and is raised as itself below.
+            try:
+                await fn()
+            except _SESSION_ERRORS as e:
+                failed.append(e)
+                nursery.cancel_scope.cancel()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(guarded, partial(self._sender, ms, hb))
+                nursery.start_soon(guarded, partial(self._receive, ms, hb, sup))
+        finally:
+            self._ms = None
+            self.connected = False
+        if failed:
+            raise failed[0]
+
+    async def _receive(self, ms: MessageStream, hb: float, sup: EngineSupervisor) -> None:
+        while True:
+            with trio.fail_after(max(3 * hb, 2.0)):
+                msg = await ms.receive()
+            if isinstance(msg, Desired):
+                sup.apply(list(msg.engines))
+            elif not isinstance(msg, Heartbeat):
+                raise ProtocolError(f"unexpected {type(msg).TYPE} from the router")
+
+    async def say_bye(self, reason: str = "agent stopping") -> None:
+        """Tell the router we are leaving (and stopping our engines), so it takes them out of
+        routing at once; best effort, bounded."""
+        ms = self._ms
+        if ms is None:
+            return
+        with trio.move_on_after(1):
+            try:
+                await ms.send(Bye(reason))
+            except _SESSION_ERRORS:
+                pass
+
+    async def _sender(self, ms: MessageStream, hb: float) -> None:
+        while True:
+            with trio.move_on_after(hb) as cs:
+                report = await self._outbox.receive()
+            await ms.send(Heartbeat() if cs.cancelled_caught else EngineUpdate(report))

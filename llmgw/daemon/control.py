@@ -1,0 +1,570 @@
+"""The router's control plane: the agents' streams, the node registry, reconciliation and the store.
+
+Agents dial in (docs/architecture.md has the protocol). Each connection is authenticated by the
+join token in its hello, carries the agent's full state, and then lives on heartbeats, engine
+updates from the agent and `desired` sets from the router. A reconcile loop applies the node
+timeouts, asks the pure reconciler for a plan, writes it to the store, pushes each changed node
+its desired set, and moves replicas in and out of the scheduler as their engines report ready or
+stop. Draining replicas take no new requests and stop when their last request ends (or at
+`drain_timeout_s`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+import ssl
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
+
+import trio
+
+from llmgw.config import (
+    Config,
+    ConfigError,
+    DeployConfig,
+    ModelConfig,
+    model_from_dict,
+    model_to_dict,
+)
+from llmgw.daemon.router import Router
+from llmgw.daemon.store import AssignmentRow, Store
+from llmgw.daemon.stream import MessageStream, StreamClosed
+from llmgw.fleet.nodes import NodeRegistry, NodeTimeouts, Transition, location
+from llmgw.fleet.placement import Demand
+from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
+from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts
+from llmgw.fleet.wire import (
+    FROM_AGENT,
+    PROTOCOL_VERSION,
+    Bye,
+    Desired,
+    EngineUpdate,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    Refused,
+    Welcome,
+)
+
+log = logging.getLogger("llmgw.control")
+
+__all__ = ["HELLO_TIMEOUT_S", "ControlPlane", "ModelError", "deploy_of"]
+
+HELLO_TIMEOUT_S = 10.0
+
+
+class ModelError(Exception):
+    """An operator's model change that cannot be made (the message says why)."""
+
+
+def deploy_of(m: ModelConfig) -> ModelDeploy | None:
+    d = m.deploy
+    if d is None:
+        return None
+    path = d.model_path or (f"{m.name}.gguf" if d.simulate and m.engine == "llamacpp" else m.name)
+    template = EngineSpec(replica="", model=m.name, engine=m.engine, model_path=path, simulate=d.simulate,
+                          binary=d.binary, args=d.args,
+                          env=tuple(tuple(kv.split("=", 1)) for kv in d.env),  # type: ignore[misc]
+                          health_timeout_s=d.health_timeout_s)
+    demand = Demand(d.gpus, d.gpu_memory_mb, d.memory_mb, tuple(sorted(d.node_selector.items())))
+    return ModelDeploy(m.name, d.count, demand, template)
+
+
+@dataclass
+class _Conn:
+    node: str
+    agent_id: str
+    stream: MessageStream
+    peer: str
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    wake: trio.Event = field(default_factory=trio.Event)
+    sent_rev: int = -1
+    closing_reason: str = ""
+
+
+class ControlPlane:
+    def __init__(self, cfg: Config, store: Store, router: Router, *, token: str | None,
+                 settle_s: float | None = None) -> None:
+        self.cfg = cfg
+        c = cfg.control
+        self.store = store
+        self.router = router
+        self.token = token
+        self.router_id = uuid.uuid4().hex[:12]
+        self.nodes = NodeRegistry(NodeTimeouts(c.not_ready_after_s, c.lost_after_s, c.max_lost_fraction),
+                                  trio.current_time())
+        self.models: dict[str, ModelConfig] = {}
+        self.sources: dict[str, str] = {}  # model -> "config" | "api"
+        self.deploys: dict[str, ModelDeploy] = {}
+        self.assignments: dict[str, Assignment] = {}
+        self.unplaceable: dict[str, str] = {}
+        self.conns: dict[str, _Conn] = {}
+        self.rev = 0  # bumped on every change of any node's desired set
+        self._node_rev: dict[str, int] = {}
+        self._wake = trio.Event()
+        self._partition_logged = False
+        self.port: int | None = None
+        self._started = trio.current_time()
+        # Placing before the fleet has joined would stack every replica on the first agent in.
+        self._settle_until = self._started + (c.settle_s if settle_s is None else settle_s)
+        self._reconciles = 0
+        self._load()
+        self._from_store = {n for n, node in self.nodes.nodes.items() if not node.connected}
+
+    # -- startup ------------------------------------------------------------------------------
+    def _load(self) -> None:
+        st = self.store
+        stored = st.models()
+        config_names = {m.name for m in self.cfg.models}
+        with st.transaction():
+            for m in self.cfg.models:  # the config file is authoritative for the models it names
+                st.put_model(m.name, {"source": "config", "model": model_to_dict(m)})
+            for name, rec in stored.items():
+                if rec.get("source") == "config" and name not in config_names:
+                    st.delete_model(name)
+                    st.record("model removed", model=name, detail="no longer in the config file")
+        for name, rec in st.models().items():
+            try:
+                m = model_from_dict(rec["model"], f"store model {name}", pools=self.cfg.pools)
+            except (ConfigError, KeyError) as e:
+                log.error("model %s in the store is invalid and is ignored: %s", name, e)
+                continue
+            self._set_model(m, rec.get("source", "api"))
+        now = trio.current_time()
+        for name, row in st.nodes().items():
+            self.nodes.remember(name, agent_labels=row.agent_labels, operator_labels=row.operator_labels,
+                                facts=NodeFacts.from_wire(row.facts), now=now)
+        for rid, row in st.assignments().items():
+            spec = EngineSpec.from_wire(row.spec)
+            dem = row.spec.get("demand") or {}
+            demand = Demand(int(dem.get("gpus", 0)), int(dem.get("gpu_memory_mb", 0)), int(dem.get("memory_mb", 0)),
+                            tuple(tuple(kv) for kv in dem.get("selector", ())))  # type: ignore[misc]
+            self.assignments[rid] = Assignment(rid, row.model, row.node, spec, demand, desired=row.desired,
+                                               created_at=row.created_at,
+                                               drain_since=now if row.desired == "drain" else None)
+        if self.assignments:
+            log.info("store: %d models, %d nodes, %d assignments; waiting for agents to reconnect",
+                     len(self.models), len(self.nodes.nodes), len(self.assignments))
+
+    def _set_model(self, m: ModelConfig, source: str) -> None:
+        self.models[m.name] = m
+        self.sources[m.name] = source
+        dep = deploy_of(m)
+        if dep is None:
+            self.deploys.pop(m.name, None)
+        else:
+            self.deploys[m.name] = dep
+        self.router.registry.add_model(m)
+
+    # -- serving agents ------------------------------------------------------------------------
+    async def serve(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._reconcile_loop)
+            await nursery.start(trio.serve_listeners, lambda s: self._serve_agent(s, ssl_context), listeners)
+            task_status.started(self.port)
+
+    async def _serve_agent(self, raw: trio.SocketStream, ssl_context: ssl.SSLContext | None) -> None:
+        try:
+            host, port = raw.socket.getpeername()[:2]
+            peer = f"{host}:{port}"
+        except OSError:
+            peer = "?"
+        stream: trio.abc.Stream = raw
+        if ssl_context is not None:
+            stream = trio.SSLStream(raw, ssl_context, server_side=True)
+        ms = MessageStream(stream, max_frame=self.cfg.control.max_message_bytes, accept=FROM_AGENT)
+        try:
+            with trio.fail_after(HELLO_TIMEOUT_S):
+                hello = await ms.receive()
+            if not isinstance(hello, Hello):
+                raise ProtocolError(f"expected hello first, got {type(hello).TYPE}")
+            why = self._refusal(hello)
+            if why is not None:
+                log.warning("refused agent %r from %s: %s", hello.node, peer, why)
+                with trio.move_on_after(2):
+                    await ms.send(Refused(why))
+                return
+            await self._session(hello, ms, peer)
+        except trio.TooSlowError:
+            log.warning("agent connection from %s closed: no hello within %ss", peer, HELLO_TIMEOUT_S)
+        except ProtocolError as e:
+            log.warning("agent connection from %s closed: %s", peer, e)
+        except (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            with trio.move_on_after(1) as cs:
+                cs.shield = True
+                await ms.aclose()
+
+    def _refusal(self, hello: Hello) -> str | None:
+        if self.token is None or not hmac.compare_digest(hello.token.encode(), self.token.encode()):
+            return "wrong join token"  # never the token itself, neither here nor in the log
+        if PROTOCOL_VERSION not in hello.versions:
+            return f"no common protocol version (router speaks {PROTOCOL_VERSION}, agent {list(hello.versions)})"
+        return None
+
+    async def _session(self, hello: Hello, ms: MessageStream, peer: str) -> None:
+        node = hello.node
+        conn = _Conn(node, hello.agent_id, ms, peer)
+        old = self.conns.get(node)
+        if old is not None:
+            log.warning("node %s: a new connection from %s replaces the one from %s", node, peer, old.peer)
+            old.closing_reason = "replaced by a newer connection"
+            old.scope.cancel()
+        self.conns[node] = conn
+        now = trio.current_time()
+        self._transitions(self.nodes.connected(node, hello.agent_id, labels=hello.labels, facts=hello.facts,
+                                               now=now))
+        n = self.nodes.nodes[node]
+        self.store.upsert_node(node, agent_labels=hello.labels, facts=hello.facts.to_wire(), seen_at=time.time())
+        log.info("node %s joined from %s (agent %s, %d engines)", node, peer, hello.agent_id, len(hello.engines))
+        # The hello is the agent's whole truth: what it does not mention, it does not run.
+        reported = {r.replica for r in hello.engines}
+        for a in [a for a in self.assignments.values() if a.node == node and a.replica not in reported]:
+            self._on_report(node, None, a)
+        for r in hello.engines:
+            self._on_report(node, r)
+        self._node_rev[node] = self._node_rev.get(node, 0) + 1
+        hb = self.cfg.control.heartbeat_s
+        await ms.send(Welcome(node=node, router_id=self.router_id, version=PROTOCOL_VERSION, heartbeat_s=hb))
+        reason = "stream closed"
+
+        async def receive() -> None:
+            nonlocal reason
+            reason = await self._receiver(conn)
+
+        async def guarded(fn: Any) -> None:
+            # Failures end the session here, never as an exception group out of the nursery.
+            nonlocal reason
+            try:
+                await fn()
+            except ProtocolError as e:
+                log.warning("node %s: closing its connection: %s", node, e)
+                reason = f"protocol error: {e}"
+            except (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                reason = f"stream closed: {e}" if str(e) else "stream closed"
+            nursery.cancel_scope.cancel()
+
+        try:
+            with conn.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(guarded, partial(self._sender, conn, hb))
+                    nursery.start_soon(guarded, receive)
+        finally:
+            reason = conn.closing_reason or reason
+            if self.conns.get(node) is conn:
+                del self.conns[node]
+            self._transitions(self.nodes.disconnected(node, conn.agent_id, reason, trio.current_time()))
+            if n.state != "ready":
+                log.info("node %s disconnected: %s", node, reason)
+            self._wake.set()
+
+    async def _receiver(self, conn: _Conn) -> str:
+        # A peer silent for this long is gone even if TCP has not noticed.
+        silence = max(3 * self.cfg.control.heartbeat_s, self.cfg.control.not_ready_after_s * 2)
+        while True:
+            with trio.move_on_after(silence) as cs:
+                msg = await conn.stream.receive()
+            if cs.cancelled_caught:
+                return f"silent for {silence:.0f}s"
+            self._transitions(self.nodes.heard(conn.node, conn.agent_id, trio.current_time()))
+            if isinstance(msg, EngineUpdate):
+                self._on_report(conn.node, msg.report)
+                self._wake.set()
+            elif isinstance(msg, Bye):
+                # A leaving agent stops its engines: out of routing now, not after failed requests.
+                for a in [a for a in self.assignments.values() if a.node == conn.node]:
+                    self._on_report(conn.node, None, a)
+                return f"agent left: {msg.reason}"
+            elif not isinstance(msg, Heartbeat):
+                raise ProtocolError(f"unexpected {type(msg).TYPE} from an agent")
+
+    async def _sender(self, conn: _Conn, hb: float) -> None:
+        while True:
+            rev = self._node_rev.get(conn.node, 0)
+            if rev != conn.sent_rev:
+                conn.sent_rev = rev
+                await conn.stream.send(Desired(rev=rev, engines=tuple(self.desired_for(conn.node))))
+            else:
+                await conn.stream.send(Heartbeat())
+            with trio.move_on_after(hb):
+                await conn.wake.wait()
+            conn.wake = trio.Event()
+
+    def desired_for(self, node: str) -> list[EngineSpec]:
+        return [a.spec for a in self.assignments.values() if a.node == node and a.desired in ("run", "drain")]
+
+    def _push(self, node: str) -> None:
+        self._node_rev[node] = self._node_rev.get(node, 0) + 1
+        conn = self.conns.get(node)
+        if conn is not None:
+            conn.wake.set()
+
+    # -- engine reports → scheduler ------------------------------------------------------------
+    def _on_report(self, node: str, report: EngineReport | None, a: Assignment | None = None) -> None:
+        if a is None:
+            assert report is not None
+            a = self.assignments.get(report.replica)
+            if a is None or a.node != node:
+                return  # not ours (any more): its absence from `desired` makes the agent stop it
+        old = a.engine_state
+        a.report = report
+        new = a.engine_state
+        if old != new:
+            detail = report.detail if report else "not running on the node"
+            level = logging.WARNING if new in ("crashed", "failed", "crashloop") else logging.INFO
+            log.log(level, "replica %s on %s: %s → %s%s", a.replica, node, old, new,
+                    f" ({detail})" if detail else "")
+            self.store.record(f"engine {new}", replica=a.replica, model=a.model, node=node, detail=detail)
+        self._route(a)
+        if a.desired == "stop" and (report is None or report.state == "stopped"):
+            self._forget(a, "stopped")
+
+    def _route(self, a: Assignment) -> None:
+        r = a.report
+        m = self.models.get(a.model)
+        routable = (r is not None and r.state == "ready" and r.url and m is not None
+                    and a.desired in ("run", "drain") and self.nodes.nodes.get(a.node) is not None
+                    and self.nodes.nodes[a.node].state != "lost")
+        if not routable:
+            self.router.remove_replica(a.replica)
+            return
+        rep = self.router.registry.replicas.get(a.replica)
+        if a.desired == "run":
+            d = m.deploy or DeployConfig()  # type: ignore[union-attr]
+            self.router.add_replica(m, a.replica, r.url, pool=d.pool, weight=d.weight,  # type: ignore[arg-type]
+                                    node=a.node)
+        elif rep is not None:
+            rep.draining = True
+
+    def _forget(self, a: Assignment, why: str) -> None:
+        self.assignments.pop(a.replica, None)
+        self.router.remove_replica(a.replica)
+        self.store.delete_assignment(a.replica)
+        self.store.record("replica removed", replica=a.replica, model=a.model, node=a.node, detail=why)
+        if a.model not in self.models and not any(x.model == a.model for x in self.assignments.values()):
+            entry = self.router.registry.models.get(a.model)
+            if entry is not None and not entry.replicas:
+                self.router.registry.remove_model(a.model)
+
+    # -- reconciliation ------------------------------------------------------------------------
+    def _transitions(self, ts: list[Transition]) -> None:
+        for t in ts:
+            level = logging.WARNING if t.new == "lost" else logging.INFO
+            log.log(level, "node %s: %s → %s (%s)", t.node, t.old or "new", t.new, t.reason)
+            self.store.record(f"node {t.new}", node=t.node, detail=t.reason)
+            # Not ready changes no routing: the data path to its engines does not go through the agent.
+            if t.new == "lost" or t.old == "lost":
+                self._wake.set()
+
+    async def _reconcile_loop(self) -> None:
+        period = min(1.0, self.cfg.control.heartbeat_s)
+        while True:
+            try:
+                self.reconcile_once()
+            except Exception:  # noqa: BLE001 — a bug here must not take the router down with it
+                log.exception("reconcile failed; retrying")
+            with trio.move_on_after(period):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    def reconcile_once(self) -> None:
+        now = trio.current_time()
+        self._transitions(self.nodes.tick(now))
+        if self.nodes.partition_suspected != self._partition_logged:
+            self._partition_logged = self.nodes.partition_suspected
+            if self._partition_logged:
+                log.warning("more than %.0f%% of nodes are silent at once: suspecting the router's own "
+                            "network; no node is declared lost until they return",
+                            100 * self.cfg.control.max_lost_fraction)
+            else:
+                log.info("enough nodes are back: node timeouts apply again")
+        if now < self._settle_until:
+            known = [self.nodes.nodes[n] for n in self._from_store if n in self.nodes.nodes]
+            if not known or not all(n.connected for n in known):
+                return
+            self._settle_until = now  # every node we knew is back: no reason to wait longer
+        plan = reconcile(self.deploys, self.nodes.nodes, list(self.assignments.values()),
+                         new_id=self._new_id, now_wall=time.time())
+        drain_timeout = self.cfg.control.drain_timeout_s
+        with self.store.transaction():
+            for rid, why in plan.lost:
+                a = self.assignments.get(rid)
+                if a is not None:
+                    log.warning("replica %s of %s written off: %s", rid, a.model, why)
+                    self._forget(a, f"lost: {why}")
+            for a in plan.create:
+                self.assignments[a.replica] = a
+                self.store.put_assignment(self._row(a))
+                self.store.record("replica placed", replica=a.replica, model=a.model, node=a.node,
+                                  detail=f"gpus {list(a.spec.gpu_indices)}" if a.spec.gpu_indices else "")
+                log.info("replica %s of %s placed on %s", a.replica, a.model, a.node)
+                self._push(a.node)
+            for rid, why in plan.drain:
+                a = self.assignments[rid]
+                a.desired, a.drain_since, a.reason = "drain", now, why
+                self.store.set_desired(rid, "drain")
+                self.store.record("replica draining", replica=rid, model=a.model, node=a.node, detail=why)
+                self._route(a)
+            for a in [a for a in self.assignments.values() if a.desired == "drain"]:
+                rep = self.router.registry.replicas.get(a.replica)
+                idle = rep is None or rep.view.inflight == 0
+                if idle or now - (a.drain_since or now) >= drain_timeout:
+                    a.desired = "stop"
+                    self.store.set_desired(a.replica, "stop")
+                    self.router.remove_replica(a.replica)
+                    self._push(a.node)
+            for a in [a for a in self.assignments.values() if a.desired == "stop"]:
+                n = self.nodes.nodes.get(a.node)
+                if n is not None and n.connected and (a.report is None or a.report.state == "stopped"):
+                    self._forget(a, a.reason or "stopped")
+        self._reconciles += 1
+        if self._reconciles % 3600 == 0:
+            self.store.prune_history()
+        # Until the agents had a chance to reconnect, "cannot be placed" is only noise.
+        settled = now - self._started >= max(self.cfg.control.not_ready_after_s, self.cfg.control.settle_s)
+        for name, why in plan.unplaceable.items():
+            if settled and self.unplaceable.get(name) != why:
+                log.warning("model %s: %s", name, why)
+                self.store.record("unplaceable", model=name, detail=why)
+        self.unplaceable = plan.unplaceable if settled else {}
+
+    def _new_id(self, model: str) -> str:
+        while True:
+            rid = f"{model}/{secrets.token_hex(3)}"
+            if rid not in self.assignments:
+                return rid
+
+    @staticmethod
+    def _row(a: Assignment) -> AssignmentRow:
+        spec = a.spec.to_wire()
+        spec["demand"] = {"gpus": a.demand.gpus, "gpu_memory_mb": a.demand.gpu_memory_mb,
+                          "memory_mb": a.demand.memory_mb, "selector": [list(kv) for kv in a.demand.selector]}
+        return AssignmentRow(replica=a.replica, model=a.model, node=a.node, spec=spec, desired=a.desired,
+                             created_at=a.created_at, updated_at=time.time())
+
+    # -- operator actions (the admin API calls these) -------------------------------------------
+    def put_model(self, data: Any, *, source: str = "api") -> ModelConfig:
+        """Create or replace a model from plain data; raises ConfigError naming bad fields."""
+        m = model_from_dict(data, "model", pools=self.cfg.pools)
+        if self.sources.get(m.name) == "config" and source != "config":
+            raise ModelError(f"model {m.name} is defined in the config file; change it there")
+        self.store.put_model(m.name, {"source": source, "model": model_to_dict(m)})
+        self.store.record("model saved", model=m.name, detail=source)
+        self._set_model(m, source)
+        self._wake.set()
+        return m
+
+    def scale(self, name: str, count: int) -> ModelConfig:
+        m = self.models.get(name)
+        if m is None:
+            raise KeyError(name)
+        if m.deploy is None:
+            raise ModelError(f"model {name} has no [models.deploy] profile: its replicas are static")
+        data = model_to_dict(replace(m, deploy=replace(m.deploy, count=count)))
+        if self.sources.get(name) == "config":  # scaling is an operator override of the count
+            data_m = model_from_dict(data, "model", pools=self.cfg.pools)
+            self.store.put_model(name, {"source": "config", "model": model_to_dict(data_m)})
+            self._set_model(data_m, "config")
+            self._wake.set()
+            return data_m
+        return self.put_model(data, source=self.sources.get(name, "api"))
+
+    def delete_model(self, name: str) -> None:
+        if name not in self.models:
+            raise KeyError(name)
+        if self.sources.get(name) == "config":
+            raise ModelError(f"model {name} is defined in the config file; remove it there")
+        self.store.delete_model(name)
+        self.store.record("model deleted", model=name)
+        del self.models[name]
+        self.sources.pop(name, None)
+        self.deploys.pop(name, None)
+        self._wake.set()
+
+    def restart_replica(self, rid: str) -> None:
+        """Restart an engine (also how an operator clears a crash loop)."""
+        a = self.assignments[rid]
+        a.spec = replace(a.spec, generation=a.spec.generation + 1)
+        self.store.put_assignment(self._row(a))
+        self.store.record("replica restart requested", replica=rid, model=a.model, node=a.node)
+        self._push(a.node)
+
+    def set_labels(self, node: str, labels: dict[str, str]) -> None:
+        self.store.set_node_labels(node, labels)
+        row = self.store.nodes()[node]
+        if node not in self.nodes.nodes:
+            self.nodes.remember(node, agent_labels={}, operator_labels=row.operator_labels, facts=NodeFacts(),
+                                now=trio.current_time())
+        self.nodes.set_operator_labels(node, row.operator_labels)
+        self._wake.set()
+
+    def remove_labels(self, node: str, keys: list[str]) -> None:
+        self.store.remove_node_labels(node, keys)
+        row = self.store.nodes().get(node)
+        self.nodes.set_operator_labels(node, row.operator_labels if row else {})
+        self._wake.set()
+
+    # -- views ---------------------------------------------------------------------------------
+    def node_views(self) -> list[dict[str, Any]]:
+        now = trio.current_time()
+        out = []
+        for n in sorted(self.nodes.nodes.values(), key=lambda n: n.name):
+            engines = [a for a in self.assignments.values() if a.node == n.name]
+            out.append({
+                "name": n.name, "state": n.state, "since_s": round(now - n.since, 3), "reason": n.reason,
+                "connected": n.connected, "agent_id": n.agent_id,
+                "last_seen_s": None if n.last_seen is None else round(now - n.last_seen, 3),
+                "labels": n.labels, "agent_labels": n.agent_labels, "operator_labels": n.operator_labels,
+                "location": location(n.labels), "facts": n.facts.to_wire(),
+                "replicas": sorted(a.replica for a in engines),
+            })
+        return out
+
+    def replica_views(self) -> list[dict[str, Any]]:
+        out = []
+        for a in sorted(self.assignments.values(), key=lambda a: a.replica):
+            r = a.report
+            rep = self.router.registry.replicas.get(a.replica)
+            out.append({
+                "replica": a.replica, "model": a.model, "node": a.node, "desired": a.desired,
+                "state": a.engine_state, "url": r.url if r else None, "pid": r.pid if r else None,
+                "restarts": r.restarts if r else 0, "detail": r.detail if r else "",
+                "log_tail": list(r.log_tail) if r else [], "adopted": r.adopted if r else False,
+                "gpus": list(a.spec.gpu_indices), "generation": a.spec.generation, "reason": a.reason,
+                "routable": rep is not None and not rep.draining,
+                "inflight": rep.view.inflight if rep else 0, "created_at": a.created_at,
+            })
+        return out
+
+    def model_views(self) -> list[dict[str, Any]]:
+        out = []
+        for name in sorted(self.models):
+            m = self.models[name]
+            mine = [a for a in self.assignments.values() if a.model == name]
+            out.append({
+                "name": name, "engine": m.engine, "source": self.sources.get(name, "api"),
+                "desired_replicas": m.deploy.count if m.deploy else None,
+                "replicas": len([a for a in mine if a.desired == "run"]),
+                "ready": len([a for a in mine if a.engine_state == "ready" and a.desired == "run"]),
+                "static_replicas": len(m.replicas), "unplaceable": self.unplaceable.get(name),
+                "definition": model_to_dict(m),
+            })
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        states: dict[str, int] = {}
+        for n in self.nodes.nodes.values():
+            states[n.state] = states.get(n.state, 0) + 1
+        return {"router_id": self.router_id, "nodes": states, "assignments": len(self.assignments),
+                "partition_suspected": self.nodes.partition_suspected, "control_port": self.port,
+                "unplaceable": dict(self.unplaceable)}
+
