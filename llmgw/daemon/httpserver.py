@@ -21,6 +21,7 @@ import logging
 import os
 import socket as _socket
 import stat
+import struct
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import suppress
@@ -127,6 +128,7 @@ class ServerOptions(TypedDict, total=False):
     request_timeout: float  # first byte -> whole head + body, anti-slowloris (default 30 s)
     error_body: ErrorBody  # envelope of server-made errors (default: openai_error_body)
     stats: ServerStats  # pass one in to read the counters
+    peer_uid: int  # Unix sockets: other users' connections get 403 (SO_PEERCRED; where the OS has it)
 
 
 class _Conn:
@@ -281,8 +283,9 @@ class _Server:
     def __init__(self, handler: Handler, *, max_body_bytes: int = 16 << 20,
                  max_head_bytes: int = 64 << 10, keepalive_timeout: float = 60.0,
                  request_timeout: float = 30.0, error_body: ErrorBody = openai_error_body,
-                 stats: ServerStats | None = None) -> None:
+                 stats: ServerStats | None = None, peer_uid: int | None = None) -> None:
         self.handler, self.error_body = handler, error_body
+        self.peer_uid = peer_uid
         self.max_body, self.max_head = max_body_bytes, max_head_bytes
         self.keepalive_timeout, self.request_timeout = keepalive_timeout, request_timeout
         self.stats = stats if stats is not None else ServerStats()
@@ -328,10 +331,14 @@ class _Server:
             async with trio.open_nursery() as nursery:
                 c.nursery = nursery
                 nursery.start_soon(c.read_loop)
-                with c.scope, suppress(*_GONE):  # _GONE: the peer vanished as we wrote
-                    await self.request_loop(c)
-                if c.timed_out and c.reading and not c.eof:
-                    await self.reject(c, 408, "Timed out reading the request")
+                if self.peer_uid is not None and (uid := _peer_uid(stream.socket)) not in (None, self.peer_uid):
+                    logger.warning("refused a connection from uid %s", uid)
+                    await self.reject(c, 403, "This socket serves its owner only")
+                else:
+                    with c.scope, suppress(*_GONE):  # _GONE: the peer vanished as we wrote
+                        await self.request_loop(c)
+                    if c.timed_out and c.reading and not c.eof:
+                        await self.reject(c, 408, "Timed out reading the request")
                 nursery.cancel_scope.cancel()
         except Exception:  # Cancelled (shutdown) passes; nothing else may kill the server
             logger.exception("HTTP connection from %s failed", client)
@@ -598,7 +605,8 @@ async def serve_unix(handler: Handler, path: str | os.PathLike[str], *,
     Put it in a 0700 directory: between bind() and chmod() the socket has umask
     permissions, and only the directory closes that window.  A stale socket file
     is replaced; one with a live server behind it raises EADDRINUSE.  The file is
-    removed on exit.  Requests get ``client=None`` (authorise by SO_PEERCRED).
+    removed on exit.  Requests get ``client=None``; ``peer_uid=os.getuid()`` refuses
+    other users (SO_PEERCRED) with 403.
     """
     path = os.fspath(path)
     _remove_stale_socket(path)
@@ -618,6 +626,18 @@ async def serve_unix(handler: Handler, path: str | os.PathLike[str], *,
         with suppress(OSError):
             if os.stat(path).st_ino == ino:  # not a successor's socket
                 os.unlink(path)
+
+
+def _peer_uid(sock: trio.socket.SocketType) -> int | None:
+    """The uid of a Unix socket's peer; None elsewhere or where the OS has no SO_PEERCRED (not
+    Linux: the socket's 0700 directory is the guard there)."""
+    opt = getattr(_socket, "SO_PEERCRED", None)
+    if opt is None or sock.family != _socket.AF_UNIX:
+        return None
+    try:
+        return struct.unpack("3i", sock.getsockopt(_socket.SOL_SOCKET, opt, struct.calcsize("3i")))[1]
+    except OSError:
+        return -1  # unknown where it should be known: nobody's uid, so refused
 
 
 def _remove_stale_socket(path: str) -> None:

@@ -1,0 +1,217 @@
+"""THE route table of the admin API: every endpoint, its query parameters, the type of the body it
+reads and of the answer it gives, and the statuses it may answer. The HTTP shell dispatches by it
+(and refuses to start with a handler missing or left over), the OpenAPI document is generated
+from it, and a test keeps the committed document in step.
+
+Paths are matched on the raw (still percent-encoded) path, then each parameter is decoded. Names
+that may hold "/" (model names like ``org/model``, replica ids ``<model>/<hex>``) are "greedy":
+they may be sent as ``%2F`` or as plain slashes. The most specific template wins, so
+``/models/a/scale`` is the scale route of model ``a``; a model literally named ``a/scale`` is
+reached as ``/models/a%2Fscale``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from llmgw.admin.schema import (
+    CacheSummary,
+    DecisionView,
+    EndpointView,
+    Event,
+    HistoryEvent,
+    LabelKeysBody,
+    LabelsBody,
+    ModelDefinition,
+    ModelView,
+    NodeView,
+    ReplicaView,
+    RequestDecisions,
+    ScaleBody,
+    Status,
+)
+
+__all__ = ["API_VERSION", "PREFIX", "ROUTES", "Link", "QueryParam", "Resolution", "Resolver", "Route"]
+
+API_VERSION = "1"  # the document's version: bump on an incompatible change, with the prefix
+PREFIX = "/api/v1"
+MAX_LIMIT = 10_000  # ?limit= bound: answers stay a few MB at most
+MAX_WINDOW_S = 300.0  # the cache counters' window (llmgw.route.cache_stats)
+
+_PARAM = re.compile(r"\{([a-z_]+)\}")
+
+
+@dataclass(frozen=True, slots=True)
+class QueryParam:
+    name: str
+    type: type  # str, int, float or bool
+    doc: str
+    default: Any = None
+    minimum: float | None = None
+    maximum: float | None = None
+
+    @property
+    def constraints(self) -> dict[str, Any]:
+        return {k: v for k, v in (("minimum", self.minimum), ("maximum", self.maximum)) if v is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """The answer names a resource another operation takes (an OpenAPI link: clients and the
+    stateful fuzzer follow it): path parameter ``param`` of ``operation`` is the answer's ``field``."""
+    operation: str
+    param: str
+    field: str
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    path: str  # template, e.g. "/api/v1/nodes/{name}"
+    name: str  # operationId, and the name of the shell's handler
+    summary: str
+    response: Any  # the answer's type; None: no content
+    status: int = 200  # on success
+    body: Any = None  # the request body's type; None: reads none
+    query: tuple[QueryParam, ...] = ()
+    errors: tuple[int, ...] = ()  # beyond those implied (401; 400 for input; 404 for path parameters)
+    tag: str = ""
+    description: str = ""
+    stream: bool = False  # NDJSON: one `response` a line, until the client leaves
+    greedy: frozenset[str] = field(default_factory=frozenset)  # path parameters that may hold "/"
+    links: tuple[Link, ...] = ()
+
+    @property
+    def path_params(self) -> tuple[str, ...]:
+        return tuple(_PARAM.findall(self.path))
+
+    @property
+    def statuses(self) -> tuple[int, ...]:
+        implied = {401}
+        if self.body is not None or self.query or self.path_params:
+            implied.add(400)
+        if self.path_params:
+            implied.add(404)
+        return tuple(sorted({self.status, *implied, *self.errors}))
+
+
+_DECISION_FILTERS = (
+    QueryParam("model", str, "only decisions for this model (as the client named it)"),
+    QueryParam("replica", str, "only decisions that chose this replica"),
+    QueryParam("limit", int, "at most this many, the newest", default=100, minimum=1, maximum=MAX_LIMIT),
+)
+
+_NODE_LINKS = tuple(Link(op, "name", "name") for op in ("get_node", "set_node_labels", "remove_node_labels"))
+_MODEL_LINKS = tuple(Link(op, "name", "name") for op in ("get_model", "put_model", "delete_model", "scale_model"))
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", f"{PREFIX}/status", "get_status", "Daemon status", Status, tag="status",
+          description="The control plane's summary and llmgw's version."),
+    # nodes
+    Route("GET", f"{PREFIX}/nodes", "list_nodes", "List nodes", list[NodeView], tag="nodes"),
+    Route("GET", f"{PREFIX}/nodes/{{name}}", "get_node", "Show a node", NodeView, tag="nodes"),
+    Route("PUT", f"{PREFIX}/nodes/{{name}}/labels", "set_node_labels", "Set operator labels", NodeView,
+          body=LabelsBody, tag="nodes", links=_NODE_LINKS,
+          description="Merged into the node's operator labels, which override the agent's own. A node may "
+                      "be labelled before its agent first connects."),
+    Route("DELETE", f"{PREFIX}/nodes/{{name}}/labels", "remove_node_labels", "Remove operator labels", NodeView,
+          body=LabelKeysBody, tag="nodes", links=_NODE_LINKS),
+    # models
+    Route("GET", f"{PREFIX}/models", "list_models", "List models", list[ModelView], tag="models"),
+    Route("POST", f"{PREFIX}/models", "create_model", "Create a model", ModelDefinition, status=201,
+          body=ModelDefinition, errors=(409,), tag="models", links=_MODEL_LINKS,
+          description="409 if a model of that name exists (PUT replaces one)."),
+    Route("GET", f"{PREFIX}/models/{{name}}", "get_model", "A model's definition in force", ModelDefinition,
+          tag="models", greedy=frozenset({"name"}),
+          description="The whole definition, defaults included, as a PUT would take it back."),
+    Route("PUT", f"{PREFIX}/models/{{name}}", "put_model", "Create or replace a model", ModelDefinition,
+          body=ModelDefinition, errors=(409,), tag="models", greedy=frozenset({"name"}), links=_MODEL_LINKS,
+          description="The body's `name` may be left out; if present it must equal the path's. 409 for a "
+                      "model the config file defines (change it there)."),
+    Route("DELETE", f"{PREFIX}/models/{{name}}", "delete_model", "Delete a model", None, status=204,
+          errors=(409,), tag="models", greedy=frozenset({"name"}),
+          description="Its placed replicas drain and stop. 409 for a model the config file defines."),
+    Route("POST", f"{PREFIX}/models/{{name}}/scale", "scale_model", "Scale a model", ModelDefinition,
+          body=ScaleBody, errors=(409,), tag="models", greedy=frozenset({"name"}),
+          description="Sets its deploy profile's count (409 if it has none: static replicas do not scale). "
+                      "A config-file model may be scaled: the count is an operator override."),
+    # replicas and endpoints
+    Route("GET", f"{PREFIX}/replicas", "list_replicas", "List placed replicas", list[ReplicaView], tag="replicas",
+          query=(QueryParam("model", str, "only this model's"), QueryParam("node", str, "only this node's"))),
+    Route("POST", f"{PREFIX}/replicas/{{id}}/restart", "restart_replica", "Restart a replica", ReplicaView,
+          status=202, tag="replicas", greedy=frozenset({"id"}), links=(Link("restart_replica", "id", "replica"),),
+          description="Asks its agent to restart the engine (also how a crash loop is cleared); answers "
+                      "before the engine is back."),
+    Route("GET", f"{PREFIX}/endpoints", "list_endpoints", "List the router's endpoints", list[EndpointView],
+          tag="replicas", query=(QueryParam("model", str, "only this model's"),),
+          description="Every replica the scheduler knows (static and placed), with its breaker and its "
+                      "scraped metrics."),
+    # decisions and cache hits
+    Route("GET", f"{PREFIX}/decisions", "list_decisions", "Recent routing decisions", list[DecisionView],
+          tag="decisions", query=_DECISION_FILTERS, description="Newest first, each with its whole rationale."),
+    Route("GET", f"{PREFIX}/decisions/{{request_id}}", "get_decision", "A request's decisions", RequestDecisions,
+          tag="decisions", description="404 once the request has left the ring of recent decisions."),
+    Route("GET", f"{PREFIX}/cache", "get_cache", "Cache-hit summary", CacheSummary, tag="cache",
+          query=(QueryParam("window_s", float, "the window, ending now", default=MAX_WINDOW_S, minimum=10,
+                            maximum=MAX_WINDOW_S),),
+          description="Per model and per replica: routing decisions that sent a request to a replica "
+                      "holding its prefix, and the engines' own prefix-cache hit rates."),
+    Route("GET", f"{PREFIX}/history", "list_history", "Event history", list[HistoryEvent], tag="history",
+          query=(QueryParam("model", str, "only this model's"), QueryParam("node", str, "only this node's"),
+                 QueryParam("replica", str, "only this replica's"),
+                 QueryParam("limit", int, "at most this many, the newest", default=100, minimum=1,
+                            maximum=MAX_LIMIT)),
+          description="Newest first: what the control plane did and saw, as kept in its store."),
+    # the console's feed, and this document
+    Route("GET", f"{PREFIX}/events", "events", "Live event stream", Event, tag="events", stream=True,
+          description="NDJSON: a snapshot line, then decision lines as they happen and update lines with "
+                      "the sections that changed (checked once a second), and a ping line every 5 s. "
+                      "Lossy under load: reconnect for a fresh snapshot."),
+    Route("GET", f"{PREFIX}/openapi.json", "get_openapi", "This document", dict[str, Any], tag="meta"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    route: Route | None  # None: 404 (allow empty) or 405 (allow lists the methods)
+    params: dict[str, str]
+    allow: tuple[str, ...] = ()
+
+
+class Resolver:
+    """Raw path + method → the route and its decoded path parameters."""
+
+    def __init__(self, routes: tuple[Route, ...] = ROUTES) -> None:
+        by_path: dict[str, dict[str, Route]] = {}
+        for r in routes:
+            methods = by_path.setdefault(r.path, {})
+            if r.method in methods:
+                raise ValueError(f"{r.method} {r.path} is in the table twice")
+            methods[r.method] = r
+        # the most literal segments first: /models/{name}/scale before a greedy /models/{name}
+        order = sorted(by_path, key=lambda p: (-len([s for s in p.split("/") if s and "{" not in s]), p))
+        self._templates = [(self._compile(p, by_path[p]), by_path[p]) for p in order]
+
+    @staticmethod
+    def _compile(path: str, methods: dict[str, Route]) -> re.Pattern[str]:
+        greedy = frozenset().union(*(r.greedy for r in methods.values()))
+        out, pos = [], 0
+        for m in _PARAM.finditer(path):
+            out.append(re.escape(path[pos:m.start()]))
+            out.append(f"(?P<{m.group(1)}>{'.+' if m.group(1) in greedy else '[^/]+'})")
+            pos = m.end()
+        out.append(re.escape(path[pos:]))
+        return re.compile("".join(out))
+
+    def resolve(self, method: str, raw_path: str) -> Resolution:
+        for pattern, methods in self._templates:
+            m = pattern.fullmatch(raw_path)
+            if m is None:
+                continue
+            route = methods.get(method)
+            if route is None:
+                return Resolution(None, {}, tuple(sorted(methods)))
+            return Resolution(route, {k: unquote(v, errors="replace") for k, v in m.groupdict().items()})
+        return Resolution(None, {})

@@ -1,0 +1,473 @@
+"""The admin API's HTTP shell: one application (AdminApp) on two listeners (serve_admin).
+
+The Unix socket is the owner's: it lives in a 0700 directory we own, is itself 0600, and on Linux
+a peer of another uid is answered 403 (SO_PEERCRED); it needs no token. The TCP listener exists
+only with a token, and every request on it must carry ``Authorization: Bearer <token>``, compared
+in constant time; a missing or wrong one gets the same 401, before any routing, so an outsider
+learns nothing of the routes either. Requests tell the two apart by ``Request.client``, which is
+None on a Unix socket.
+
+Dispatch is by the route table (llmgw.admin.routes): 404 for an unknown path, 405 with Allow for a
+known path and another method, 400 naming the field or parameter for invalid input. Handlers
+register by the table's names; AdminApp refuses to start if one is missing or left over."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import stat
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any
+from urllib.parse import parse_qsl, quote
+
+import trio
+
+from llmgw import __version__
+from llmgw.admin.openapi import render
+from llmgw.admin.routes import PREFIX, ROUTES, Resolver, Route
+from llmgw.admin.schema import Problem
+from llmgw.admin.validate import Invalid, from_json, query_value
+from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
+from llmgw.daemon.control import ControlPlane, ModelError
+from llmgw.daemon.httpserver import (
+    Request,
+    Response,
+    json_response,
+    serve_tcp,
+    serve_unix,
+)
+from llmgw.daemon.router import Router
+from llmgw.route.types import Decision
+
+log = logging.getLogger("llmgw.admin")
+
+__all__ = ["AdminApp", "AdminSetupError", "admin_error_body", "serve_admin"]
+
+_NDJSON = "application/x-ndjson"
+SNAPSHOT_DECISIONS = 50
+_CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+          405: "method_not_allowed", 408: "request_timeout", 409: "conflict", 413: "payload_too_large",
+          431: "headers_too_large", 500: "internal_error"}
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "method_not_allowed", 409: "conflict_error"}
+
+
+class AdminSetupError(Exception):
+    """The admin listeners cannot start safely (the message says why)."""
+
+
+class _Fail(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 problems: list[Problem] | None = None, headers: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.code = code or _CODES.get(status)
+        self.problems = problems or []
+        self.headers = headers or []
+
+
+def _invalid(problems: list[Problem], code: str) -> _Fail:
+    return _Fail(400, "; ".join(map(str, problems)), param=problems[0].field or None, code=code,
+                 problems=problems)
+
+
+def admin_error_body(status: int, message: str, err_type: str) -> dict[str, Any]:
+    """The envelope of errors the HTTP server itself makes (413, malformed requests, 500...)."""
+    return {"error": {"message": message, "type": _TYPES.get(status, err_type), "param": None,
+                      "code": _CODES.get(status)}}
+
+
+@dataclass(slots=True)
+class _Call:
+    route: Route
+    params: dict[str, str]
+    query: dict[str, Any]
+    body: Any
+
+
+_Handler = Callable[["AdminApp", _Call], Awaitable[Any]]
+_HANDLERS: dict[str, _Handler] = {}
+
+
+def _handles(name: str) -> Callable[[_Handler], _Handler]:
+    def register(fn: _Handler) -> _Handler:
+        if name in _HANDLERS:
+            raise ValueError(f"two admin handlers for {name}")
+        _HANDLERS[name] = fn
+        return fn
+    return register
+
+
+class AdminApp:
+    def __init__(self, control: ControlPlane, router: Router, *, token: str | None = None,
+                 events_tick_s: float = 1.0, ping_s: float = 5.0, decisions_poll_s: float = 0.1) -> None:
+        names = {r.name for r in ROUTES}
+        if names != set(_HANDLERS):
+            raise RuntimeError(f"admin routes without a handler: {sorted(names - set(_HANDLERS))}; "
+                               f"handlers without a route: {sorted(set(_HANDLERS) - names)}")
+        self.control, self.router = control, router
+        self.token = token.encode() if token else None
+        self.resolver = Resolver(ROUTES)
+        self.events_tick_s, self.ping_s, self.decisions_poll_s = events_tick_s, ping_s, decisions_poll_s
+        self._openapi = render().encode()
+
+    @staticmethod
+    def handler_names() -> frozenset[str]:
+        return frozenset(_HANDLERS)
+
+    # -- the entry point ----------------------------------------------------------------------------
+    async def handle(self, req: Request) -> Response:
+        try:
+            resp = await self._dispatch(req)
+        except _Fail as e:
+            body = {"error": {"message": e.message, "type": _TYPES.get(e.status, "server_error"), "param": e.param,
+                              "code": e.code}}
+            if e.problems:
+                body["error"]["problems"] = [{"field": p.field, "message": p.message} for p in e.problems]
+            return json_response(e.status, body, e.headers)
+        if req.method != "GET" and resp.status < 400:  # the audit trail of operator changes
+            log.info("admin %s %s -> %d (%s)", req.method, req.path, resp.status,
+                     "unix socket" if req.client is None else f"{req.client[0]}:{req.client[1]}")
+        return resp
+
+    async def _dispatch(self, req: Request) -> Response:
+        if req.client is not None:  # TCP: the token first, so outsiders learn nothing, not even routes
+            self._authorize(req)
+        res = self.resolver.resolve(req.method, req.path)
+        route = res.route
+        if route is None:
+            if res.allow:
+                raise _Fail(405, f"Method {req.method} not allowed here; allowed: {', '.join(res.allow)}",
+                            headers=[("allow", ", ".join(res.allow))])
+            raise _Fail(404, f"Unknown route {req.path}")
+        call = _Call(route, res.params, self._query(route, req), self._body(route, req))
+        out = await _HANDLERS[route.name](self, call)
+        if isinstance(out, Response):
+            return out
+        if route.response is None:
+            return Response(route.status)
+        return json_response(route.status, out)
+
+    def _authorize(self, req: Request) -> None:
+        auth = req.header("authorization") or ""
+        scheme, _, given = auth.partition(" ")
+        ok = (self.token is not None and scheme.lower() == "bearer"
+              and hmac.compare_digest(given.strip().encode(), self.token))
+        if not ok:  # one answer for missing and wrong: no hint of the token
+            raise _Fail(401, "Missing or invalid admin token.", headers=[("www-authenticate", "Bearer")])
+
+    @staticmethod
+    def _query(route: Route, req: Request) -> dict[str, Any]:
+        raw = dict(parse_qsl(req.query, keep_blank_values=True))
+        out: dict[str, Any] = {}
+        known = {q.name for q in route.query}
+        problems = [Problem(k, "unknown query parameter") for k in raw if k not in known]  # a typo filters nothing
+        for q in route.query:
+            value = raw.get(q.name, "")
+            if value == "":  # absent or empty: the default
+                out[q.name] = q.default
+                continue
+            try:
+                out[q.name] = query_value(q.name, q.type, value, q.constraints)
+            except Invalid as e:
+                problems += e.problems
+        if problems:
+            raise _invalid(problems, "invalid_query")
+        return out
+
+    @staticmethod
+    def _body(route: Route, req: Request) -> Any:
+        if route.body is None:
+            return None
+        if not req.body.strip():
+            raise _Fail(400, "A JSON body is required.", code="invalid_body")
+        try:
+            data = json.loads(req.body)
+        except ValueError as e:
+            raise _Fail(400, f"The body is not valid JSON: {e}", code="invalid_json") from None
+        try:
+            return from_json(route.body, data)
+        except Invalid as e:
+            raise _invalid(e.problems, "invalid_body") from None
+
+    # -- status, nodes ------------------------------------------------------------------------------
+    @_handles("get_status")
+    async def _status(self, call: _Call) -> Any:
+        return {"version": __version__, **self.control.summary()}
+
+    @_handles("list_nodes")
+    async def _nodes(self, call: _Call) -> Any:
+        return self.control.node_views()
+
+    def _node_view(self, name: str) -> dict[str, Any]:
+        for n in self.control.node_views():
+            if n["name"] == name:
+                return n
+        raise _Fail(404, f"No node {name!r}.")
+
+    @staticmethod
+    def _node_name(call: _Call) -> str:
+        name = call.params["name"]
+        if (msg := node_name(name)) is not None:
+            raise _invalid([Problem("name", msg)], "invalid_path")
+        return name
+
+    @_handles("get_node")
+    async def _node(self, call: _Call) -> Any:
+        return self._node_view(self._node_name(call))
+
+    @_handles("set_node_labels")
+    async def _set_labels(self, call: _Call) -> Any:
+        name = self._node_name(call)
+        self.control.set_labels(name, call.body.labels)
+        return self._node_view(name)
+
+    @_handles("remove_node_labels")
+    async def _remove_labels(self, call: _Call) -> Any:
+        name = self._node_name(call)
+        if name not in self.control.nodes.nodes:
+            raise _Fail(404, f"No node {name!r}.")
+        self.control.remove_labels(name, call.body.keys)
+        return self._node_view(name)
+
+    # -- models -------------------------------------------------------------------------------------
+    @_handles("list_models")
+    async def _models(self, call: _Call) -> Any:
+        return self.control.model_views()
+
+    def _save(self, data: dict[str, Any]) -> dict[str, Any]:
+        try:
+            m = self.control.put_model(data, source="api")
+        except ConfigError as e:
+            raise _invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
+        except ModelError as e:
+            raise _Fail(409, str(e)) from None
+        return model_to_dict(m)
+
+    @_handles("create_model")
+    async def _create_model(self, call: _Call) -> Any:
+        name = call.body.get("name")
+        if isinstance(name, str) and name in self.control.models:
+            raise _Fail(409, f"Model {name!r} exists; PUT {PREFIX}/models/{{name}} replaces it.")
+        out = self._save(call.body)
+        return json_response(201, out, [("location", f"{PREFIX}/models/{quote(out['name'], safe='')}")])
+
+    @_handles("get_model")
+    async def _model(self, call: _Call) -> Any:
+        m = self.control.models.get(call.params["name"])
+        if m is None:
+            raise _Fail(404, f"No model {call.params['name']!r}.")
+        return model_to_dict(m)
+
+    @_handles("put_model")
+    async def _put_model(self, call: _Call) -> Any:
+        name, data = call.params["name"], call.body
+        if "name" not in data:
+            data = {**data, "name": name}
+        elif data["name"] != name:
+            raise _invalid([Problem("name", f"must equal the name in the path, {name!r}")], "invalid_body")
+        return self._save(data)
+
+    @_handles("delete_model")
+    async def _delete_model(self, call: _Call) -> Any:
+        name = call.params["name"]
+        try:
+            self.control.delete_model(name)
+        except KeyError:
+            raise _Fail(404, f"No model {name!r}.") from None
+        except ModelError as e:
+            raise _Fail(409, str(e)) from None
+        return None
+
+    @_handles("scale_model")
+    async def _scale(self, call: _Call) -> Any:
+        name = call.params["name"]
+        try:
+            m = self.control.scale(name, call.body.replicas)
+        except KeyError:
+            raise _Fail(404, f"No model {name!r}.") from None
+        except ModelError as e:
+            raise _Fail(409, str(e)) from None
+        except ConfigError as e:
+            raise _invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
+        return model_to_dict(m)
+
+    # -- replicas, endpoints ------------------------------------------------------------------------
+    @_handles("list_replicas")
+    async def _replicas(self, call: _Call) -> Any:
+        model, node = call.query["model"], call.query["node"]
+        return [r for r in self.control.replica_views()
+                if (model is None or r["model"] == model) and (node is None or r["node"] == node)]
+
+    @_handles("restart_replica")
+    async def _restart(self, call: _Call) -> Any:
+        rid = call.params["id"]
+        try:
+            self.control.restart_replica(rid)
+        except KeyError:
+            raise _Fail(404, f"No placed replica {rid!r} (static endpoints are not restarted by llmgw).") from None
+        return next(r for r in self.control.replica_views() if r["replica"] == rid)
+
+    def _endpoints(self, model: str | None = None) -> list[dict[str, Any]]:
+        reps = self.router.registry.replicas
+        out = []
+        for row in self.router.registry.snapshot():
+            if model is not None and row["model"] != model:
+                continue
+            rep = reps.get(row["id"])
+            s = rep.last_scrape if rep is not None else None
+            row["scrape"] = None if s is None else {
+                "engines": s.engines, "finished_total": s.finished_total,
+                "prefix_queries_total": s.prefix_queries_total, "prefix_hits_total": s.prefix_hits_total,
+                "kv_blocks": s.kv_blocks, "block_size": s.block_size, "kv_capacity_tokens": s.kv_capacity_tokens,
+                "lora_max": s.lora_max, "lora_running": list(s.lora_running),
+                "lora_waiting": list(s.lora_waiting), "errors": list(s.errors)}
+            out.append(row)
+        return out
+
+    @_handles("list_endpoints")
+    async def _list_endpoints(self, call: _Call) -> Any:
+        return self._endpoints(call.query["model"])
+
+    # -- decisions, cache ---------------------------------------------------------------------------
+    @_handles("list_decisions")
+    async def _decisions(self, call: _Call) -> Any:
+        model, replica, limit = call.query["model"], call.query["replica"], call.query["limit"]
+        out = []
+        for d in reversed(self.router.decisions):
+            if (model is None or d.model == model) and (replica is None or d.chosen == replica):
+                out.append(d.to_json())
+                if len(out) >= limit:
+                    break
+        return out
+
+    @_handles("get_decision")
+    async def _decision(self, call: _Call) -> Any:
+        rid = call.params["request_id"]
+        decisions = [d.to_json() for d in self.router.decisions if d.request_id == rid]
+        if not decisions:
+            raise _Fail(404, f"No recent decision for request {rid!r}.")
+        return {"request_id": rid, "decisions": decisions}
+
+    def _cache(self, window_s: float | None = None) -> dict[str, Any]:
+        return self.router.registry.cache_stats.summary(trio.current_time(), window_s)
+
+    @_handles("get_cache")
+    async def _get_cache(self, call: _Call) -> Any:
+        return self._cache(call.query["window_s"])
+
+    @_handles("list_history")
+    async def _history(self, call: _Call) -> Any:
+        q = call.query
+        rows = self.control.store.history(limit=q["limit"], replica=q["replica"], model=q["model"], node=q["node"])
+        return [asdict(r) for r in rows]
+
+    # -- the event stream, the document -------------------------------------------------------------
+    @_handles("events")
+    async def _events(self, call: _Call) -> Any:
+        return Response(200, [("content-type", _NDJSON), ("cache-control", "no-cache")], self._event_lines())
+
+    def _sections(self) -> dict[str, Any]:
+        c = self.control
+        return {"nodes": c.node_views(), "models": c.model_views(), "replicas": c.replica_views(),
+                "endpoints": self._endpoints(), "cache": self._cache()}
+
+    def _new_decisions(self, seen: Decision | None) -> list[Decision]:
+        ring = self.router.decisions
+        if not ring or ring[-1] is seen:
+            return []
+        new = []
+        for d in reversed(ring):  # newest first, back to the last one sent (all, if it left the ring)
+            if d is seen:
+                break
+            new.append(d)
+        new.reverse()
+        return new
+
+    async def _event_lines(self) -> AsyncIterator[bytes]:
+        rev = 1
+        sections = self._sections()
+        last = {k: _dumps(v) for k, v in sections.items()}
+        recent = list(self.router.decisions)[-SNAPSHOT_DECISIONS:]
+        seen = recent[-1] if recent else None
+        yield _line({"type": "snapshot", "rev": rev, **sections, "decisions": [d.to_json() for d in recent]})
+        now = trio.current_time()
+        next_check, next_ping = now + self.events_tick_s, now + self.ping_s
+        while True:
+            await trio.sleep(self.decisions_poll_s)
+            for d in self._new_decisions(seen):
+                rev += 1
+                seen = d
+                yield _line({"type": "decision", "rev": rev, "decision": d.to_json()})
+            now = trio.current_time()
+            if now >= next_check:
+                next_check = now + self.events_tick_s
+                changed = {}
+                for k, v in self._sections().items():
+                    text = _dumps(v)
+                    if text != last[k]:
+                        last[k], changed[k] = text, v
+                if changed:
+                    rev += 1
+                    yield _line({"type": "update", "rev": rev, **changed})
+            if now >= next_ping:
+                next_ping = now + self.ping_s
+                yield _line({"type": "ping", "rev": rev})
+
+    @_handles("get_openapi")
+    async def _openapi_doc(self, call: _Call) -> Any:
+        return Response(200, [("content-type", "application/json")], self._openapi)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def _line(obj: Any) -> bytes:
+    return (_dumps(obj) + "\n").encode()
+
+
+# -- the listeners --------------------------------------------------------------------------------
+def _private_dir(path: str) -> None:
+    """Create the socket's directory 0700, or accept an existing one only if it is ours and closed to
+    group and others: between bind() and chmod() the socket has umask permissions, and a directory
+    someone else controls could swap the socket under us."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise AdminSetupError(f"{path} is not a directory: refusing to put the admin socket there")
+    if st.st_uid != os.getuid():
+        raise AdminSetupError(f"{path} belongs to uid {st.st_uid}, not to us (uid {os.getuid()}): "
+                              "refusing to put the admin socket there")
+    if st.st_mode & 0o077:
+        raise AdminSetupError(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}; the admin socket's directory "
+                              f"must be private: chmod 700 {path}")
+
+
+async def serve_admin(cfg: AdminConfig, app: AdminApp, *,
+                      task_status: trio.TaskStatus[dict[str, Any]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``app`` on ``cfg.socket`` and, with ``cfg.tcp``, on TCP (which needs the app's token);
+    ``started({"socket": path, "tcp": "host:port" or None})`` with the bound TCP port."""
+    if cfg.tcp and app.token is None:
+        raise AdminSetupError("admin.tcp requires admin.token: no token, no TCP listener")
+    path = os.path.abspath(cfg.socket)
+    _private_dir(os.path.dirname(path))
+    options: dict[str, Any] = {"error_body": admin_error_body, "max_body_bytes": 1 << 20}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(serve_unix, app.handle, path, peer_uid=os.getuid(), **options))
+        tcp = None
+        if cfg.tcp:
+            host, _, port = cfg.tcp.rpartition(":")
+            host = host.strip("[]")
+            bound = await nursery.start(partial(serve_tcp, app.handle, host, int(port), **options))
+            tcp = f"{host}:{bound}"
+        log.info("admin API on %s%s", path, f" and {tcp} (token required)" if tcp else "")
+        task_status.started({"socket": path, "tcp": tcp})
