@@ -11,8 +11,14 @@ USAGE = """\
 usage: llmgw <command> [args]
 
 commands:
-  daemon [--role router] [--config FILE]      run the router (no models configured: in front
-                                              of a simulated fleet, the embedded default)
+  daemon [--role router,agent] [--config FILE]
+                                              run the router and/or the agent (default: both;
+                                              no models configured: a simulated fleet)
+  ctl COMMAND [-o table|json]                 operate a running daemon: status, nodes, label,
+                                              models, scale, replicas, restart, endpoints,
+                                              decisions, explain REQUEST_ID
+  console [--socket PATH | --url URL --token T]
+                                              the live operator console (a terminal UI)
   sim --engine vllm|llamacpp [engine flags]   run one simulated engine replica
   sim fleet N [--engine E] [--base-port P] [-- engine flags]
                                               run N simulated replicas (demos, benchmarks)
@@ -44,6 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return daemon_main(rest)
     if cmd == "config":
         return _config(rest)
+    if cmd == "ctl":
+        from llmgw.ctl import main as ctl_main
+
+        return ctl_main(rest)
+    if cmd == "console":
+        from llmgw.tui.main import main as console_main
+
+        return console_main(rest)
     print(f"llmgw: unknown command {cmd!r}\n\n{USAGE}", end="", file=sys.stderr)
     return 2
 

@@ -205,6 +205,7 @@ class ControlConfig:
     not_ready_after_s: float = opt(5.0, check=positive)  # silence before a node is not ready
     lost_after_s: float = opt(30.0, check=positive)  # not ready this long = lost, replicas move
     max_lost_fraction: float = opt(0.5, check=in_range(0, 1))  # more silent at once = our partition
+    settle_s: float = opt(3.0, check=in_range(0))  # after a start, agents get this long to join before placing
     drain_timeout_s: float = opt(30.0, check=positive)  # a stopping replica's requests may finish
     max_message_bytes: int = opt(4 * 1024 * 1024, check=in_range(1024))
     store: str = opt(factory=default_store_path, check=nonempty)  # SQLite file; ":memory:" = none
@@ -755,6 +756,7 @@ heartbeat_s = 1.0
 not_ready_after_s = 5.0          # silence before a node is not ready (nothing new placed there)
 lost_after_s = 30.0              # not ready this long = lost: its replicas are placed elsewhere
 max_lost_fraction = 0.5          # more nodes silent at once = the router is cut off: nobody is lost
+settle_s = 3.0                   # after a start, agents get this long to join before anything is placed
 drain_timeout_s = 30.0           # a replica being removed may finish its requests for this long
 max_message_bytes = 4194304      # larger messages close the connection
 # store = "/var/lib/llmgw/router.db"       # default: $XDG_STATE_HOME/llmgw/router.db

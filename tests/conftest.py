@@ -18,6 +18,22 @@ import pytest
 SHARED_SPECS = Path(__file__).resolve().parents[2] / "shared" / "specs"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Daemons started by tests keep their store, agent state and admin socket under a temporary
+    directory, never in the user's own (the defaults follow XDG_STATE_HOME / XDG_RUNTIME_DIR)."""
+    base = tmp_path_factory.mktemp("xdg")
+    saved = {k: os.environ.get(k) for k in ("XDG_STATE_HOME", "XDG_RUNTIME_DIR")}
+    os.environ["XDG_STATE_HOME"] = str(base / "state")
+    os.environ["XDG_RUNTIME_DIR"] = str(base / "run")
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture(scope="session")
 def golden() -> dict[str, Any]:
     """vLLM's golden vectors from ../shared/specs (skips cleanly where shared/ is absent)."""
@@ -106,3 +122,16 @@ def vllm_sim() -> Iterator[SimProc]:
                   env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"})
     yield s
     s.stop()
+
+
+# Console snapshots (pytest-textual-snapshot) live in the top-level snapshots/ folder, where docs/
+# links to them, rather than in a __snapshots__ folder beside each test file.
+try:
+    from pytest_textual_snapshot import SVGImageExtension
+except ImportError:  # a test extra: without it the console's snapshot tests skip
+    pass
+else:
+    _SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
+    # one folder per test module, as the plugin does (syrupy relates snapshots to tests by that name)
+    SVGImageExtension.dirname = classmethod(  # type: ignore[method-assign,assignment]
+        lambda cls, *, test_location: str(_SNAPSHOTS / test_location.basename))

@@ -27,9 +27,9 @@ SLOW = ["--sim-decode-ms-per-token", "20", "--sim-prefill-ms-per-token", "0"]
 
 
 class Daemon:
-    def __init__(self, config: Path, timeout: float = 30.0) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "llmgw", "daemon", "--config", str(config), "--port", "0",
-                                      "--log-level", "warning"],
+    def __init__(self, config: Path, timeout: float = 30.0, role: str = "router", log_level: str = "warning") -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "llmgw", "daemon", "--role", role, "--config", str(config),
+                                      "--port", "0", "--log-level", log_level],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         self.err: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
@@ -41,7 +41,7 @@ class Daemon:
             self.stop()
             raise RuntimeError("router did not start: " + "".join(self.err)[-3000:])
         self.info = json.loads(got[0])
-        self.url = self.info["url"]
+        self.url = self.info.get("url", "")
 
     def _pump(self) -> None:
         assert self.proc.stderr is not None
@@ -60,7 +60,9 @@ class Daemon:
 
 def write_config(tmp: Path, models: list[dict[str, Any]], pools: list[dict[str, Any]] | None = None,
                  router: str = "", server: str = "") -> Path:
-    lines = ["[server]", 'host = "127.0.0.1"', server, "[router]", "scrape_interval_s = 0.2", router]
+    lines = ["[server]", 'host = "127.0.0.1"', server, "[router]", "scrape_interval_s = 0.2", router,
+             "[control]", f"store = {json.dumps(str(tmp / 'router.db'))}",
+             "[admin]", f"socket = {json.dumps(str(tmp / 'admin' / 'admin.sock'))}"]
     for p in pools or []:
         lines += ["[[pools]]"] + [f"{k} = {json.dumps(v)}" for k, v in p.items()]
     for m in models:
@@ -285,7 +287,8 @@ def test_engine_answering_garbage_is_retried_elsewhere_and_reported(procs: list[
         r = httpx.post(f"{d.url}/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1},
                        headers={"x-llmgw-strategy": "batch"})
         assert r.status_code == 200 and r.headers["x-llmgw-endpoint"] == "m/1"
-    alone = Daemon(write_config(tmp_path, [{"name": "m", "replicas": [{"url": bad.url}]}]))
+    (tmp_path / "alone").mkdir()
+    alone = Daemon(write_config(tmp_path / "alone", [{"name": "m", "replicas": [{"url": bad.url}]}]))
     procs.append(alone)
     r = httpx.post(f"{alone.url}/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1})
     assert r.status_code == 502 and r.json()["error"]["type"] == "bad_gateway"

@@ -1,24 +1,36 @@
-"""`llmgw daemon`: the router process. With no models configured it starts the embedded default:
-a simulated fleet (`[sim]` in the config) as child processes, with the router in front of it."""
+"""`llmgw daemon`: the router, the agent, or both in one process (the embedded default).
+
+With `--role router,agent` and no `[[models]]` configured, the local agent runs a small simulated
+fleet (`[sim]`): one command gives a working OpenAI endpoint on any machine."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
-import subprocess
+import ssl
 import sys
 from dataclasses import replace
 from typing import Any
 
 import trio
 
-from llmgw.daemon.children import read_ready_line, stop_groups
-from llmgw.config import Config, ConfigError, ModelConfig, ReplicaConfig, default_config, load_config
+from llmgw.config import (
+    Config,
+    ConfigError,
+    DeployConfig,
+    ModelConfig,
+    default_config,
+    load_config,
+)
 
 log = logging.getLogger("llmgw.daemon")
+
+ROLES = ("router", "agent")
 
 
 class _JsonFormatter(logging.Formatter):
@@ -27,7 +39,7 @@ class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname.lower(),
                                "logger": record.name, "msg": record.getMessage()}
-        for key in ("request_id", "model", "endpoint", "status", "outcome", "ttft_ms", "latency_ms"):
+        for key in ("request_id", "model", "endpoint", "status", "outcome", "ttft_ms", "latency_ms", "replica"):
             if hasattr(record, key):
                 out[key] = getattr(record, key)
         if record.exc_info:
@@ -36,16 +48,17 @@ class _JsonFormatter(logging.Formatter):
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="llmgw daemon", description="Run the llmgw router.")
-    p.add_argument("--role", default="router", help="router (agent and router,agent come with the agents)")
+    p = argparse.ArgumentParser(prog="llmgw daemon", description="Run the llmgw router, agent, or both.")
+    p.add_argument("--role", default="router,agent",
+                   help="router, agent, or router,agent (default: both in one process, the embedded default)")
     p.add_argument("--config", help="TOML config file (default: built-in defaults, a simulated fleet)")
     p.add_argument("--host", help="override server.host")
     p.add_argument("--port", type=int, help="override server.port (0 = ephemeral)")
     p.add_argument("--log-level", default=os.environ.get("LLMGW_LOG_LEVEL", "info"))
     ns = p.parse_args(argv)
-    roles = set(ns.role.split(","))
-    if roles != {"router"}:
-        print(f"llmgw daemon: --role {ns.role!r} is not available yet (only 'router')", file=sys.stderr)
+    roles = {r.strip() for r in ns.role.split(",") if r.strip()}
+    if not roles or not roles <= set(ROLES):
+        print(f"llmgw daemon: --role {ns.role!r}: expected router, agent or router,agent", file=sys.stderr)
         return 2
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter())
@@ -60,59 +73,182 @@ def main(argv: list[str]) -> int:
         server = replace(server, host=ns.host or server.host, port=server.port if ns.port is None else ns.port)
         cfg = replace(cfg, server=server)
     try:
-        trio.run(_run, cfg)
+        trio.run(_run, cfg, roles)
     except KeyboardInterrupt:
         pass
+    except BaseException as e:  # startup errors come wrapped in the nurseries' exception groups
+        err = _startup_error(e)
+        if err is None:
+            raise
+        print(f"llmgw daemon: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
-async def _run(cfg: Config) -> None:
+def _lock_store(path: str) -> Any:
+    """One router per store: two control planes writing one store would undo each other."""
+    import fcntl
+
+    f = open(path + ".lock", "a+")  # noqa: SIM115 — held open for the process's lifetime
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise _StartupError(f"control.store: {path} is in use by another llmgw router") from None
+    return f
+
+
+def _startup_error(e: BaseException) -> _StartupError | None:
+    found = _find(e, (_StartupError,))
+    return found if isinstance(found, _StartupError) else None
+
+
+def _find(e: BaseException, types: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first exception of `types` in e, looking inside (nested) exception groups."""
+    if isinstance(e, types):
+        return e
+    if isinstance(e, BaseExceptionGroup):
+        for sub in e.exceptions:
+            if (found := _find(sub, types)) is not None:
+                return found
+    return None
+
+
+class _StartupError(Exception):
+    pass
+
+
+def embedded_model(cfg: Config) -> ModelConfig:
+    """The default one-process fleet: `[sim]` replicas of a simulated engine on the local node."""
+    s = cfg.sim
+    return ModelConfig(name=s.model, engine=s.engine,
+                       deploy=DeployConfig(count=s.replicas, simulate=True, args=s.extra_args,
+                                           health_timeout_s=60.0))
+
+
+def _read_secret(value: str | None, path: str | None, what: str) -> str | None:
+    if not path:
+        return value
+    try:
+        with open(path) as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise _StartupError(f"{what}: cannot read {path}: {e.strerror or e}") from None
+    if not token:
+        raise _StartupError(f"{what}: {path} is empty")
+    return token
+
+
+def _server_tls(cfg: Config) -> ssl.SSLContext | None:
+    c = cfg.control
+    if not c.tls_cert:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(c.tls_cert, c.tls_key)
+    except (OSError, ssl.SSLError) as e:
+        raise _StartupError(f"control.tls_cert/tls_key: {e}") from None
+    return ctx
+
+
+def _client_tls(cfg: Config) -> ssl.SSLContext | None:
+    a = cfg.agent
+    if not a.tls:
+        return None
+    try:
+        return ssl.create_default_context(cafile=a.tls_ca) if a.tls_ca else ssl.create_default_context()
+    except (OSError, ssl.SSLError) as e:
+        raise _StartupError(f"agent.tls_ca: {e}") from None
+
+
+async def _run(cfg: Config, roles: set[str]) -> None:
+    ready: dict[str, Any] = {"ready": True, "role": ",".join(r for r in ROLES if r in roles), "pid": os.getpid()}
+    token: str | None = None
+    control_addr: str | None = None
+    async with trio.open_nursery() as nursery:
+        if "router" in roles:
+            if not cfg.models and "agent" in roles and cfg.sim.replicas > 0:
+                cfg = replace(cfg, models=(embedded_model(cfg),))
+            token = _read_secret(cfg.control.join_token, cfg.control.join_token_file, "control.join_token_file")
+            settle = None
+            if token is None and "agent" in roles:
+                token = secrets.token_urlsafe(24)  # this process's own agent is the only one that joins
+                settle = 0.0  # ... so there is no fleet to wait for
+            info = await nursery.start(_router_role, cfg, token, settle)
+            ready.update(info)
+            control_addr = info.get("control")
+        agent = None
+        if "agent" in roles:
+            from llmgw.daemon.agent import Agent
+
+            if "router" in roles:
+                if control_addr is None:
+                    raise _StartupError("the local agent needs the router's control listener")
+                router_addr, agent_token, tls = control_addr, token, None
+                if cfg.control.tls_cert:
+                    tls = ssl.create_default_context(cafile=cfg.control.tls_cert)
+            else:
+                router_addr = cfg.agent.router
+                agent_token = _read_secret(cfg.agent.join_token, cfg.agent.join_token_file, "agent.join_token_file")
+                if agent_token is None:
+                    raise _StartupError("agent.join_token (or join_token_file) is required to join a router")
+                tls = _client_tls(cfg)
+            agent = Agent(cfg.agent, router=router_addr, token=agent_token, ssl_context=tls)
+            await nursery.start(agent.run)
+            ready.update({"node": cfg.agent.node, "state_dir": cfg.agent.state_dir})
+        print(json.dumps(ready), flush=True)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                break
+        log.info("stopping")
+        if agent is not None:
+            await agent.say_bye()  # then cancelling it stops its engines
+        nursery.cancel_scope.cancel()
+
+
+async def _router_role(cfg: Config, token: str | None, settle_s: float | None,
+                       task_status: trio.TaskStatus[dict[str, Any]]) -> None:
+    from llmgw.daemon.admin import AdminApp, AdminSetupError, serve_admin
+    from llmgw.daemon.control import ControlPlane
     from llmgw.daemon.httpserver import serve_tcp
     from llmgw.daemon.router import Router
+    from llmgw.daemon.store import Store, StoreError
     from llmgw.daemon.upstream import UpstreamPool
 
-    async with trio.open_nursery() as nursery:
-        fleet: list[trio.Process] = []
-        try:
-            if not cfg.models and cfg.sim.replicas > 0:
-                cfg = await _start_sim_fleet(cfg, fleet)
-            async with UpstreamPool() as pool:
-                router = Router(cfg, pool)
-                async with trio.open_nursery() as inner:
-                    inner.start_soon(router.registry.scrape_loop, pool)
-                    port = await inner.start(lambda task_status: serve_tcp(
-                        router.handle, cfg.server.host, cfg.server.port, task_status=task_status,
-                        max_body_bytes=cfg.server.max_body_bytes))
-                    url = f"http://{cfg.server.host}:{port}"
-                    print(json.dumps({"ready": True, "role": "router", "url": url, "port": port,
-                                      "models": [m.name for m in cfg.models], "pid": os.getpid()}), flush=True)
-                    log.info("router listening on %s", url)
-                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                        async for _ in signals:
-                            inner.cancel_scope.cancel()
-                            break
-        finally:
-            with trio.CancelScope(shield=True):
-                await stop_groups(fleet)
-            nursery.cancel_scope.cancel()
-
-
-async def _start_sim_fleet(cfg: Config, procs: list[trio.Process]) -> Config:
-    s = cfg.sim
-    urls = []
-    for i in range(s.replicas):
-        port = s.base_port + i if s.base_port else 0
-        cmd = [sys.executable, "-m", "llmgw", "sim", "--engine", s.engine, "--host", "127.0.0.1",
-               "--port", str(port)]
-        cmd += [s.model] if s.engine == "vllm" else ["-m", f"{s.model}.gguf", "--alias", s.model, "--metrics"]
-        cmd += list(s.extra_args)
-        proc = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, start_new_session=True)
-        procs.append(proc)
-        line = await read_ready_line(proc)
-        if not line:
-            raise RuntimeError(f"simulated replica {i} failed to start: {' '.join(cmd)}")
-        urls.append(json.loads(line)["url"])
-        log.info("simulated %s replica %d at %s", s.engine, i, urls[-1])
-    model = ModelConfig(name=s.model, engine=s.engine,
-                        replicas=tuple(ReplicaConfig(url=u) for u in urls))
-    return replace(cfg, models=(model,))
+    try:
+        store = Store.memory() if cfg.control.store == ":memory:" else Store.open(cfg.control.store)
+    except (StoreError, OSError) as e:
+        raise _StartupError(f"control.store: {e}") from None
+    lock = contextlib.nullcontext() if cfg.control.store == ":memory:" else _lock_store(cfg.control.store)
+    with store, lock:
+        async with UpstreamPool() as pool:
+            router = Router(cfg, pool)
+            control = ControlPlane(cfg, store, router, token=token, settle_s=settle_s)
+            async with trio.open_nursery() as inner:
+                inner.start_soon(router.registry.scrape_loop, pool)
+                info: dict[str, Any] = {}
+                if token is not None:
+                    host, _, port = cfg.control.listen.rpartition(":")
+                    cport = await inner.start(lambda task_status: control.serve(
+                        host.strip("[]"), int(port), ssl_context=_server_tls(cfg), task_status=task_status))
+                    info["control"] = f"{host.strip('[]')}:{cport}"
+                else:
+                    log.info("no control.join_token: agents cannot join this router")
+                try:
+                    admin = await inner.start(serve_admin, cfg.admin,
+                                              AdminApp(control, router, token=cfg.admin.token))
+                except BaseException as e:
+                    found = _find(e, (AdminSetupError, OSError))
+                    if found is None:
+                        raise
+                    raise _StartupError(f"admin API ({cfg.admin.socket}): {found}") from None
+                info["admin_socket"] = admin["socket"]
+                if admin.get("tcp"):
+                    info["admin_tcp"] = admin["tcp"]
+                port = await inner.start(lambda task_status: serve_tcp(
+                    router.handle, cfg.server.host, cfg.server.port, task_status=task_status,
+                    max_body_bytes=cfg.server.max_body_bytes))
+                url = f"http://{cfg.server.host}:{port}"
+                info.update({"url": url, "port": port, "models": [m.name for m in cfg.models]})
+                log.info("router listening on %s", url)
+                task_status.started(info)

@@ -1,0 +1,351 @@
+"""`llmgw ctl`: the operator's command line over the admin API.
+
+It finds the local daemon's Unix socket by itself (the default path, or `[admin] socket` of
+`--config`), or talks TCP with `--url` and `--token` (also LLMGW_ADMIN_URL / LLMGW_ADMIN_TOKEN).
+Every listing prints a table or, with `-o json`, the API's own JSON. No Textual here: `ctl` must
+start fast (a test checks it never imports the console)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from llmgw.config import ConfigError, default_admin_socket, load_config
+
+__all__ = ["CtlError", "main"]
+
+FACILITY = ("site", "room", "row", "rack", "pdu")
+
+
+class CtlError(Exception):
+    """A failure to tell the operator, with what to do about it."""
+
+
+# -- the connection ---------------------------------------------------------------------------
+class Admin:
+    def __init__(self, ns: argparse.Namespace) -> None:
+        url = ns.url or os.environ.get("LLMGW_ADMIN_URL")
+        token = ns.token or os.environ.get("LLMGW_ADMIN_TOKEN")
+        headers = {"accept": "application/json"}
+        if url:
+            if not token:
+                raise CtlError(f"--url {url} needs --token (or LLMGW_ADMIN_TOKEN): the TCP admin API "
+                               "always requires the [admin] token")
+            headers["authorization"] = f"Bearer {token}"
+            self.where = url
+            self.client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=ns.timeout)
+        else:
+            sock = ns.socket or _socket_from_config(ns.config) or default_admin_socket()
+            self.where = sock
+            if not os.path.exists(sock):
+                raise CtlError(f"no llmgw admin socket at {sock}: is the daemon running? Start it with "
+                               "`llmgw daemon`, or point at it with --socket PATH, --config FILE, or "
+                               "--url URL --token TOKEN")
+            self.client = httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://llmgw",
+                                       headers=headers, timeout=ns.timeout)
+
+    def call(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+             body: Any = None) -> Any:
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            r = self.client.request(method, "/api/v1" + path, params=params,
+                                    json=body if body is not None else None)
+        except httpx.TransportError as e:
+            raise CtlError(f"cannot reach the llmgw admin API at {self.where}: {e}. Is the daemon "
+                           "running?") from None
+        if r.status_code == 401:
+            raise CtlError("the admin API refused the token: pass the daemon's [admin] token with --token "
+                           "(or LLMGW_ADMIN_TOKEN)")
+        if r.status_code >= 400:
+            try:
+                err = r.json()["error"]
+                msg = err.get("message") or r.text
+            except (ValueError, KeyError, TypeError):
+                msg = r.text.strip() or r.reason_phrase
+            raise CtlError(f"{method} {path}: {r.status_code}: {msg}")
+        if r.status_code == 204 or not r.content:
+            return None
+        return r.json()
+
+
+def _socket_from_config(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        return load_config(path).admin.socket
+    except ConfigError as e:
+        raise CtlError(str(e)) from None
+
+
+# -- output -----------------------------------------------------------------------------------
+def table(rows: list[list[Any]], headers: list[str]) -> str:
+    cells = [[_cell(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+    return "\n".join([fmt(headers)] + [fmt(r) for r in cells])
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, list | tuple):
+        return ",".join(map(str, v)) or "-"
+    return str(v)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
+
+
+def emit(ns: argparse.Namespace, data: Any, render: Callable[[Any], str]) -> None:
+    if ns.output == "json":
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        print(render(data))
+
+
+# -- commands ---------------------------------------------------------------------------------
+def _domain_filter(domain: str | None) -> Callable[[dict[str, Any]], bool]:
+    """--domain rack=r12 (a facility key, short or llmgw.io/…) or --domain fra/hall-1 (a location prefix)."""
+    if not domain:
+        return lambda n: True
+    if "=" in domain:
+        key, _, value = domain.partition("=")
+        key = key.strip()
+        if key in FACILITY:
+            key = f"llmgw.io/{key}"
+        return lambda n: n.get("labels", {}).get(key) == value
+    prefix = domain.strip("/")
+    return lambda n: n.get("location", "") == prefix or n.get("location", "").startswith(prefix + "/")
+
+
+def cmd_nodes(api: Admin, ns: argparse.Namespace) -> None:
+    if ns.name:
+        emit(ns, api.call("GET", f"/nodes/{quote(ns.name, safe='')}"), _render_node)
+        return
+    keep = _domain_filter(ns.domain)
+    nodes = [n for n in api.call("GET", "/nodes") if keep(n)]
+
+    def render(nodes: list[dict[str, Any]]) -> str:
+        rows = []
+        for n in nodes:
+            gpus = n.get("facts", {}).get("gpus", [])
+            rows.append([n["name"], n["state"], n.get("location") or "-", len(gpus),
+                         len(n.get("replicas", [])), _age(n.get("since_s")), n.get("reason", "")])
+        return table(rows, ["NAME", "STATE", "LOCATION", "GPUS", "ENGINES", "SINCE", "REASON"])
+
+    emit(ns, nodes, render)
+
+
+def _render_node(n: dict[str, Any]) -> str:
+    facts = n.get("facts", {})
+    lines = [f"node       {n['name']}", f"state      {n['state']} for {_age(n.get('since_s'))} ({n.get('reason', '')})",
+             f"location   {n.get('location') or '-'}",
+             (f"facts      {facts.get('cpus', 0)} CPUs, {facts.get('memory_mb', 0)} MB memory, "
+             f"{len(facts.get('gpus', []))} GPUs")]
+    for g in facts.get("gpus", []):
+        lines.append(f"  gpu {g['index']}    {g['name']} {g['memory_mb']} MB")
+    ops = n.get("operator_labels", {})
+    for k, v in sorted(n.get("labels", {}).items()):
+        lines.append(f"label      {k}={v}" + ("  (operator)" if k in ops else ""))
+    for r in n.get("replicas", []):
+        lines.append(f"replica    {r}")
+    return "\n".join(lines)
+
+
+def cmd_label(api: Admin, ns: argparse.Namespace) -> None:
+    sets: dict[str, str] = {}
+    removes: list[str] = []
+    for item in ns.labels:
+        if item.endswith("-") and "=" not in item:
+            removes.append(item[:-1])
+        elif "=" in item and item.split("=", 1)[0]:
+            k, _, v = item.partition("=")
+            sets[k] = v
+        else:
+            raise CtlError(f"label {item!r}: expected key=value to set, or key- to remove")
+    node = quote(ns.node, safe="")
+    if sets:
+        api.call("PUT", f"/nodes/{node}/labels", body={"labels": sets})
+    if removes:
+        api.call("DELETE", f"/nodes/{node}/labels", body={"keys": removes})
+    emit(ns, api.call("GET", f"/nodes/{node}"), _render_node)
+
+
+def cmd_models(api: Admin, ns: argparse.Namespace) -> None:
+    if ns.name:
+        emit(ns, api.call("GET", f"/models/{quote(ns.name, safe='')}"),
+             lambda d: json.dumps(d, indent=2, sort_keys=True))
+        return
+
+    def render(models: list[dict[str, Any]]) -> str:
+        rows = [[m["name"], m.get("engine"), m.get("source"),
+                 f"{m.get('ready', 0)}/{m['desired_replicas']}" if m.get("desired_replicas") is not None
+                 else f"{m.get('static_replicas', 0)} static", m.get("unplaceable") or ""] for m in models]
+        return table(rows, ["MODEL", "ENGINE", "SOURCE", "READY", "PROBLEM"])
+
+    emit(ns, api.call("GET", "/models"), render)
+
+
+def cmd_scale(api: Admin, ns: argparse.Namespace) -> None:
+    api.call("POST", f"/models/{quote(ns.model, safe='')}/scale", body={"replicas": ns.replicas})
+    print(f"model {ns.model} scaled to {ns.replicas} replicas")
+
+
+def cmd_replicas(api: Admin, ns: argparse.Namespace) -> None:
+    def render(reps: list[dict[str, Any]]) -> str:
+        rows = [[r["replica"], r["node"], r["state"] + ("" if r.get("desired") == "run" else f" ({r['desired']})"),
+                 r.get("url"), r.get("pid"), r.get("restarts", 0), r.get("gpus"), r.get("inflight", 0),
+                 r.get("detail", "")] for r in reps]
+        return table(rows, ["REPLICA", "NODE", "STATE", "URL", "PID", "RESTARTS", "GPUS", "INFLIGHT", "DETAIL"])
+
+    emit(ns, api.call("GET", "/replicas", params={"model": ns.model, "node": ns.node}), render)
+
+
+def cmd_restart(api: Admin, ns: argparse.Namespace) -> None:
+    api.call("POST", f"/replicas/{quote(ns.replica, safe='')}/restart")
+    print(f"replica {ns.replica}: restart requested")
+
+
+def cmd_endpoints(api: Admin, ns: argparse.Namespace) -> None:
+    def render(eps: list[dict[str, Any]]) -> str:
+        rows = []
+        for e in eps:
+            b = e.get("breaker") or {}
+            kv = e.get("kv_usage")
+            rows.append([e["id"], e.get("model"), e.get("url"), b.get("state", "-"), e.get("inflight", 0),
+                         e.get("running"), e.get("waiting"), None if kv is None else f"{kv:.0%}",
+                         "stale" if e.get("stale") else "", e.get("scrape_error") or ""])
+        return table(rows, ["ENDPOINT", "MODEL", "URL", "BREAKER", "INFLIGHT", "RUNNING", "WAITING", "KV",
+                            "", "ERROR"])
+
+    emit(ns, api.call("GET", "/endpoints", params={"model": ns.model}), render)
+
+
+def cmd_decisions(api: Admin, ns: argparse.Namespace) -> None:
+    def render(ds: list[dict[str, Any]]) -> str:
+        rows = []
+        for d in ds:
+            best = max((c.get("total", 0.0) for c in d.get("candidates", [])), default=None)
+            rows.append([time.strftime("%H:%M:%S", time.localtime(d.get("decided_at", 0))), d["request_id"],
+                         d.get("model"), d.get("strategy"), d.get("chosen"), best,
+                         len(d.get("dropped", [])), f"{d.get('decide_us', 0):.0f}µs"])
+        return table(rows, ["TIME", "REQUEST", "MODEL", "STRATEGY", "CHOSEN", "SCORE", "DROPPED", "TOOK"])
+
+    emit(ns, api.call("GET", "/decisions", params={"model": ns.model, "replica": ns.replica, "limit": ns.limit}),
+         render)
+
+
+def render_rationale(d: dict[str, Any]) -> str:
+    weights: dict[str, float] = d.get("weights", {})
+    scorers = [s for s in weights if weights[s]] or sorted({k for c in d.get("candidates", [])
+                                                             for k in c.get("scores", {})})
+    out = [f"request   {d['request_id']}", (f"model     {d.get('model')}  strategy {d.get('strategy')}  "
+           f"picker {d.get('picker')}"), f"chosen    {d.get('chosen') or '(none)'}"]
+    if d.get("note"):
+        out.append(f"note      {d['note']}")
+    rows = []
+    for c in d.get("candidates", []):
+        mark = "*" if c.get("endpoint") == d.get("chosen") else ""
+        rows.append([mark + c["endpoint"], *[c.get("scores", {}).get(s) for s in scorers], c.get("total"),
+                     " ".join(c.get("flags", []))])
+    out += ["", table(rows, ["CANDIDATE", *[f"{s}×{weights.get(s, 0):g}" for s in scorers], "TOTAL", "FLAGS"])]
+    if d.get("n_candidates", 0) > len(d.get("candidates", [])):
+        out.append(f"(best {len(d['candidates'])} of {d['n_candidates']} candidates shown)")
+    if d.get("dropped"):
+        out += ["", table([[x["filter"], x["endpoint"], x["reason"]] for x in d["dropped"]],
+                          ["FILTER", "DROPPED", "WHY"])]
+    return "\n".join(out)
+
+
+def cmd_explain(api: Admin, ns: argparse.Namespace) -> None:
+    data = api.call("GET", f"/decisions/{quote(ns.request_id, safe='')}")
+    decisions = data.get("decisions", [data]) if isinstance(data, dict) else data
+    emit(ns, data, lambda _: "\n\n".join(render_rationale(d) for d in decisions))
+
+
+def cmd_status(api: Admin, ns: argparse.Namespace) -> None:
+    emit(ns, api.call("GET", "/status"), lambda d: "\n".join(f"{k:20s} {json.dumps(v)}" for k, v in d.items()))
+
+
+# -- argument parsing -------------------------------------------------------------------------
+def _common(top: bool) -> argparse.ArgumentParser:
+    """The shared options, accepted before or after the command. Below the command they default
+    to SUPPRESS: otherwise a subparser's default would overwrite a value given before it."""
+    def d(value: Any) -> Any:
+        return value if top else argparse.SUPPRESS
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-o", "--output", choices=("table", "json"), default=d("table"))
+    common.add_argument("--socket", default=d(None), help="the admin Unix socket (default: the local daemon's)")
+    common.add_argument("--config", default=d(None), help="read [admin] socket from this config file")
+    common.add_argument("--url", default=d(None), help="TCP admin API, e.g. http://10.0.0.1:8001 (needs --token)")
+    common.add_argument("--token", default=d(None), help="the [admin] token for --url (or LLMGW_ADMIN_TOKEN)")
+    common.add_argument("--timeout", type=float, default=d(10.0))
+    return common
+
+
+def parser() -> argparse.ArgumentParser:
+    common = _common(top=False)
+    p = argparse.ArgumentParser(prog="llmgw ctl", parents=[_common(top=True)],
+                                description="Inspect and operate a running llmgw daemon.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Callable[[Admin, argparse.Namespace], None], help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, parents=[common], help=help_, description=help_)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    sp = add("status", cmd_status, "the daemon's summary")
+    sp = add("nodes", cmd_nodes, "nodes with their state and location (or one node, by name)")
+    sp.add_argument("name", nargs="?")
+    sp.add_argument("--domain", help="only nodes in a facility domain: rack=r12, site=fra, or a location "
+                                     "prefix like fra/hall-1")
+    sp = add("label", cmd_label, "set (key=value) or remove (key-) operator labels on a node")
+    sp.add_argument("node")
+    sp.add_argument("labels", nargs="+", metavar="key=value|key-")
+    sp = add("models", cmd_models, "models and their replicas' readiness (or one model's definition)")
+    sp.add_argument("name", nargs="?")
+    sp = add("scale", cmd_scale, "set a model's replica count")
+    sp.add_argument("model")
+    sp.add_argument("replicas", type=int)
+    sp = add("replicas", cmd_replicas, "replicas placed on agents, with their engine state")
+    sp.add_argument("--model")
+    sp.add_argument("--node")
+    sp = add("restart", cmd_restart, "restart a replica's engine (clears a crash loop)")
+    sp.add_argument("replica")
+    sp = add("endpoints", cmd_endpoints, "the router's endpoints: breaker, scraped metrics, inflight")
+    sp.add_argument("--model")
+    sp = add("decisions", cmd_decisions, "recent routing decisions")
+    sp.add_argument("--model")
+    sp.add_argument("--replica")
+    sp.add_argument("--limit", type=int, default=20)
+    sp = add("explain", cmd_explain, "why a request went where it did: candidates × scorers, and the drops")
+    sp.add_argument("request_id")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    ns = parser().parse_args(list(argv))
+    try:
+        api = Admin(ns)
+        ns.fn(api, ns)
+    except CtlError as e:
+        print(f"llmgw ctl: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+    return 0
