@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,9 @@ def table(name: str, values: dict[str, Any]) -> list[str]:
 class Fleet:
     """A router and its agents; everything started is stopped (agents first)."""
 
-    def __init__(self, tmp: Path, models: list[dict[str, Any]], *, lost_after: float = 3.0) -> None:
+    def __init__(self, tmp: Path, models: list[dict[str, Any]], *, lost_after: float = 3.0,
+                 control: dict[str, Any] | None = None) -> None:
+        self.control_extra = control or {}
         self.tmp = tmp
         self.control_port = free_port()
         self.models = models
@@ -52,7 +56,8 @@ class Fleet:
         lines += table("router", {"scrape_interval_s": 0.2})
         lines += table("control", {"listen": f"127.0.0.1:{self.control_port}", "join_token": TOKEN,
                                    "heartbeat_s": 0.2, "not_ready_after_s": 1.0, "lost_after_s": self.lost_after,
-                                   "drain_timeout_s": 2.0, "settle_s": 2.5, "store": str(self.tmp / "router.db")})
+                                   "drain_timeout_s": 2.0, "settle_s": 2.5, "store": str(self.tmp / "router.db"),
+                                   **self.control_extra})
         lines += table("admin", {"socket": str(self.tmp / "admin" / "admin.sock")})
         for m in self.models:
             lines += ["[[models]]"] + [f"{k} = {toml_value(v)}" for k, v in m.items() if k != "deploy"]
@@ -327,6 +332,22 @@ def test_gpus_are_fitted_and_passed_to_the_engine(fleet_factory: Any) -> None:
     wait_for(lambda: len(f.ready("g")) == 2, 30)
     placed = sorted((r["node"], tuple(r["gpus"])) for r in f.ready("g"))
     assert placed == [("a", (0,)), ("b", (0,))]  # the T4 is too small; spread across nodes
+
+
+def test_the_stream_over_tls(fleet_factory: Any, tmp_path: Path) -> None:
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "router.pem", tmp_path / "router.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=llmgw-router", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    f = fleet_factory([sim_model(count=1)], control={"tls_cert": str(cert), "tls_key": str(key)})
+    f.start_agent("a", tls=True, tls_ca=str(cert))
+    plain = f.start_agent("b")  # no TLS: the handshake fails, the node never joins
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    assert f.ready("m")[0]["node"] == "a"
+    wait_for(lambda: "connection" in f.log(plain) or "router" in f.log(plain), 10)
+    assert "b" not in f.nodes()
 
 
 @pytest.mark.skipif(not os.environ.get("LLMGW_LLAMA_SERVER"), reason="LLMGW_LLAMA_SERVER is not set")
