@@ -367,3 +367,32 @@ def test_real_llama_server_replicas_end_to_end(fleet_factory: Any) -> None:
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] is not None
 
+
+
+def test_models_created_scaled_and_deleted_through_the_api_drain_first(fleet_factory: Any) -> None:
+    f = fleet_factory([])
+    f.start_agent("a")
+    f.start_agent("b")
+    slow = {"name": "api-model", "engine": "vllm",
+            "deploy": {"count": 2, "simulate": True, "health_timeout_s": 20.0,
+                       "args": ["--sim-decode-ms-per-token", "40", "--sim-prefill-ms-per-token", "0"]}}
+    r = f.admin.post("/api/v1/models", json=slow)
+    assert r.status_code == 201, r.text
+    wait_for(lambda: len(f.ready("api-model")) == 2, 30)
+    assert sorted(x["node"] for x in f.ready("api-model")) == ["a", "b"]
+    bad = f.admin.post("/api/v1/models", json={"name": "x", "engine": "vllm", "deploy": {"count": -1}})
+    assert bad.status_code == 400 and "deploy.count" in bad.text
+    # A streamed request in flight while the model is scaled to zero: it finishes, then the engines stop.
+    assert f.router is not None
+    with httpx.stream("POST", f"{f.router.url}/v1/completions", timeout=20,
+                      json={"model": "api-model", "prompt": "x", "max_tokens": 25, "stream": True}) as resp:
+        assert resp.status_code == 200
+        it = resp.iter_lines()
+        next(it)
+        assert f.admin.post("/api/v1/models/api-model/scale", json={"replicas": 0}).status_code == 200
+        wait_for(lambda: {x["desired"] for x in f.replicas("api-model")} <= {"drain", "stop"}, 5)
+        lines = [line for line in it if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and len(lines) >= 25
+    wait_for(lambda: f.replicas("api-model") == [], 15)
+    assert f.admin.delete("/api/v1/models/api-model").status_code == 204
+    assert f.admin.get("/api/v1/models/api-model").status_code == 404
