@@ -396,3 +396,22 @@ def test_models_created_scaled_and_deleted_through_the_api_drain_first(fleet_fac
     wait_for(lambda: f.replicas("api-model") == [], 15)
     assert f.admin.delete("/api/v1/models/api-model").status_code == 204
     assert f.admin.get("/api/v1/models/api-model").status_code == 404
+
+
+def test_an_agent_that_crashes_and_returns_readopts_its_engines(fleet_factory: Any) -> None:
+    f = fleet_factory([sim_model(count=2)], lost_after=10.0)
+    f.start_agent("a")
+    wait_for(lambda: len(f.ready("m")) == 2, 30)
+    before = {r["replica"]: r["pid"] for r in f.ready("m")}
+    os.killpg(f.agents["a"].proc.pid, signal.SIGKILL)  # the agent only; its engines keep serving
+    f.agents["a"].proc.wait(5)
+    assert f.chat("m").status_code == 200
+    f.start_agent("a")
+    def adopted() -> bool:
+        ready = f.ready("m")
+        return len(ready) == 2 and all(r["adopted"] for r in ready)
+
+    wait_for(adopted, 20)
+    assert {r["replica"]: r["pid"] for r in f.ready("m")} == before  # same engines, not restarted
+    f.agents["a"].stop()  # and a stopped agent stops adopted engines too
+    assert not any(group_alive(p) for p in before.values())

@@ -106,10 +106,12 @@ class Agent:
         self.router_id: str | None = None
         self.supervisor: EngineSupervisor | None = None
         self._ms: MessageStream | None = None
+        self._reported = trio.Event()
         self._outbox_send, self._outbox = trio.open_memory_channel[EngineReport](math.inf)
         self._rng = random.Random()
 
     def _on_report(self, report: EngineReport) -> None:
+        self._reported.set()
         if self.connected:
             self._outbox_send.send_nowait(report)
         # while disconnected the next hello carries the whole state instead
@@ -130,11 +132,21 @@ class Agent:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(sup.run)
+                if adopted:
+                    await self._settle_adopted(sup)
                 task_status.started()
                 await self._connect_loop()
         finally:
             with trio.CancelScope(shield=True):
                 await sup.stop_all()
+
+    async def _settle_adopted(self, sup: EngineSupervisor, limit_s: float = 5.0) -> None:
+        """Give adopted engines a moment to answer their health check, so the hello reports them
+        ready rather than starting (which would take them out of routing for that moment)."""
+        with trio.move_on_after(limit_s):
+            while any(r.state == "starting" for r in sup.reports()):
+                self._reported = trio.Event()
+                await self._reported.wait()
 
     async def _connect_loop(self) -> None:
         a = self.cfg
