@@ -1,0 +1,48 @@
+"""The label editor's little language, kubectl-style: ``key=value`` sets an operator label,
+``key-`` removes one (a valid key never ends in "-"); several are separated by spaces or commas.
+Pure, so the parsing is tested without a terminal."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from llmgw.config import label_keys
+
+__all__ = ["LabelEdit", "parse_label_edit"]
+
+
+@dataclass(frozen=True, slots=True)
+class LabelEdit:
+    set: dict[str, str] = field(default_factory=dict)
+    remove: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.set.items()] + [f"{k}-" for k in self.remove]
+        return " ".join(parts)
+
+
+def parse_label_edit(text: str) -> LabelEdit:
+    """Raises ValueError with a message for the operator."""
+    sets: dict[str, str] = {}
+    removes: list[str] = []
+    for token in re.split(r"[\s,]+", text.strip()):
+        if not token:
+            continue
+        key, eq, value = token.partition("=")
+        if eq:
+            if not key:
+                raise ValueError(f"{token!r}: a label needs a key before '='")
+            sets[key] = value
+        elif token.endswith("-") and len(token) > 1:
+            removes.append(token[:-1])
+        else:
+            raise ValueError(f"{token!r}: write key=value to set a label, key- to remove one")
+    if not sets and not removes:
+        raise ValueError("nothing to change: write key=value or key-")
+    if (msg := label_keys({k: "" for k in [*sets, *removes]})) is not None:
+        raise ValueError(msg)
+    both = set(sets) & set(removes)
+    if both:
+        raise ValueError(f"both set and removed: {', '.join(sorted(both))}")
+    return LabelEdit(sets, removes)

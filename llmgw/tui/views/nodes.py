@@ -1,0 +1,58 @@
+"""Nodes: state and for how long, location, agent, hardware, the engines placed there; `l` sets
+or removes operator labels on the selected node."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from llmgw.tui.label_editor import LabelEditor
+from llmgw.tui.labels import LabelEdit
+from llmgw.tui.rows import NODE_COLUMNS, node_detail, node_rows
+from llmgw.tui.state import ConsoleState, as_dict
+from llmgw.tui.views.base import ConsoleView, fill_table, row_key_at
+
+__all__ = ["NodesView"]
+
+
+class NodesView(ConsoleView):
+    key = "1"
+    view_id = "nodes"
+    title = "Nodes"
+    summary = "state, location, hardware and engines of each node; l sets labels"
+    sections = frozenset({"nodes", "replicas", "models"})
+    BINDINGS: ClassVar = [Binding("l", "edit_labels", "set labels",
+                                  tooltip="set or remove operator labels on the selected node")]
+
+    def body(self) -> ComposeResult:
+        yield DataTable(id="nodes-table", cursor_type="row", zebra_stripes=True)
+        yield Static(id="node-detail", classes="detail", markup=False)
+
+    def render_state(self, state: ConsoleState) -> None:
+        table = self.query_one("#nodes-table", DataTable)
+        fill_table(table, NODE_COLUMNS, node_rows(state, self.filter_text))
+        self._show_detail(row_key_at(table))
+
+    def _show_detail(self, name: str | None) -> None:
+        node = self.host.state.node(name) if name is not None else None
+        self.query_one("#node-detail", Static).update("\n".join(node_detail(node)))
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show_detail(event.row_key.value)
+
+    def action_edit_labels(self) -> None:
+        name = row_key_at(self.query_one("#nodes-table", DataTable))
+        node = self.host.state.node(name) if name is not None else None
+        if name is None or node is None:
+            self.notify("no node selected", severity="warning")
+            return
+
+        def done(edit: LabelEdit | None) -> None:
+            if edit is not None:
+                self.host.apply_labels(name, edit)
+
+        self.app.push_screen(LabelEditor(name, as_dict(node.get("operator_labels")),
+                                         as_dict(node.get("agent_labels"))), done)

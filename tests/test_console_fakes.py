@@ -1,0 +1,284 @@
+"""A fake daemon for the console tests: canned, deterministic admin-API data (a small fleet, its
+routing decisions, cache hits) and a fake client that plays it as event-stream lines. The tests
+here hold the canned data to the admin API's own document, so the fakes cannot drift from what
+the daemon really sends."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from llmgw.config import model_from_dict, model_to_dict
+from llmgw.tui.client import AdminRefused, DaemonUnreachable
+
+WHERE = "unix:/run/user/1000/llmgw-1000/admin.sock"
+T0 = 1_750_000_000.0  # decided_at of the first decision (Unix time; shown in UTC by the tests)
+WEIGHTS = {"prefix": 3.0, "load": 2.0, "kv": 1.0}
+
+
+def _facts(host: str, cpus: int, mem_gb: int, gpus: list[tuple[str, int]]) -> dict[str, Any]:
+    return {"cpus": cpus, "memory_mb": mem_gb * 1024, "hostname": host, "agent_version": "0.1.0",
+            "gpus": [{"index": i, "name": n, "memory_mb": m} for i, (n, m) in enumerate(gpus)]}
+
+
+def _node(name: str, state: str, since: float, reason: str, connected: bool, loc: tuple[str, ...],
+          facts: dict[str, Any], replicas: list[str], operator: dict[str, str] | None = None) -> dict[str, Any]:
+    keys = ("llmgw.io/site", "llmgw.io/room", "llmgw.io/row", "llmgw.io/rack", "llmgw.io/pdu")
+    agent = dict(zip(keys, loc))
+    operator = operator or {}
+    labels = {**agent, **operator}
+    return {"name": name, "state": state, "since_s": since, "reason": reason, "connected": connected,
+            "agent_id": f"{name}-agent" if connected else None, "last_seen_s": 0.4 if connected else since,
+            "labels": labels, "agent_labels": agent, "operator_labels": operator,
+            "location": "/".join(labels[k] for k in keys if labels.get(k)), "facts": facts, "replicas": replicas}
+
+
+A100 = ("A100-SXM4-80GB", 81920)
+L4 = ("L4", 23034)
+
+NODES = [
+    _node("cpu-b1", "not_ready", 12.5, "no heartbeat for 6s", True, ("dc1", "hall-b", "row1", "r02", "pdu-1"),
+          _facts("cpu-b1", 64, 256, []), []),
+    _node("gpu-a1", "ready", 3723.0, "", True, ("dc1", "hall-a", "row3", "r12", "pdu-2"),
+          _facts("gpu-a1", 96, 1024, [A100, A100]), ["llama-8b/1a2b3c", "llama-8b/7a8b9c"],
+          operator={"tier": "prod"}),
+    _node("gpu-a2", "ready", 86500.0, "", True, ("dc1", "hall-a", "row3", "r13", "pdu-1"),
+          _facts("gpu-a2", 48, 512, [L4, L4, L4, L4]), ["llama-8b/4d5e6f", "qwen-7b/c0ffee"]),
+    _node("gpu-c1", "lost", 1830.0, "silent for 30s", False, ("dc2", "hall-1"),
+          _facts("gpu-c1", 32, 256, [A100]), []),
+]
+
+
+def _model(name: str, engine: str, source: str, desired: int | None, placed: int, ready: int,
+           unplaceable: str | None = None, static: list[str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"name": name, "engine": engine}
+    if desired is not None:
+        spec["deploy"] = {"count": desired, "gpus": 1}
+    if static:
+        spec["replicas"] = [{"url": u} for u in static]
+    return {"name": name, "engine": engine, "source": source, "desired_replicas": desired, "replicas": placed,
+            "ready": ready, "static_replicas": len(static or []), "unplaceable": unplaceable,
+            "definition": model_to_dict(model_from_dict(spec))}
+
+
+MODELS = [
+    _model("ext-model", "vllm", "config", None, 0, 0, static=["http://10.0.0.9:8000"]),
+    _model("llama-8b", "vllm", "config", 3, 3, 2),
+    _model("mistral-7b", "vllm", "api", 2, 0, 0, unplaceable="needs 1 GPU with 40000 MB free: no ready node has it"),
+    _model("qwen-7b", "llamacpp", "api", 1, 1, 1),
+]
+
+
+def _replica(rid: str, node: str, state: str, port: int, gpus: list[int], inflight: int, detail: str = "",
+             restarts: int = 0, log: list[str] | None = None) -> dict[str, Any]:
+    return {"replica": rid, "model": rid.split("/")[0], "node": node, "desired": "run", "state": state,
+            "url": f"http://{node}:{port}" if state != "pending" else None, "pid": 4000 + port % 1000,
+            "restarts": restarts, "detail": detail, "log_tail": log or [], "adopted": False, "gpus": gpus,
+            "generation": restarts, "reason": "", "routable": state == "ready", "inflight": inflight,
+            "created_at": T0 - 4000}
+
+
+REPLICAS = [
+    _replica("llama-8b/1a2b3c", "gpu-a1", "ready", 9001, [0], 3,
+             log=["INFO Starting vLLM API server on http://0.0.0.0:9001",
+                  "INFO [api_server] Application startup complete."]),
+    _replica("llama-8b/4d5e6f", "gpu-a2", "ready", 9002, [0], 1),
+    _replica("llama-8b/7a8b9c", "gpu-a1", "starting", 9003, [1], 0, detail="loading weights", restarts=1),
+    _replica("qwen-7b/c0ffee", "gpu-a2", "ready", 9004, [1], 0),
+]
+
+
+def _breaker(state: str = "closed", failures: int = 0, last: str | None = None) -> dict[str, Any]:
+    return {"state": state, "retry_at": None, "cooldown": 0.0, "consecutive_failures": failures,
+            "probes_in_flight": 0, "half_open_successes": 0, "changed_at": None, "opened_total": 1 if last else 0,
+            "failures_total": failures, "successes_total": 120, "last_failure": last, "last_failure_at": None}
+
+
+def _endpoint(eid: str, model: str, url: str, node: str | None, inflight: int, running: float | None,
+              waiting: float | None, kv: float | None, breaker: dict[str, Any] | None = None,
+              scrape_error: str | None = None) -> dict[str, Any]:
+    return {"id": eid, "model": model, "url": url, "pool": "default", "inflight": inflight, "running": running,
+            "waiting": waiting, "kv_usage": kv, "stale": scrape_error is not None, "scrape_age_s": 0.8,
+            "scrape_error": scrape_error, "drain_rate": 2.5, "breaker": breaker or _breaker(), "adapters": [],
+            "node": node, "draining": False, "wall": T0, "scrape": None}
+
+
+ENDPOINTS = [
+    _endpoint("http://10.0.0.9:8000", "ext-model", "http://10.0.0.9:8000", None, 0, None, None, None,
+              _breaker("open", 5, "connect"), scrape_error="connect: connection refused"),
+    _endpoint("llama-8b/1a2b3c", "llama-8b", "http://gpu-a1:9001", "gpu-a1", 3, 3, 1, 0.42),
+    _endpoint("llama-8b/4d5e6f", "llama-8b", "http://gpu-a2:9002", "gpu-a2", 1, 1, 0, 0.18),
+    _endpoint("qwen-7b/c0ffee", "qwen-7b", "http://gpu-a2:9004", "gpu-a2", 0, 0, 0, 0.05),
+]
+
+LLAMA = ("llama-8b/1a2b3c", "llama-8b/4d5e6f")
+
+
+def decision(i: int, model: str = "llama-8b", chosen: str | None = "llama-8b/1a2b3c",
+             prefix_hit: bool = True) -> dict[str, Any]:
+    """The i-th canned decision: two scored candidates (three for llama), and the filters' drops."""
+    if model == "qwen-7b":
+        cands = [{"endpoint": "qwen-7b/c0ffee", "scores": {"prefix": 0.0, "load": 1.0, "kv": 0.95},
+                  "total": 2.95, "flags": []}]
+        dropped: list[dict[str, str]] = []
+    else:
+        other = LLAMA[0] if chosen == LLAMA[1] else LLAMA[1]
+        cands = [{"endpoint": chosen or LLAMA[0],
+                  "scores": {"prefix": 1.0 if prefix_hit else 0.0, "load": 0.5, "kv": 0.58},
+                  "total": (3.0 if prefix_hit else 0.0) + 1.58, "flags": ["prefix 12/16 blocks"] if prefix_hit else []},
+                 {"endpoint": other, "scores": {"prefix": 0.25, "load": 0.83, "kv": 0.82},
+                  "total": 3.23, "flags": []}]
+        dropped = [{"filter": "breaker", "endpoint": "http://10.0.0.9:8000", "reason": "breaker open until probe"},
+                   {"filter": "ready", "endpoint": "llama-8b/7a8b9c", "reason": "starting: not ready"}]
+    return {"request_id": f"req-{i:04d}", "model": model, "strategy": "chat", "picker": "max-score",
+            "chosen": chosen, "weights": WEIGHTS, "candidates": cands,
+            "n_candidates": len(cands) + (1 if i == 3 else 0),  # one more scored than kept, for the rationale
+            "dropped": dropped, "decided_at": T0 + i * 0.25, "decide_us": 40.0 + 7 * i,
+            "note": ("prefix hit" if prefix_hit else "prefix miss") if model == "llama-8b" else ""}
+
+
+DECISIONS = [
+    decision(1), decision(2, chosen=LLAMA[1], prefix_hit=False), decision(3), decision(4, model="qwen-7b",
+    chosen="qwen-7b/c0ffee"), decision(5), decision(6, chosen=None, prefix_hit=False),
+]
+LIVE_DECISIONS = [decision(7, chosen=LLAMA[1]), decision(8, model="qwen-7b", chosen="qwen-7b/c0ffee")]
+
+
+def _series(pattern: Sequence[float | None], n: int = 30) -> list[float | None]:
+    return [pattern[i % len(pattern)] for i in range(n)]
+
+
+def _counts(hits: int, misses: int, eh: float, eq: float, p1: Sequence[float | None],
+            p2: Sequence[float | None]) -> dict[str, Any]:
+    return {"prefix_hits": hits, "prefix_misses": misses,
+            "prefix_hit_rate": hits / (hits + misses) if hits + misses else None,
+            "engine_hit_tokens": eh, "engine_query_tokens": eq, "engine_hit_rate": eh / eq if eq else None,
+            "prefix_hit_rate_series": _series(p1), "engine_hit_rate_series": _series(p2)}
+
+
+RISE = [None, None, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0, 0.8, 0.6]
+STEADY = [0.6, 0.65, 0.7, 0.62, 0.58]
+LOW = [0.0, None, 0.1, 0.0, 0.2]
+
+CACHE = {
+    "window_s": 300.0, "bucket_s": 10.0,
+    "total": _counts(180, 60, 96000.0, 150000.0, RISE, STEADY),
+    "models": [{**_counts(170, 40, 90000.0, 130000.0, RISE, STEADY), "model": "llama-8b"},
+               {**_counts(10, 20, 6000.0, 20000.0, LOW, LOW), "model": "qwen-7b"}],
+    "replicas": [{**_counts(120, 10, 70000.0, 90000.0, RISE, STEADY), "replica": "llama-8b/1a2b3c",
+                  "model": "llama-8b"},
+                 {**_counts(50, 30, 20000.0, 40000.0, STEADY, LOW), "replica": "llama-8b/4d5e6f", "model": "llama-8b"},
+                 {**_counts(10, 20, 6000.0, 20000.0, LOW, LOW), "replica": "qwen-7b/c0ffee", "model": "qwen-7b"}],
+}
+
+
+def snapshot(rev: int = 1) -> dict[str, Any]:
+    return {"type": "snapshot", "rev": rev, "nodes": NODES, "models": MODELS, "replicas": REPLICAS,
+            "endpoints": ENDPOINTS, "decisions": DECISIONS, "cache": CACHE}
+
+
+def stream() -> list[dict[str, Any]]:
+    """One connection's lines: a snapshot, two live decisions, an update, a ping (revs 1..5)."""
+    return [snapshot(), {"type": "decision", "rev": 2, "decision": LIVE_DECISIONS[0]},
+            {"type": "decision", "rev": 3, "decision": LIVE_DECISIONS[1]},
+            {"type": "update", "rev": 4, "cache": CACHE}, {"type": "ping", "rev": 5}]
+
+
+# -- the fake client ------------------------------------------------------------------------------------
+@dataclass
+class Connection:
+    """One scripted connection: its lines, then either stay open (None) or fail with ``then``."""
+
+    lines: list[dict[str, Any]]
+    then: Exception | None = None
+
+
+@dataclass
+class FakeClient:
+    """Plays scripted connections to /events; once they run out every connection is refused.
+    Records the label calls, and answers them with the node as the daemon would."""
+
+    connections: list[Connection] = field(default_factory=lambda: [Connection(stream())])
+    where: str = WHERE
+    calls: list[tuple[str, str, Any]] = field(default_factory=list)
+    refuse_labels: str | None = None  # an error message to answer label calls with
+    attempts: int = 0
+    closed: bool = False
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
+        self.attempts += 1
+        if not self.connections:
+            raise DaemonUnreachable("[Errno 111] Connection refused")
+        conn = self.connections.pop(0)
+        for line in conn.lines:
+            yield line
+            await asyncio.sleep(0)
+        if conn.then is not None:
+            raise conn.then
+        await asyncio.Event().wait()  # an idle but open stream
+
+    def _node(self, name: str) -> dict[str, Any]:
+        """The daemon's node, as changed by the calls so far (a node may be labelled before it joins)."""
+        if name not in self.nodes:
+            self.nodes[name] = next((dict(n) for n in NODES if n["name"] == name),
+                                    _node(name, "ready", 0, "", False, (), _facts(name, 0, 0, []), []))
+        return self.nodes[name]
+
+    async def set_labels(self, node: str, labels: dict[str, str]) -> dict[str, Any]:
+        self.calls.append(("PUT", node, labels))
+        if self.refuse_labels:
+            raise AdminRefused(400, self.refuse_labels)
+        n = self._node(node)
+        n["operator_labels"] = {**n["operator_labels"], **labels}
+        n["labels"] = {**n["agent_labels"], **n["operator_labels"]}
+        return dict(n)
+
+    async def remove_labels(self, node: str, keys: list[str]) -> dict[str, Any]:
+        self.calls.append(("DELETE", node, keys))
+        n = self._node(node)
+        n["operator_labels"] = {k: v for k, v in n["operator_labels"].items() if k not in keys}
+        n["labels"] = {**n["agent_labels"], **n["operator_labels"]}
+        return dict(n)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@dataclass(frozen=True)
+class StopAfter:
+    """A backoff for tests: no delay for the first ``n`` attempts, then an hour (so a snapshot
+    sees a settled attempt count)."""
+
+    n: int
+
+    def delay(self, attempt: int) -> float:
+        return 0.0 if attempt < self.n else 3600.0
+
+
+# -- the canned data is what the daemon would send -------------------------------------------------------
+def _validator(schema: str) -> Any:
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    from llmgw.admin.openapi import document
+
+    doc = document()
+    return jsonschema_rs.validator_for({"$ref": f"#/components/schemas/{schema}", "components": doc["components"]})
+
+
+@pytest.mark.parametrize("line", stream(), ids=lambda line: f"{line['type']}-{line['rev']}")
+def test_canned_lines_match_the_admin_document(line: dict[str, Any]) -> None:
+    schema = {"snapshot": "SnapshotEvent", "decision": "DecisionEvent", "update": "UpdateEvent",
+              "ping": "PingEvent"}[line["type"]]
+    errors = [f"{e.instance_path}: {e.message}" for e in _validator(schema).iter_errors(line)]
+    assert not errors, errors[:5]
+
+
+def test_canned_node_answer_matches_the_admin_document() -> None:
+    n = asyncio.run(FakeClient().set_labels("gpu-a1", {"llmgw.io/rack": "r99"}))
+    errors = [f"{e.instance_path}: {e.message}" for e in _validator("NodeView").iter_errors(n)]
+    assert not errors, errors[:5]
+    assert n["labels"]["llmgw.io/rack"] == "r99"
