@@ -3,10 +3,12 @@ replicas for each preset strategy (targets on the reference 2-core box: <= 50 µ
 at 512). Pure CPU, no I/O: a synthetic fleet with live-looking metrics, a session key on half the
 requests, and inflight bumped on the chosen replica after each decision (as the router does).
 
-    .venv/bin/python bench/bench_decide.py [--decisions 3000] [--sizes 8,64,512] [--idle]
+    .venv/bin/python bench/bench_decide.py [--decisions 3000] [--sizes 8,64,512] [--idle] [--runs 1]
 
 --idle starts from an idle fleet (all gauges 0, so every total ties at first): the tie-break path.
-The machine is shared: p50 is the figure to compare, the mean and p99 carry the noise."""
+The machine is shared: p50 is the figure to compare, the mean and p99 carry the noise. --runs N
+repeats the whole table N times (interleaved, so a burst of load elsewhere hits every case alike)
+and prints each figure's median over the runs."""
 
 from __future__ import annotations
 
@@ -69,15 +71,20 @@ def main() -> None:
     ap.add_argument("--decisions", type=int, default=3000)
     ap.add_argument("--sizes", default="8,64,512")
     ap.add_argument("--idle", action="store_true", help="start from an idle fleet")
+    ap.add_argument("--runs", type=int, default=1, help="repeat and report medians")
     args = ap.parse_args()
-    print(f"{'replicas':>8} {'strategy':<13} {'mean µs':>8} {'p50 µs':>8} {'p99 µs':>8}")
+    cases = [(int(s), name) for s in args.sizes.split(",") for name in PRESETS]
+    stats: dict[tuple[int, str], list[tuple[float, float, float]]] = {c: [] for c in cases}
     t0 = time.perf_counter()
-    for n in (int(s) for s in args.sizes.split(",")):
-        for name in PRESETS:
+    for _ in range(args.runs):
+        for n, name in cases:
             ts = sorted(bench(n, name, args.decisions, args.idle))
             p99 = ts[min(len(ts) - 1, int(len(ts) * 0.99))]
-            print(f"{n:>8} {name:<13} {statistics.fmean(ts):>8.1f} {ts[len(ts) // 2]:>8.1f}"
-                  f" {p99:>8.1f}")
+            stats[n, name].append((statistics.fmean(ts), ts[len(ts) // 2], p99))
+    print(f"{'replicas':>8} {'strategy':<13} {'mean µs':>8} {'p50 µs':>8} {'p99 µs':>8}")
+    for (n, name), runs in stats.items():
+        mean, p50, p99 = (statistics.median(col) for col in zip(*runs))
+        print(f"{n:>8} {name:<13} {mean:>8.1f} {p50:>8.1f} {p99:>8.1f}")
     print(f"({time.perf_counter() - t0:.1f} s)")
 
 

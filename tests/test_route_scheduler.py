@@ -19,7 +19,9 @@ from llmgw.route.pickers import (
     PICKERS, PickerState, pick_max_score, pick_power_of_two, pick_round_robin, pick_softmax,
     tie_break,
 )
-from llmgw.route.scheduler import Scheduler, SchedulerConfig, top_indices, weighted_sum
+from llmgw.route.scheduler import (
+    Scheduler, SchedulerConfig, _unfiltered_loads, top_indices, weighted_sum,
+)
 from llmgw.route.scorers import (
     NEUTRAL, SCORERS, ScoreContext, Scores, score_inflight, score_kv, score_load, score_queue,
     score_session, score_weight,
@@ -474,6 +476,13 @@ def test_top_indices(vals, k):
     assert top_indices(vals, k) == want
 
 
+@given(st.lists(st.sampled_from([0.0, 0.125, 0.5, 1.0]) | st.floats(-1, 1), min_size=50,
+                max_size=1000), st.integers(1, 12))
+def test_top_indices_at_fleet_sizes(vals, k):
+    want = sorted(range(len(vals)), key=lambda i: (-vals[i], i))[:k]
+    assert top_indices(vals, k) == want
+
+
 # --------------------------------------------------------------------------- the scheduler
 
 def decide(eps, r=None, strategy="chat", sched=None, **kw):
@@ -526,6 +535,19 @@ def test_records_only_the_best_candidates_and_always_the_pick():
     for _ in range(12):
         d = decide(eps, sched=sched, strategy=resolve("chat", {"picker": "round-robin"}))
         assert d.chosen in [c.endpoint_id for c in d.candidates]
+
+
+@pytest.mark.parametrize("weights", [{"load": 1.0}, {"load": 1.0, "queue": 1.0},
+                                     {"session": 1.0, "kv": 2.0, "weight": 1.0}])
+def test_candidate_scores_are_each_scorers_value(weights):
+    eps = [ep(i, running=float(i), waiting=float(3 - i), kv_usage=0.1 * i, weight=1.0 + i)
+           for i in range(4)]
+    d = decide(eps, req(session_key="alice"), Strategy("x", weights))
+    ctx = ctx_for(eps, req(session_key="alice"))
+    for c in d.candidates:
+        i = int(c.endpoint_id[3:])
+        assert c.scores == {k: SCORERS[k](ctx).at(i) for k in weights}
+        assert c.total == pytest.approx(sum(d.weights[k] * v for k, v in c.scores.items()))
 
 
 def test_custom_scorer_plugs_in():
@@ -633,6 +655,7 @@ def test_pick_always_comes_from_the_filtered_set(eps, adapter, session, strategy
     if len(over) < len(kept):
         assert d.chosen not in over  # the KV ceiling is a hard limit
     for c in d.candidates:
+        assert list(c.scores) == list(resolve(strategy).weights)  # every scorer, in weight order
         assert all(0.0 <= v <= 1.0 + 1e-9 for v in c.scores.values())
         assert -1e-9 <= c.total <= 1.0 + 1e-9
     json.dumps(d.to_json())
@@ -649,6 +672,52 @@ def test_max_score_takes_a_best_total(eps, seed):
     best = max(c.total for c in allowed)
     chosen = next(c for c in d.candidates if c.endpoint_id == d.chosen)
     assert chosen.total == pytest.approx(best)
+
+
+@settings(max_examples=150, deadline=None)
+@given(eps=fleets(max_size=12, model="m"), session=st.sampled_from([None, "s1"]),
+       seed=st.integers(0, 1000), tidy=st.booleans())
+def test_max_score_shortcut_agrees_with_the_picker(eps, session, seed, tidy):
+    """The scheduler answers max-score from the head of its top-k when that head is unique;
+    softmax at temperature 0 runs the max-score picker itself: the two must always agree."""
+    if tidy:  # no filter drops anything: the fused scan's path
+        eps = [replace(e, available=True, stale=False, pool_priority=0,
+                       running=e.running or 0.0, waiting=e.waiting or 0.0) for e in eps]
+    for name in PRESETS:
+        fast = resolve(name, {"picker": "max-score"})
+        ref = resolve(name, {"picker": "softmax", "param": 0.0})
+        a, b = (Scheduler().decide(req(session_key=session), eps, s, now=50.0, wall=0.0,
+                                   rng=random.Random(seed)) for s in (fast, ref))
+        assert a.chosen == b.chosen and a.note == b.note
+        assert [(c.endpoint_id, c.scores, c.total, c.flags) for c in a.candidates] == \
+            [(c.endpoint_id, c.scores, c.total, c.flags) for c in b.candidates]
+
+
+@settings(max_examples=300, deadline=None)
+@given(eps=fleets(max_size=12), adapter=st.sampled_from([None, "a1"]), tidy=st.booleans(),
+       spoil=st.sampled_from([None, "model", "adapter", "available", "stale", "pool_priority",
+                              "running", "waiting"]))
+def test_fused_scan_applies_exactly_when_no_filter_drops_and_computes_the_loads(eps, adapter,
+                                                                                 tidy, spoil):
+    r = req(model=adapter or "m", adapter=adapter)
+    if tidy:
+        eps = [replace(e, model="m", adapters=frozenset({"a1"}), available=True, stale=False,
+                       pool_priority=10, running=e.running or 1.0, waiting=e.waiting or 0.0)
+               for e in eps]
+        if spoil is not None:  # break one endpoint in one way
+            eps[-1] = replace(eps[-1], **{
+                "model": {"model": "other"}, "adapter": {"adapters": frozenset()},
+                "available": {"available": False}, "stale": {"stale": True},
+                "pool_priority": {"pool_priority": 20}, "running": {"running": None},
+                "waiting": {"waiting": None}}[spoil])
+    loads = _unfiltered_loads(r, eps)
+    cfg = SchedulerConfig()
+    nothing_dropped = (serves(r, eps).kept is eps and healthy(eps, 0.0).kept is eps
+                       and pool_priority(eps, cfg).kept is eps)
+    fresh = all(not e.stale and e.running is not None and e.waiting is not None for e in eps)
+    assert (loads is not None) == (nothing_dropped and fresh)
+    if loads is not None:
+        assert loads == [load_estimate(e) for e in eps] == ctx_for(eps).loads
 
 
 def test_ties_on_an_idle_fleet_spread_instead_of_piling_on_one_replica():

@@ -5,15 +5,16 @@ passes monotonic ``now`` (breaker retry times) and ``wall`` (the decision's time
 
 Cost model (it runs once per request, and at 512 replicas every pass over the candidates
 costs ~10-40 µs): one fused scan first checks that no filter would drop anything (the common
-case), else the filters run one by one; scorers return affine columns (see :mod:`.scorers`)
-folded into one weighted-sum pass; pickers use C-level ``max``/``count``/``index`` rather than
-sorting; only the best ``record_candidates`` candidates are materialised into the Decision.
+case) and computes the load estimates on the way, else the filters run one by one; scorers
+return affine columns (see :mod:`.scorers`) folded into one weighted-sum pass; one more pass
+finds the best ``record_candidates`` (:func:`top_indices`), which also answers max-score when
+its best is unique (the other pickers use C-level ``max``/``count``/``index`` rather than
+sorting); only those few candidates are materialised into the Decision.
 """
 
 from __future__ import annotations
 
 import functools
-import heapq
 import math
 import random
 import time
@@ -23,7 +24,7 @@ from typing import Any
 
 from .filters import healthy, pool_priority, serves
 from .hashring import DEFAULT_C, DEFAULT_VNODES
-from .pickers import PICKERS, PickerState
+from .pickers import PICKERS, PickerState, pick_max_score
 from .scorers import SCORERS, ScoreContext, Scorer, Scores
 from .strategies import Strategy, StrategyError
 from .types import Candidate, Decision, EndpointView, FilterDrop, RequestInfo
@@ -64,6 +65,23 @@ def _summer(k: int) -> Callable[..., list[float]]:
     return ns["weighted_sum"]
 
 
+@functools.lru_cache(maxsize=64)
+def _score_dicts(names: tuple[str, ...]) -> Callable[..., list[dict[str, float]]]:
+    # {name: value} per kept candidate from per-scorer columns, as one comprehension with a dict
+    # display: dict(zip(names, row)) per candidate costs ~1.8x as much, and at 8 replicas these
+    # dicts are a fifth of the decision. The names are bound as closure variables, never
+    # spliced into the source.
+    k = len(names)
+    n = ", ".join(f"n{i}" for i in range(k))
+    c = ", ".join(f"c{i}" for i in range(k))
+    x = "".join(f"x{i}, " for i in range(k))  # the trailing comma unpacks zip's 1-tuples too
+    items = ", ".join(f"n{i}: x{i}" for i in range(k))
+    ns: dict[str, Any] = {}
+    exec(f"def bind({n}):\n    def dicts({c}):\n        return [{{{items}}} for {x} in zip({c})]\n"
+         "    return dicts", ns)
+    return ns["bind"](*names)
+
+
 def weighted_sum(coefs: Sequence[float], columns: Sequence[Sequence[float]], n: int) -> list[float]:
     """``Σ_k coefs[k] * columns[k][i]`` for each i in range(n)."""
     k = len(coefs)
@@ -76,24 +94,53 @@ def weighted_sum(coefs: Sequence[float], columns: Sequence[Sequence[float]], n: 
 
 
 def top_indices(values: list[float], k: int) -> list[int]:
-    """Indices of the k largest values, largest first, ties by lowest index: one pass keeping a
-    k-heap, which touches the heap only when a value beats the current k-th best."""
+    """Indices of the k largest values, largest first, ties by lowest index."""
     n = len(values)
     if n <= k:
         return sorted(range(n), key=values.__getitem__, reverse=True)
     if k == 1:
         return [values.index(max(values))]
-    heap = [(values[i], -i) for i in range(k)]  # -i: among equals the later index is evicted
-    heapq.heapify(heap)
-    top = heap[0][0]
-    replace = heapq.heapreplace
-    for i in range(k, n):
-        v = values[i]
-        if v > top:
-            replace(heap, (v, -i))
-            top = heap[0][0]
-    heap.sort(reverse=True)
-    return [-i for _, i in heap]
+    # A floor first: the k-th largest of a sample is at most the k-th largest of all (the k
+    # sampled values at or above it are values too), so only values at or above it can make the
+    # top k. A C-level sort of ~sqrt(k n) of them leaves one comparison per value and a sort of
+    # the few at or above the floor (stable: equal values stay in index order).
+    floor = sorted(values[::math.isqrt(n // k)])[-k]
+    top = [i for i in range(n) if values[i] >= floor]
+    if len(top) < k:  # only with NaNs, which defeat any order: still k indices
+        top = list(range(n))
+    top.sort(key=values.__getitem__, reverse=True)
+    return top[:k]
+
+
+def _unfiltered_loads(req: RequestInfo, endpoints: Sequence[EndpointView]) -> list[float] | None:
+    """The common case in one scan: every endpoint serves the request, its breaker allows
+    traffic, all share one pool priority and every scrape is fresh with both queue gauges. Then
+    no filter would drop anything, and the load estimates (``ScoreContext.loads``) come out of
+    the same pass. None otherwise: the caller takes the general path."""
+    if not endpoints:
+        return None
+    base = req.base_model
+    adapter = req.adapter
+    p0 = endpoints[0].pool_priority
+    # running + waiting + our starts since the scrape; `+ 0.0` when there are none would cost
+    # another float op per candidate, so the sum is spelled twice
+    try:
+        if adapter is None:
+            loads = [(e.running + e.waiting  # type: ignore[operator]
+                      + (e.inflight - e.inflight_at_scrape)) if e.inflight > e.inflight_at_scrape
+                     else e.running + e.waiting  # type: ignore[operator]
+                     for e in endpoints
+                     if e.model == base and e.available and e.pool_priority == p0 and not e.stale]
+        else:
+            loads = [(e.running + e.waiting  # type: ignore[operator]
+                      + (e.inflight - e.inflight_at_scrape)) if e.inflight > e.inflight_at_scrape
+                     else e.running + e.waiting  # type: ignore[operator]
+                     for e in endpoints
+                     if e.model == base and e.available and e.pool_priority == p0 and not e.stale
+                     and adapter in e.adapters]
+    except TypeError:  # a None gauge (llama.cpp, a partial scrape)
+        return None
+    return loads if len(loads) == len(endpoints) else None
 
 
 def _unfiltered_freshness(req: RequestInfo, endpoints: Sequence[EndpointView]) -> bool | None:
@@ -136,7 +183,8 @@ class Scheduler:
         dropped: list[FilterDrop] = []
         notes: list[str] = []
 
-        fresh = _unfiltered_freshness(req, endpoints)
+        loads = _unfiltered_loads(req, endpoints)
+        fresh = True if loads is not None else _unfiltered_freshness(req, endpoints)
         if fresh is not None:  # the common case: nothing to filter
             members = eps = endpoints
         else:
@@ -165,6 +213,7 @@ class Scheduler:
 
         ctx = ScoreContext(req, eps, members, cfg, now, self.scorer_state)
         ctx._fresh = fresh  # known from the fused scan; None = let the context compute it
+        ctx._loads = loads
         scorers = self.scorers
         names: list[str] = []
         scores: list[Scores] = []
@@ -194,6 +243,9 @@ class Scheduler:
                 for i, v in vals.items():
                     totals[i] += a * v
 
+        # Only the best few candidates (and the pick) are materialised below: a Candidate with
+        # its score dict costs ~1 µs, more than the rest of the decision per candidate.
+        order = top_indices(totals, cfg.record_candidates)
         picker = PICKERS[strategy.picker]
         key = req.model
         vetoed = ctx.vetoed
@@ -205,37 +257,35 @@ class Scheduler:
                        rng=rng, state=self.picker_state, key=key, param=strategy.param)
             chosen = allowed[j]
             notes.append(f"{len(vetoed)} candidate(s) vetoed by a hard limit")
+        elif not vetoed and picker is pick_max_score and (
+                n == 1 or (len(order) > 1 and totals[order[0]] > totals[order[1]])):
+            chosen = order[0]  # max-score's answer when the best is unique: no max/count scans
         else:
             if vetoed:
                 notes.append("every candidate is over a hard limit: picking among them anyway")
             chosen = picker(totals, eps, loads, rng=rng, state=self.picker_state, key=key,
                             param=strategy.param)
-
-        # Materialise only the best few candidates (and the pick): a Candidate with its score
-        # dict costs ~1 µs, more than the rest of the decision per candidate.
-        order = top_indices(totals, cfg.record_candidates)
         if chosen not in order:
             order[-1] = chosen
-        affine: list[tuple[float, float, Any]] = []
-        for sc in scores:
-            vals = sc.values
-            if sc.scale == 0.0:
-                vals = totals  # any list of n finite floats: offset + 0.0 * x == offset
-            elif isinstance(vals, dict):
-                vals = {i: vals.get(i, 0.0) for i in order}
-            affine.append((sc.offset, sc.scale, vals))
-        # one comprehension for every (scorer, candidate) value, scorer-major: candidate j's
-        # values are flat[j::k] (one comprehension per scorer costs a frame each)
-        flat = [off + a * vals[i] for off, a, vals in affine for i in order]
+        # each scorer's value at each kept candidate, then one {name: value} dict per candidate
         k = len(order)
+        cols: list[Sequence[float]] = []
+        for vals, a, off in scores:
+            if a == 0.0:
+                cols.append((off,) * k)
+            elif isinstance(vals, dict):
+                get = vals.get
+                cols.append([off + a * get(i, 0.0) for i in order])
+            else:
+                cols.append([off + a * vals[i] for i in order])
+        dicts = _score_dicts(tuple(names))(*cols)
         flags = ctx.flags
         if flags is None:
-            candidates = [Candidate(eps[i].id, dict(zip(names, flat[j::k])), const + totals[i])
-                          for j, i in enumerate(order)]
+            candidates = [Candidate(eps[i].id, d, const + totals[i]) for i, d in zip(order, dicts)]
         else:
-            candidates = [Candidate(eps[i].id, dict(zip(names, flat[j::k])), const + totals[i],
-                                    tuple(flags.get(i, ())))
-                          for j, i in enumerate(order)]
+            get = flags.get
+            candidates = [Candidate(eps[i].id, d, const + totals[i], tuple(get(i, ())))
+                          for i, d in zip(order, dicts)]
         return self._decision(req, strategy, eps[chosen].id, candidates, dropped, notes,
                               wall, t0, n)
 

@@ -81,9 +81,11 @@ class ScoreContext:
             eps = self.endpoints
             if self.fresh:
                 try:  # inlined load_estimate for the common case: fresh, both gauges present
-                    self._loads = [e.running + e.waiting  # type: ignore[operator]
-                                   + (e.inflight - e.inflight_at_scrape
-                                      if e.inflight > e.inflight_at_scrape else 0.0)
+                    # (the scheduler's fused scan computes the very same expression)
+                    self._loads = [(e.running + e.waiting  # type: ignore[operator]
+                                    + (e.inflight - e.inflight_at_scrape))
+                                   if e.inflight > e.inflight_at_scrape
+                                   else e.running + e.waiting  # type: ignore[operator]
                                    for e in eps]
                     return self._loads
                 except TypeError:  # a None gauge
@@ -189,8 +191,10 @@ def score_load(ctx: ScoreContext) -> Scores:
 def score_weight(ctx: ScoreContext) -> Scores:
     """The static weight from the config, relative to the largest candidate weight."""
     ws = [e.weight for e in ctx.endpoints]
+    if ws.count(ws[0]) == len(ws):  # the usual fleet of equals: a C scan, mostly identity checks
+        return Scores.constant(1.0)
     hi = max(ws)
-    if hi == min(ws) or hi <= 0:
+    if hi <= 0:
         return Scores.constant(1.0)
     return Scores(ws, 1.0 / hi)
 
