@@ -139,11 +139,13 @@ async def test_models_create_show_update_scale_delete(tmp_path: Path) -> None:
 
         r = await c.put("/api/v1/models/org/new", json={**new, "name": "other"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "name"
-        r = await c.put("/api/v1/models/org/new", json={"engine": "llamacpp", "strategy": "batch",
+        r = await c.put("/api/v1/models/org/new", json={"engine": "llamacpp"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "name"  # the whole definition
+        r = await c.put("/api/v1/models/org/new", json={"name": "org/new", "engine": "llamacpp", "strategy": "batch",
                                                         "deploy": {"count": 2, "simulate": True}})
         assert r.status_code == 200 and r.json()["strategy"] == "batch" and r.json()["name"] == "org/new"
         assert s.control.models["org/new"].strategy == "batch"
-        r = await c.put("/api/v1/models/m", json={"engine": "vllm"})
+        r = await c.put("/api/v1/models/m", json={"name": "m", "engine": "vllm"})
         assert r.status_code == 409 and "config file" in r.json()["error"]["message"]
 
         r = await c.post("/api/v1/models/org/new/scale", json={"replicas": 3})

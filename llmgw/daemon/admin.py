@@ -266,9 +266,10 @@ class AdminApp:
     @_handles("put_model")
     async def _put_model(self, call: _Call) -> Any:
         name, data = call.params["name"], call.body
+        # The whole definition, name included (as GET answers it): the document requires it.
         if "name" not in data:
-            data = {**data, "name": name}
-        elif data["name"] != name:
+            raise _invalid([Problem("name", f"missing: the whole definition, with name {name!r}")], "invalid_body")
+        if data["name"] != name:
             raise _invalid([Problem("name", f"must equal the name in the path, {name!r}")], "invalid_body")
         return self._save(data)
 
