@@ -128,7 +128,7 @@ ROUTES: tuple[Route, ...] = (
           description="The whole definition, defaults included, as a PUT would take it back."),
     Route("PUT", f"{PREFIX}/models/{{name}}", "put_model", "Create or replace a model", ModelDefinition,
           body=ModelDefinition, errors=(409,), tag="models", greedy=frozenset({"name"}), links=_MODEL_LINKS,
-          description="The body's `name` may be left out; if present it must equal the path's. 409 for a "
+          description="The whole definition: its `name` must equal the path's. 409 for a "
                       "model the config file defines (change it there)."),
     Route("DELETE", f"{PREFIX}/models/{{name}}", "delete_model", "Delete a model", None, status=204,
           errors=(409,), tag="models", greedy=frozenset({"name"}),
