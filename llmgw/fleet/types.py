@@ -36,16 +36,16 @@ class EngineSpec:
 
     def spec_hash(self) -> str:
         """Identity of the engine process: everything but `generation`."""
-        d = asdict(self)
+        d = self.to_wire()
         d.pop("generation")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_wire(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["args"] = list(self.args)
-        d["env"] = [list(kv) for kv in self.env]
-        d["gpu_indices"] = list(self.gpu_indices)
-        return d
+        # By hand, not dataclasses.asdict: its deep copy was a quarter of placing 2,000 replicas.
+        return {"replica": self.replica, "model": self.model, "engine": self.engine, "model_path": self.model_path,
+                "simulate": self.simulate, "binary": self.binary, "args": list(self.args),
+                "env": [list(kv) for kv in self.env], "gpu_indices": list(self.gpu_indices),
+                "health_timeout_s": self.health_timeout_s, "generation": self.generation}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> EngineSpec:
