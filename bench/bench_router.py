@@ -8,7 +8,10 @@ request, measured in one run against zero-cost simulator replicas.
    percentiles is the router's cost. Run with keep-alive connections (a pool of reused
    connections, where Nagle + delayed ACK would add ~40 ms) and with a new connection per request.
 2. CPU: the router process's CPU time (from /proc) per streamed request, in a closed loop with
-   32 concurrent keep-alive clients. The router is pinned to CPU 0, everything else to CPU 1.
+   32 concurrent clients, once on keep-alive connections and once with a new client connection
+   per request (the router's upstream connections stay pooled in both). The router is pinned to
+   CPU 0, everything else to CPU 1. --cpu-only skips part 1; --cpu-rounds repeats part 2 (the box
+   is shared: compare medians).
 Bounded: a fixed number of requests on 127.0.0.1; every process is stopped at the end."""
 
 from __future__ import annotations
@@ -59,15 +62,18 @@ async def open_loop(port: int, rate: float, n: int, keepalive: bool, model: str 
     return lat
 
 
-async def closed_loop(port: int, n: int, conns: int) -> float:
+async def closed_loop(port: int, n: int, conns: int, keepalive: bool = True) -> float:
     raw = build_request("POST", "/v1/completions", body("m"))
     t0 = trio.current_time()
 
     async def worker() -> None:
         c = await Conn.open("127.0.0.1", port)
-        for _ in range(n // conns):
-            status, _, _ = await c.request(raw)
-            assert status == 200
+        for i in range(n // conns):
+            if not keepalive and i:
+                await c.aclose()
+                c = await Conn.open("127.0.0.1", port)
+            status, data, _ = await c.request(raw)
+            assert status == 200 and data.endswith(b"data: [DONE]\n\n")
         await c.aclose()
 
     async with trio.open_nursery() as nursery:
@@ -82,6 +88,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--cpu-requests", type=int, default=3000)
+    ap.add_argument("--cpu-rounds", type=int, default=1)
+    ap.add_argument("--cpu-only", action="store_true", help="skip the added-latency part")
     a = ap.parse_args()
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -96,20 +104,23 @@ def main() -> None:
         # "m1" is the first replica alone: added latency compares the same replica with and
         # without the router in front; "m" spreads over all replicas for the CPU measurement.
         head = '[server]\nhost = "127.0.0.1"\n[router]\nqueue_size = 4096\nsaturation_load = 100000.0\n'
-        cfg.write_text(f'{head}[[models]]\nname = "m"\nengine = "vllm"\n{reps}\n')
+        # Two daemons at once: each its own control port, admin socket and no store.
+        head += '[control]\nlisten = "127.0.0.1:0"\nstore = ":memory:"\n[admin]\nsocket = "{sock}"\n'
+        cfg.write_text(f'{head.format(sock=cfg.with_name("a.sock"))}[[models]]\nname = "m"\nengine = "vllm"\n{reps}\n')
         one = cfg.with_name("one.toml")  # the first replica alone, for the added-latency comparison
-        one.write_text(f'{head}[[models]]\nname = "m"\nengine = "vllm"\n[[models.replicas]]\nurl = "{sims[0]["url"]}"\n')
-        lp, linfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(one), "--port", "0",
+        one.write_text(f'{head.format(sock=cfg.with_name("b.sock"))}[[models]]\nname = "m"\nengine = "vllm"\n[[models.replicas]]\nurl = "{sims[0]["url"]}"\n')
+        lp, linfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(one), "--port", "0",
                            "--log-level", "warning"], cpu=0)
         procs.append(lp)
-        rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(cfg), "--port", "0",
+        rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(cfg), "--port", "0",
                            "--log-level", "warning"], cpu=0)
         procs.append(rp)
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {1})
         n = int(a.rate * a.seconds)
-        print(f"added latency, {n} streamed requests (20 chunks) at {a.rate:.0f}/s, open loop:")
-        for keepalive in (True, False):
+        if not a.cpu_only:
+            print(f"added latency, {n} streamed requests (20 chunks) at {a.rate:.0f}/s, open loop:")
+        for keepalive in (() if a.cpu_only else (True, False)):
             trio.run(open_loop, sims[0]["port"], a.rate, min(n, 200), keepalive)  # warm-up
             trio.run(open_loop, linfo["port"], a.rate, min(n, 200), keepalive)
             direct = trio.run(open_loop, sims[0]["port"], a.rate, n, keepalive)
@@ -119,12 +130,17 @@ def main() -> None:
                   f"router p50 {1e3 * routed.pct(50):6.2f} ms p99 {1e3 * routed.pct(99):6.2f} ms | "
                   f"added p50 {1e3 * (routed.pct(50) - direct.pct(50)):+.2f} ms "
                   f"p99 {1e3 * (routed.pct(99) - direct.pct(99)):+.2f} ms")
-        cpu0 = proc_cpu_seconds(rp.pid)
-        elapsed = trio.run(closed_loop, rinfo["port"], a.cpu_requests, 32)
-        cpu1 = proc_cpu_seconds(rp.pid)
-        per = (cpu1 - cpu0) / a.cpu_requests
-        print(f"router CPU: {1e3 * per:.3f} ms per streamed request (20 chunks) = "
-              f"{1 / per:,.0f} streamed requests/s per core; closed loop {a.cpu_requests / elapsed:,.0f} req/s")
+        trio.run(closed_loop, rinfo["port"], 640, 32)  # warm-up (upstream connections, code paths)
+        for _ in range(a.cpu_rounds):
+            for keepalive in (True, False):
+                cpu0 = proc_cpu_seconds(rp.pid)
+                elapsed = trio.run(closed_loop, rinfo["port"], a.cpu_requests, 32, keepalive)
+                cpu1 = proc_cpu_seconds(rp.pid)
+                per = (cpu1 - cpu0) / a.cpu_requests
+                label = "keep-alive    " if keepalive else "new connection"
+                print(f"router CPU, {label}: {1e3 * per:.3f} ms per streamed request (20 chunks) = "
+                      f"{1 / per:,.0f} streamed requests/s per core; closed loop {a.cpu_requests / elapsed:,.0f} req/s",
+                      flush=True)
     finally:
         for p in procs:
             stop(p)

@@ -8,7 +8,9 @@ then, in this single trio process, measures this process's own CPU time
 (getrusage(RUSAGE_SELF), user + sys) per request for
   (a) short non-streaming completions (max_tokens 1) over keep-alive connections;
   (b) streamed completions of --tokens tokens (`"stream": true`, 21 SSE events + [DONE]);
-both with --concurrency concurrent workers, for UpstreamPool and for httpx.AsyncClient.
+both with --concurrency concurrent workers, for UpstreamPool and for httpx.AsyncClient;
+and (b) once more through ``UpstreamResponse.relay(sink)`` (the router's path: the pool's
+relay task hands each read to a sink, here one that takes everything) instead of iterating.
 The simulator's CPU is not counted.  A third streamed row, "floor", is a bare loop on
 one keep-alive socket per worker (send the request bytes, wait_readable + recv until the
 chunked terminator, no HTTP parsing): what trio and the kernel alone cost on this box
@@ -92,6 +94,30 @@ async def bench(url: str, a: argparse.Namespace) -> None:
             assert last.endswith(b"data: [DONE]\n\n"), last[-60:]
             return pieces
 
+        class CountingSink:
+            """A client that takes everything at once (what relay() writes into)."""
+            def __init__(self) -> None:
+                self.sends, self.last = 0, b""
+
+            def send_nowait(self, data: bytes, end: bool = False) -> bool:
+                self.sends += 1
+                self.last = data
+                return True
+
+            def flush_nowait(self) -> None:
+                pass
+
+            async def drain(self) -> None:
+                pass
+
+        async def ours_relay() -> int:
+            sink = CountingSink()
+            async with pool.stream(url, "POST", "/v1/completions", HEADERS, stream) as resp:
+                assert resp.status == 200
+                await resp.relay(sink)
+            assert sink.last.endswith(b"data: [DONE]\n\n"), sink.last[-60:]
+            return sink.sends
+
         key = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
         raw_req = (b"POST /v1/completions HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n"
                    b"content-length: %d\r\n\r\n%b" % (key[0].encode(), key[1], len(stream), stream))
@@ -142,6 +168,7 @@ async def bench(url: str, a: argparse.Namespace) -> None:
                 for label, fn, n in (("(a) ours   short non-streaming", ours_small, a.small),
                                      ("(a) httpx  short non-streaming", httpx_small, a.small),
                                      ("(b) ours   streamed", ours_stream, a.streams),
+                                     ("(b) ours   relay(sink)", ours_relay, a.streams),
                                      ("(b) httpx  streamed", httpx_stream, a.streams),
                                      ("(b) floor  bare socket loop", floor_stream, a.streams)):
                     await run(max(100, n // 10), a.concurrency, fn)  # warm-up: connections, caches

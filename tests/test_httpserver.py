@@ -572,7 +572,7 @@ async def test_send_now_hands_what_the_socket_refuses_to_a_flusher_task() -> Non
     out = socket.socket(fileno=a.fileno())
     try:
         out.setblocking(False)
-        c = _Conn(trio.SocketStream(a), out, RequestParser(), None)
+        c = _Conn(out, RequestParser(), None)
         got = bytearray()
         async with trio.open_nursery() as nursery:
             c.nursery = nursery
@@ -633,3 +633,131 @@ async def test_last_chunk_does_not_wait_for_a_slow_aclose() -> None:
                 released.set()
                 while not out.endswith(b"0\r\n\r\n"):
                     out += await stream.receive_some(65536)
+
+
+# ------------------------------------------------------------------------------ RelayBody
+class Relayed:
+    """A RelayBody: writes ``pieces`` into the sink, optionally parks forever after them."""
+
+    def __init__(self, pieces: list[bytes], park: bool = False, end: bool = False) -> None:
+        self.pieces, self.park, self.end = pieces, park, end  # end: the last piece ends the body
+        self.relayed = self.closed = self.cancelled = False
+        self.finished = trio.Event()
+        self.sink_full = 0
+
+    async def relay(self, sink) -> None:
+        self.relayed = True
+        try:
+            for i, p in enumerate(self.pieces):
+                if not sink.send_nowait(p, self.end and i == len(self.pieces) - 1):
+                    self.sink_full += 1
+                    await sink.drain()
+            if self.park:
+                sink.flush_nowait()
+                await trio.sleep_forever()  # an engine waiting for its next token
+        except trio.Cancelled:
+            self.cancelled = True
+            raise
+        finally:
+            self.finished.set()
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_relay_body_is_framed_and_the_connection_kept() -> None:
+    bodies: list[Relayed] = []
+
+    async def handler(req: Request) -> Response:
+        bodies.append(Relayed([b"data: one\n\n", b"data: two\n\n"], end=req.path == "/end"))
+        return Response(200, [("content-type", "text/event-stream")], bodies[-1])
+
+    async with running(handler) as (_, port, stats):
+        raw = (b"GET / HTTP/1.1\r\nhost: x\r\n\r\nGET /end HTTP/1.1\r\nhost: x\r\n\r\n"
+               b"HEAD / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        out = await raw_exchange(port, raw)
+        first, second, third = out.split(b"0\r\n\r\n", 2)
+        for resp in (first, second):  # the end written by the server, or with the last piece
+            assert resp.endswith(b"\r\n\r\nb\r\ndata: one\n\n\r\nb\r\ndata: two\n\n\r\n")
+            assert b"transfer-encoding: chunked" in resp.lower()
+        assert third.startswith(b"HTTP/1.1 200") and third.endswith(b"\r\n\r\n")  # HEAD: no body
+        assert bodies[0].relayed and not bodies[0].closed and bodies[1].relayed
+        assert not bodies[2].relayed and bodies[2].closed  # HEAD: aclose() instead of relay()
+        assert stats.requests_served == 3
+
+
+async def test_relay_body_backpressure_loses_nothing() -> None:
+    body = Relayed([b"%06d" % i * 10_000 for i in range(300)])  # 18 MB: more than the socket buffers hold
+
+    async def handler(req: Request) -> Response:
+        return Response(200, [], body)
+
+    async with running(handler) as (_, port, _s):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            with trio.fail_after(10):
+                while not body.sink_full:  # not reading: the relay must wait in drain()
+                    await trio.sleep(0.01)
+                out = bytearray()
+                while data := await stream.receive_some(1 << 20):
+                    out += data
+        rest = bytes(out).partition(b"\r\n\r\n")[2]
+        got, pos = b"", 0
+        while True:  # de-chunk
+            nl = rest.index(b"\r\n", pos)
+            size = int(rest[pos:nl], 16)
+            if not size:
+                break
+            got += rest[nl + 2:nl + 2 + size]
+            pos = nl + 4 + size
+        assert got == b"".join(body.pieces)
+
+
+async def test_client_disconnect_cancels_a_relay_body() -> None:
+    body = Relayed([b"data: first\n\n"], park=True)
+
+    async def handler(req: Request) -> Response:
+        return Response(200, [("content-type", "text/event-stream")], body)
+
+    async with running(handler) as (base, _, stats), client(base) as c:
+        async with c.stream("GET", "/stream") as r, aclosing(r.aiter_raw()) as chunks:
+            with trio.fail_after(5):
+                assert await chunks.__anext__() == b"data: first\n\n"
+        with trio.fail_after(5):
+            await body.finished.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        assert body.cancelled and not body.closed
+        assert stats.client_disconnects == 1 and stats.requests_active == 0
+
+
+async def test_half_close_right_after_the_request_counts_as_leaving() -> None:
+    # The request and the FIN usually arrive together: the read that gets the request
+    # must not miss the EOF queued behind it (an edge-triggered reader gets no second
+    # edge), or the connection would hang.  Whether the handler starts before the EOF
+    # is seen is a race; if it does, it is cancelled.
+    started, cleaned_up = trio.Event(), trio.Event()
+
+    async def handler(req: Request) -> Response:
+        started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cleaned_up.set()
+        return text_response(200, "unreachable")
+
+    async with running(handler) as (_, port, stats):
+        for i in range(6):
+            s = trio.socket.socket()
+            await s.connect(("127.0.0.1", port))
+            with s:
+                if i % 2:
+                    await trio.sleep(0.05)  # the server is watching before anything arrives
+                await s.send(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+                s.shutdown(socket.SHUT_WR)
+                with trio.fail_after(5):
+                    assert await s.recv(65536) == b""  # the server closed: it took that as leaving
+                    if started.is_set():
+                        await cleaned_up.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        assert stats.requests_active == 0 and stats.connections_open == 0 and stats.requests_served == 0

@@ -710,3 +710,242 @@ async def test_pool_lifecycle_and_unwrapped_errors() -> None:
             with trio.fail_after(TIMEOUT):
                 r = await pool.request(srv.url, "POST", "/", [], b'"x"')
                 assert r.body == b'echo:"x"'
+
+
+# ------------------------------------------------------------------------------ relay(sink)
+class ListSink:
+    """A BodySink that keeps what it gets; ``refuse`` pieces are reported as not taken
+    (the relay must then wait in drain() before reading on)."""
+
+    def __init__(self, refuse: int = 0, on_piece: Callable[[bytes], None] | None = None) -> None:
+        self.pieces: list[bytes] = []
+        self.refuse, self.on_piece = refuse, on_piece
+        self.drains = self.flushes = self.refused = 0
+        self.draining = self.owed = self.ended = False
+
+    def send_nowait(self, data: bytes, end: bool = False) -> bool:
+        assert (data or end) and not self.draining and not self.ended
+        assert not self.owed, "sent on after a refusal without waiting in drain()"
+        self.ended = end
+        if data:
+            self.pieces.append(data)
+            if self.on_piece is not None:
+                self.on_piece(data)
+        if self.refuse:
+            self.refuse -= 1
+            self.refused += 1
+            self.owed = True
+            return False
+        return True
+
+    def flush_nowait(self) -> None:
+        self.flushes += 1
+
+    async def drain(self) -> None:
+        self.drains += 1
+        self.draining = True
+        await trio.sleep(0.01)  # a slow client
+        self.draining = self.owed = False
+
+
+async def test_relay_writes_each_read_to_the_sink_and_keeps_the_connection() -> None:
+    got_first = trio.Event()
+    sent_second = trio.Event()
+
+    async def handler(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send(CHUNKED_HEAD + chunk(b"data: one\n\n"))
+        await got_first.wait()  # the sink must have the first piece before the second exists
+        await peer.send(chunk(b"data: two\n\n") + chunk(b"data: three\n\n"))
+        sent_second.set()
+        await trio.sleep(0.01)
+        await peer.send(b"0\r\n\r\n")
+        await peer.read_request()  # keep-alive: the next request on this connection
+        await peer.send(ok())
+
+    def on_piece(data: bytes) -> None:
+        if not got_first.is_set():
+            assert not sent_second.is_set()
+            got_first.set()
+
+    async with raw_server(handler) as srv, UpstreamPool() as pool:
+        with trio.fail_after(TIMEOUT):
+            sink = ListSink(on_piece=on_piece)
+            async with pool.stream(srv.url, "POST", "/v1/completions", [], b"{}") as resp:
+                assert resp.first_byte_at is None
+                await resp.relay(sink)
+                assert resp.first_byte_at is not None
+            assert b"".join(sink.pieces) == b"data: one\n\ndata: two\n\ndata: three\n\n"
+            assert sink.ended  # the end of the body went with its last bytes
+            assert sink.flushes >= 1  # the head went before the body had to wait
+            assert resp.complete and pool.idle_count() == 1 and not pool._active
+            assert (await pool.request(srv.url, "GET", "/")).body == b"ok"
+        assert srv.connections == 1 and pool.stats.aborted == 0
+
+
+async def test_relay_waits_for_a_slow_sink_and_loses_nothing() -> None:
+    pieces = [b"data: %d\n\n" % i for i in range(50)]
+
+    async def handler(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send(CHUNKED_HEAD)
+        for p in pieces:
+            await peer.send(chunk(p))
+            await trio.sleep(0.001)
+        await peer.send(b"0\r\n\r\n")
+        await peer.wait_eof()
+
+    async with raw_server(handler) as srv, UpstreamPool() as pool:
+        with trio.fail_after(TIMEOUT):
+            sink = ListSink(refuse=5)
+            async with pool.stream(srv.url, "POST", "/", [], b"{}") as resp:
+                await resp.relay(sink)
+            assert b"".join(sink.pieces) == b"".join(pieces)
+            assert sink.refused >= 1 and sink.drains >= sink.refused and resp.complete
+
+
+async def test_relay_cancelled_closes_the_upstream_connection() -> None:
+    eof = trio.Event()
+    streaming = trio.Event()
+
+    async def handler(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send(CHUNKED_HEAD + chunk(b"data: one\n\n"))
+        streaming.set()
+        await peer.wait_eof()  # the engine notices its client left
+        eof.set()
+
+    async def consumer(pool: UpstreamPool, url: str, sink: ListSink) -> None:
+        async with pool.stream(url, "POST", "/", [], b"{}") as resp:
+            await resp.relay(sink)  # parked until cancelled
+
+    async with raw_server(handler) as srv, UpstreamPool() as pool:
+        with trio.fail_after(TIMEOUT):
+            sink = ListSink()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(consumer, pool, srv.url, sink)
+                await streaming.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()  # the router's client disconnected
+            await eof.wait()
+        assert sink.pieces == [b"data: one\n\n"]
+        assert pool.idle_count() == 0 and pool.stats.aborted == 1 and not pool._active
+        assert pool._reactor is not None and not pool._reactor.pumps
+
+
+@pytest.mark.parametrize("how", ["eof", "reset", "garbage"])
+async def test_relay_upstream_failure_mid_body(how: str) -> None:
+    async def handler(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send(CHUNKED_HEAD + chunk(b"data: one\n\n"))
+        await trio.sleep(0.01)
+        if how == "reset":
+            await peer.reset()
+        elif how == "garbage":
+            await peer.send(b"zz\r\n")
+            await peer.wait_eof()
+
+    async with raw_server(handler) as srv, UpstreamPool() as pool:
+        with trio.fail_after(TIMEOUT):
+            sink = ListSink()
+            expected = UpstreamProtocolError if how == "garbage" else UpstreamClosed
+            with pytest.raises(expected) as ei:
+                async with pool.stream(srv.url, "POST", "/", [], b"{}") as resp:
+                    await resp.relay(sink)
+            assert ei.value.received is True
+            assert sink.pieces == [b"data: one\n\n"]
+            assert pool.idle_count() == 0 and pool.stats.aborted == 1 and not pool._active
+
+
+async def test_relay_sink_failure_propagates_and_closes_upstream() -> None:
+    eof = trio.Event()
+
+    async def handler(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send(CHUNKED_HEAD)
+        await trio.sleep(0.01)
+        await peer.send(chunk(b"data: one\n\n"))
+        await peer.wait_eof()
+        eof.set()
+
+    class GoneSink(ListSink):
+        def send_nowait(self, data: bytes, end: bool = False) -> bool:
+            raise trio.BrokenResourceError("the client left")
+
+    async with raw_server(handler) as srv, UpstreamPool() as pool:
+        with trio.fail_after(TIMEOUT):
+            with pytest.raises(trio.BrokenResourceError):
+                async with pool.stream(srv.url, "POST", "/", [], b"{}") as resp:
+                    await resp.relay(GoneSink())
+            await eof.wait()
+        assert pool.idle_count() == 0 and not pool._active
+
+
+async def test_relay_of_a_body_delimited_by_close() -> None:
+    async def handler(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send(b"HTTP/1.0 200 OK\r\n\r\npart one, ")
+        await trio.sleep(0.01)
+        await peer.send(b"part two")
+
+    async with raw_server(handler) as srv, UpstreamPool() as pool:
+        with trio.fail_after(TIMEOUT):
+            sink = ListSink()
+            async with pool.stream(srv.url, "GET", "/") as resp:
+                await resp.relay(sink)
+            assert b"".join(sink.pieces) == b"part one, part two" and resp.complete
+            assert pool.idle_count() == 0 and pool.stats.aborted == 0
+
+
+async def test_relay_goes_on_without_the_relay_task_when_the_pool_closes() -> None:
+    go = trio.Event()
+
+    async def handler(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send(CHUNKED_HEAD + chunk(b"data: one\n\n"))
+        await go.wait()
+        await peer.send(chunk(b"data: two\n\n") + b"0\r\n\r\n")
+        await peer.wait_eof()
+
+    async with raw_server(handler) as srv:
+        pool = UpstreamPool()
+        async with pool:
+            with trio.fail_after(TIMEOUT):
+                sink = ListSink(on_piece=lambda _: go.set())
+                async with pool.stream(srv.url, "POST", "/", [], b"{}") as resp, trio.open_nursery() as nursery:
+                    nursery.start_soon(resp.relay, sink)
+                    await go.wait()
+                    await pool.aclose()  # the relay task stops; the consumer reads the rest itself
+                assert b"".join(sink.pieces) == b"data: one\n\ndata: two\n\n" and resp.complete
+        assert pool._reactor is not None and not pool._reactor.running and pool.idle_count() == 0
+
+
+def test_relay_idle_timeout() -> None:
+    async def main() -> None:
+        eof = trio.Event()
+
+        async def handler(peer: Peer) -> None:
+            await peer.read_request()
+            await peer.send(CHUNKED_HEAD)
+            await trio.sleep(3)
+            await peer.send(chunk(b"data: one\n\n"))
+            await trio.sleep(3)
+            await peer.send(chunk(b"data: two\n\n"))
+            await peer.wait_eof()  # then stalls
+            eof.set()
+
+        async with raw_server(handler) as srv, UpstreamPool() as pool:
+            sink = ListSink()
+            with pytest.raises(UpstreamTimeout) as ei:
+                async with pool.stream(srv.url, "POST", "/", [], b"{}", first_byte_timeout=60,
+                                       idle_timeout=5) as resp:
+                    t0 = trio.current_time()
+                    await resp.relay(sink)
+            assert 5 + 6 <= trio.current_time() - t0 <= 5 + 6 + 0.2
+            assert sink.pieces == [b"data: one\n\n", b"data: two\n\n"]
+            assert (ei.value.phase, ei.value.received) == ("idle", True)
+            with trio.fail_after(1):
+                await eof.wait()
+            assert pool.stats.timeouts == 1 and not pool._active
+
+    run_mock(main)

@@ -1,7 +1,8 @@
 """The router's request path: OpenAI request → admission → decision → proxy → feedback.
 
 The body goes to the engine unchanged; the response streams back as it arrives (one write per
-upstream read, backpressure from the client's socket). A retry on another replica happens only
+upstream read, done by the upstream pool's relay task without a task switch per chunk;
+backpressure from the client's socket). A retry on another replica happens only
 while nothing has been sent to the client; a client that leaves closes the upstream connection
 at once, so the engine aborts the sequence."""
 
@@ -12,16 +13,13 @@ import json
 import logging
 import random
 import time
-import uuid
 from collections import deque
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from typing import Any
 
 import trio
 
 from llmgw.config import Config, ModelConfig
-from llmgw.daemon.httpserver import Request, Response
+from llmgw.daemon.httpserver import BodySink, Request, Response
 from llmgw.daemon.registry import ModelEntry, Registry, Replica
 from llmgw.daemon.router_metrics import RouterMetrics
 from llmgw.daemon.upstream import (
@@ -30,6 +28,7 @@ from llmgw.daemon.upstream import (
     UpstreamError,
     UpstreamPool,
     UpstreamProtocolError,
+    UpstreamResponse,
     UpstreamTimeout,
 )
 from llmgw.route.admission import ConcurrencyCaps, WaitQueue, suggest_retry_after
@@ -48,6 +47,9 @@ log = logging.getLogger("llmgw.router")
 _JSON = "application/json"
 _KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 STRATEGY_HEADER = "x-llmgw-strategy"
+# Request ids: 32 random hex digits like uuid4().hex at a sixth of its cost (no getrandom()
+# syscall and UUID object a request); not a secret, only unique in practice.
+_rid_bits = random.Random().getrandbits
 
 
 def _error(e: ApiError, rid: str, rid_header: str) -> Response:
@@ -106,7 +108,7 @@ class Router:
 
     # -- HTTP entry ---------------------------------------------------------------------------
     async def handle(self, req: Request) -> Response:
-        rid = req.header(self.rid_header) or uuid.uuid4().hex
+        rid = req.header(self.rid_header) or f"{_rid_bits(128):032x}"
         path = req.path
         try:
             if path == "/health":
@@ -301,21 +303,21 @@ class Router:
         rc = self.cfg.router
         v = rep.view
         v.inflight += 1
-        stack = AsyncExitStack()
         try:
-            resp = await stack.enter_async_context(self.pool.stream(
+            # The exchange's own __aenter__: on failure it has closed its connection, and its
+            # __aexit__ is only resp.close(), which the body's end calls (no exit stack, no
+            # shielded scope a request).
+            resp = await self.pool.stream(
                 v.url, "POST", req.target, headers, req.body, connect_timeout=rc.connect_timeout_s,
-                first_byte_timeout=rc.first_byte_timeout_s, idle_timeout=rc.idle_timeout_s))
+                first_byte_timeout=rc.first_byte_timeout_s, idle_timeout=rc.idle_timeout_s).__aenter__()
         except UpstreamError as e:
-            await stack.aclose()
             self._finish(rep, model, e, started, None, permit, rid=rid)
             return e
         except BaseException:
-            await stack.aclose()
             self._finish(rep, model, "cancelled", started, None, permit, rid=rid)
             raise
         if resp.status >= 500:
-            await stack.aclose()
+            resp.close()
             err = UpstreamProtocolError(f"{rep.id} answered {resp.status}")
             self._finish(rep, model, err, started, None, permit, status=resp.status, rid=rid)
             return err
@@ -323,18 +325,16 @@ class Router:
                        ("x-llmgw-endpoint", rep.id)]
         if resp.status == 200 and stream:
             out_headers.append(("cache-control", "no-cache"))
-        return Response(resp.status, out_headers,
-                        self._relay(stack, resp, rep, model, started, permit, stream, rid))
+        return Response(resp.status, out_headers, _Relay(self, resp, rep, model, started, permit, stream, rid))
 
-    async def _relay(self, stack: AsyncExitStack, resp: Any, rep: Replica, model: str, started: float,
-                     permit: Permit, stream: bool, rid: str) -> AsyncIterator[bytes]:
+    async def _relay(self, resp: UpstreamResponse, rep: Replica, model: str, started: float, permit: Permit,
+                     stream: bool, rid: str, sink: BodySink) -> None:
+        """The body of a proxied response: the upstream's, relayed to the client as it arrives
+        (the pool's relay task writes each read to the client's socket: no task switch a
+        chunk); then the bookkeeping. Cancelled when the client leaves."""
         outcome: Any = "cancelled"
-        first: float | None = None
         try:
-            async for data in resp.iter_body():
-                if first is None:
-                    first = trio.current_time()
-                yield data
+            await resp.relay(sink)
             outcome = "ok"
         except UpstreamError as e:
             outcome = e
@@ -342,11 +342,11 @@ class Router:
                 # Headers are gone: tell an SSE client in-band, as OpenAI does, then end cleanly.
                 msg = json.dumps({"error": {"message": f"upstream failed mid-stream: {e}", "type": "bad_gateway",
                                             "param": None, "code": 502}})
-                yield f"data: {msg}\n\n".encode()
+                if not sink.send_nowait(f"data: {msg}\n\n".encode()):
+                    await sink.drain()
         finally:
-            with trio.CancelScope(shield=True):
-                await stack.aclose()
-            self._finish(rep, model, outcome, started, first, permit, status=resp.status, rid=rid)
+            resp.close()  # synchronous: a body not read to its end closes the upstream connection now
+            self._finish(rep, model, outcome, started, resp.first_byte_at, permit, status=resp.status, rid=rid)
 
     def _finish(self, rep: Replica, model: str, outcome: Any, started: float, first: float | None,
                 permit: Permit, status: int | None = None, rid: str = "") -> None:
@@ -404,6 +404,32 @@ class Router:
             self.prefix.set_capacity(rep.id, Capacity.llamacpp(rep.slots))
         elif res is not None and res.kv_blocks and res.block_size:
             self.prefix.set_capacity(rep.id, Capacity.vllm(res.kv_blocks, res.block_size))
+
+
+class _Relay:
+    """A proxied response's body (httpserver's RelayBody): Router._relay, once."""
+    __slots__ = ("model", "permit", "rep", "resp", "rid", "router", "started", "stream", "used")
+
+    def __init__(self, router: Router, resp: UpstreamResponse, rep: Replica, model: str, started: float,
+                 permit: Permit, stream: bool, rid: str) -> None:
+        self.router, self.resp, self.rep, self.model, self.started = router, resp, rep, model, started
+        self.permit, self.stream, self.rid = permit, stream, rid
+        self.used = False
+
+    async def relay(self, sink: BodySink) -> None:
+        if self.used:
+            raise RuntimeError("a response body can be relayed once")
+        self.used = True
+        await self.router._relay(self.resp, self.rep, self.model, self.started, self.permit, self.stream,
+                                 self.rid, sink)
+
+    async def aclose(self) -> None:
+        """relay() never ran (e.g. a HEAD request): close the upstream side, book it as cancelled."""
+        if not self.used:
+            self.used = True
+            self.resp.close()
+            self.router._finish(self.rep, self.model, "cancelled", self.started, None, self.permit,
+                                status=self.resp.status, rid=self.rid)
 
 
 def _consteq(a: str, b: str) -> bool:

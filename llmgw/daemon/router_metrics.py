@@ -1,15 +1,23 @@
 """The router's Prometheus metrics (`llmgw_` names), one registry per router instance so that two
 daemons in one process never collide. State gauges are computed at scrape time; the request path
 only bumps counters and observes histograms. No unbounded labels: models and endpoints are
-configured sets, never request ids or users."""
+configured sets, never request ids or users.
+
+The per-request series (requests, time to first byte, latency, decisions, decision time) are
+plain Python counters turned into metric families at scrape time: prometheus_client's
+``labels(...).inc()``/``observe()`` cost 2-3 us each (a label lookup and a lock per value), ~10 us
+a request for these five; a dict lookup and a bisect cost a tenth of that. The exposition is the
+same as prometheus_client's Counter/Histogram (``_total``, ``_bucket``/``_count``/``_sum``, ``_created``)."""
 
 from __future__ import annotations
 
+import time
+from bisect import bisect_left
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -17,6 +25,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from llmgw.route.types import Decision
 
@@ -28,19 +37,40 @@ _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 _DECIDE = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
 
 
+class _Hist:
+    """One histogram series: non-cumulative bucket counts (the last is +Inf) and the sum."""
+    __slots__ = ("counts", "created", "sum")
+
+    def __init__(self, n: int) -> None:
+        self.counts = [0] * (n + 1)
+        self.sum = 0.0
+        self.created = time.time()
+
+
+def _hist_family(name: str, doc: str, labels: list[str], bounds: tuple[float, ...],
+                 series: dict[tuple[str, ...], _Hist]) -> HistogramMetricFamily:
+    fam = HistogramMetricFamily(name, doc, labels=labels)
+    les = [str(b) for b in bounds] + ["+Inf"]
+    for key, h in series.items():
+        acc, buckets = 0, []
+        for le, n in zip(les, h.counts):
+            acc += n
+            buckets.append((le, float(acc)))
+        fam.add_metric(list(key), buckets, h.sum)
+        fam.samples.append(Sample(name + "_created", dict(zip(labels, key)), h.created))
+    return fam
+
+
 class RouterMetrics(Collector):
     def __init__(self, router: Router) -> None:
         self.router = router
         self.registry = r = CollectorRegistry(auto_describe=False)
-        self.requests = Counter("llmgw_requests", "Requests by model, outcome and status code.",
-                                ["model", "outcome", "code"], registry=r)
-        self.ttft = Histogram("llmgw_time_to_first_byte_seconds", "Time to the first response byte (TTFT).",
-                              ["model"], buckets=_LATENCY, registry=r)
-        self.latency = Histogram("llmgw_request_latency_seconds", "Whole request latency.", ["model"],
-                                 buckets=_LATENCY, registry=r)
-        self.decisions = Counter("llmgw_decisions", "Routing decisions by strategy, picker and result.",
-                                 ["strategy", "picker", "result"], registry=r)
-        self.decide_time = Histogram("llmgw_decision_seconds", "Time spent deciding.", buckets=_DECIDE, registry=r)
+        # Hot path: plain counters, exported by collect().
+        self._requests: dict[tuple[str, str, int], list[float]] = {}  # -> [count, created]
+        self._ttft: dict[tuple[str, ...], _Hist] = {}
+        self._latency: dict[tuple[str, ...], _Hist] = {}
+        self._decisions: dict[tuple[str, str, bool], list[float]] = {}
+        self._decide = _Hist(len(_DECIDE))
         self.upstream_errors = Counter("llmgw_upstream_errors", "Upstream failures by endpoint and kind.",
                                        ["endpoint", "kind"], registry=r)
         self.rejections = Counter("llmgw_admission_rejected", "Requests refused by admission (429).",
@@ -51,15 +81,34 @@ class RouterMetrics(Collector):
         return generate_latest(self.registry)
 
     def request_done(self, model: str, outcome: str, code: int, ttft: float | None, latency: float | None) -> None:
-        self.requests.labels(model, outcome, str(code)).inc()
+        key = (model, outcome, code)
+        c = self._requests.get(key)
+        if c is None:
+            c = self._requests[key] = [0, time.time()]
+        c[0] += 1
         if ttft is not None:
-            self.ttft.labels(model).observe(ttft)
+            h = self._ttft.get((model,))
+            if h is None:
+                h = self._ttft[(model,)] = _Hist(len(_LATENCY))
+            h.counts[bisect_left(_LATENCY, ttft)] += 1
+            h.sum += ttft
         if latency is not None:
-            self.latency.labels(model).observe(latency)
+            h = self._latency.get((model,))
+            if h is None:
+                h = self._latency[(model,)] = _Hist(len(_LATENCY))
+            h.counts[bisect_left(_LATENCY, latency)] += 1
+            h.sum += latency
 
     def decision(self, d: Decision) -> None:
-        self.decisions.labels(d.strategy, d.picker, "picked" if d.chosen else "none").inc()
-        self.decide_time.observe(d.decide_us / 1e6)
+        key = (d.strategy, d.picker, bool(d.chosen))
+        c = self._decisions.get(key)
+        if c is None:
+            c = self._decisions[key] = [0, time.time()]
+        c[0] += 1
+        h = self._decide
+        s = d.decide_us / 1e6
+        h.counts[bisect_left(_DECIDE, s)] += 1
+        h.sum += s
 
     def upstream_error(self, endpoint: str, kind: str) -> None:
         self.upstream_errors.labels(endpoint, kind).inc()
@@ -67,7 +116,25 @@ class RouterMetrics(Collector):
     def rejected(self, model: str, reason: str) -> None:
         self.rejections.labels(model, reason).inc()
 
+    def _request_families(self) -> Iterable[Metric]:
+        req = CounterMetricFamily("llmgw_requests", "Requests by model, outcome and status code.",
+                                  labels=["model", "outcome", "code"])
+        for (model, outcome, code), (n, created) in self._requests.items():
+            req.add_metric([model, outcome, str(code)], n, created=created)
+        yield req
+        yield _hist_family("llmgw_time_to_first_byte_seconds", "Time to the first response byte (TTFT).",
+                           ["model"], _LATENCY, self._ttft)
+        yield _hist_family("llmgw_request_latency_seconds", "Whole request latency.", ["model"], _LATENCY,
+                           self._latency)
+        dec = CounterMetricFamily("llmgw_decisions", "Routing decisions by strategy, picker and result.",
+                                  labels=["strategy", "picker", "result"])
+        for (strategy, picker, picked), (n, created) in self._decisions.items():
+            dec.add_metric([strategy, picker, "picked" if picked else "none"], n, created=created)
+        yield dec
+        yield _hist_family("llmgw_decision_seconds", "Time spent deciding.", [], _DECIDE, {(): self._decide})
+
     def collect(self) -> Iterable[Metric]:
+        yield from self._request_families()
         reps = list(self.router.registry.all_replicas())
         now = trio.current_time()
         labels = ["endpoint", "model"]

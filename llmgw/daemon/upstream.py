@@ -23,6 +23,12 @@ Usage::
             async for piece in resp.iter_body():   # one piece per socket read, de-chunked
                 ...
 
+For a proxy, ``await resp.relay(sink)`` instead of iterating: the pool's relay task
+reads the socket and writes each read's bytes into ``sink`` (the client's side) in the
+same step that learnt of them, while the caller sleeps until the body ends; a streamed
+chunk then costs its recv, parse and send, not a task wake-up, an epoll_ctl and a failed
+recv as well.
+
 Leaving the block before the body ended (an exception, or the caller's cancellation
 when its client left) closes the upstream connection at once, so the engine sees the
 disconnect and stops generating; a body read to its end puts a keep-alive connection
@@ -39,14 +45,16 @@ import functools
 import json
 import math
 import os
+import select
 import socket as _socket
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, Protocol
 from urllib.parse import urlsplit
 
+import outcome
 import trio
 
 from llmgw.route.http1 import (
@@ -57,8 +65,8 @@ from llmgw.route.http1 import (
     serialize_request,
 )
 
-__all__ = ["PoolStats", "Reply", "UpstreamClosed", "UpstreamConnectError", "UpstreamError", "UpstreamPool",
-           "UpstreamProtocolError", "UpstreamResponse", "UpstreamTimeout"]
+__all__ = ["BodySink", "PoolStats", "Reply", "UpstreamClosed", "UpstreamConnectError", "UpstreamError",
+           "UpstreamPool", "UpstreamProtocolError", "UpstreamResponse", "UpstreamTimeout"]
 
 _RECV = 65536
 _NOSIGNAL = getattr(_socket, "MSG_NOSIGNAL", 0)
@@ -69,6 +77,11 @@ _FAIR = 16  # reads that found data waiting in a row before we yield to other ta
 _wait_readable = trio.lowlevel.wait_readable
 _wait_writable = trio.lowlevel.wait_writable
 _current_time = trio.current_time
+_reschedule = trio.lowlevel.reschedule
+_EDGE = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET  # a relayed connection, once per response
+# With one of these in an event, read until EAGAIN or EOF: a short read does not mean that
+# the peer's FIN is not queued behind the data (and it raises no further edge).
+_HANGUP = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
 
 Phase = Literal["connect", "first_byte", "idle"]
 
@@ -125,7 +138,7 @@ class PoolStats:
 
 
 class _Conn:
-    __slots__ = ("sock", "fd", "key", "idle_since", "deadline", "timed_out")
+    __slots__ = ("sock", "fd", "key", "idle_since", "deadline", "timed_out", "pump")
 
     def __init__(self, sock: _socket.socket, key: tuple[str, int]) -> None:
         self.sock = sock
@@ -134,6 +147,7 @@ class _Conn:
         self.idle_since = 0.0
         self.deadline = _INF  # set only while waiting for the socket: the sweeper's input
         self.timed_out = False
+        self.pump: _Pump | None = None  # relaying its body through the reactor
 
 
 @functools.lru_cache(maxsize=4096)
@@ -180,6 +194,8 @@ class UpstreamPool:
         self._active: set[_Conn] = set()  # checked out: the sweeper watches their deadlines
         self._open = False
         self._sweeper: trio.CancelScope | None = None
+        self._reactor: _Reactor | None = None
+        self._reactor_scope: trio.CancelScope | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def __aenter__(self) -> UpstreamPool:
@@ -189,6 +205,8 @@ class UpstreamPool:
         # so the caller's exceptions come out as themselves, not in an ExceptionGroup.
         self._sweeper = trio.CancelScope()
         trio.lowlevel.spawn_system_task(self._sweep, self._sweeper, name="llmgw.upstream.sweep")
+        self._reactor, self._reactor_scope = _Reactor(self.stats), trio.CancelScope()
+        trio.lowlevel.spawn_system_task(self._reactor.run, self._reactor_scope, name="llmgw.upstream.relay")
         self._open = True
         return self
 
@@ -203,6 +221,9 @@ class UpstreamPool:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        if self._reactor_scope is not None:
+            self._reactor_scope.cancel()  # relays under way go on without it, read by their tasks
+            self._reactor_scope = None
         self.close_idle()
         await trio.lowlevel.checkpoint()
 
@@ -224,10 +245,12 @@ class UpstreamPool:
             while True:
                 await trio.sleep(self.timer_resolution)
                 now = _current_time()
-                for c in active:
-                    if c.deadline <= now:
-                        c.deadline = _INF
-                        c.timed_out = True
+                for c in [c for c in active if c.deadline <= now]:  # a pump's timeout leaves `active`
+                    c.deadline = _INF
+                    c.timed_out = True
+                    if c.pump is not None:
+                        c.pump.timeout()
+                    else:
                         trio.lowlevel.notify_closing(c.sock)  # its waiter raises ClosedResourceError
 
     # -- connections ---------------------------------------------------------------------------
@@ -364,8 +387,8 @@ class Reply:
 class UpstreamResponse:
     """The head of an upstream response and its body as it arrives."""
 
-    __slots__ = ("status", "headers", "reason", "http_version", "url", "reused", "_pool", "_conn", "_parser",
-                 "_pending", "_idle", "_keep", "_fair", "_error")
+    __slots__ = ("status", "headers", "reason", "http_version", "url", "reused", "first_byte_at", "_pool", "_conn",
+                 "_parser", "_pending", "_idle", "_keep", "_fair", "_error")
 
     def __init__(self, pool: UpstreamPool, url: str) -> None:
         self._pool = pool
@@ -375,6 +398,7 @@ class UpstreamResponse:
         self.reason = ""
         self.http_version = "1.1"
         self.reused = False  # went out on a pooled connection
+        self.first_byte_at: float | None = None  # trio time of the first body byte relay() sent on
         self._conn: _Conn | None = None  # None once the body ended (connection pooled or closed)
         self._parser: ResponseParser | None = None
         self._pending = b""  # body bytes that came with the head
@@ -494,12 +518,291 @@ class UpstreamResponse:
             pieces.append(piece)
         return b"".join(pieces)
 
-    def _abort(self) -> None:
+    def close(self) -> None:
+        """Give up the rest of the body: closes the connection unless the body was read to its
+        end (then it is back in the pool already).  Synchronous and idempotent: what leaving
+        the ``async with pool.stream(...)`` block does, for a caller that kept the response."""
         c = self._conn
         if c is not None:
+            if c.pump is not None:
+                c.pump.stop()
             self._conn = None
             self._pool.stats.aborted += 1
             self._pool._discard(c)
+
+    _abort = close
+
+    async def relay(self, sink: BodySink) -> None:
+        """Send the rest of the body into ``sink`` as it arrives, and return at its end.
+
+        The pool's relay task reads the socket and writes each read's de-chunked bytes to
+        the sink itself, in the same step that learnt of the data (no task switch, no
+        epoll_ctl and no failed recv a read), while this task sleeps until the body ends,
+        fails or the sink is full (it then waits for the sink to drain).  The body's last
+        bytes go with ``end=True``.  Same semantics as iterating: errors raise
+        here (UpstreamError, or what the sink raised), a body read to its end keeps the
+        connection, and cancelling this task stops the relay at once (then ``close()``).
+        ``first_byte_at`` is set once a body byte went to the sink.
+        """
+        if self._pending:
+            piece, self._pending = self._pending, b""
+            self.first_byte_at = _current_time()
+            if not sink.send_nowait(piece, self._conn is None and self._error is None):
+                await sink.drain()
+        c = self._conn
+        reactor = self._pool._reactor
+        if c is not None and reactor is not None and reactor.running:
+            sink.flush_nowait()  # the head goes now, not with the next piece
+            pump = _Pump(self, c, sink, reactor)
+            try:
+                while True:
+                    state = await pump.park()
+                    if state is _PAUSED:
+                        await sink.drain()  # backpressure: the client reads slower than the engine writes
+                        pump.resume()
+                        continue
+                    break
+            finally:
+                pump.stop()
+            if self.first_byte_at is None:
+                self.first_byte_at = pump.first
+            if state is not _ORPHANED:
+                await sink.drain()
+                return
+        async for piece in self:  # no relay task (the pool is closing): read here
+            if self.first_byte_at is None:
+                self.first_byte_at = _current_time()
+            if not sink.send_nowait(piece):
+                await sink.drain()
+
+
+class BodySink(Protocol):
+    """Where :meth:`UpstreamResponse.relay` writes the body (the HTTP server's client side)."""
+
+    def send_nowait(self, data: bytes, end: bool = False) -> bool:
+        """Send ``data`` now; False when the socket did not take all of it: the rest is
+        kept and goes first, and :meth:`drain` waits for it.  A gone peer raises.  ``end``:
+        these are the body's last bytes (``data`` may be empty then), and the response's
+        end may go with them; nothing is sent after that."""
+        ...
+
+    def flush_nowait(self) -> None:
+        """Send what is held back (e.g. the response head) now, as far as the socket takes it."""
+        ...
+
+    async def drain(self) -> None:
+        """Wait until everything kept is sent."""
+        ...
+
+
+# _Pump states, and what park() returns
+_RUNNING, _PAUSED, _ENDED, _ORPHANED = "running", "paused", "ended", "orphaned"
+
+
+class _Reactor:
+    """The pool's relay task: moves response bodies from upstream sockets to their sinks.
+
+    A private epoll holds the sockets of the responses being relayed, edge-triggered and
+    registered once per response; this task waits for it through trio (one epoll_ctl and
+    one wake-up per round, whatever the number of sockets ready) and relays each ready
+    socket in place.  A relayed read therefore costs its recv, parse and send, instead
+    of also a trio wake-up of the consumer's task (through a dozen coroutine frames), an
+    epoll_ctl and the failed recv that ends a drain.
+    """
+
+    __slots__ = ("again", "ep", "fd", "pumps", "running", "stats")
+
+    def __init__(self, stats: PoolStats) -> None:
+        self.ep = select.epoll()
+        self.fd = self.ep.fileno()
+        self.pumps: dict[int, _Pump] = {}
+        self.again: list[_Pump] = []  # stopped after _FAIR reads with data still waiting
+        self.running = True
+        self.stats = stats
+
+    def attach(self, pump: _Pump) -> None:
+        self.ep.register(pump.fd, _EDGE)  # reports data already waiting, too
+        self.pumps[pump.fd] = pump
+
+    def detach(self, pump: _Pump) -> None:
+        if self.pumps.get(pump.fd) is pump:
+            del self.pumps[pump.fd]
+            try:
+                self.ep.unregister(pump.fd)
+            except (OSError, ValueError):
+                pass  # closed already (then the kernel dropped it)
+
+    async def run(self, scope: trio.CancelScope) -> None:
+        pumps = self.pumps
+        poll = self.ep.poll
+        try:
+            with scope:
+                while True:
+                    if self.again:
+                        await trio.lowlevel.checkpoint()  # let others run before more of the same
+                    else:
+                        await _wait_readable(self.fd)
+                    again, self.again = self.again, []
+                    now = _current_time()
+                    for fd, mask in poll(0):
+                        pump = pumps.get(fd)
+                        if pump is not None:
+                            pump.run(now, mask)
+                    for pump in again:
+                        pump.run(now, _HANGUP)
+        finally:
+            self.running = False
+            for pump in list(pumps.values()):
+                pump.orphan()
+            pumps.clear()
+            trio.lowlevel.notify_closing(self.fd)
+            self.ep.close()
+
+
+class _Pump:
+    """One response body being relayed by the reactor; its consumer task parks in park()."""
+
+    __slots__ = ("conn", "fd", "first", "idle", "parser", "reactor", "resp", "result", "sink", "sock", "state",
+                 "task")
+
+    def __init__(self, resp: UpstreamResponse, c: _Conn, sink: BodySink, reactor: _Reactor) -> None:
+        parser = resp._parser
+        assert parser is not None
+        self.resp, self.conn, self.fd, self.sock, self.parser = resp, c, c.fd, c.sock, parser
+        self.sink, self.reactor, self.idle = sink, reactor, resp._idle
+        self.task: trio.lowlevel.Task | None = None  # parked in park()
+        self.state = _RUNNING
+        self.result: outcome.Outcome[Any] | None = None  # for park() when the task was not parked
+        self.first: float | None = None  # time of the first byte relayed
+        c.pump = self
+        c.deadline = _current_time() + self.idle
+        reactor.attach(self)
+
+    # -- the reactor's side (never raises) --------------------------------------------------
+    def run(self, now: float, mask: int) -> None:
+        """Relay what the socket holds (at most _FAIR reads, then the reactor comes back).
+        ``mask``: the epoll event; without a hang-up in it, a short read drained the socket."""
+        if self.state is not _RUNNING:
+            return
+        sock, parser, resp = self.sock, self.parser, self.resp
+        try:
+            for _ in range(_FAIR):
+                try:
+                    data = sock.recv(_RECV)
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    raise UpstreamClosed(f"upstream connection reset mid-response: {exc}", received=True,
+                                         url=resp.url) from None
+                if not data:
+                    if parser.until_close:
+                        parser.feed_eof()
+                        self._end(False)
+                        return
+                    raise UpstreamClosed("upstream closed the connection mid-response", received=True, url=resp.url)
+                try:
+                    piece = parser.feed_body(data)
+                except ProtocolError as exc:
+                    raise UpstreamProtocolError(f"invalid response body from upstream: {exc}", received=True,
+                                                url=resp.url) from None
+                done = parser.done
+                if piece:
+                    if self.first is None:
+                        self.first = now
+                    if not self.sink.send_nowait(piece, done):  # the end goes with the last bytes
+                        if done:
+                            self._end(parser.keep_alive)  # the task drains what the sink kept
+                        else:
+                            self._pause()
+                        return
+                elif done:
+                    self.sink.send_nowait(b"", True)
+                if done:
+                    self._end(parser.keep_alive)
+                    return
+                if len(data) < _RECV and not mask & _HANGUP:
+                    break  # drained: data arriving from now on raises a new edge
+            else:
+                self.reactor.again.append(self)  # more waiting: after the others
+            self.conn.deadline = now + self.idle
+        except Exception as exc:  # noqa: BLE001 - an upstream error, or the sink's (the client left)
+            self._fail(exc)
+
+    def timeout(self) -> None:
+        """The sweeper found the idle deadline passed."""
+        if self.state is _RUNNING:
+            self.reactor.stats.timeouts += 1
+            self._fail(UpstreamTimeout("idle", received=True, url=self.resp.url))
+
+    def orphan(self) -> None:
+        """The reactor stops (the pool closes): the consumer reads the rest itself."""
+        if self.state is _RUNNING:
+            self._detach()
+            self.state = _ORPHANED
+            self._wake(outcome.Value(_ORPHANED))
+
+    def _end(self, keep_alive: bool) -> None:
+        self._detach()  # before the connection can be reused
+        self.state = _ENDED
+        self.resp._finish(self.conn, keep_alive)
+        self._wake(outcome.Value(_ENDED))
+
+    def _pause(self) -> None:
+        self.state = _PAUSED
+        self.conn.deadline = _INF  # no idle timeout while the client is the slow one
+        self._wake(outcome.Value(_PAUSED))
+
+    def _fail(self, exc: BaseException) -> None:
+        self._detach()
+        self.state = _ENDED
+        resp, c = self.resp, self.conn
+        if resp._conn is c:
+            resp._conn = None
+            if isinstance(exc, UpstreamError):
+                resp._error = exc
+            self.reactor.stats.aborted += 1
+            resp._pool._discard(c)
+        self._wake(outcome.Error(exc))
+
+    def _detach(self) -> None:
+        self.conn.pump = None
+        self.conn.deadline = _INF
+        self.reactor.detach(self)
+
+    def _wake(self, result: outcome.Outcome[Any]) -> None:
+        task = self.task
+        if task is not None:
+            self.task = None
+            _reschedule(task, result)
+        else:
+            self.result = result
+
+    # -- the consumer's side ------------------------------------------------------------------
+    async def park(self) -> Any:
+        """Sleep until the relay ends (_ENDED; or raises), pauses (_PAUSED) or is orphaned."""
+        result = self.result
+        if result is not None:
+            self.result = None
+            return result.unwrap()
+        self.task = trio.lowlevel.current_task()
+        return await trio.lowlevel.wait_task_rescheduled(self._abort)
+
+    def _abort(self, _: Any) -> trio.lowlevel.Abort:
+        self.task = None  # cancelled while parked: stop relaying now
+        self.stop()
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def resume(self) -> None:
+        """After a pause: relay again, starting with what arrived meanwhile (its edge is gone)."""
+        if self.state is _PAUSED:
+            self.state = _RUNNING
+            self.run(_current_time(), _HANGUP)
+
+    def stop(self) -> None:
+        """Stop relaying (cancelled, or the consumer gave up): the caller closes the connection."""
+        if self.state is _RUNNING or self.state is _PAUSED:
+            self._detach()
+            self.state = _ENDED
 
 
 class _Exchange:
