@@ -51,12 +51,14 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, NoReturn, Protocol
+from typing import Any, Literal, NoReturn
 from urllib.parse import urlsplit
 
 import outcome
 import trio
 
+# The sink a relayed body is written into is the HTTP server's client side: one definition.
+from llmgw.daemon.httpserver import BodySink
 from llmgw.route.http1 import (
     Data,
     ProtocolError,
@@ -574,25 +576,6 @@ class UpstreamResponse:
                 self.first_byte_at = _current_time()
             if not sink.send_nowait(piece):
                 await sink.drain()
-
-
-class BodySink(Protocol):
-    """Where :meth:`UpstreamResponse.relay` writes the body (the HTTP server's client side)."""
-
-    def send_nowait(self, data: bytes, end: bool = False) -> bool:
-        """Send ``data`` now; False when the socket did not take all of it: the rest is
-        kept and goes first, and :meth:`drain` waits for it.  A gone peer raises.  ``end``:
-        these are the body's last bytes (``data`` may be empty then), and the response's
-        end may go with them; nothing is sent after that."""
-        ...
-
-    def flush_nowait(self) -> None:
-        """Send what is held back (e.g. the response head) now, as far as the socket takes it."""
-        ...
-
-    async def drain(self) -> None:
-        """Wait until everything kept is sent."""
-        ...
 
 
 # _Pump states, and what park() returns
