@@ -46,7 +46,7 @@ from llmgw.fleet.wire import (
 
 log = logging.getLogger("llmgw.agent")
 
-__all__ = ["Agent", "RouterRefused", "gather_facts", "read_token"]
+__all__ = ["Agent", "RouterRefused", "gather_facts"]
 
 WELCOME_TIMEOUT_S = 10.0
 
@@ -58,12 +58,6 @@ class RouterRefused(Exception):
 # What ends a session (and is followed by a reconnect), as opposed to a bug.
 _SESSION_ERRORS = (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError,
                    trio.TooSlowError, ssl.SSLError, OSError)
-
-
-def read_token(token: str | None, token_file: str | None) -> str | None:
-    if token_file:
-        return Path(token_file).read_text().strip() or None
-    return token
 
 
 async def gather_facts(acfg: AgentConfig) -> NodeFacts:

@@ -104,8 +104,7 @@ class ControlPlane:
         self.assignments: dict[str, Assignment] = {}
         self.unplaceable: dict[str, str] = {}
         self.conns: dict[str, _Conn] = {}
-        self.rev = 0  # bumped on every change of any node's desired set
-        self._node_rev: dict[str, int] = {}
+        self._node_rev: dict[str, int] = {}  # per node, bumped when its desired set changes
         self._wake = trio.Event()
         self._partition_logged = False
         self.port: int | None = None
@@ -457,26 +456,26 @@ class ControlPlane:
         m = model_from_dict(data, "model", pools=self.cfg.pools)
         if self.sources.get(m.name) == "config" and source != "config":
             raise ModelError(f"model {m.name} is defined in the config file; change it there")
-        self.store.put_model(m.name, {"source": source, "model": model_to_dict(m)})
-        self.store.record("model saved", model=m.name, detail=source)
-        self._set_model(m, source)
-        self._wake.set()
+        self._save_model(m, source)
         return m
 
     def scale(self, name: str, count: int) -> ModelConfig:
+        """Set a model's replica count. For a model the config file defines this is an operator
+        override that lasts until the next start (the file is authoritative then)."""
         m = self.models.get(name)
         if m is None:
             raise KeyError(name)
         if m.deploy is None:
             raise ModelError(f"model {name} has no [models.deploy] profile: its replicas are static")
-        data = model_to_dict(replace(m, deploy=replace(m.deploy, count=count)))
-        if self.sources.get(name) == "config":  # scaling is an operator override of the count
-            data_m = model_from_dict(data, "model", pools=self.cfg.pools)
-            self.store.put_model(name, {"source": "config", "model": model_to_dict(data_m)})
-            self._set_model(data_m, "config")
-            self._wake.set()
-            return data_m
-        return self.put_model(data, source=self.sources.get(name, "api"))
+        scaled = replace(m, deploy=replace(m.deploy, count=count))
+        self._save_model(scaled, self.sources.get(name, "api"))
+        return scaled
+
+    def _save_model(self, m: ModelConfig, source: str) -> None:
+        self.store.put_model(m.name, {"source": source, "model": model_to_dict(m)})
+        self.store.record("model saved", model=m.name, detail=source)
+        self._set_model(m, source)
+        self._wake.set()
 
     def delete_model(self, name: str) -> None:
         if name not in self.models:
