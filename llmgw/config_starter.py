@@ -1,0 +1,147 @@
+"""The commented starter file `llmgw config init` writes. Its values are the defaults of
+llmgw.config (a test parses it and compares with default_config()); its commented examples
+parse too once uncommented."""
+
+STARTER_TEXT = '''\
+# llmgw configuration.
+# Every key is optional; the values shown are the defaults.
+
+[server]
+host = "127.0.0.1"               # listen address; "0.0.0.0" listens on all interfaces
+port = 8000
+api_keys = []                    # accepted bearer tokens; empty = no authentication
+max_body_bytes = 8388608         # 8 MiB; larger request bodies are refused
+request_id_header = "x-request-id"
+
+[admin]
+# Unix socket of the admin API. Default: $XDG_RUNTIME_DIR/llmgw-<uid>/admin.sock,
+# or /tmp/llmgw-<uid>/admin.sock when XDG_RUNTIME_DIR is unset.
+# socket = "/run/llmgw/admin.sock"
+# Optional TCP admin listener ("host:port"); it requires a token.
+# tcp = "127.0.0.1:8001"
+# token = "change-me"
+
+[sim]
+# The embedded simulated fleet started by the default one-process mode.
+engine = "vllm"                  # "vllm" or "llamacpp"
+replicas = 2
+model = "sim-model"
+extra_args = []                  # extra arguments passed to `llmgw sim`
+
+[router]
+scrape_interval_s = 1.0          # how often each replica's /metrics is read
+stale_after_s = 5.0              # older scraped metrics are stale (live inflight counts still apply)
+connect_timeout_s = 3.0
+first_byte_timeout_s = 600.0     # long prefills can take minutes before the first byte
+idle_timeout_s = 120.0           # longest silence between streamed chunks
+max_attempts = 3                 # replicas tried for one request while nothing was sent to the client
+kv_ceiling = 0.95                # replicas above this KV-cache usage get a hard penalty
+saturation_load = 64.0           # running+waiting at which a replica counts as saturated
+queue_size = 256                 # requests held when every replica is saturated
+queue_timeout_s = 10.0           # then 429 with Retry-After
+decisions_kept = 1000            # recent decisions kept with their rationale
+
+[router.breaker]
+failure_threshold = 3            # consecutive failures that open the breaker; 1 = plain cooldown
+cooldown_s = 5.0                 # first open period; doubles after each failed probe
+max_cooldown_s = 120.0
+half_open_probes = 1
+
+[router.prefix]
+guard = "imbalance"              # "imbalance", "spill" or "none": how load overrides prefix affinity
+abs_gap = 8.0                    # imbalance: a holder loses affinity when its load exceeds the least
+rel_gap = 1.5                    #   loaded candidate's by abs_gap requests AND by a factor rel_gap
+spill_factor = 1.5               # spill: ... when its load > spill_factor x mean + spill_slack
+spill_slack = 4.0
+budget_mb = 64.0                 # memory of the prefix index (LRU eviction of leaves beyond it)
+
+# Pools group replicas; a lower priority is preferred.
+# [[pools]]
+# name = "default"
+# priority = 0
+# max_inflight_per_replica = 16  # optional
+#
+# [[pools]]
+# name = "burst"
+# priority = 10
+
+# Strategies are only weights and a picker; the presets are chat, batch and long-context.
+# A request may name one with the x-llmgw-strategy header.
+# [[strategies]]
+# name = "least-loaded"
+# picker = "power-of-two"        # max-score, power-of-two, softmax (with temperature), round-robin
+# weights = { load = 0.7, queue = 0.3 }
+
+# Models served by static endpoints. Names must be unique.
+# [[models]]
+# name = "llama-3-8b"
+# engine = "vllm"                # "vllm" or "llamacpp"
+# strategy = "chat"              # "chat", "batch" or "long-context"
+# pools = ["default", "burst"]
+# metrics = { kv_usage = "vllm:kv_cache_usage_perc" }   # optional metric name overrides
+#
+# [[models.replicas]]
+# url = "http://10.0.0.5:8000"
+# pool = "default"
+# weight = 1.0
+#
+# [[models.replicas]]
+# url = "http://10.0.0.6:8000"
+# pool = "burst"
+
+# Models whose replicas the agents run, placed by the router (see docs/architecture.md).
+# [[models]]
+# name = "qwen-7b"
+# engine = "vllm"
+# [models.deploy]
+# count = 2                      # replicas
+# model_path = "Qwen/Qwen2.5-7B-Instruct"   # what `vllm serve` / `llama-server -m` gets; default: name
+# simulate = false               # true: run `llmgw sim` instead of the real engine
+# binary = "vllm"                # default: vllm / llama-server on PATH
+# args = ["--max-model-len", "8192"]
+# env = ["HF_HOME=/models/hf"]
+# gpus = 1                       # GPUs per replica ...
+# gpu_memory_mb = 20000          # ... with at least this much memory each
+# memory_mb = 16000              # host memory per replica
+# node_selector = { "llmgw.io/site" = "fra" }   # only nodes with these labels
+# health_timeout_s = 600.0       # an engine not healthy by then is reported failed, with its log
+# pool = "default"
+# weight = 1.0
+
+[control]
+# The router's side of the agent stream. Agents join with the join token; without one (and
+# outside the one-process mode, which makes its own) no agent can join.
+listen = "127.0.0.1:7070"        # "0.0.0.0:7070" to accept agents from other machines
+# join_token = "a long random secret"      # or join_token_file = "/etc/llmgw/join-token"
+# tls_cert = "/etc/llmgw/router.pem"       # with tls_key: the stream is TLS
+# tls_key = "/etc/llmgw/router.key"
+heartbeat_s = 1.0
+not_ready_after_s = 5.0          # silence before a node is not ready (nothing new placed there)
+lost_after_s = 30.0              # not ready this long = lost: its replicas are placed elsewhere
+max_lost_fraction = 0.5          # more nodes silent at once = the router is cut off: nobody is lost
+settle_s = 3.0                   # after a start, agents get this long to join before anything is placed
+drain_timeout_s = 30.0           # a replica being removed may finish its requests for this long
+max_message_bytes = 4194304      # larger messages close the connection
+# store = "/var/lib/llmgw/router.db"       # default: $XDG_STATE_HOME/llmgw/router.db
+
+[agent]
+# This node's agent (--role agent, or the local agent of the one-process mode).
+# node = "gpu-01"                # default: the host name
+router = "127.0.0.1:7070"        # the router's [control] listen address
+# join_token = "a long random secret"      # or join_token_file = "..."
+tls = false                      # true when the router serves TLS; tls_ca for a private CA
+labels = {}                      # e.g. { "llmgw.io/site" = "fra", "llmgw.io/rack" = "r12" }
+advertise_host = "127.0.0.1"     # engines listen here and the router dials it: the node's address
+# state_dir = "/var/lib/llmgw/agent"       # default: $XDG_STATE_HOME/llmgw/agent
+# gpus = [{ name = "L4", memory_mb = 24000 }]   # declared GPUs instead of nvidia-smi's
+# memory_mb = 65536              # instead of /proc/meminfo
+reconnect_min_s = 0.5            # reconnect backoff, jittered
+reconnect_max_s = 30.0
+stop_grace_s = 10.0              # TERM, this long, then KILL to the engine's process group
+
+[agent.restart]
+base_s = 1.0                     # first restart delay after a crash; doubles per crash
+max_s = 60.0
+crashloop_after = 5              # this many crashes within window_s = crash loop (needs an operator)
+window_s = 300.0
+'''
