@@ -11,7 +11,9 @@ request, measured in one run against zero-cost simulator replicas.
    32 concurrent clients, once on keep-alive connections and once with a new client connection
    per request (the router's upstream connections stay pooled in both). The router is pinned to
    CPU 0, everything else to CPU 1. --cpu-only skips part 1; --cpu-rounds repeats part 2 (the box
-   is shared: compare medians).
+   is shared: compare medians); --ab-inline adds a router with its inline I/O dispatch off
+   (LLMGW_INLINE_IO=0, see llmgw/daemon/inline_epoll.py), alternated round by round with the
+   shipped one.
 Bounded: a fixed number of requests on 127.0.0.1; every process is stopped at the end."""
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,8 +31,9 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import Conn, Latencies, build_request, proc_cpu_seconds  # noqa: E402
-from procs import spawn, stop  # noqa: E402
+from loadgen import Conn, Latencies, build_request, proc_cpu_seconds
+from procs import spawn, stop
+
 
 def body(model: str) -> bytes:
     return json.dumps({"model": model, "prompt": "Tell me a story", "max_tokens": 20, "ignore_eos": True,
@@ -90,6 +94,8 @@ def main() -> None:
     ap.add_argument("--cpu-requests", type=int, default=3000)
     ap.add_argument("--cpu-rounds", type=int, default=1)
     ap.add_argument("--cpu-only", action="store_true", help="skip the added-latency part")
+    ap.add_argument("--ab-inline", action="store_true",
+                    help="also measure a router with inline I/O dispatch off (LLMGW_INLINE_IO=0), alternated")
     a = ap.parse_args()
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -112,9 +118,17 @@ def main() -> None:
         lp, linfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(one), "--port", "0",
                            "--log-level", "warning"], cpu=0)
         procs.append(lp)
-        rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(cfg), "--port", "0",
-                           "--log-level", "warning"], cpu=0)
-        procs.append(rp)
+        # The CPU routers: llmgw as shipped, and with --ab-inline the same code with its
+        # inline I/O dispatch off (LLMGW_INLINE_IO=0), measured in alternated rounds.
+        cpu_routers = []
+        for env in ({}, {"LLMGW_INLINE_IO": "0"}) if a.ab_inline else ({},):
+            cfg_i = cfg.with_name(f"cpu{len(cpu_routers)}.toml")
+            cfg_i.write_text(cfg.read_text().replace(str(cfg.with_name("a.sock")),
+                                                     str(cfg.with_name(f"c{len(cpu_routers)}.sock"))))
+            rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(cfg_i),
+                               "--port", "0", "--log-level", "warning"], cpu=0, env=env)
+            procs.append(rp)
+            cpu_routers.append(("inline I/O off" if env else "as shipped", rp, rinfo["port"]))
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {1})
         n = int(a.rate * a.seconds)
@@ -130,17 +144,25 @@ def main() -> None:
                   f"router p50 {1e3 * routed.pct(50):6.2f} ms p99 {1e3 * routed.pct(99):6.2f} ms | "
                   f"added p50 {1e3 * (routed.pct(50) - direct.pct(50)):+.2f} ms "
                   f"p99 {1e3 * (routed.pct(99) - direct.pct(99)):+.2f} ms")
-        trio.run(closed_loop, rinfo["port"], 640, 32)  # warm-up (upstream connections, code paths)
+        cpu: dict[tuple[str, bool], list[float]] = {}
+        for _, rp, port in cpu_routers:
+            trio.run(closed_loop, port, 640, 32)  # warm-up (upstream connections, code paths)
         for _ in range(a.cpu_rounds):
             for keepalive in (True, False):
-                cpu0 = proc_cpu_seconds(rp.pid)
-                elapsed = trio.run(closed_loop, rinfo["port"], a.cpu_requests, 32, keepalive)
-                cpu1 = proc_cpu_seconds(rp.pid)
-                per = (cpu1 - cpu0) / a.cpu_requests
+                for name, rp, port in cpu_routers:
+                    cpu0 = proc_cpu_seconds(rp.pid)
+                    elapsed = trio.run(closed_loop, port, a.cpu_requests, 32, keepalive)
+                    per = (proc_cpu_seconds(rp.pid) - cpu0) / a.cpu_requests
+                    cpu.setdefault((name, keepalive), []).append(per)
+                    label = "keep-alive    " if keepalive else "new connection"
+                    print(f"router CPU ({name}), {label}: {1e3 * per:.3f} ms per streamed request (20 chunks) = "
+                          f"{1 / per:,.0f} streamed requests/s per core; closed loop "
+                          f"{a.cpu_requests / elapsed:,.0f} req/s", flush=True)
+        if a.cpu_rounds > 1 or len(cpu_routers) > 1:
+            print(f"medians of {a.cpu_rounds} rounds:")
+            for (name, keepalive), v in cpu.items():
                 label = "keep-alive    " if keepalive else "new connection"
-                print(f"router CPU, {label}: {1e3 * per:.3f} ms per streamed request (20 chunks) = "
-                      f"{1 / per:,.0f} streamed requests/s per core; closed loop {a.cpu_requests / elapsed:,.0f} req/s",
-                      flush=True)
+                print(f"  router CPU ({name}), {label}: {1e3 * statistics.median(v):.3f} ms per streamed request")
     finally:
         for p in procs:
             stop(p)

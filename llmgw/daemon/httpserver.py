@@ -28,7 +28,6 @@ import errno
 import json
 import logging
 import os
-import select
 import socket as _socket
 import stat
 import struct
@@ -42,6 +41,7 @@ from urllib.parse import parse_qsl
 
 import trio
 
+from llmgw.daemon.inline_epoll import HANGUP, InlineEpoll
 from llmgw.http1server import (
     BODY_CHUNKED,
     BODY_LENGTH,
@@ -67,10 +67,9 @@ _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 _NOSIGNAL = getattr(_socket, "MSG_NOSIGNAL", 0)
 _wait_readable = trio.lowlevel.wait_readable
 _wait_writable = trio.lowlevel.wait_writable
-_EDGE = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET
 # With one of these in an event, read until EAGAIN or EOF: a short read does not mean that
 # the peer's FIN is not queued behind the data (and it raises no further edge).
-_HANGUP = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
+_HANGUP = HANGUP
 _ACCEPT_CAPACITY = frozenset(getattr(errno, e) for e in ("EMFILE", "ENFILE", "ENOMEM", "ENOBUFS") if hasattr(errno, e))
 _CLOSE, _KEEP = 1, 2  # _Server.run: the response was sent; the connection closes / is kept
 _COALESCE = 16384  # stream bytes held back while the body produces synchronously, at most
@@ -180,65 +179,34 @@ class ServerOptions(TypedDict, total=False):
     peer_uid: int  # Unix sockets: other users' connections get 403 (SO_PEERCRED; where the OS has it)
 
 
-class _Readers:
-    """The read side of all of a server's connections: one task and a private epoll.
-
-    Each connection's socket is registered once, edge-triggered; this task waits for the
-    epoll through trio (one wake-up and one epoll_ctl a round, however many sockets are
-    ready) and reads each ready socket in place (_Conn.on_readable).  A reader task per
-    connection cost a task spawn and teardown a connection and a task switch a request;
-    the per-connection watch is what tells a running handler at once that its client
-    left (EOF or reset cancels it).
-    """
-
-    __slots__ = ("again", "conns", "ep", "fd")
-
-    def __init__(self) -> None:
-        self.ep = select.epoll()
-        self.fd = self.ep.fileno()
-        self.conns: dict[int, _Conn] = {}
-        self.again: list[_Conn] = []  # stopped reading with data still waiting (fairness)
-
-    def add(self, c: _Conn) -> None:
-        self.ep.register(c.fd, _EDGE)  # reports input already waiting, too
-        self.conns[c.fd] = c
-
-    def remove(self, c: _Conn) -> None:
-        """Stop reading ``c``.  Its registration stays until its socket closes (the kernel
-        drops it then: no dup()s of these fds exist); events until then are ignored."""
-        if self.conns.get(c.fd) is c:
-            del self.conns[c.fd]
-
-    async def run(self) -> NoReturn:
-        conns = self.conns
-        poll = self.ep.poll
-        try:
-            while True:
-                if self.again:
-                    await trio.lowlevel.checkpoint()
-                else:
-                    await _wait_readable(self.fd)
-                again, self.again = self.again, []
-                for fd, mask in poll(0):
-                    c = conns.get(fd)
-                    if c is not None:
-                        c.on_readable(mask)
-                for c in again:
-                    if conns.get(c.fd) is c:
-                        c.on_readable(_HANGUP)
-        finally:
-            trio.lowlevel.notify_closing(self.fd)
-            self.ep.close()
-
-
 class _Conn:
     """State shared by a connection's request loop and the server's reader."""
-    __slots__ = ("out", "fd", "parser", "client", "readers", "scope", "deadline", "timed_out", "eof", "reading",
-                 "handling", "paused", "ready", "discard", "main", "keep_alive", "nursery", "pending",
-                 "backlog", "flushing", "fed")
+    __slots__ = (
+        "backlog",
+        "client",
+        "deadline",
+        "discard",
+        "eof",
+        "fd",
+        "fed",
+        "flushing",
+        "handling",
+        "keep_alive",
+        "main",
+        "nursery",
+        "out",
+        "parser",
+        "paused",
+        "pending",
+        "readers",
+        "reading",
+        "ready",
+        "scope",
+        "timed_out",
+    )
 
     def __init__(self, sock: _socket.socket, parser: RequestParser, client: tuple[str, int] | None,
-                 readers: _Readers | None = None) -> None:
+                 readers: InlineEpoll | None = None) -> None:
         self.out, self.fd, self.parser, self.client = sock, sock.fileno(), parser, client
         self.readers = readers  # None: nobody reads (tests of the write side)
         # Wraps the request loop; cancelled by the reader when the peer leaves and by
@@ -293,7 +261,7 @@ class _Conn:
             if len(data) < _RECV and not mask & _HANGUP:
                 return
         if self.readers is not None:
-            self.readers.again.append(self)
+            self.readers.later(self.fd)
 
     async def write(self, data: bytes) -> None:
         # Straight to the socket when it takes everything, as it nearly always
@@ -350,7 +318,7 @@ class _Conn:
         self.eof = True
         self.fed += 1
         if self.readers is not None:
-            self.readers.remove(self)
+            self.readers.forget(self.fd, self.on_readable)
         if self.main is not None:
             # Parked for input (between requests, or inside one): wait_input() returns
             # and reports EOF, cheaper than delivering a Cancelled (that took ~8% of the
@@ -481,7 +449,11 @@ class _Server:
         self.conns: set[_Conn] = set()
         self.tick = max(0.01, min(1.0, keepalive_timeout / 4, request_timeout / 4))
         self.nursery: trio.Nursery | None = None  # the connections' tasks (and flushers)
-        self.readers: _Readers | None = None
+        # The read side of all connections: each socket registered once, edge-triggered,
+        # read in place by _Conn.on_readable when ready (no reader task per connection,
+        # no task switch to learn of input); also what tells a running handler at once
+        # that its client left (EOF or reset cancels it).
+        self.readers: InlineEpoll | None = None
 
     async def sweep(self) -> NoReturn:
         # Read timeouts by one periodic sweep instead of a trio deadline per
@@ -558,7 +530,7 @@ class _Server:
             # (which reports whatever came meanwhile), saving the reader a round.
             c.on_readable(0)
             if not c.eof:
-                readers.add(c)
+                readers.register(c.fd, c.on_readable)
             if self.peer_uid is not None and (uid := _peer_uid(sock)) not in (None, self.peer_uid):
                 logger.warning("refused a connection from uid %s", uid)
                 await self.reject(c, 403, "This socket serves its owner only")
@@ -570,7 +542,7 @@ class _Server:
         except Exception:  # Cancelled (shutdown) passes; nothing else may kill the server
             logger.exception("HTTP connection from %s failed", client)
         finally:
-            readers.remove(c)
+            readers.forget(c.fd, c.on_readable)
             self.conns.discard(c)
             stats.connections_open -= 1
             trio.lowlevel.notify_closing(sock)  # a flusher task still writing stops
@@ -835,7 +807,7 @@ async def serve_listeners(handler: Handler, listeners: list[trio.SocketListener]
     handlers and closing streaming bodies; nothing outlives the call.
     """
     server = _Server(handler, **options)
-    server.readers = readers = _Readers()
+    server.readers = readers = InlineEpoll("http server")
     try:
         async with trio.open_nursery() as nursery:
             server.nursery = nursery

@@ -45,7 +45,6 @@ import functools
 import json
 import math
 import os
-import select
 import socket as _socket
 from collections import deque
 from collections.abc import Sequence
@@ -59,6 +58,7 @@ import trio
 
 # The sink a relayed body is written into is the HTTP server's client side: one definition.
 from llmgw.daemon.httpserver import BodySink
+from llmgw.daemon.inline_epoll import HANGUP, InlineEpoll
 from llmgw.route.http1 import (
     Data,
     ProtocolError,
@@ -80,10 +80,9 @@ _wait_readable = trio.lowlevel.wait_readable
 _wait_writable = trio.lowlevel.wait_writable
 _current_time = trio.current_time
 _reschedule = trio.lowlevel.reschedule
-_EDGE = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET  # a relayed connection, once per response
 # With one of these in an event, read until EAGAIN or EOF: a short read does not mean that
 # the peer's FIN is not queued behind the data (and it raises no further edge).
-_HANGUP = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
+_HANGUP = HANGUP
 
 Phase = Literal["connect", "first_byte", "idle"]
 
@@ -140,7 +139,7 @@ class PoolStats:
 
 
 class _Conn:
-    __slots__ = ("sock", "fd", "key", "idle_since", "deadline", "timed_out", "pump")
+    __slots__ = ("deadline", "fd", "idle_since", "key", "pump", "sock", "timed_out")
 
     def __init__(self, sock: _socket.socket, key: tuple[str, int]) -> None:
         self.sock = sock
@@ -389,8 +388,23 @@ class Reply:
 class UpstreamResponse:
     """The head of an upstream response and its body as it arrives."""
 
-    __slots__ = ("status", "headers", "reason", "http_version", "url", "reused", "first_byte_at", "_pool", "_conn",
-                 "_parser", "_pending", "_idle", "_keep", "_fair", "_error")
+    __slots__ = (
+        "_conn",
+        "_error",
+        "_fair",
+        "_idle",
+        "_keep",
+        "_parser",
+        "_pending",
+        "_pool",
+        "first_byte_at",
+        "headers",
+        "http_version",
+        "reason",
+        "reused",
+        "status",
+        "url",
+    )
 
     def __init__(self, pool: UpstreamPool, url: str) -> None:
         self._pool = pool
@@ -583,63 +597,41 @@ _RUNNING, _PAUSED, _ENDED, _ORPHANED = "running", "paused", "ended", "orphaned"
 
 
 class _Reactor:
-    """The pool's relay task: moves response bodies from upstream sockets to their sinks.
+    """The pool's relay: moves response bodies from upstream sockets to their sinks.
 
-    A private epoll holds the sockets of the responses being relayed, edge-triggered and
-    registered once per response; this task waits for it through trio (one epoll_ctl and
-    one wake-up per round, whatever the number of sockets ready) and relays each ready
-    socket in place.  A relayed read therefore costs its recv, parse and send, instead
-    of also a trio wake-up of the consumer's task (through a dozen coroutine frames), an
-    epoll_ctl and the failed recv that ends a drain.
+    The sockets of the responses being relayed sit in an InlineEpoll, edge-triggered and
+    registered once per response, and each ready one is relayed in place (_Pump.run) in
+    the step that learnt of it.  A relayed read therefore costs its recv, parse and send,
+    instead of also a trio wake-up of the consumer's task (through a dozen coroutine
+    frames), an epoll_ctl and the failed recv that ends a drain.
     """
 
-    __slots__ = ("again", "ep", "fd", "pumps", "running", "stats")
+    __slots__ = ("poller", "pumps", "running", "stats")
 
     def __init__(self, stats: PoolStats) -> None:
-        self.ep = select.epoll()
-        self.fd = self.ep.fileno()
+        self.poller = InlineEpoll("upstream relay")
         self.pumps: dict[int, _Pump] = {}
-        self.again: list[_Pump] = []  # stopped after _FAIR reads with data still waiting
         self.running = True
         self.stats = stats
 
     def attach(self, pump: _Pump) -> None:
-        self.ep.register(pump.fd, _EDGE)  # reports data already waiting, too
+        self.poller.register(pump.fd, pump.run)  # reports data already waiting, too
         self.pumps[pump.fd] = pump
 
     def detach(self, pump: _Pump) -> None:
         if self.pumps.get(pump.fd) is pump:
             del self.pumps[pump.fd]
-            try:
-                self.ep.unregister(pump.fd)
-            except (OSError, ValueError):
-                pass  # closed already (then the kernel dropped it)
+            self.poller.unregister(pump.fd)  # the connection goes back to the pool
 
     async def run(self, scope: trio.CancelScope) -> None:
-        pumps = self.pumps
-        poll = self.ep.poll
         try:
             with scope:
-                while True:
-                    if self.again:
-                        await trio.lowlevel.checkpoint()  # let others run before more of the same
-                    else:
-                        await _wait_readable(self.fd)
-                    again, self.again = self.again, []
-                    now = _current_time()
-                    for fd, mask in poll(0):
-                        pump = pumps.get(fd)
-                        if pump is not None:
-                            pump.run(now, mask)
-                    for pump in again:
-                        pump.run(now, _HANGUP)
+                await self.poller.run()
         finally:
             self.running = False
-            for pump in list(pumps.values()):
+            for pump in list(self.pumps.values()):
                 pump.orphan()
-            pumps.clear()
-            trio.lowlevel.notify_closing(self.fd)
-            self.ep.close()
+            self.pumps.clear()
 
 
 class _Pump:
@@ -662,11 +654,12 @@ class _Pump:
         reactor.attach(self)
 
     # -- the reactor's side (never raises) --------------------------------------------------
-    def run(self, now: float, mask: int) -> None:
+    def run(self, mask: int) -> None:
         """Relay what the socket holds (at most _FAIR reads, then the reactor comes back).
         ``mask``: the epoll event; without a hang-up in it, a short read drained the socket."""
         if self.state is not _RUNNING:
             return
+        now = _current_time()
         sock, parser, resp = self.sock, self.parser, self.resp
         try:
             for _ in range(_FAIR):
@@ -706,7 +699,7 @@ class _Pump:
                 if len(data) < _RECV and not mask & _HANGUP:
                     break  # drained: data arriving from now on raises a new edge
             else:
-                self.reactor.again.append(self)  # more waiting: after the others
+                self.reactor.poller.later(self.fd)  # more waiting: after the others
             self.conn.deadline = now + self.idle
         except Exception as exc:  # noqa: BLE001 - an upstream error, or the sink's (the client left)
             self._fail(exc)
@@ -779,7 +772,7 @@ class _Pump:
         """After a pause: relay again, starting with what arrived meanwhile (its edge is gone)."""
         if self.state is _PAUSED:
             self.state = _RUNNING
-            self.run(_current_time(), _HANGUP)
+            self.run(_HANGUP)
 
     def stop(self) -> None:
         """Stop relaying (cancelled, or the consumer gave up): the caller closes the connection."""
@@ -791,8 +784,18 @@ class _Pump:
 class _Exchange:
     """The async context manager returned by :meth:`UpstreamPool.stream`."""
 
-    __slots__ = ("pool", "base_url", "method", "target", "headers", "body", "connect_timeout",
-                 "first_byte_timeout", "idle_timeout", "resp")
+    __slots__ = (
+        "base_url",
+        "body",
+        "connect_timeout",
+        "first_byte_timeout",
+        "headers",
+        "idle_timeout",
+        "method",
+        "pool",
+        "resp",
+        "target",
+    )
 
     def __init__(self, pool: UpstreamPool, base_url: str, method: str, target: str,
                  headers: Sequence[tuple[str, str]], body: bytes | None, connect_timeout: float,
