@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--cpu-requests", type=int, default=3000)
     ap.add_argument("--cpu-rounds", type=int, default=1)
     ap.add_argument("--cpu-only", action="store_true", help="skip the added-latency part")
+    ap.add_argument("--latency-one-core", action="store_true",
+                    help="added latency with the router on the engine's and client's core (no spare core to hide its cost)")
     ap.add_argument("--ab-inline", action="store_true",
                     help="also measure a router with inline I/O dispatch off (LLMGW_INLINE_IO=0), alternated")
     a = ap.parse_args()
@@ -116,7 +118,7 @@ def main() -> None:
         one = cfg.with_name("one.toml")  # the first replica alone, for the added-latency comparison
         one.write_text(f'{head.format(sock=cfg.with_name("b.sock"))}[[models]]\nname = "m"\nengine = "vllm"\n[[models.replicas]]\nurl = "{sims[0]["url"]}"\n')
         lp, linfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(one), "--port", "0",
-                           "--log-level", "warning"], cpu=0)
+                           "--log-level", "warning"], cpu=1 if a.latency_one_core else 0)
         procs.append(lp)
         # The CPU routers: llmgw as shipped, and with --ab-inline the same code with its
         # inline I/O dispatch off (LLMGW_INLINE_IO=0), measured in alternated rounds.
