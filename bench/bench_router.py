@@ -94,6 +94,9 @@ def main() -> None:
     ap.add_argument("--cpu-requests", type=int, default=3000)
     ap.add_argument("--cpu-rounds", type=int, default=1)
     ap.add_argument("--cpu-only", action="store_true", help="skip the added-latency part")
+    ap.add_argument("--engine", choices=("sim", "stub"), default="sim",
+                    help="the replicas: zero-cost `llmgw sim` (default) or bench/stub_engine.py (1 ms decode steps, "
+                         "~20x cheaper: less contention on the shared core in the direct runs)")
     ap.add_argument("--latency-one-core", action="store_true",
                     help="added latency with the router on the engine's and client's core (no spare core to hide its cost)")
     ap.add_argument("--ab-inline", action="store_true",
@@ -103,8 +106,11 @@ def main() -> None:
     try:
         sims = []
         for _ in range(a.replicas):
-            p, info = spawn([sys.executable, "-m", "llmgw", "sim", "--engine", "vllm", "m", "--host", "127.0.0.1",
-                             "--port", "0", "--sim-zero-cost", "--max-num-seqs", "1024", "--sim-kv-blocks", "65536"], cpu=1)
+            engine = ([sys.executable, str(Path(__file__).with_name("stub_engine.py")), "--step-ms", "1"]
+                      if a.engine == "stub" else
+                      [sys.executable, "-m", "llmgw", "sim", "--engine", "vllm", "m", "--host", "127.0.0.1", "--port", "0",
+                       "--sim-zero-cost", "--max-num-seqs", "1024", "--sim-kv-blocks", "65536"])
+            p, info = spawn(engine, cpu=1)
             procs.append(p)
             sims.append(info)
         cfg = Path(tempfile.mkdtemp()) / "bench.toml"
