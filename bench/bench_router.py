@@ -7,8 +7,9 @@ request, measured in one run against zero-cost simulator replicas.
    sent once straight to a replica and once through the router; the difference of their latency
    percentiles is the router's cost. Run with keep-alive connections (a pool of reused
    connections, where Nagle + delayed ACK would add ~40 ms) and with a new connection per request.
-2. CPU: the router process's CPU time (from /proc) per streamed request, in a closed loop with
-   32 concurrent clients, once on keep-alive connections and once with a new client connection
+2. CPU: the router process's CPU time (from /proc) per streamed request at partial load (the
+   load side cannot keep the router busy; its capacity at saturation is bench_capacity.py's),
+   in a closed loop with 32 concurrent clients, once on keep-alive connections and once with a new client connection
    per request (the router's upstream connections stay pooled in both). The router is pinned to
    CPU 0, everything else to CPU 1. --cpu-only skips part 1; --cpu-rounds repeats part 2 (the box
    is shared: compare medians); --ab-inline adds a router with its inline I/O dispatch off
@@ -163,9 +164,11 @@ def main() -> None:
                     per = (proc_cpu_seconds(rp.pid) - cpu0) / a.cpu_requests
                     cpu.setdefault((name, keepalive), []).append(per)
                     label = "keep-alive    " if keepalive else "new connection"
-                    print(f"router CPU ({name}), {label}: {1e3 * per:.3f} ms per streamed request (20 chunks) = "
-                          f"{1 / per:,.0f} streamed requests/s per core; closed loop "
-                          f"{a.cpu_requests / elapsed:,.0f} req/s", flush=True)
+                    # Not capacity: at this load the router idles between chunks and pays a
+                    # wake-up from idle for most of them (bench_capacity.py saturates it).
+                    print(f"router CPU ({name}), {label}: {1e3 * per:.3f} ms per streamed request (20 chunks) "
+                          f"at {a.cpu_requests / elapsed:,.0f} req/s, router {100 * per * a.cpu_requests / elapsed:.0f}% "
+                          f"busy", flush=True)
         if a.cpu_rounds > 1 or len(cpu_routers) > 1:
             print(f"medians of {a.cpu_rounds} rounds:")
             for (name, keepalive), v in cpu.items():
