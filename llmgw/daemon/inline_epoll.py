@@ -90,27 +90,22 @@ class InlineEpoll:
 
     def dispatch(self) -> None:
         """Run the handlers of the sockets that are ready.  Never raises."""
+        self._call(self.ep.poll(0))
+
+    def _run_again(self) -> None:
+        again, self.again = self.again, []
+        self._call([(fd, HANGUP) for fd in again])
+
+    def _call(self, events: list[tuple[int, int]]) -> None:
         handlers = self.handlers
-        for fd, mask in self.ep.poll(0):
+        for fd, mask in events:
             handler = handlers.get(fd)
             if handler is not None:
                 try:
                     handler(mask)
                 except Exception:
                     log.exception("%s: the handler of fd %d failed; dropped", self.name, fd)
-                    self.handlers.pop(fd, None)
-
-    def _run_again(self) -> None:
-        again, self.again = self.again, []
-        handlers = self.handlers
-        for fd in again:
-            handler = handlers.get(fd)
-            if handler is not None:
-                try:
-                    handler(HANGUP)
-                except Exception:
-                    log.exception("%s: the handler of fd %d failed; dropped", self.name, fd)
-                    self.handlers.pop(fd, None)
+                    handlers.pop(fd, None)
 
     async def run(self) -> NoReturn:
         """Drive the handlers until cancelled; then close the epoll."""
