@@ -103,7 +103,7 @@ class InlineEpoll:
             if handler is not None:
                 try:
                     handler(mask)
-                except Exception:
+                except Exception:  # a bug in one handler must not stop the others, nor reach trio
                     log.exception("%s: the handler of fd %d failed; dropped", self.name, fd)
                     handlers.pop(fd, None)
 
