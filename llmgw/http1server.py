@@ -28,6 +28,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from llmgw.http1_fields import END_OF_HEAD, MAX_CHUNK_LINE, TOKEN, parse_fields
+
 __all__ = ["BODY_CHUNKED", "BODY_CLOSE", "BODY_LENGTH", "BODY_NONE", "CONTINUE", "ParsedRequest", "ProtocolError",
            "RequestParser", "serialize_response_head"]
 
@@ -44,18 +46,8 @@ class ProtocolError(ValueError):
         self.status = status
 
 
-_END_OF_HEAD = re.compile(rb"\n\r?\n")
-_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-_VALUE = rb"[^\x00-\x08\x0a-\x1f\x7f]*"  # field content: no controls but HTAB (so no CR or LF)
-# Anchored at line starts, one match covers exactly one whole line: as many matches as
-# lines means every line is a valid field.  Matched on the latin-1 decoded block.
-_FIELD = re.compile(("^(" + _TOKEN.decode() + "):[ \t]*(" + _VALUE.decode() + ")\r?\n"), re.M)
-_FOLDED = re.compile(rb"(?:(?:" + _TOKEN + rb":|[ \t])" + _VALUE + rb"\r?\n)*")
-_MAX_CHUNK_LINE = 8192  # a chunk-size line with its extensions
-
-
 _FIELD_BYTES = bytes([9, *range(0x20, 0x7F), *range(0x80, 0x100)])  # a field line's, but its end
-_TOKEN_STR = re.compile(_TOKEN.decode())
+_TOKEN_STR = re.compile(TOKEN.decode())
 _NAMES: dict[str, str] = {}  # field names seen valid -> lowercased; bounded (see _MAX_NAMES)
 _MAX_NAMES = 512
 
@@ -83,13 +75,10 @@ def _parse_fields(block: bytes | bytearray) -> list[tuple[str, str]]:
             out.append((lname, value.strip(" \t")))
         else:
             return out
-    fields = _FIELD.findall(text)
-    if len(fields) != text.count("\n"):
-        if _FOLDED.fullmatch(block) is None or block[:1] in b" \t":
-            raise ProtocolError("malformed header line")
-        # obs-fold (RFC 9112 §5.2): a continuation line joins the previous value with a space
-        fields = _FIELD.findall(re.sub(r"\r?\n[ \t]+", " ", text))
-    return [(n.lower(), v.rstrip(" \t")) for n, v in fields]
+    fields = parse_fields(block)
+    if fields is None:
+        raise ProtocolError("malformed header line")
+    return fields
 
 
 CONTINUE = b"HTTP/1.1 100 \r\n\r\n"  # the interim answer to "Expect: 100-continue"
@@ -100,7 +89,7 @@ BODY_LENGTH = 1  # exactly Content-Length bytes
 BODY_CHUNKED = 2  # chunked: frame each piece, end with b"0\r\n\r\n"
 BODY_CLOSE = 3  # raw bytes, then close the connection (an HTTP/1.0 peer, no length known)
 
-_REQUEST_LINE = re.compile(rb"(" + _TOKEN + rb") ([\x21-\x7e]+) HTTP/([0-9])\.([0-9])\r?")
+_REQUEST_LINE = re.compile(rb"(" + TOKEN + rb") ([\x21-\x7e]+) HTTP/([0-9])\.([0-9])\r?")
 _REQ_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,20})[ \t]*(?:;[\t\x20-\x7e\x80-\xff]*)?")
 _REQ_SPECIAL = frozenset(("host", "content-length", "transfer-encoding", "connection", "expect"))
 _MAX_LENGTH_DIGITS = 20  # as h11: a Content-Length of up to 10**20 - 1 parses (then 413s)
@@ -173,8 +162,18 @@ class RequestParser:
     clear it once that is sent.
     """
 
-    __slots__ = ("_state", "_buf", "_scan", "_remaining", "_pieces", "_size", "_req", "_max_head",
-                 "_max_body", "expect_continue")
+    __slots__ = (
+        "_buf",
+        "_max_body",
+        "_max_head",
+        "_pieces",
+        "_remaining",
+        "_req",
+        "_scan",
+        "_size",
+        "_state",
+        "expect_continue",
+    )
 
     def __init__(self, *, max_head_bytes: int = 65536, max_body_bytes: int = 16 << 20) -> None:
         self._state = _R_HEAD
@@ -211,7 +210,7 @@ class RequestParser:
             buf = self._buf
             if not buf:
                 return None
-            m = _END_OF_HEAD.search(buf, self._scan)
+            m = END_OF_HEAD.search(buf, self._scan)
             if m is None:
                 n = len(buf)
                 if n > self._max_head:
@@ -345,7 +344,7 @@ class RequestParser:
             if state == _R_SIZE:
                 i = buf.find(b"\r\n", pos)
                 if i < 0:
-                    if n - pos > _MAX_CHUNK_LINE:
+                    if n - pos > MAX_CHUNK_LINE:
                         raise ProtocolError("chunk-size line too long")
                     break
                 m = _REQ_CHUNK_SIZE.fullmatch(buf, pos, i)
@@ -388,7 +387,7 @@ class RequestParser:
                 elif buf.startswith(b"\n", pos):
                     pos += 1
                 else:
-                    m = _END_OF_HEAD.search(buf, pos + self._scan)
+                    m = END_OF_HEAD.search(buf, pos + self._scan)
                     if m is None:
                         if n - pos > self._max_head:
                             raise ProtocolError("trailer section too large", 431)
@@ -411,7 +410,7 @@ class RequestParser:
 
 
 _STATUS_LINES = {status: b"HTTP/1.1 %d \r\n" % status for status in range(200, 600)}
-_RESPONSE_FIELDS = re.compile(rb"(?:" + _TOKEN + rb": (?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?\r\n)*")
+_RESPONSE_FIELDS = re.compile(rb"(?:" + TOKEN + rb": (?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?\r\n)*")
 _RESP_SPECIAL = frozenset(("content-length", "transfer-encoding", "connection"))
 _TE_CHUNKED = "Transfer-Encoding: chunked\r\n"
 _OWS = " \t"

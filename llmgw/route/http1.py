@@ -24,8 +24,18 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from llmgw.http1_fields import END_OF_HEAD, MAX_CHUNK_LINE, TOKEN, VALUE, parse_fields
+
 __all__ = [
-    "first_header", "ProtocolError", "Head", "Data", "End", "Event", "ResponseParser", "serialize_request"]
+    "Data",
+    "End",
+    "Event",
+    "Head",
+    "ProtocolError",
+    "ResponseParser",
+    "first_header",
+    "serialize_request",
+]
 
 
 class ProtocolError(ValueError):
@@ -67,30 +77,17 @@ Event = Head | Data | End
 # parser states
 _HEAD, _LENGTH, _SIZE, _CHUNK, _CRLF, _TRAILER, _CLOSE, _DONE, _ERROR = range(9)
 
-_END_OF_HEAD = re.compile(rb"\n\r?\n")
 _STATUS_LINE = re.compile(rb"HTTP/1\.([0-9]) ([0-9]{3})(?:[ \t]([\t\x20-\x7e\x80-\xff]*))?\r?")
-_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-_VALUE = rb"[^\x00-\x08\x0a-\x1f\x7f]*"  # field content: no controls but HTAB (so no CR or LF)
-# Anchored at line starts, one match covers exactly one whole line: as many matches as
-# lines means every line is a valid field.  Matched on the latin-1 decoded block.
-_FIELD = re.compile(("^(" + _TOKEN.decode() + "):[ \t]*(" + _VALUE.decode() + ")\r?\n"), re.M)
-_FOLDED = re.compile(rb"(?:(?:" + _TOKEN + rb":|[ \t])" + _VALUE + rb"\r?\n)*")
 _CHUNK_SIZE = re.compile(rb"0*([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\x00-\x08\x0a-\x1f\x7f]*)?\r?")
 _SIZE_LINES = {b"%x\r" % i: i for i in range(4096)}  # chunk-size lines as h11/uvicorn write them
 _NO_BODY_STATUS = frozenset((204, 304))
-_MAX_CHUNK_LINE = 8192  # a chunk-size line with its extensions
 
 
 def _parse_fields(block: bytes) -> list[tuple[str, str]]:
-    """Header lines (each ending in LF) -> [(lowercased name, value)]; values stripped."""
-    text = block.decode("latin-1")
-    fields = _FIELD.findall(text)
-    if len(fields) != text.count("\n"):
-        if _FOLDED.fullmatch(block) is None or block[:1] in b" \t":
-            raise ProtocolError("malformed header line")
-        # obs-fold (RFC 9112 §5.2): a continuation line joins the previous value with a space
-        fields = _FIELD.findall(re.sub(r"\r?\n[ \t]+", " ", text))
-    return [(n.lower(), v.rstrip(" \t")) for n, v in fields]
+    fields = parse_fields(block)
+    if fields is None:
+        raise ProtocolError("malformed header line")
+    return fields
 
 
 class ResponseParser:
@@ -100,8 +97,17 @@ class ResponseParser:
     headers say.  ``max_head_bytes`` bounds the status line + headers (and trailers).
     """
 
-    __slots__ = ("_state", "_buf", "_remaining", "_head_request", "_max_head", "_trailers", "_extra",
-                 "keep_alive", "head")
+    __slots__ = (
+        "_buf",
+        "_extra",
+        "_head_request",
+        "_max_head",
+        "_remaining",
+        "_state",
+        "_trailers",
+        "head",
+        "keep_alive",
+    )
 
     def __init__(self, *, head_request: bool = False, max_head_bytes: int = 65536) -> None:
         self._state = _HEAD
@@ -235,7 +241,7 @@ class ResponseParser:
             scan = 0
         out: list[Event] = []
         while True:
-            m = _END_OF_HEAD.search(buf, scan)
+            m = END_OF_HEAD.search(buf, scan)
             if m is None:
                 if len(buf) > self._max_head:
                     raise ProtocolError("response head too large")
@@ -355,7 +361,7 @@ class ResponseParser:
             elif state == _SIZE:
                 nl = buf.find(b"\n", pos)
                 if nl < 0:
-                    if n - pos > _MAX_CHUNK_LINE:
+                    if n - pos > MAX_CHUNK_LINE:
                         raise ProtocolError("chunk-size line too long")
                     break
                 # The usual line ("1a3\r") is one dict lookup; extensions, padding,
@@ -433,7 +439,7 @@ class ResponseParser:
 
 # -- requests --------------------------------------------------------------------------------
 _REQUEST_HEAD = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+ [\x21-\x7e\x80-\xff]+ HTTP/1\.1\r\n"
-                           rb"(?:" + _TOKEN + rb": " + _VALUE + rb"\r\n)*\r\n")
+                           rb"(?:" + TOKEN + rb": " + VALUE + rb"\r\n)*\r\n")
 _BODY_METHODS = frozenset(("POST", "PUT", "PATCH"))
 
 
