@@ -1,4 +1,4 @@
-"""Benchmark llmgw.daemon.httpserver on loopback.
+"""Benchmark llmgw.daemon.net.httpserver on loopback.
 
     .venv/bin/python bench/bench_httpserver.py [--requests 5000] [--conns 32]
                                                [--streams 500] [--chunks 20] [--interval-ms 20]
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 # ----------------------------------------------------------------- server (child)
 def serve() -> None:
-    from llmgw.daemon.httpserver import Request, Response, ServerStats, json_response, serve_tcp
+    from llmgw.daemon.net.httpserver import Request, Response, ServerStats, json_response, serve_tcp
 
     stats = ServerStats()
     active = peak = 0

@@ -13,7 +13,7 @@ request, measured in one run against zero-cost simulator replicas.
    per request (the router's upstream connections stay pooled in both). The router is pinned to
    CPU 0, everything else to CPU 1. --cpu-only skips part 1; --cpu-rounds repeats part 2 (the box
    is shared: compare medians); --ab-inline adds a router with its inline I/O dispatch off
-   (LLMGW_INLINE_IO=0, see llmgw/daemon/inline_epoll.py), alternated round by round with the
+   (LLMGW_INLINE_IO=0, see llmgw/daemon/net/inline_epoll.py), alternated round by round with the
    shipped one.
 Bounded: a fixed number of requests on 127.0.0.1; every process is stopped at the end."""
 

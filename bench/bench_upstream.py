@@ -1,4 +1,4 @@
-"""CPU cost of the router's upstream client (llmgw.daemon.upstream) against httpx.
+"""CPU cost of the router's upstream client (llmgw.daemon.net.upstream) against httpx.
 
     .venv/bin/python bench/bench_upstream.py [--small 2000] [--streams 1000] [--tokens 20]
                                              [--concurrency 32] [--rounds 1]
@@ -35,7 +35,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llmgw.daemon.upstream import UpstreamPool  # noqa: E402
+from llmgw.daemon.net.upstream import UpstreamPool  # noqa: E402
 from tests.conftest import start_sim  # noqa: E402
 
 HEADERS = [("content-type", "application/json")]

@@ -39,7 +39,7 @@ def _child(mode: str, sock: socket.socket) -> None:
         os.environ["LLMGW_INLINE_IO"] = "0"
     import trio
 
-    from llmgw.daemon.inline_epoll import InlineEpoll
+    from llmgw.daemon.net.inline_epoll import InlineEpoll
 
     sock.setblocking(False)
 

@@ -41,11 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"llmgw {__version__}")
         return 0
     if cmd == "sim":
-        from llmgw.daemon.sim_main import main as sim_main
+        from llmgw.daemon.sim.main import main as sim_main
 
         return sim_main(rest)
     if cmd == "daemon":
-        from llmgw.daemon.daemon_main import main as daemon_main
+        from llmgw.daemon.main import main as daemon_main
 
         return daemon_main(rest)
     if cmd == "config":

@@ -18,18 +18,18 @@ import trio
 from llmgw.admin.openapi import document
 from llmgw.admin.routes import Resolver
 from llmgw.config import Config, parse_config
-from llmgw.daemon.admin import AdminApp, serve_admin
-from llmgw.daemon.control import ControlPlane
-from llmgw.daemon.httpserver import (
+from llmgw.daemon.control.admin_server import AdminApp, serve_admin
+from llmgw.daemon.control.plane import ControlPlane
+from llmgw.daemon.net.httpserver import (
     Request,
     Response,
     json_response,
     serve_tcp,
     text_response,
 )
-from llmgw.daemon.router import Router
-from llmgw.daemon.store import Store
-from llmgw.daemon.upstream import UpstreamPool
+from llmgw.daemon.router.proxy import Router
+from llmgw.daemon.control.store import Store
+from llmgw.daemon.net.upstream import UpstreamPool
 
 TOKEN = "s3cret-admin-token"
 

@@ -16,8 +16,8 @@ import trio
 
 from llmgw import __version__
 from llmgw.admin.openapi import document
-from llmgw.daemon.admin import AdminSetupError, _private_dir
-from llmgw.daemon.httpserver import json_response, serve_unix
+from llmgw.daemon.control.admin_server import AdminSetupError, _private_dir
+from llmgw.daemon.net.httpserver import json_response, serve_unix
 from llmgw.fleet.types import NodeFacts
 
 from .admin_support import TOKEN, admin_stack, assert_conforms, ndjson

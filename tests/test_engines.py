@@ -18,7 +18,7 @@ import httpx
 import pytest
 import trio
 
-from llmgw.daemon.engines import EngineSupervisor, safe_id
+from llmgw.daemon.agent.engines import EngineSupervisor, safe_id
 from llmgw.fleet.lifecycle import RestartPolicy
 from llmgw.fleet.types import EngineReport, EngineSpec
 

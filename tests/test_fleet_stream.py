@@ -1,4 +1,4 @@
-"""The trio shell of the control stream (llmgw.daemon.stream): messages over memory and loopback TCP."""
+"""The trio shell of the control stream (llmgw.daemon.net.message_stream): messages over memory and loopback TCP."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw.daemon.stream import MessageStream, ProtocolError, StreamClosed, open_client
+from llmgw.daemon.net.message_stream import MessageStream, ProtocolError, StreamClosed, open_client
 from llmgw.fleet.types import EngineReport, NodeFacts
 from llmgw.fleet.wire import FROM_AGENT, FROM_ROUTER, Bye, EngineUpdate, Heartbeat, Hello, Welcome, encode
 

@@ -1,4 +1,4 @@
-"""Tests for llmgw.daemon.httpserver over real loopback sockets (no sleeps as sync)."""
+"""Tests for llmgw.daemon.net.httpserver over real loopback sockets (no sleeps as sync)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw.daemon.httpserver import (
+from llmgw.daemon.net.httpserver import (
     Request, Response, ServerStats, json_response, serve_tcp, serve_unix, text_response,
 )
 
@@ -356,7 +356,7 @@ async def test_handler_exception_is_500_and_server_survives(caplog: pytest.LogCa
             raise RuntimeError("kaboom")
         return text_response(200, "fine")
 
-    caplog.set_level(logging.ERROR, logger="llmgw.daemon.httpserver")
+    caplog.set_level(logging.ERROR, logger="llmgw.daemon.net.httpserver")
     async with running(handler) as (base, _, stats), client(base) as c:
         r = await c.get("/boom")
         assert r.status_code == 500
@@ -507,7 +507,7 @@ async def test_invalid_response_from_handler_is_500(caplog: pytest.LogCaptureFix
             return Response(204, [], b"body")
         return text_response(200, "fine")
 
-    caplog.set_level(logging.ERROR, logger="llmgw.daemon.httpserver")
+    caplog.set_level(logging.ERROR, logger="llmgw.daemon.net.httpserver")
     async with running(handler) as (base, _, stats), client(base) as c:
         for path in ("/bad-header", "/bad-stream", "/204-with-body"):
             r = await c.get(path)
@@ -524,7 +524,7 @@ async def test_stream_not_matching_its_content_length_is_cut(caplog: pytest.LogC
             yield b"abcd"
         return Response(200, [("content-length", req.query)], gen())
 
-    caplog.set_level(logging.ERROR, logger="llmgw.daemon.httpserver")
+    caplog.set_level(logging.ERROR, logger="llmgw.daemon.net.httpserver")
     async with running(handler) as (_, port, stats):
         for declared in (b"10", b"2"):
             out = await raw_exchange(port, b"GET /?%s HTTP/1.1\r\nhost: x\r\n\r\n" % declared)  # closes
@@ -565,8 +565,8 @@ async def test_stream_that_produces_at_once_is_coalesced_and_complete() -> None:
 
 
 async def test_send_now_hands_what_the_socket_refuses_to_a_flusher_task() -> None:
-    from llmgw.daemon.httpserver import _Conn
-    from llmgw.http1server import RequestParser
+    from llmgw.daemon.net.httpserver import _Conn
+    from llmgw.http1.server import RequestParser
 
     a, b = trio.socket.socketpair()
     out = socket.socket(fileno=a.fileno())

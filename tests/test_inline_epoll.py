@@ -11,8 +11,8 @@ import trio
 import trio.testing
 from trio._core._run import GLOBAL_RUN_CONTEXT
 
-from llmgw.daemon import inline_epoll
-from llmgw.daemon.inline_epoll import HANGUP, InlineEpoll, inline_available
+from llmgw.daemon.net import inline_epoll
+from llmgw.daemon.net.inline_epoll import HANGUP, InlineEpoll, inline_available
 
 pytestmark = pytest.mark.anyio
 

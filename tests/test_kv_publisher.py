@@ -11,13 +11,13 @@ import trio
 import trio.testing
 import zmq
 
-from llmgw.daemon.kv_publisher import (
+from llmgw.daemon.sim.kv_publisher import (
     END_SEQ,
     KVEventPublisher,
     is_bind_endpoint,
     offset_endpoint_port,
 )
-from llmgw.daemon.zmqio import AsyncSocket
+from llmgw.daemon.net.zmqio import AsyncSocket
 
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "specs" / "vllm-golden.json"
 TOPIC = "kv@test"

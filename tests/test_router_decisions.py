@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 
 from llmgw.config import parse_config
-from llmgw.daemon.router import Router
+from llmgw.daemon.router.proxy import Router
 from llmgw.route.types import RequestInfo
 
 CFG = """

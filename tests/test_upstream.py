@@ -1,4 +1,4 @@
-"""llmgw.daemon.upstream against tiny raw trio servers that misbehave on purpose,
+"""llmgw.daemon.net.upstream against tiny raw trio servers that misbehave on purpose,
 and against the real simulator."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw.daemon.upstream import (UpstreamClosed, UpstreamConnectError, UpstreamError, UpstreamPool,
+from llmgw.daemon.net.upstream import (UpstreamClosed, UpstreamConnectError, UpstreamError, UpstreamPool,
                                    UpstreamProtocolError, UpstreamTimeout)
 
 TIMEOUT = 10

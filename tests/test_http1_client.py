@@ -1,4 +1,4 @@
-"""llmgw.route.http1: the sans-I/O HTTP/1.1 response parser and request serializer."""
+"""llmgw.http1.client: the sans-I/O HTTP/1.1 response parser and request serializer."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from llmgw.route.http1 import Data, End, Head, ProtocolError, ResponseParser, serialize_request
+from llmgw.http1.client import Data, End, Head, ProtocolError, ResponseParser, serialize_request
 
 # ------------------------------------------------------------------------------ helpers
 

@@ -31,9 +31,9 @@ from llmgw.config import (
     model_from_dict,
     model_to_dict,
 )
-from llmgw.daemon.router import Router
-from llmgw.daemon.store import AssignmentRow, Store
-from llmgw.daemon.stream import MessageStream, StreamClosed
+from llmgw.daemon.router.proxy import Router
+from llmgw.daemon.control.store import AssignmentRow, Store
+from llmgw.daemon.net.message_stream import MessageStream, StreamClosed
 from llmgw.fleet.nodes import NodeRegistry, NodeTimeouts, Transition, location
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile

@@ -18,7 +18,7 @@ itself into a :class:`BodySink` (the router's proxied responses: each upstream r
 is framed and written to the client by whoever read it, without waking this task).
 
 The protocol itself (request parsing, response framing) is the pure codec in
-llmgw.http1server; this module only moves its bytes.  It replaced h11, which cost
+llmgw.http1.server; this module only moves its bytes.  It replaced h11, which cost
 several times more a request (header validation, event objects, its state machine).
 """
 
@@ -41,8 +41,8 @@ from urllib.parse import parse_qsl
 
 import trio
 
-from llmgw.daemon.inline_epoll import HANGUP, InlineEpoll
-from llmgw.http1server import (
+from llmgw.daemon.net.inline_epoll import HANGUP, InlineEpoll
+from llmgw.http1.server import (
     BODY_CHUNKED,
     BODY_LENGTH,
     BODY_NONE,
@@ -51,7 +51,7 @@ from llmgw.http1server import (
     RequestParser,
     serialize_response_head,
 )
-from llmgw.route.http1 import first_header
+from llmgw.http1.client import first_header
 
 __all__ = ["BodySink", "ErrorBody", "Handler", "RelayBody", "Request", "Response", "ServerOptions", "ServerStats",
            "json_response", "openai_error_body", "serve_listeners", "serve_tcp", "serve_unix",

@@ -1,5 +1,5 @@
 """The HTTP/1.1 header-field grammar (RFC 9112 §5), shared by the response parser
-(``llmgw.route.http1``) and the request parser (``llmgw.http1server``).  Pure."""
+(``llmgw.http1.client``) and the request parser (``llmgw.http1.server``).  Pure."""
 
 from __future__ import annotations
 

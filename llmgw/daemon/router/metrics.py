@@ -30,7 +30,7 @@ from prometheus_client.samples import Sample
 from llmgw.route.types import Decision
 
 if TYPE_CHECKING:
-    from llmgw.daemon.router import Router
+    from llmgw.daemon.router.proxy import Router
 
 _BREAKER = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)

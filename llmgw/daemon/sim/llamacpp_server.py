@@ -27,8 +27,8 @@ from typing import Any
 
 import trio
 
-from llmgw.daemon.httpserver import Request, Response, serve_tcp
-from llmgw.daemon.sim_runner import EngineRunner
+from llmgw.daemon.net.httpserver import Request, Response, serve_tcp
+from llmgw.daemon.sim.runner import EngineRunner
 from llmgw.sim import llamacpp_params as lp
 from llmgw.sim import llamacpp_surface as ls
 from llmgw.sim.args import ArgError, build_llamacpp_parser, parse_lora_args, sim_options

@@ -1,6 +1,6 @@
 """The server side of HTTP/1.1, sans-I/O: a request parser and a response-head serializer.
 
-Pure: bytes in, requests out, heads out; no sockets, no trio (``llmgw.daemon.httpserver``
+Pure: bytes in, requests out, heads out; no sockets, no trio (``llmgw.daemon.net.httpserver``
 moves the bytes).  It plays h11's SERVER role at a fraction of the cost: a request whose
 head and body come in one read is parsed with one blank-line search, one regex for the
 request line and one pass over the header block; a response head is formatted with one
@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from llmgw.http1_fields import END_OF_HEAD, MAX_CHUNK_LINE, TOKEN, parse_fields
+from llmgw.http1.fields import END_OF_HEAD, MAX_CHUNK_LINE, TOKEN, parse_fields
 
 __all__ = ["BODY_CHUNKED", "BODY_CLOSE", "BODY_LENGTH", "BODY_NONE", "CONTINUE", "ParsedRequest", "ProtocolError",
            "RequestParser", "serialize_response_head"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from llmgw.daemon.children import read_ready_line, stop_groups
+from llmgw.daemon.sim.children import read_ready_line, stop_groups
 from llmgw.sim.args import ArgError
 
 log = logging.getLogger("llmgw.sim")
@@ -43,12 +43,12 @@ def main(argv: list[str]) -> int:
     engine, rest = _split_engine(argv)
     try:
         if engine == "vllm":
-            from llmgw.daemon.sim_vllm import build
+            from llmgw.daemon.sim.vllm_server import build
 
             sim: Any = build(rest)
             kind = "vllm"
         elif engine == "llamacpp":
-            from llmgw.daemon.sim_llamacpp import build as build_llama
+            from llmgw.daemon.sim.llamacpp_server import build as build_llama
 
             sim = build_llama(rest)
             kind = "llamacpp"

@@ -179,7 +179,7 @@ async def _run(cfg: Config, roles: set[str]) -> None:
             control_addr = info.get("control")
         agent = None
         if "agent" in roles:
-            from llmgw.daemon.agent import Agent
+            from llmgw.daemon.agent.agent import Agent
 
             if "router" in roles:
                 if control_addr is None:
@@ -208,12 +208,12 @@ async def _run(cfg: Config, roles: set[str]) -> None:
 
 async def _router_role(cfg: Config, token: str | None, settle_s: float | None,
                        task_status: trio.TaskStatus[dict[str, Any]]) -> None:
-    from llmgw.daemon.admin import AdminApp, AdminSetupError, serve_admin
-    from llmgw.daemon.control import ControlPlane
-    from llmgw.daemon.httpserver import serve_tcp
-    from llmgw.daemon.router import Router
-    from llmgw.daemon.store import Store, StoreError
-    from llmgw.daemon.upstream import UpstreamPool
+    from llmgw.daemon.control.admin_server import AdminApp, AdminSetupError, serve_admin
+    from llmgw.daemon.control.plane import ControlPlane
+    from llmgw.daemon.net.httpserver import serve_tcp
+    from llmgw.daemon.router.proxy import Router
+    from llmgw.daemon.control.store import Store, StoreError
+    from llmgw.daemon.net.upstream import UpstreamPool
 
     try:
         store = Store.memory() if cfg.control.store == ":memory:" else Store.open(cfg.control.store)

@@ -26,8 +26,8 @@ from typing import Any
 import trio
 
 from llmgw.config import AgentConfig
-from llmgw.daemon.engines import EngineSupervisor
-from llmgw.daemon.stream import MessageStream, StreamClosed, open_client
+from llmgw.daemon.agent.engines import EngineSupervisor
+from llmgw.daemon.net.message_stream import MessageStream, StreamClosed, open_client
 from llmgw.fleet.facts import NVIDIA_SMI_QUERY, parse_meminfo_mb, parse_nvidia_smi
 from llmgw.fleet.lifecycle import RestartPolicy
 from llmgw.fleet.types import EngineReport, GpuInfo, NodeFacts

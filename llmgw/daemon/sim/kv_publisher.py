@@ -28,7 +28,7 @@ from collections import deque
 import trio
 import zmq
 
-from llmgw.daemon.zmqio import AsyncSocket
+from llmgw.daemon.net.zmqio import AsyncSocket
 
 __all__ = [
     "END_SEQ",
@@ -88,7 +88,7 @@ class KVEventPublisher:
             await pub.stop()          # graceful: bounded drain, then close
 
     ``publish`` must be called from the trio thread that runs :meth:`run`. The sockets are owned by
-    the tasks of :meth:`run` (one task per socket, see :mod:`llmgw.daemon.zmqio`).
+    the tasks of :meth:`run` (one task per socket, see :mod:`llmgw.daemon.net.zmqio`).
     """
 
     SHUTDOWN_TIMEOUT = SHUTDOWN_TIMEOUT

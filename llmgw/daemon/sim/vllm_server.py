@@ -18,8 +18,8 @@ from typing import Any
 
 import trio
 
-from llmgw.daemon.httpserver import Request, Response, serve_tcp
-from llmgw.daemon.sim_runner import EngineRunner
+from llmgw.daemon.net.httpserver import Request, Response, serve_tcp
+from llmgw.daemon.sim.runner import EngineRunner
 from llmgw.kv import events as kvev
 from llmgw.kv.hashing import (
     HashContext,
@@ -402,7 +402,7 @@ class VllmSim:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        from llmgw.daemon.kv_publisher import KVEventPublisher
+        from llmgw.daemon.sim.kv_publisher import KVEventPublisher
 
         async with trio.open_nursery() as nursery:
             if self.kv_cfg["enable_kv_cache_events"] and self.kv_cfg["publisher"] == "zmq":

@@ -3,7 +3,7 @@
 httpx costs ~1.0-1.4 ms CPU a request under trio and httpcore ~0.7-1.0 ms
 (shared/specs/python-stack.md); this client spends a small fraction of that:
 
-* the codec is :mod:`llmgw.route.http1` (sans-I/O, chunked bodies parsed with
+* the codec is :mod:`llmgw.http1.client` (sans-I/O, chunked bodies parsed with
   ``bytes.find``), and the sockets are plain non-blocking stdlib sockets read and
   written directly, waiting through ``trio.lowlevel.wait_readable``/``wait_writable``
   only when the kernel has nothing (trio's socket wrappers cost 2-3x the syscall);
@@ -57,9 +57,9 @@ import outcome
 import trio
 
 # The sink a relayed body is written into is the HTTP server's client side: one definition.
-from llmgw.daemon.httpserver import BodySink
-from llmgw.daemon.inline_epoll import HANGUP, InlineEpoll
-from llmgw.route.http1 import (
+from llmgw.daemon.net.httpserver import BodySink
+from llmgw.daemon.net.inline_epoll import HANGUP, InlineEpoll
+from llmgw.http1.client import (
     Data,
     ProtocolError,
     ResponseParser,

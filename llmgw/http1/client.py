@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from llmgw.http1_fields import END_OF_HEAD, MAX_CHUNK_LINE, TOKEN, VALUE, parse_fields
+from llmgw.http1.fields import END_OF_HEAD, MAX_CHUNK_LINE, TOKEN, VALUE, parse_fields
 
 __all__ = [
     "Data",

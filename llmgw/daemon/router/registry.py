@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from llmgw.config import Config, ModelConfig
-from llmgw.daemon.upstream import UpstreamError, UpstreamPool
+from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool
 from llmgw.route.breaker import Breaker, BreakerConfig
 from llmgw.route.cache_stats import CacheStats
 from llmgw.route.contract import DrainRate, ScrapeResult, scrape

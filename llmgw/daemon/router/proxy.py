@@ -19,10 +19,10 @@ from typing import Any
 import trio
 
 from llmgw.config import Config, ModelConfig
-from llmgw.daemon.httpserver import BodySink, Request, Response
-from llmgw.daemon.registry import ModelEntry, Registry, Replica
-from llmgw.daemon.router_metrics import RouterMetrics
-from llmgw.daemon.upstream import (
+from llmgw.daemon.net.httpserver import BodySink, Request, Response
+from llmgw.daemon.router.registry import ModelEntry, Registry, Replica
+from llmgw.daemon.router.metrics import RouterMetrics
+from llmgw.daemon.net.upstream import (
     UpstreamClosed,
     UpstreamConnectError,
     UpstreamError,

@@ -32,15 +32,15 @@ from llmgw.admin.routes import PREFIX, ROUTES, Resolver, Route
 from llmgw.admin.schema import Problem
 from llmgw.admin.validate import Invalid, from_json, query_value
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
-from llmgw.daemon.control import ControlPlane, ModelError
-from llmgw.daemon.httpserver import (
+from llmgw.daemon.control.plane import ControlPlane, ModelError
+from llmgw.daemon.net.httpserver import (
     Request,
     Response,
     json_response,
     serve_tcp,
     serve_unix,
 )
-from llmgw.daemon.router import Router
+from llmgw.daemon.router.proxy import Router
 from llmgw.route.types import Decision
 
 log = logging.getLogger("llmgw.admin")
