@@ -9,7 +9,7 @@ Part 1 builds a chat-like index — 40 system prompts of 2-8 KB, ``--ops`` conve
 ``record`` of 32 KB heads in two mixes: "next turn" (the recorded history plus a new message:
 the head extends a leaf) and "diverging" (a regeneration or a new conversation: the head leaves
 a recorded label in its middle, so a common-prefix search and a split). Then the whole
-``Scheduler.decide`` with the prefix scorer and three others, and ``after_pick``, at 64
+``Scheduler.decide`` with the prefix scorer and three others, and the commit (the scorer's ``observe``), at 64
 candidates.
 
 Part 2 records ``--prompts`` distinct short prompts (one of 1000 shared 16-byte prefixes + 48
@@ -113,17 +113,16 @@ def part1(ops: int, replicas: int) -> None:
     ta: list[float] = []
     gc.collect()
     for k, h in enumerate(heads):
-        r = RequestInfo(request_id=f"q{k}", model="llama-70b", base_model="llama-70b")
+        r = RequestInfo(request_id=f"q{k}", model="llama-70b", base_model="llama-70b", head=h)
         t0 = perf()
-        pr.prepare(r, h)
-        d = sched.decide(r, eps, strat, now=2e6, wall=0.0, rng=rng)
+        d = sched.decide(r, eps, strat, now=2e6, wall=0.0, rng=rng, commit=False)
         t1 = perf()
-        pr.after_pick(r, h, d.chosen, 2e6, decision=d)
+        sched.commit(d, r, 2e6)  # the prefix scorer's observe: record and classify
         t2 = perf()
         td.append((t1 - t0) * 1e6)
         ta.append((t2 - t1) * 1e6)
     row("decide (prefix + 3 scorers)", sorted(td))
-    row("after_pick", sorted(ta))
+    row("commit (observe)", sorted(ta))
     print(f"  outcomes: {pr.metrics()['decisions']}")
 
 

@@ -44,7 +44,7 @@ def routing(**kw) -> PrefixRouting:
 
 
 def score(pr: PrefixRouting, eps, r: RequestInfo, head: bytes, now: float = 1.0):
-    pr.prepare(r, head)
+    r.head = head
     ctx = ScoreContext(r, eps, eps, CFG, now, {})
     sc = pr.scorer(ctx)
     return [sc.at(i) for i in range(len(eps))], ctx
@@ -61,11 +61,9 @@ def sched(pr: PrefixRouting) -> Scheduler:
 
 def decide(pr: PrefixRouting, s: Scheduler, eps, strategy: Strategy, head: bytes = HEAD,
            now: float = 1.0, rng: random.Random | None = None, **kw):
-    r = req(**kw)
-    pr.prepare(r, head)
+    r = req(head=head, **kw)
     d = s.decide(r, eps, strategy, now=now, wall=0.0, rng=rng or random.Random(0))
-    out = pr.after_pick(r, head, d.chosen, now, decision=d)
-    return d, out
+    return d, pr.last
 
 
 # --------------------------------------------------------------------------- the value
@@ -109,8 +107,7 @@ def test_partition_by_adapter_and_salt():
     seed(pr, HEAD, "r0")
     vals, _ = score(pr, [ep(0, adapters=frozenset({"lora"}))], req(adapter="lora"), HEAD)
     assert vals == [0.0]
-    r = req()
-    pr.prepare(r, HEAD, cache_salt="tenant-a")
+    r = req(head=HEAD, cache_salt="tenant-a")
     ctx = ScoreContext(r, [ep(0)], [ep(0)], CFG, 0.0, {})
     assert pr.scorer(ctx).at(0) == 0.0
 
@@ -126,14 +123,14 @@ def test_records_the_replica_the_picker_actually_chose():
     eps = [ep(0), ep(1)]
     strat = Strategy("t", {"prefix": 1.0}, picker="round-robin")
     s.picker_state.rr["m"] = 1  # round-robin will take candidate 1
-    r = req()
-    pr.prepare(r, HEAD)
-    d = s.decide(r, eps, strat, now=1.0, wall=0.0, rng=random.Random(0))
+    r = req(head=HEAD)
+    d = s.decide(r, eps, strat, now=1.0, wall=0.0, rng=random.Random(0), commit=False)
     assert d.chosen == "r1"
     assert d.candidates[0].endpoint_id == "r0"  # the scorer's proposal
     assert pr.index.match(pr.partition(r), HEAD, 1.0).holders == {"r0": (len(HEAD), 1)}
-    out = pr.after_pick(r, HEAD, d.chosen, 1.0)
-    assert out.outcome == "miss"
+    s.commit(d, r, 1.0)
+    s.commit(d, r, 1.0)  # a second commit does nothing
+    assert d.prefix == "miss" and pr.metrics()["decisions"]["miss"] == 1
     assert pr.index.match(pr.partition(r), HEAD, 1.0).holders == {
         "r0": (len(HEAD), 1), "r1": (len(HEAD), 1)}
 
@@ -321,23 +318,38 @@ def test_metrics_count_outcomes_and_matched_lengths():
     assert m["scored"] == 3
 
 
-def test_after_pick_without_a_score_still_classifies_and_records():
+def test_observed_without_a_score_still_classifies_and_records():
+    """A strategy without a prefix weight never calls the scorer; observe still looks the head
+    up and records the pick, so the index learns from every routed request."""
     pr = routing()
     seed(pr, HEAD, "r0")
-    out = pr.after_pick(req(), HEAD, "r0", 1.0)
-    assert out.outcome == "hit" and out.matched_bytes == len(HEAD)
-    assert pr.after_pick(req(), HEAD, None, 1.0).outcome == "none"
+    s = sched(pr)
+    d, out = decide(pr, s, [ep(0)], Strategy("t", {"load": 1.0}))
+    assert out.outcome == "hit" and out.matched_bytes == len(HEAD) and d.prefix == "hit"
+    assert "prefix hit" in d.note and pr.scored == 0
+    d, out = decide(pr, s, [ep(0, model="other")], Strategy("t", {"load": 1.0}))
+    assert d.chosen is None and out.outcome == "none" and d.prefix is None
 
 
-def test_pending_is_bounded():
-    pr = PrefixRouting(max_pending=4)
-    for k in range(10):
-        pr.prepare(req(), HEAD)
-    assert len(pr._pending) == 4
-    r = req()
-    pr.prepare(r, HEAD)
-    pr.forget(r)
-    assert r.request_id not in pr._pending
+def test_a_request_without_a_head_is_neither_scored_nor_recorded():
+    pr = routing()
+    s = sched(pr)
+    d, _ = decide(pr, s, [ep(0), ep(1)], Strategy("t", {"prefix": 0.5, "load": 0.5}), head=b"")
+    assert d.prefix is None and pr.metrics()["decisions"] == dict.fromkeys(OUTCOMES, 0)
+    assert pr.index.stats()["nodes"] <= 1
+
+
+def test_an_uncommitted_decision_leaves_no_trace():
+    """The router decides without committing when the pick may fall through (a full cap):
+    nothing is recorded and nothing is kept anywhere for it."""
+    pr = routing()
+    s = sched(pr)
+    r = req(head=HEAD)
+    d = s.decide(r, [ep(0), ep(1)], Strategy("t", {"prefix": 1.0}), now=1.0, wall=0.0,
+                 rng=random.Random(0), commit=False)
+    assert d.pending is not None and d.prefix is None
+    assert pr.metrics()["decisions"] == dict.fromkeys(OUTCOMES, 0)
+    assert pr.index.match(pr.partition(r), HEAD, 1.0).holders == {}
 
 
 # --------------------------------------------------------------------------- zero-hit alarm
@@ -387,10 +399,8 @@ def test_zero_hit_alarm_through_the_facade_catches_a_misconfigured_capacity():
     salted.alarm = ZeroHitAlarm(window_s=5.0, min_requests=10)
     s = sched(salted)
     for k in range(60):
-        r = req()
-        salted.prepare(r, HEAD, cache_salt=f"tenant-{k}")
-        d = s.decide(r, eps, strat, now=k * 0.1, wall=0.0, rng=random.Random(k))
-        salted.after_pick(r, None, d.chosen, k * 0.1)
+        r = req(head=HEAD, cache_salt=f"tenant-{k}")
+        s.decide(r, eps, strat, now=k * 0.1, wall=0.0, rng=random.Random(k))
     assert salted.metrics()["decisions"]["hit"] == 0
     assert not salted.zero_hit_alarm(6.0)
     healthy = routing(guard="none")

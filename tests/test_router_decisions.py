@@ -6,7 +6,7 @@ import trio
 
 from llmgw.config import parse_config
 from llmgw.daemon.router.proxy import Router
-from llmgw.route.types import RequestInfo
+from llmgw.route.attempt import Attempt
 
 CFG = """
 [router]
@@ -24,12 +24,15 @@ url = "http://127.0.0.1:2"
 def test_decision_ring_is_bounded_and_explains_each_pick() -> None:
     async def main() -> None:
         router = Router(parse_config(CFG), pool=None, seed=1)  # type: ignore[arg-type]
-        entry = router.registry.models["m"]
+        core = router.core
         router.registry.replicas["m/0"].view.inflight = 5  # busy: the other one should win
+        body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
         for i in range(5):
-            info = RequestInfo(request_id=f"r{i}", model="m", base_model="m")
-            rep, d = router._decide(entry, info, router._strategy(entry, None), set())
-            assert rep is not None and rep.id == d.chosen
+            now = trio.current_time()
+            plan = core.plan("chat", body, f"r{i}", strategy=None, session=None, now=now)
+            a = core.next(plan, now, 0.0)
+            assert isinstance(a, Attempt) and a.replica.id == a.decision.chosen
+            core.finish(plan, a, now, None, first_byte_at=now, status=200)
         ring = list(router.decisions)
         assert [d.request_id for d in ring] == ["r2", "r3", "r4"]
         last = ring[-1].to_json()

@@ -28,13 +28,17 @@ has no effect beyond giving back a probe slot (like `release_probe`), so a calle
 outcome without filtering.
 
 Probe accounting: `allow` returns a `Permit`. `Permit.PROBE` means the request holds a half-open
-probe slot, and it must end with exactly one of `on_success`, `on_failure` or `release_probe` (the
-last when it ended without a verdict, e.g. the client went away). Verdicts are not tied to a permit:
-a success or failure that arrives while half_open is treated as a probe's verdict even when it comes
-from a long request admitted before the breaker opened — it is still fresh evidence about the engine;
-at worst one extra probe is admitted. Verdicts that arrive while open are ignored (they belong to
-requests that started before the breaker opened; the cooldown is not extended). A probe slot held
-longer than `probe_stale_after` seconds is reclaimed, so a lost verdict cannot wedge an endpoint.
+probe slot, named by `probe_token()` right after the grant, and it must end with exactly one of
+`on_success`, `on_failure` or `release_probe` (the last when it ended without a verdict, e.g. the
+client went away), each given that token: only that slot is freed, and nothing when it is gone
+already (reclaimed as stale, or the breaker has changed state since). A request admitted while
+closed passes `NO_SLOT`: its success or failure arriving while half_open is still fresh evidence
+about the engine and counts as a verdict, but it frees no slot, since every slot belongs to a
+probe in flight. (Without a token — older callers — a verdict frees the oldest slot.) Verdicts
+that arrive while open are ignored (they belong to requests that started before the breaker
+opened; the cooldown is not extended). A probe slot held longer than `probe_stale_after` seconds
+is reclaimed, so a lost verdict cannot wedge an endpoint. `llmgw.route.attempt.Attempt` does this
+bookkeeping for the router.
 
 Use `can_pass(now)` (no side effects) to fill EndpointView.available for the scheduler, and
 `allow(now)` only for the endpoint actually chosen.
@@ -47,9 +51,11 @@ from enum import Enum, IntEnum
 from typing import Any
 
 __all__ = ["BreakerConfig", "FailureKind", "COUNTED_FAILURES", "Permit", "Breaker", "CLOSED", "OPEN",
-           "HALF_OPEN"]
+           "HALF_OPEN", "NO_SLOT", "ProbeToken"]
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+ProbeToken = tuple[int, float]  # (the breaker's state epoch, when the slot was granted)
+NO_SLOT: ProbeToken = (-1, 0.0)  # the token of a request that holds no probe slot: never matches
 
 
 class FailureKind(str, Enum):
@@ -102,7 +108,7 @@ class Breaker:
 
     __slots__ = ("cfg", "_state", "_consecutive", "_cooldown", "_retry_at", "_probes", "_half_open_ok",
                  "_changed_at", "_opened_total", "_failures_total", "_successes_total", "_last_failure",
-                 "_last_failure_at")
+                 "_last_failure_at", "_epoch")
 
     def __init__(self, cfg: BreakerConfig | None = None) -> None:
         self.cfg = cfg or BreakerConfig()
@@ -118,6 +124,7 @@ class Breaker:
         self._successes_total = 0
         self._last_failure: str | None = None
         self._last_failure_at: float | None = None
+        self._epoch = 0  # bumped at every state change: probe tokens of an earlier period are void
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -168,23 +175,23 @@ class Breaker:
         self._probes.append(now)
         return Permit.PROBE
 
-    def on_success(self, now: float) -> None:
+    def on_success(self, now: float, token: ProbeToken | None = None) -> None:
         self._successes_total += 1
         if self._state == CLOSED:
             self._consecutive = 0
         elif self._state == HALF_OPEN:
-            self._pop_probe()
+            self._free(token)
             self._half_open_ok += 1
             if self._half_open_ok >= self.cfg.success_to_close:
                 self._close(now)
         # OPEN: a request admitted before the trip; ignored.
 
-    def on_failure(self, now: float, kind: FailureKind | str) -> bool:
+    def on_failure(self, now: float, kind: FailureKind | str, token: ProbeToken | None = None) -> bool:
         """Report a failed request. Returns True when the kind counts as a breaker failure."""
         kind = FailureKind(kind)
         if kind not in COUNTED_FAILURES:
             if self._state == HALF_OPEN:
-                self._pop_probe()
+                self._free(token)
             return False
         self._failures_total += 1
         self._last_failure, self._last_failure_at = kind.value, now
@@ -196,10 +203,16 @@ class Breaker:
             self._open(now, min(self._cooldown * self.cfg.backoff_factor, self.cfg.max_cooldown))
         return True
 
-    def release_probe(self) -> None:
-        """A PROBE request ended without a verdict (client cancelled, 4xx...): free its slot."""
+    def probe_token(self) -> ProbeToken:
+        """The slot the last ``allow`` granted as PROBE (see the module doc)."""
+        return (self._epoch, self._probes[-1])
+
+    def release_probe(self, token: ProbeToken | None = None) -> None:
+        """A PROBE request ended without a verdict (client cancelled, 4xx...): free its slot.
+        With its ``token`` only that slot is freed, and nothing when it is gone already:
+        another request's probe slot is never given away."""
         if self._state == HALF_OPEN:
-            self._pop_probe()
+            self._free(token)
 
     def reset(self, now: float | None = None) -> None:
         """Close by hand (admin), forgetting failures and backoff."""
@@ -221,6 +234,7 @@ class Breaker:
 
     # -- internals -------------------------------------------------------------------------
     def _to(self, state: str, now: float | None) -> None:
+        self._epoch += 1
         self._state = state
         self._changed_at = now
         self._probes.clear()
@@ -238,9 +252,14 @@ class Breaker:
         self._cooldown = self.cfg.base_cooldown
         self._retry_at = None
 
-    def _pop_probe(self) -> None:
-        if self._probes:
-            self._probes.pop(0)
+    def _free(self, token: ProbeToken | None) -> None:
+        if token is None:
+            if self._probes:
+                self._probes.pop(0)
+            return
+        epoch, at = token
+        if epoch == self._epoch and at in self._probes:
+            self._probes.remove(at)
 
     def _reclaim_stale(self, now: float) -> None:
         limit = self.cfg.probe_stale_after

@@ -11,12 +11,9 @@ exactly as pool spill-over does (one definition, never two that drift apart).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from .types import EndpointView, FilterDrop, RequestInfo
-
-if TYPE_CHECKING:
-    from .scheduler import SchedulerConfig
+from .types import EndpointView, FilterDrop, RequestInfo, SchedulerConfig
 
 __all__ = [
     "FilterResult", "NO_DROPS", "load_estimate", "loads_of", "is_saturated", "pool_saturated",

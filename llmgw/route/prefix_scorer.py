@@ -19,14 +19,14 @@ Load protection, selectable by ``PrefixScorerConfig.guard`` (the lead benchmarks
     between the two by load rather than snapping back to the original.
 ``"none"``  affinity is never withdrawn (the load scorers alone counterweigh it).
 
-The shell holds a :class:`PrefixRouting`: ``prepare(req, head, cache_salt=...)`` before
-``Scheduler.decide`` (the scorer reads the head from there: ``RequestInfo`` carries no body),
-``after_pick(req, head, decision.chosen, now, decision=decision)`` right after — it records the
-replica the picker ACTUALLY chose (never the one the scorer proposed), classifies the decision
-(hit / miss / guarded / spilled), and appends a one-line rationale to ``decision.note``. Each
-holder among the recorded candidates also carries a flag with its matched length and count.
-``after_pick`` consumes the prepared head: a retry (another ``decide`` for the same request)
-calls ``prepare`` again; ``forget(req)`` drops a prepared request that is not routed at all.
+The router holds a :class:`PrefixRouting`, which is itself the ``prefix`` scorer and a stateful
+one (:class:`~.scorers.Observer`): it reads the head and cache_salt from the request
+(``RequestInfo.head``, ``.cache_salt``), and the scheduler calls its ``observe`` once per
+committed decision, whatever the strategy's prefix weight. ``observe`` records the replica the
+picker ACTUALLY chose (never the one the scorer proposed), classifies the decision (hit / miss /
+guarded / spilled: ``Decision.prefix``) and appends a one-line rationale to ``decision.note``.
+Each holder among the recorded candidates also carries a flag with its matched length and
+count. A request with no head (embeddings) is neither scored nor recorded.
 The shell also calls ``set_capacity`` per replica (from ``vllm:cache_config_info`` or
 llama.cpp's ``-np``) and ``remove_replica`` when one leaves; ``metrics()`` and
 ``zero_hit_alarm(now)`` feed the exporter.
@@ -159,16 +159,16 @@ class ZeroHitAlarm:
 
 
 class PrefixRouting:
-    """What the shell holds: the index, the ``prefix`` scorer, the after-pick hook, metrics."""
+    """The index, the ``prefix`` scorer (this object: call it with a ScoreContext), its
+    ``observe`` hook, and the metrics."""
 
     def __init__(self, index: PrefixIndex | PrefixConfig | None = None,
                  config: PrefixScorerConfig | None = None, *,
-                 alarm: ZeroHitAlarm | None = None, max_pending: int = 1024) -> None:
+                 alarm: ZeroHitAlarm | None = None) -> None:
         self.index = index if isinstance(index, PrefixIndex) else PrefixIndex(index)
         self.config = config or PrefixScorerConfig()
         self.alarm = alarm or ZeroHitAlarm()
-        self._pending: OrderedDict[str, _Pending] = OrderedDict()
-        self._max_pending = max_pending
+        self.last: PrefixOutcome | None = None  # the last observed decision's (for tests, tools)
         self._pos_last: tuple[list[EndpointView], dict[str, int]] | None = None
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.outvoted = 0  # misses where a candidate held the prefix (load won the vote)
@@ -179,11 +179,11 @@ class PrefixRouting:
     # -- wiring ---------------------------------------------------------------------------------
     @property
     def scorer(self) -> Scorer:
-        return self._score
+        return self
 
     def scorers(self) -> dict[str, Scorer]:
         """For ``Scheduler(scorers=routing.scorers())``."""
-        return {self.config.name: self._score}
+        return {self.config.name: self}
 
     def set_capacity(self, replica: str, capacity: Capacity) -> None:
         self.index.set_capacity(replica, capacity)
@@ -195,15 +195,6 @@ class PrefixRouting:
     def partition(req: RequestInfo, cache_salt: str | None = None) -> Partition:
         return partition_key(req.base_model, req.adapter, cache_salt)
 
-    def prepare(self, req: RequestInfo, head: bytes, *, cache_salt: str | None = None) -> None:
-        """Hand the scorer this request's head (:func:`~.prefix_tree.request_head`) before each
-        ``decide``. Bounded: a prepare never followed by after_pick cannot leak."""
-        p = self._pending
-        p[req.request_id] = _Pending(self.partition(req, cache_salt), head)
-        p.move_to_end(req.request_id)
-        if len(p) > self._max_pending:
-            p.popitem(last=False)
-
     # -- the scorer -----------------------------------------------------------------------------
     def _positions(self, eps: Sequence[EndpointView]) -> dict[str, int]:
         last = self._pos_last
@@ -213,11 +204,13 @@ class PrefixRouting:
         self._pos_last = (list(eps), pos)
         return pos
 
-    def _score(self, ctx: ScoreContext) -> Scores:
-        p = self._pending.get(ctx.req.request_id)
+    def __call__(self, ctx: ScoreContext) -> Scores:
+        req = ctx.req
         eps = ctx.endpoints
-        if p is None or not p.head or not eps:
+        if not req.head or not eps:
             return Scores.constant(0.0)
+        p = _Pending(self.partition(req, req.cache_salt), req.head)
+        ctx.keep(self, p)
         cfg = self.config
         least = cfg.min_match_bytes
         m = self.index.match(p.partition, p.head, ctx.now, min_bytes=least)
@@ -291,17 +284,21 @@ class PrefixRouting:
         return Scores(held, -room / hi, room)
 
     # -- after the pick -------------------------------------------------------------------------
-    def after_pick(self, req: RequestInfo, head: bytes | None, chosen: str | None, now: float, *,
-                   cache_salt: str | None = None,
-                   decision: Decision | None = None) -> PrefixOutcome:
-        """Record that ``chosen`` — the replica the picker actually chose — was sent the head,
-        classify the decision for the metrics, and (given the Decision) append the prefix
-        rationale to its note. ``head`` None: the one given to :meth:`prepare`."""
-        p = self._pending.pop(req.request_id, None)
-        if p is None:
-            p = _Pending(self.partition(req, cache_salt), head or b"")
-        elif head is not None and head is not p.head and head != p.head:
-            p.head, p.match, p.gated, p.live, p.cands = head, None, {}, 0, -1  # not scored
+    def observe(self, decision: Decision, req: RequestInfo, kept: _Pending | None, now: float) -> None:
+        """The scheduler's hook, once per committed decision: record that ``decision.chosen`` —
+        the replica the picker actually chose — was sent the head, classify the decision
+        (``decision.prefix``) and append the prefix rationale to its note."""
+        if not req.head:
+            return
+        p = kept if kept is not None else _Pending(self.partition(req, req.cache_salt), req.head)
+        out = self._classify(p, decision.chosen, now)
+        self.last = out
+        if decision.chosen is None:
+            return
+        decision.prefix = out.outcome
+        decision.note = f"{decision.note}; {out.note}" if decision.note else out.note
+
+    def _classify(self, p: _Pending, chosen: str | None, now: float) -> PrefixOutcome:
         cfg = self.config
         m = p.match
         if m is None:  # not scored (the strategy gives prefix no weight): look now
@@ -324,8 +321,7 @@ class PrefixRouting:
         count = 1
         if outcome == "spilled":  # an extra holder with the standing of the one it relieves
             count = max(1, max(p.gated.values()))
-        if p.head:
-            self.index.record(p.partition, p.head, chosen, now, count=count)
+        self.index.record(p.partition, p.head, chosen, now, count=count)
         self.outcomes[outcome] += 1
         self._observe_length(got)
         self.alarm.observe(now, p.partition, p.head, outcome == "hit")
@@ -343,13 +339,7 @@ class PrefixRouting:
             note = (f"prefix {outcome}: {', '.join(sorted(p.gated))} over the load gate, "
                     f"{chosen} recorded" + (f" as extra holder (count {count})"
                                             if outcome == "spilled" else ""))
-        if decision is not None:
-            decision.note = f"{decision.note}; {note}" if decision.note else note
         return PrefixOutcome(outcome, got, n, len(holders), note)
-
-    def forget(self, req: RequestInfo) -> None:
-        """Drop a prepared request that will not reach after_pick (rejected, cancelled)."""
-        self._pending.pop(req.request_id, None)
 
     def _observe_length(self, got: int) -> None:
         b = self._buckets

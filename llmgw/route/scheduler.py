@@ -19,38 +19,15 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from .filters import healthy, pool_priority, serves
-from .hashring import DEFAULT_C, DEFAULT_VNODES
+from .filters import ALL_OPEN_NOTE, healthy, pool_priority, serves
 from .pickers import PICKERS, PickerState, pick_max_score
-from .scorers import SCORERS, ScoreContext, Scorer, Scores
+from .scorers import SCORERS, Observer, ScoreContext, Scorer, Scores
 from .strategies import Strategy, StrategyError
-from .types import Candidate, Decision, EndpointView, FilterDrop, RequestInfo
+from .types import Candidate, Decision, EndpointView, FilterDrop, RequestInfo, SchedulerConfig
 
 __all__ = ["SchedulerConfig", "Scheduler", "weighted_sum", "top_indices"]
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    kv_ceiling: float = 0.95  # kv_usage at or above this vetoes a replica (preemption territory)
-    # Load estimate (running + waiting + our starts since the scrape) at which a replica without
-    # an admission cap counts as saturated, for pool spill-over and admission. None = never.
-    saturation_load: float | None = 64.0
-    bounded_load_c: float = DEFAULT_C  # session affinity: load bound c × mean (Mirrokni et al.)
-    ring_vnodes: int = DEFAULT_VNODES
-    record_candidates: int = 8  # candidates kept in the Decision (the best by total + the pick)
-
-    def __post_init__(self) -> None:
-        if not 0 < self.kv_ceiling <= 1:
-            raise ValueError(f"kv_ceiling must be in (0, 1], got {self.kv_ceiling}")
-        if self.saturation_load is not None and not self.saturation_load > 0:
-            raise ValueError(f"saturation_load must be > 0 or None, got {self.saturation_load}")
-        if not (self.bounded_load_c >= 1 and math.isfinite(self.bounded_load_c)):
-            raise ValueError(f"bounded_load_c must be >= 1, got {self.bounded_load_c}")
-        if self.ring_vnodes < 1 or self.record_candidates < 1:
-            raise ValueError("ring_vnodes and record_candidates must be >= 1")
 
 
 @functools.cache
@@ -165,7 +142,12 @@ def _unfiltered_freshness(req: RequestInfo, endpoints: Sequence[EndpointView]) -
 
 class Scheduler:
     """Owns what outlives one decision: the config, the scorer registry, the pickers' state
-    (round-robin counters) and the scorers' state (hash rings)."""
+    (round-robin counters) and the scorers' state (hash rings).
+
+    Stateful scorers (those with an ``observe`` method, see :class:`~.scorers.Observer`) learn
+    of each decision through :meth:`commit`: ``decide`` commits at once unless told
+    ``commit=False`` — the router's core does that when the pick may still fall through (the
+    chosen replica's cap turned out full), and commits only the decisions it acts on."""
 
     def __init__(self, config: SchedulerConfig | None = None, *,
                  scorers: Mapping[str, Scorer] | None = None,
@@ -174,14 +156,33 @@ class Scheduler:
         self.scorers: dict[str, Scorer] = {**SCORERS, **(scorers or {})}
         self.picker_state = PickerState()
         self.scorer_state: dict[str, Any] = {}
+        self.observers: list[Observer] = [s for s in self.scorers.values()  # type: ignore[misc]
+                                          if callable(getattr(s, "observe", None))]
         self._timer = timer
 
+    def commit(self, decision: Decision, req: RequestInfo, now: float) -> None:
+        """Tell the stateful scorers what was decided (once: a second commit does nothing)."""
+        pending = decision.pending
+        if pending is None:
+            return
+        decision.pending = None
+        for obs, kept in pending:
+            obs.observe(decision, req, kept, now)
+
     def decide(self, req: RequestInfo, endpoints: Sequence[EndpointView], strategy: Strategy, *,
-               now: float, wall: float, rng: random.Random) -> Decision:
+               now: float, wall: float, rng: random.Random, commit: bool = True) -> Decision:
+        d = self._decide(req, endpoints, strategy, now, wall, rng)
+        if commit and d.pending is not None:
+            self.commit(d, req, now)
+        return d
+
+    def _decide(self, req: RequestInfo, endpoints: Sequence[EndpointView], strategy: Strategy,
+                now: float, wall: float, rng: random.Random) -> Decision:
         t0 = self._timer()
         cfg = self.config
         dropped: list[FilterDrop] = []
         notes: list[str] = []
+        fallback = False
 
         loads = _unfiltered_loads(req, endpoints)
         fresh = True if loads is not None else _unfiltered_freshness(req, endpoints)
@@ -197,12 +198,13 @@ class Scheduler:
                 what = (f"adapter {req.adapter!r} of {req.base_model!r}" if req.adapter
                         else f"model {req.base_model!r}")
                 return self._decision(req, strategy, None, [], dropped,
-                                      [f"no endpoint serves {what}"], wall, t0, 0)
+                                      [f"no endpoint serves {what}"], wall, t0, 0, None)
             res = healthy(members, now)
             if res.drops:
                 dropped.extend(res.drops)
             if res.note:
                 notes.append(res.note)
+                fallback = res.note == ALL_OPEN_NOTE
             res = pool_priority(res.kept, cfg)
             if res.drops:
                 dropped.extend(res.drops)
@@ -286,16 +288,23 @@ class Scheduler:
             get = flags.get
             candidates = [Candidate(eps[i].id, d, const + totals[i], tuple(get(i, ())))
                           for i, d in zip(order, dicts)]
-        return self._decision(req, strategy, eps[chosen].id, candidates, dropped, notes,
-                              wall, t0, n)
+        d = self._decision(req, strategy, eps[chosen].id, candidates, dropped, notes,
+                           wall, t0, n, ctx.kept)
+        d.fallback = fallback
+        return d
 
     def _decision(self, req: RequestInfo, strategy: Strategy, chosen: str | None,
                   candidates: list[Candidate], dropped: list[FilterDrop], notes: list[str],
-                  wall: float, t0: int, n: int) -> Decision:
+                  wall: float, t0: int, n: int, kept: dict[Any, Any] | None) -> Decision:
+        observers = self.observers
+        pending = None
+        if observers:
+            pending = [(o, None) for o in observers] if kept is None else \
+                [(o, kept.get(o)) for o in observers]
         return Decision(
             request_id=req.request_id, model=req.model, strategy=strategy.name,
             picker=strategy.picker, chosen=chosen, candidates=candidates, dropped=dropped,
             weights=strategy.weights,  # type: ignore[arg-type]  # shared, read-only
             decided_at=wall, decide_us=(self._timer() - t0) / 1000.0, note="; ".join(notes),
-            n_candidates=n,
+            n_candidates=n, pending=pending,
         )

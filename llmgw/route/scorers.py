@@ -21,14 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from .filters import loads_of
 from .hashring import HashRing, IndexedLoads, RingCache
-from .types import EndpointView, RequestInfo
-
-if TYPE_CHECKING:
-    from .scheduler import SchedulerConfig
+from .types import EndpointView, RequestInfo, SchedulerConfig
 
 __all__ = [
     "NEUTRAL", "Scores", "ScoreContext", "Scorer", "SCORERS",
@@ -73,6 +70,7 @@ class ScoreContext:
     _fresh: bool | None = None
     flags: dict[int, list[str]] | None = None  # candidate index -> remarks for the decision
     vetoed: set[int] | None = None  # candidates only picked when every candidate is vetoed
+    kept: dict[Any, Any] | None = None  # observer -> what it noted while scoring (see keep())
 
     @property
     def loads(self) -> list[float]:
@@ -100,6 +98,13 @@ class ScoreContext:
             self._fresh = True not in [e.stale for e in self.endpoints]
         return self._fresh
 
+    def keep(self, observer: Any, value: Any) -> None:
+        """A stateful scorer notes what it found while scoring; its ``observe`` gets it back
+        with the decision (nothing outlives the decision but what observe records)."""
+        if self.kept is None:
+            self.kept = {}
+        self.kept[observer] = value
+
     def flag(self, i: int, text: str, *, veto: bool = False) -> None:
         if self.flags is None:
             self.flags = {}
@@ -111,6 +116,18 @@ class ScoreContext:
 
 
 Scorer = Callable[[ScoreContext], Scores]
+
+
+class Observer(Protocol):
+    """A stateful scorer (one with memory across decisions, like the prefix index) also has
+    ``observe``: the scheduler calls it once per committed decision — after the pick, with the
+    replica actually chosen — whatever weight the strategy gives the scorer. ``kept`` is what
+    the scorer passed to :meth:`ScoreContext.keep` while scoring this request (None when it did
+    not score it). It may add to ``decision.note``; it must not change the choice."""
+
+    def __call__(self, ctx: ScoreContext) -> Scores: ...
+
+    def observe(self, decision: Any, req: RequestInfo, kept: Any, now: float) -> None: ...
 
 
 def _less_is_better(values: Sequence[float]) -> Scores:

@@ -1,12 +1,36 @@
-"""Types shared by the router's pure core: what the scheduler knows of an endpoint and of a
-request, and the decision it records. The trio shell fills these; the core only reads them."""
+"""Types shared by the router's pure core: the scheduler's settings, what it knows of an endpoint
+and of a request, and the decision it records. The trio shell fills these; the core only reads them."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EndpointView", "RequestInfo", "Candidate", "FilterDrop", "Decision"]
+from .hashring import DEFAULT_C, DEFAULT_VNODES
+
+__all__ = ["SchedulerConfig", "EndpointView", "RequestInfo", "Candidate", "FilterDrop", "Decision"]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    kv_ceiling: float = 0.95  # kv_usage at or above this vetoes a replica (preemption territory)
+    # Load estimate (running + waiting + our starts since the scrape) at which a replica without
+    # an admission cap counts as saturated, for pool spill-over and admission. None = never.
+    saturation_load: float | None = 64.0
+    bounded_load_c: float = DEFAULT_C  # session affinity: load bound c × mean (Mirrokni et al.)
+    ring_vnodes: int = DEFAULT_VNODES
+    record_candidates: int = 8  # candidates kept in the Decision (the best by total + the pick)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.kv_ceiling <= 1:
+            raise ValueError(f"kv_ceiling must be in (0, 1], got {self.kv_ceiling}")
+        if self.saturation_load is not None and not self.saturation_load > 0:
+            raise ValueError(f"saturation_load must be > 0 or None, got {self.saturation_load}")
+        if not (self.bounded_load_c >= 1 and math.isfinite(self.bounded_load_c)):
+            raise ValueError(f"bounded_load_c must be >= 1, got {self.bounded_load_c}")
+        if self.ring_vnodes < 1 or self.record_candidates < 1:
+            raise ValueError("ring_vnodes and record_candidates must be >= 1")
 
 
 @dataclass(slots=True)
@@ -50,6 +74,11 @@ class RequestInfo:
     session_key: str | None = None  # e.g. the `user` field or an x-session-id header
     prompt_tokens_estimate: int = 0  # bytes / 4 of the rendered prompt, for long-context weights
     strategy: str | None = None  # a named preset asked for by header; None = the model's default
+    # What cache-aware scorers look at: the prompt's head as the engine caches it first
+    # (route.request_head; b"" = none, e.g. embeddings) and the request's cache_salt, which
+    # partitions a tenant's cache (vLLM mixes it into the first block's hash).
+    head: bytes = b""
+    cache_salt: str | None = None
 
 
 @dataclass(slots=True)
@@ -81,6 +110,13 @@ class Decision:
     decide_us: float  # time spent deciding, microseconds
     note: str = ""  # e.g. "all breakers open: trying the one closest to recovery"
     n_candidates: int = 0  # how many were scored; `candidates` keeps only the best few of them
+    # The chosen replica was kept only because every breaker was open (filters.healthy's last
+    # resort): its breaker may be asked for an early probe.
+    fallback: bool = False
+    prefix: str | None = None  # the prefix tier's outcome: hit / miss / guarded / spilled
+    # What stateful scorers noted while scoring, for their observe() hook; the scheduler's
+    # commit() hands it to them once and clears it (never kept in the decision ring).
+    pending: list[tuple[Any, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -11,13 +11,11 @@ same as prometheus_client's Counter/Histogram (``_total``, ``_bucket``/``_count`
 
 from __future__ import annotations
 
-import time
-from bisect import bisect_left
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -27,28 +25,30 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from llmgw.route.types import Decision
+from llmgw.route.counters import DECIDE_BUCKETS, LATENCY_BUCKETS, Hist, RouterCounters
+from llmgw.route.replicas import Replica
 
-if TYPE_CHECKING:
-    from llmgw.daemon.router.proxy import Router
+__all__ = ["MetricsSource", "RouterMetrics"]
 
 _BREAKER = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
-_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-_DECIDE = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
 
 
-class _Hist:
-    """One histogram series: non-cumulative bucket counts (the last is +Inf) and the sum."""
-    __slots__ = ("counts", "created", "sum")
+class MetricsSource(Protocol):
+    """What the exporter reads of the router at scrape time (the core implements it)."""
 
-    def __init__(self, n: int) -> None:
-        self.counts = [0] * (n + 1)
-        self.sum = 0.0
-        self.created = time.time()
+    def all_replicas(self) -> Iterable[Replica]: ...
+
+    def is_stale(self, rep: Replica, now: float) -> bool: ...
+
+    def prefix_metrics(self) -> dict[str, Any]: ...
+
+    def zero_hit_alarm(self, now: float) -> bool: ...
+
+    def queue_lengths(self) -> Mapping[str, int]: ...
 
 
 def _hist_family(name: str, doc: str, labels: list[str], bounds: tuple[float, ...],
-                 series: dict[tuple[str, ...], _Hist]) -> HistogramMetricFamily:
+                 series: Mapping[tuple[str, ...], Hist]) -> HistogramMetricFamily:
     fam = HistogramMetricFamily(name, doc, labels=labels)
     les = [str(b) for b in bounds] + ["+Inf"]
     for key, h in series.items():
@@ -61,81 +61,51 @@ def _hist_family(name: str, doc: str, labels: list[str], bounds: tuple[float, ..
     return fam
 
 
+def _counter_family(name: str, doc: str, labels: list[str],
+                    series: Mapping[tuple[Any, ...], list[float]]) -> CounterMetricFamily:
+    fam = CounterMetricFamily(name, doc, labels=labels)
+    for key, (n, created) in series.items():
+        fam.add_metric([str(k) for k in key], n, created=created)
+    return fam
+
+
 class RouterMetrics(Collector):
-    def __init__(self, router: Router) -> None:
-        self.router = router
+    """The router's Prometheus exposition: the core's counters and, computed at scrape time,
+    the state gauges read from a :class:`MetricsSource`."""
+
+    def __init__(self, counters: RouterCounters, source: MetricsSource) -> None:
+        self.counters = counters
+        self.source = source
         self.registry = r = CollectorRegistry(auto_describe=False)
-        # Hot path: plain counters, exported by collect().
-        self._requests: dict[tuple[str, str, int], list[float]] = {}  # -> [count, created]
-        self._ttft: dict[tuple[str, ...], _Hist] = {}
-        self._latency: dict[tuple[str, ...], _Hist] = {}
-        self._decisions: dict[tuple[str, str, bool], list[float]] = {}
-        self._decide = _Hist(len(_DECIDE))
-        self.upstream_errors = Counter("llmgw_upstream_errors", "Upstream failures by endpoint and kind.",
-                                       ["endpoint", "kind"], registry=r)
-        self.rejections = Counter("llmgw_admission_rejected", "Requests refused by admission (429).",
-                                  ["model", "reason"], registry=r)
         r.register(self)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def request_done(self, model: str, outcome: str, code: int, ttft: float | None, latency: float | None) -> None:
-        key = (model, outcome, code)
-        c = self._requests.get(key)
-        if c is None:
-            c = self._requests[key] = [0, time.time()]
-        c[0] += 1
-        if ttft is not None:
-            h = self._ttft.get((model,))
-            if h is None:
-                h = self._ttft[(model,)] = _Hist(len(_LATENCY))
-            h.counts[bisect_left(_LATENCY, ttft)] += 1
-            h.sum += ttft
-        if latency is not None:
-            h = self._latency.get((model,))
-            if h is None:
-                h = self._latency[(model,)] = _Hist(len(_LATENCY))
-            h.counts[bisect_left(_LATENCY, latency)] += 1
-            h.sum += latency
-
-    def decision(self, d: Decision) -> None:
-        key = (d.strategy, d.picker, bool(d.chosen))
-        c = self._decisions.get(key)
-        if c is None:
-            c = self._decisions[key] = [0, time.time()]
-        c[0] += 1
-        h = self._decide
-        s = d.decide_us / 1e6
-        h.counts[bisect_left(_DECIDE, s)] += 1
-        h.sum += s
-
-    def upstream_error(self, endpoint: str, kind: str) -> None:
-        self.upstream_errors.labels(endpoint, kind).inc()
-
-    def rejected(self, model: str, reason: str) -> None:
-        self.rejections.labels(model, reason).inc()
-
     def _request_families(self) -> Iterable[Metric]:
-        req = CounterMetricFamily("llmgw_requests", "Requests by model, outcome and status code.",
-                                  labels=["model", "outcome", "code"])
-        for (model, outcome, code), (n, created) in self._requests.items():
-            req.add_metric([model, outcome, str(code)], n, created=created)
-        yield req
+        c = self.counters
+        yield _counter_family("llmgw_requests", "Requests by model, outcome and status code.",
+                              ["model", "outcome", "code"], c.requests)
         yield _hist_family("llmgw_time_to_first_byte_seconds", "Time to the first response byte (TTFT).",
-                           ["model"], _LATENCY, self._ttft)
-        yield _hist_family("llmgw_request_latency_seconds", "Whole request latency.", ["model"], _LATENCY,
-                           self._latency)
+                           ["model"], LATENCY_BUCKETS, c.ttft)
+        yield _hist_family("llmgw_request_latency_seconds", "Whole request latency.", ["model"],
+                           LATENCY_BUCKETS, c.latency)
         dec = CounterMetricFamily("llmgw_decisions", "Routing decisions by strategy, picker and result.",
                                   labels=["strategy", "picker", "result"])
-        for (strategy, picker, picked), (n, created) in self._decisions.items():
+        for (strategy, picker, picked), (n, created) in c.decisions.items():
             dec.add_metric([strategy, picker, "picked" if picked else "none"], n, created=created)
         yield dec
-        yield _hist_family("llmgw_decision_seconds", "Time spent deciding.", [], _DECIDE, {(): self._decide})
+        yield _hist_family("llmgw_decision_seconds", "Time spent deciding.", [], DECIDE_BUCKETS,
+                           {(): c.decide})
+        yield _counter_family("llmgw_upstream_errors", "Upstream failures by endpoint and kind.",
+                              ["endpoint", "kind"], c.upstream_errors)
+        yield _counter_family("llmgw_admission_rejected", "Requests refused by admission (429).",
+                              ["model", "reason"], c.rejections)
 
     def collect(self) -> Iterable[Metric]:
         yield from self._request_families()
-        reps = list(self.router.registry.all_replicas())
+        src = self.source
+        reps = list(src.all_replicas())
         now = trio.current_time()
         labels = ["endpoint", "model"]
 
@@ -156,7 +126,7 @@ class RouterMetrics(Collector):
         yield gauge("llmgw_endpoint_kv_usage", "Engine KV-cache usage (0..1) at the last scrape.",
                     lambda r: r.view.kv_usage)
         yield gauge("llmgw_endpoint_stale", "1 when the endpoint's scraped metrics are stale.",
-                    lambda r: 1.0 if self.router.registry.is_stale(r, now) else 0.0)
+                    lambda r: 1.0 if src.is_stale(r, now) else 0.0)
         yield gauge("llmgw_endpoint_scrape_ok", "1 when the last scrape met the metric contract.",
                     lambda r: 0.0 if r.scrape_error else 1.0)
         errors = CounterMetricFamily("llmgw_scrape_errors", "Failed scrapes or contract violations.",
@@ -164,7 +134,7 @@ class RouterMetrics(Collector):
         for rep in reps:
             errors.add_metric([rep.id, rep.view.model], rep.scrape_errors)
         yield errors
-        pm = self.router.prefix.metrics()
+        pm = src.prefix_metrics()
         dec = CounterMetricFamily("llmgw_prefix_decisions", "Prefix-affinity outcome of each decision.",
                                   labels=["outcome"])
         for outcome, n in pm["decisions"].items():
@@ -182,9 +152,9 @@ class RouterMetrics(Collector):
                 yield g
         alarm = GaugeMetricFamily("llmgw_prefix_zero_hit_alarm",
                                   "1 while prefix hits stay at zero although traffic shares prefixes.")
-        alarm.add_metric([], 1.0 if self.router.prefix.zero_hit_alarm(now) else 0.0)
+        alarm.add_metric([], 1.0 if src.zero_hit_alarm(now) else 0.0)
         yield alarm
         q = GaugeMetricFamily("llmgw_admission_queue_length", "Requests waiting for capacity.", labels=["model"])
-        for model, queue in self.router.queues.items():
-            q.add_metric([model], len(queue))
+        for model, n in src.queue_lengths().items():
+            q.add_metric([model], n)
         yield q

@@ -10,142 +10,29 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
-from llmgw.config import Config, ModelConfig
+from llmgw.config import Config
 from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool
-from llmgw.route.breaker import Breaker, BreakerConfig
 from llmgw.route.cache_stats import CacheStats
-from llmgw.route.contract import DrainRate, ScrapeResult, scrape
-from llmgw.route.types import EndpointView
+from llmgw.route.contract import scrape
+from llmgw.route.replicas import ModelEntry, Replica, ReplicaTable
 
 log = logging.getLogger("llmgw.router")
 
-__all__ = ["Replica", "ModelEntry", "Registry"]
+__all__ = ["Replica", "ModelEntry", "Registry"]  # the first two: llmgw.route.replicas
 
 
-@dataclass
-class Replica:
-    view: EndpointView
-    breaker: Breaker
-    metric_overrides: Any
-    drain: DrainRate = field(default_factory=DrainRate)
-    scrape_error: str | None = None
-    scrape_errors: int = 0
-    last_scrape: ScrapeResult | None = None
-    completed: int = 0  # requests this router finished on it (llama.cpp has no such counter)
-    slots: int | None = None  # llama.cpp: -np, from /slots (its cache is its slots' last prompts)
-    served_models: frozenset[str] = frozenset()
-    draining: bool = False  # leaving: no new requests, in-flight ones finish
-    node: str | None = None  # the agent's node, for replicas the control plane placed
+class Registry(ReplicaTable):
+    """The replica table and what keeps it fresh: the scrape loop, and the cache statistics it
+    feeds (the router's prefix decisions are counted there too)."""
 
-    @property
-    def id(self) -> str:
-        return self.view.id
-
-    def refresh_view(self, now: float) -> None:
-        """Fold the breaker's verdict into the scheduler's view (cheap; called per decision)."""
-        v = self.view
-        b = self.breaker
-        v.available = b.can_pass(now)
-        v.breaker_state = b.state
-        v.retry_at = b.retry_at
-
-
-@dataclass
-class ModelEntry:
-    name: str
-    engine: str
-    strategy: str
-    replicas: list[Replica]
-    adapters: dict[str, set[str]] = field(default_factory=dict)  # adapter -> replica ids
-
-
-class Registry:
     def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
-        rc = cfg.router
-        self.breaker_cfg = BreakerConfig(
-            failure_threshold=rc.breaker.failure_threshold, base_cooldown=rc.breaker.cooldown_s,
-            max_cooldown=max(rc.breaker.max_cooldown_s, rc.breaker.cooldown_s),
-            half_open_max_probes=rc.breaker.half_open_probes)
-        self.pool_priority = {p.name: p.priority for p in cfg.pools}
-        self.pool_cap = {p.name: p.max_inflight_per_replica for p in cfg.pools}
-        self.models: dict[str, ModelEntry] = {}
-        self.replicas: dict[str, Replica] = {}
+        super().__init__(cfg)
         self.on_capacity: Any = None  # called with a replica when its cache capacity changes
         self.cache_stats = CacheStats()  # prefix decisions (the router's) and engine hit rates (scraped)
-        for m in cfg.models:
-            self.add_model(m)
-
-    def add_model(self, m: ModelConfig) -> ModelEntry:
-        if m.name in self.models:  # a redefinition keeps the live replicas
-            old = self.models[m.name]
-            old.engine, old.strategy = m.engine, m.strategy
-            return old
-        entry = ModelEntry(m.name, m.engine, m.strategy, [])
-        self.models[m.name] = entry
-        for i, r in enumerate(m.replicas):
-            self.add_replica(m, f"{m.name}/{i}", r.url, r.pool, r.weight)
-        return entry
-
-    def add_replica(self, m: ModelConfig, rid: str, url: str, pool: str, weight: float) -> Replica:
-        view = EndpointView(id=rid, model=m.name, url=url.rstrip("/"), engine=m.engine, pool=pool,
-                            pool_priority=self.pool_priority.get(pool, 0), weight=weight,
-                            max_inflight=self.pool_cap.get(pool))
-        rep = Replica(view, Breaker(self.breaker_cfg), m.metrics)
-        self.replicas[rid] = rep
-        self.models[m.name].replicas.append(rep)
-        return rep
-
-    def remove_replica(self, rid: str) -> Replica | None:
-        rep = self.replicas.pop(rid, None)
-        if rep is None:
-            return None
-        entry = self.models.get(rep.view.model)
-        if entry is not None:
-            entry.replicas = [r for r in entry.replicas if r.id != rid]
-            for ids in entry.adapters.values():
-                ids.discard(rid)
-            for a in [a for a, ids in entry.adapters.items() if not ids]:
-                del entry.adapters[a]
-        return rep
-
-    def remove_model(self, name: str) -> list[Replica]:
-        entry = self.models.pop(name, None)
-        if entry is None:
-            return []
-        for r in entry.replicas:
-            self.replicas.pop(r.id, None)
-        return entry.replicas
-
-    def resolve(self, name: str) -> tuple[ModelEntry, str | None] | None:
-        """A requested model name → (base model entry, adapter or None)."""
-        entry = self.models.get(name)
-        if entry is not None:
-            return entry, None
-        for entry in self.models.values():
-            if name in entry.adapters:
-                return entry, name
-        return None
-
-    def views(self, entry: ModelEntry, now: float) -> list[EndpointView]:
-        out = []
-        for r in entry.replicas:
-            if r.draining:
-                continue
-            r.refresh_view(now)
-            r.view.stale = self.is_stale(r, now)
-            out.append(r.view)
-        return out
-
-    def is_stale(self, rep: Replica, now: float) -> bool:
-        at = rep.view.scraped_at
-        return at is None or now - at > self.cfg.router.stale_after_s
 
     # -- scraping ---------------------------------------------------------------------------
     async def scrape_loop(self, pool: UpstreamPool) -> None:
@@ -203,17 +90,10 @@ class Registry:
             data = json.loads(reply.body).get("data", [])
         except Exception:  # noqa: BLE001 — a bad /v1/models never harms routing
             return
-        entry = self.models[rep.view.model]
         if rep.view.engine == "llamacpp":
             await self._learn_slots(pool, rep)
-        adapters = {d["id"] for d in data if isinstance(d, dict) and d.get("parent")}
-        rep.view.adapters = frozenset(adapters)
-        for names in entry.adapters.values():
-            names.discard(rep.id)
-        for a in adapters:
-            entry.adapters.setdefault(a, set()).add(rep.id)
-        for a in [a for a, ids in entry.adapters.items() if not ids]:
-            del entry.adapters[a]
+        if rep.view.model in self.models:
+            self.set_adapters(rep, {d["id"] for d in data if isinstance(d, dict) and d.get("parent")})
 
     async def _learn_slots(self, pool: UpstreamPool, rep: Replica) -> None:
         try:
@@ -227,9 +107,6 @@ class Registry:
             rep.slots = len(slots)
             if self.on_capacity:
                 self.on_capacity(rep)
-
-    def all_replicas(self) -> Iterable[Replica]:
-        return self.replicas.values()
 
     def snapshot(self) -> list[dict[str, Any]]:
         now = trio.current_time()

@@ -1,0 +1,69 @@
+"""One try of a request on one replica, and the permits it holds until it ends.
+
+The router's core (:mod:`.dispatch`) takes three permits before an attempt goes upstream: a
+place under the replica's concurrency cap (``ConcurrencyCaps.try_reserve``), the breaker's
+permit (``Breaker.allow``: PASS when closed, PROBE for a half-open probe slot) and one count of
+the replica's live inflight (``EndpointView.inflight``, what the scorers see). ``end`` gives
+each back exactly once, whatever happens — success, an upstream failure, a timeout, the client
+leaving — and a second ``end`` does nothing (the caller may report from more than one place,
+e.g. a relay that ends and a response body that is closed).
+
+The breaker's verdict, by how the attempt ended, each given the attempt's probe token (its own
+half-open slot, or ``NO_SLOT`` when it passed a closed breaker) so that only its own slot is
+freed — never a slot another probe holds:
+* success (``failure=None``) → ``on_success``;
+* a counted failure (connect, 5xx, reset, timeout) → ``on_failure(kind)``;
+* no verdict (the client cancelled) → ``release_probe``.
+
+Pure: ``now`` is passed in."""
+
+from __future__ import annotations
+
+from .admission import ConcurrencyCaps
+from .breaker import COUNTED_FAILURES, NO_SLOT, FailureKind, Permit
+from .replicas import Replica
+from .types import Decision
+
+__all__ = ["Attempt"]
+
+
+class Attempt:
+    __slots__ = ("alarm", "caps", "decision", "ended", "permit", "replica", "started", "_token")
+
+    def __init__(self, replica: Replica, caps: ConcurrencyCaps, permit: Permit, decision: Decision,
+                 started: float) -> None:
+        """Taken by the core: a place under ``caps`` (reserved) and ``permit``; this adds the
+        inflight count."""
+        if permit is Permit.DENY:
+            raise ValueError("an attempt needs the breaker's PASS or PROBE")
+        self.replica = replica
+        self.caps = caps
+        self.permit = permit
+        self.decision = decision
+        self.started = started  # when the request (not this attempt) started, monotonic
+        self.ended = False
+        self.alarm: bool | None = None  # the prefix zero-hit alarm changed to this (None: unchanged)
+        self._token = replica.breaker.probe_token() if permit is Permit.PROBE else NO_SLOT
+        replica.view.inflight += 1
+
+    @property
+    def probe(self) -> bool:
+        return self.permit is Permit.PROBE
+
+    def end(self, now: float, failure: FailureKind | None) -> bool:
+        """Give every permit back, once. ``failure``: None for success, else how it failed
+        (``FailureKind.CLIENT_CANCEL`` when the client left). False when already ended."""
+        if self.ended:
+            return False
+        self.ended = True
+        rep = self.replica
+        rep.view.inflight -= 1
+        self.caps.release(rep.view.id)
+        b = rep.breaker
+        if failure is None:
+            b.on_success(now, self._token)
+        elif failure in COUNTED_FAILURES:
+            b.on_failure(now, failure, self._token)
+        else:
+            b.release_probe(self._token)
+        return True

@@ -1,0 +1,341 @@
+"""The router's core: one request from its parsed body to the replica that serves it, and the
+bookkeeping when each attempt ends. Pure — the trio shell (``llmgw.daemon.router.proxy``) does
+the I/O and passes ``now`` (monotonic) and ``wall`` (Unix) in.
+
+The shell asks three things, and the answers carry everything it then does:
+
+1. ``plan(...)`` once per request: parse the body, resolve the model (or adapter), pick the
+   strategy, build the :class:`~.types.RequestInfo` the scorers read (head and cache_salt
+   included). Raises :class:`~.openai_req.ApiError` for a bad request.
+2. ``next(plan, now, wall)`` once per attempt: admission (a bounded FIFO wait while every
+   replica is saturated), the decision (filter → score → pick, kept in the decision ring and
+   counted), the permits (cap, breaker, inflight: an :class:`~.attempt.Attempt`), the commit
+   that lets stateful scorers learn the pick. The answer is an Attempt to send upstream, or a
+   :class:`~.admission.Ticket` to wait on (then ask again), or an ApiError raised (429 when the
+   queue is full, 502/503/504 when no attempt is left), already counted.
+3. ``finish(plan, attempt, now, failure, ...)`` once per attempt that went out: the permits go
+   back exactly once, the request is counted where it ended, and the answer is the waiting
+   tickets that may now proceed.
+
+A waiting request that gives up calls ``left_queue`` (the client went away, or its deadline
+passed: then a 429 is raised and counted)."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmgw.config import Config, ModelConfig
+
+from .admission import ConcurrencyCaps, Ticket, WaitQueue, suggest_retry_after
+from .attempt import Attempt
+from .breaker import FailureKind, Permit
+from .cache_stats import CacheStats
+from .counters import RouterCounters
+from .filters import is_saturated
+from .openai_req import ApiError, parse_body
+from .prefix_scorer import PrefixRouting, PrefixScorerConfig
+from .prefix_tree import Capacity, PrefixConfig
+from .replicas import ModelEntry, Replica, ReplicaTable
+from .request_head import request_head
+from .scheduler import Scheduler
+from .strategies import PRESETS, Strategy, StrategyError, resolve
+from .types import Decision, RequestInfo, SchedulerConfig
+
+__all__ = ["Plan", "RouterCore", "STRATEGY_HEADER", "KINDS"]
+
+STRATEGY_HEADER = "x-llmgw-strategy"
+KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
+_ALARM_EVERY = 64  # decisions between two looks at the prefix zero-hit alarm
+
+
+@dataclass(slots=True, eq=False)
+class Plan:
+    """One request's routing state across its attempts."""
+
+    info: RequestInfo
+    entry: ModelEntry
+    strategy: Strategy
+    stream: bool
+    started: float  # monotonic
+    tried: set[str] = field(default_factory=set)
+    attempts: int = 0
+    admitted: bool = False
+    ticket: Ticket | None = None  # its place in the wait queue while it waits
+    failure: FailureKind | None = None  # how the last attempt failed
+    detail: str = ""  # ... in words (for a timeout: the phase)
+
+    @property
+    def model(self) -> str:
+        return self.entry.name
+
+
+class RouterCore:
+    def __init__(self, cfg: Config, table: ReplicaTable, *, cache_stats: CacheStats,
+                 wall: Callable[[], float], rng: random.Random) -> None:
+        self.cfg = cfg
+        self.table = table
+        rc = cfg.router
+        self.rc = rc
+        pc = rc.prefix
+        self.prefix = PrefixRouting(
+            PrefixConfig(budget_bytes=int(pc.budget_mb * (1 << 20))),
+            PrefixScorerConfig(guard=pc.guard, abs_gap=pc.abs_gap, rel_gap=pc.rel_gap,
+                               spill_factor=pc.spill_factor, spill_slack=pc.spill_slack))
+        self.sched = Scheduler(SchedulerConfig(kv_ceiling=rc.kv_ceiling, saturation_load=rc.saturation_load),
+                               scorers=self.prefix.scorers())
+        self.cache_stats = cache_stats
+        self.counters = RouterCounters(wall)
+        self.rng = rng
+        # Per-replica caps (a pool's max_inflight_per_replica), taken check-and-reserve.
+        self.caps = ConcurrencyCaps()
+        for rep in table.all_replicas():
+            self.caps.set_cap(rep.id, rep.view.max_inflight)
+        self.decisions: deque[Decision] = deque(maxlen=rc.decisions_kept)
+        self.queues: dict[str, WaitQueue] = {}
+        self.strategies: dict[str, Strategy] = self._configured_strategies()
+        self.alarm_on = False
+        self._alarm_news: bool | None = None  # a change of alarm_on the shell has not logged yet
+        self._alarm_tick = 0
+
+    # -- 1. the request ------------------------------------------------------------------------
+    def plan(self, kind: str, body: bytes, rid: str, *, strategy: str | None, session: str | None,
+             now: float) -> Plan:
+        b = parse_body(body, kind=kind)
+        resolved = self.table.resolve(b.model)
+        if resolved is None:
+            raise ApiError(404, f"The model `{b.model}` does not exist.", param="model",
+                           code="model_not_found")
+        entry, adapter = resolved
+        strat = self.strategy(entry, strategy)
+        salt = b.obj.get("cache_salt")
+        # Tier-1 cache affinity: the head the engine caches first, recorded for the chosen replica.
+        info = RequestInfo(request_id=rid, model=b.model, base_model=entry.name, adapter=adapter,
+                           session_key=session or b.session_key,
+                           prompt_tokens_estimate=b.prompt_chars // 4, strategy=strat.name,
+                           head=request_head(b.obj, kind) if kind != "embeddings" else b"",
+                           cache_salt=salt if isinstance(salt, str) else None)
+        return Plan(info, entry, strat, b.stream, now)
+
+    def strategy(self, entry: ModelEntry, asked: str | None) -> Strategy:
+        name = asked or entry.strategy
+        s = self.strategies.get(name)
+        if s is None:
+            try:
+                s = resolve(name)
+            except StrategyError as e:
+                known = ", ".join(sorted({*self.strategies, *PRESETS}))
+                raise ApiError(400, f"unknown strategy {name!r}; known: {known}",
+                               param=STRATEGY_HEADER) from e
+            self.strategies[name] = s
+        return s
+
+    def _configured_strategies(self) -> dict[str, Strategy]:
+        """[[strategies]] from the config (a preset's name replaces the preset)."""
+        out = {}
+        for sc in self.cfg.strategies:
+            w = sc.weights
+            weights = {k: getattr(w, k) for k in self.sched.scorers
+                       if hasattr(w, k) and getattr(w, k) > 0}
+            out[sc.name] = Strategy(sc.name, weights, sc.picker, sc.temperature)
+        return out
+
+    # -- 2. an attempt ---------------------------------------------------------------------------
+    def next(self, plan: Plan, now: float, wall: float) -> Attempt | Ticket:
+        entry = plan.entry
+        if plan.ticket is not None:  # it waited: let through, or still in the queue
+            if plan.ticket in self._queue(entry):
+                return plan.ticket
+            plan.ticket = None
+            plan.admitted = True
+        elif not plan.admitted:
+            if self._queue(entry).admit_now(lambda: self._saturated(entry, now)):
+                plan.admitted = True
+            else:
+                return self._enqueue(plan, now)
+        table = self.table
+        sched = self.sched
+        info = plan.info
+        while plan.attempts < self.rc.max_attempts:
+            views = table.views(entry, now)
+            tried = plan.tried
+            if tried:
+                views = [v for v in views if v.id not in tried]
+            d = sched.decide(info, views, plan.strategy, now=now, wall=wall, rng=self.rng, commit=False)
+            self.decisions.append(d)
+            self.counters.decision(d)
+            chosen = d.chosen
+            if chosen is not None and not self.caps.try_reserve(chosen):
+                # Every pool was saturated and the preferred one was kept: its cap is full.
+                # Wait for capacity like any saturated request, then decide again.
+                return self._enqueue(plan, now)
+            plan.attempts += 1
+            sched.commit(d, info, now)
+            self._after_commit(d, entry, now)
+            if chosen is None:
+                break
+            tried.add(chosen)
+            rep = table.replicas[chosen]
+            b = rep.breaker
+            permit = b.allow(now, force=d.fallback and not b.can_pass(now))
+            if permit is Permit.DENY:
+                self.caps.release(chosen)
+                plan.failure, plan.detail = FailureKind.CONNECT, f"breaker of {chosen} is open"
+                continue
+            a = Attempt(rep, self.caps, permit, d, plan.started)
+            a.alarm, self._alarm_news = self._alarm_news, None
+            return a
+        raise self._exhausted(plan, now)
+
+    def _after_commit(self, d: Decision, entry: ModelEntry, now: float) -> None:
+        if d.prefix is None:
+            return
+        self.cache_stats.decision(entry.name, d.chosen, d.prefix == "hit", now)  # type: ignore[arg-type]
+        # The silent failure mode of affinity routing: prefix hits stay at zero while traffic
+        # shares prefixes. Looked at every 64 decisions; the shell logs a change.
+        self._alarm_tick += 1
+        if self._alarm_tick % _ALARM_EVERY:
+            return
+        on = self.prefix.zero_hit_alarm(now)
+        if on != self.alarm_on:
+            self.alarm_on = self._alarm_news = on
+
+    def _exhausted(self, plan: Plan, now: float) -> ApiError:
+        f = plan.failure
+        if f is None:
+            e = ApiError(503, f"No replica of `{plan.model}` can serve this request now.",
+                         type_="service_unavailable", headers=[("retry-after", "1")])
+        elif f is FailureKind.TIMEOUT:
+            e = ApiError(504, f"The engine did not answer in time ({plan.detail}).", type_="timeout")
+        else:
+            e = ApiError(502, f"No replica could serve the request: {plan.detail}", type_="bad_gateway")
+        self.counters.request_done(plan.model, "failed", e.status, None, None)
+        e.counted = True
+        return e
+
+    # -- admission -------------------------------------------------------------------------------
+    def _queue(self, entry: ModelEntry) -> WaitQueue:
+        q = self.queues.get(entry.name)
+        if q is None:
+            q = self.queues[entry.name] = WaitQueue(self.rc.queue_size)
+        return q
+
+    def _saturated(self, entry: ModelEntry, now: float) -> bool:
+        # Replicas behind an open breaker don't count: waiting cannot help them, and the
+        # scheduler's all-open fallback handles a model with none available.
+        cfg = self.sched.config
+        live = [r for r in entry.replicas if r.breaker.can_pass(now)]
+        return bool(live) and all(is_saturated(r.view, cfg) for r in live)
+
+    def _enqueue(self, plan: Plan, now: float) -> Ticket:
+        q = self._queue(plan.entry)
+        t = q.enqueue(plan.info.request_id, now + self.rc.queue_timeout_s, now)
+        if t is None:
+            raise self._reject(plan, now, "queue_full", "All replicas are saturated and the wait queue is full.")
+        plan.ticket = t
+        return t
+
+    def left_queue(self, plan: Plan, now: float, *, timed_out: bool) -> None:
+        """A waiting request stops waiting without being let through: its client went away, or
+        (``timed_out``) its deadline passed — then the 429 it gets is raised here."""
+        t, plan.ticket = plan.ticket, None
+        if t is not None:
+            self._queue(plan.entry).cancel(t)
+        if timed_out:
+            raise self._reject(plan, now, "queue_timeout", "All replicas stayed saturated; try again later.")
+
+    def _reject(self, plan: Plan, now: float, reason: str, message: str) -> ApiError:
+        q = self._queue(plan.entry)
+        drain = sum(r.view.drain_rate or 0.0 for r in plan.entry.replicas) or None
+        self.counters.rejected(plan.model, reason)
+        self.counters.request_done(plan.model, "rejected", 429, None, None)
+        e = ApiError(429, message, type_="rate_limit", code="saturated",
+                     headers=[("retry-after", str(suggest_retry_after(len(q), drain)))])
+        e.counted = True
+        return e
+
+    def capacity_freed(self, model: str) -> list[Ticket]:
+        """Tickets that may proceed now that a request on ``model`` ended (or a replica came)."""
+        q = self.queues.get(model)
+        if not q:
+            return []
+        entry = self.table.models.get(model)
+        if entry is None:
+            return q.on_capacity(len(q))  # the model is gone: let them all find out
+        cfg = self.sched.config
+        # one finished request frees room for one waiter
+        return q.on_capacity(1, saturated=lambda: all(is_saturated(r.view, cfg) for r in entry.replicas))
+
+    # -- 3. the end of an attempt -------------------------------------------------------------------
+    def finish(self, plan: Plan, attempt: Attempt, now: float, failure: FailureKind | None, *,
+               first_byte_at: float | None, status: int | None, detail: str = "") -> list[Ticket]:
+        """``failure``: None for success, else how the attempt failed
+        (``FailureKind.CLIENT_CANCEL`` when the client left). Idempotent."""
+        if not attempt.end(now, failure):
+            return []
+        rep = attempt.replica
+        rep.completed += 1
+        model = plan.model
+        started = plan.started
+        ttft = None if first_byte_at is None else first_byte_at - started
+        c = self.counters
+        if failure is None:
+            c.request_done(model, "ok", status or 200, ttft, now - started)
+        elif failure is FailureKind.CLIENT_CANCEL:
+            c.request_done(model, "client_cancelled", 499, ttft, now - started)
+        else:
+            c.upstream_error(rep.id, failure.value)
+            plan.failure, plan.detail = failure, detail
+            if first_byte_at is not None:  # it failed after the client got bytes: the request is done
+                c.request_done(model, "upstream_failed", 502, ttft, now - started)
+        return self.capacity_freed(rep.view.model)
+
+    # -- what the exporter reads (llmgw.daemon.router.metrics.MetricsSource) ----------------------
+    def all_replicas(self) -> Iterable[Replica]:
+        return self.table.all_replicas()
+
+    def is_stale(self, rep: Replica, now: float) -> bool:
+        return self.table.is_stale(rep, now)
+
+    def prefix_metrics(self) -> dict[str, Any]:
+        return self.prefix.metrics()
+
+    def zero_hit_alarm(self, now: float) -> bool:
+        return self.prefix.zero_hit_alarm(now)
+
+    def queue_lengths(self) -> dict[str, int]:
+        return {m: len(q) for m, q in self.queues.items()}
+
+    # -- replicas coming and going -------------------------------------------------------------------
+    def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
+                    node: str | None = None) -> tuple[Replica, list[Ticket]]:
+        """Place (or keep) a replica; the tickets that may proceed now that it is there."""
+        table = self.table
+        table.add_model(m)
+        rep = table.replicas.get(rid)
+        if rep is not None and rep.view.url == url.rstrip("/"):
+            rep.draining = False
+            return rep, []
+        if rep is not None:  # restarted elsewhere on the node: a fresh replica, fresh state
+            self.remove_replica(rid)
+        rep = table.add_replica(m, rid, url, pool, weight)
+        rep.node = node
+        self.caps.set_cap(rid, rep.view.max_inflight)
+        return rep, self.capacity_freed(m.name)
+
+    def remove_replica(self, rid: str) -> None:
+        if self.table.remove_replica(rid) is not None:
+            self.prefix.remove_replica(rid)
+
+    def capacity_known(self, rep: Replica) -> None:
+        """The engine told us what its cache holds (vLLM's cache_config_info, llama.cpp's slots):
+        the prefix index ages this replica's holdings against it instead of assuming it keeps
+        everything."""
+        res = rep.last_scrape
+        if rep.slots:
+            self.prefix.set_capacity(rep.id, Capacity.llamacpp(rep.slots))
+        elif res is not None and res.kv_blocks and res.block_size:
+            self.prefix.set_capacity(rep.id, Capacity.vllm(res.kv_blocks, res.block_size))

@@ -1,0 +1,155 @@
+"""The router's replica table: every replica it may route to, grouped by model, with its live
+state — the scheduler's view of it (EndpointView), its breaker, what the last scrape said,
+whether it is draining — and the model entries that resolve a requested name (a base model or
+one of its LoRA adapters) to the replicas serving it.
+
+Pure: the trio shell's registry (``llmgw.daemon.router.registry``) adds the scrape loop that
+keeps it fresh; the router's core (:mod:`.dispatch`) reads it for every decision."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmgw.config import Config, ModelConfig
+
+from .breaker import Breaker, BreakerConfig
+from .contract import DrainRate, ScrapeResult
+from .types import EndpointView
+
+__all__ = ["Replica", "ModelEntry", "ReplicaTable"]
+
+
+@dataclass
+class Replica:
+    view: EndpointView
+    breaker: Breaker
+    metric_overrides: Any
+    drain: DrainRate = field(default_factory=DrainRate)
+    scrape_error: str | None = None
+    scrape_errors: int = 0
+    last_scrape: ScrapeResult | None = None
+    completed: int = 0  # requests this router finished on it (llama.cpp has no such counter)
+    slots: int | None = None  # llama.cpp: -np, from /slots (its cache is its slots' last prompts)
+    served_models: frozenset[str] = frozenset()
+    draining: bool = False  # leaving: no new requests, in-flight ones finish
+    node: str | None = None  # the agent's node, for replicas the control plane placed
+
+    @property
+    def id(self) -> str:
+        return self.view.id
+
+    def refresh_view(self, now: float) -> None:
+        """Fold the breaker's verdict into the scheduler's view (cheap; called per decision)."""
+        v = self.view
+        b = self.breaker
+        v.available = b.can_pass(now)
+        v.breaker_state = b.state
+        v.retry_at = b.retry_at
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    engine: str
+    strategy: str
+    replicas: list[Replica]
+    adapters: dict[str, set[str]] = field(default_factory=dict)  # adapter -> replica ids
+
+
+class ReplicaTable:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        rc = cfg.router
+        self.breaker_cfg = BreakerConfig(
+            failure_threshold=rc.breaker.failure_threshold, base_cooldown=rc.breaker.cooldown_s,
+            max_cooldown=max(rc.breaker.max_cooldown_s, rc.breaker.cooldown_s),
+            half_open_max_probes=rc.breaker.half_open_probes)
+        self.stale_after_s = rc.stale_after_s
+        self.pool_priority = {p.name: p.priority for p in cfg.pools}
+        self.pool_cap = {p.name: p.max_inflight_per_replica for p in cfg.pools}
+        self.models: dict[str, ModelEntry] = {}
+        self.replicas: dict[str, Replica] = {}
+        for m in cfg.models:
+            self.add_model(m)
+
+    def add_model(self, m: ModelConfig) -> ModelEntry:
+        if m.name in self.models:  # a redefinition keeps the live replicas
+            old = self.models[m.name]
+            old.engine, old.strategy = m.engine, m.strategy
+            return old
+        entry = ModelEntry(m.name, m.engine, m.strategy, [])
+        self.models[m.name] = entry
+        for i, r in enumerate(m.replicas):
+            self.add_replica(m, f"{m.name}/{i}", r.url, r.pool, r.weight)
+        return entry
+
+    def add_replica(self, m: ModelConfig, rid: str, url: str, pool: str, weight: float) -> Replica:
+        view = EndpointView(id=rid, model=m.name, url=url.rstrip("/"), engine=m.engine, pool=pool,
+                            pool_priority=self.pool_priority.get(pool, 0), weight=weight,
+                            max_inflight=self.pool_cap.get(pool))
+        rep = Replica(view, Breaker(self.breaker_cfg), m.metrics)
+        self.replicas[rid] = rep
+        self.models[m.name].replicas.append(rep)
+        return rep
+
+    def remove_replica(self, rid: str) -> Replica | None:
+        rep = self.replicas.pop(rid, None)
+        if rep is None:
+            return None
+        entry = self.models.get(rep.view.model)
+        if entry is not None:
+            entry.replicas = [r for r in entry.replicas if r.id != rid]
+            for ids in entry.adapters.values():
+                ids.discard(rid)
+            for a in [a for a, ids in entry.adapters.items() if not ids]:
+                del entry.adapters[a]
+        return rep
+
+    def remove_model(self, name: str) -> list[Replica]:
+        entry = self.models.pop(name, None)
+        if entry is None:
+            return []
+        for r in entry.replicas:
+            self.replicas.pop(r.id, None)
+        return entry.replicas
+
+    def resolve(self, name: str) -> tuple[ModelEntry, str | None] | None:
+        """A requested model name → (base model entry, adapter or None)."""
+        entry = self.models.get(name)
+        if entry is not None:
+            return entry, None
+        for entry in self.models.values():
+            if name in entry.adapters:
+                return entry, name
+        return None
+
+    def set_adapters(self, rep: Replica, adapters: Iterable[str]) -> None:
+        """What the replica's engine serves now (learned from its /v1/models)."""
+        entry = self.models[rep.view.model]
+        names = frozenset(adapters)
+        rep.view.adapters = names
+        for ids in entry.adapters.values():
+            ids.discard(rep.id)
+        for a in names:
+            entry.adapters.setdefault(a, set()).add(rep.id)
+        for a in [a for a, ids in entry.adapters.items() if not ids]:
+            del entry.adapters[a]
+
+    def views(self, entry: ModelEntry, now: float) -> list[EndpointView]:
+        out = []
+        for r in entry.replicas:
+            if r.draining:
+                continue
+            r.refresh_view(now)
+            r.view.stale = self.is_stale(r, now)
+            out.append(r.view)
+        return out
+
+    def is_stale(self, rep: Replica, now: float) -> bool:
+        at = rep.view.scraped_at
+        return at is None or now - at > self.stale_after_s
+
+    def all_replicas(self) -> Iterable[Replica]:
+        return self.replicas.values()
