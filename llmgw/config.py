@@ -31,10 +31,9 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import tomli_w
 
 from llmgw.config_fields import (  # noqa: F401  (re-exported: part of the config API)
-    STRATEGIES, _KNOWN_STRATEGIES, Check, _suggest, default_admin_socket,
-    default_agent_state_dir, default_node_name, default_store_path, header_name, host_port,
-    http_url, in_range, key_value, known_strategy, label_keys, node_name, nonempty, one_of, opt,
-    positive,
+    _KNOWN_STRATEGIES, Check, _suggest, default_admin_socket, default_agent_state_dir,
+    default_node_name, default_store_path, header_name, host_port, http_url, in_range, key_value,
+    known_strategy, label_keys, node_name, nonempty, one_of, opt, positive,
 )
 from llmgw.config_locate import KeyPath, TomlLocator
 from llmgw.config_schema import (  # noqa: F401  (re-exported: part of the config API)
@@ -43,6 +42,7 @@ from llmgw.config_schema import (  # noqa: F401  (re-exported: part of the confi
     PrefixRoutingConfig, ReplicaConfig, RestartConfig, RouterConfig, ScorerWeights, ServerConfig,
     SimConfig, StrategyConfig, _pool_references,
 )
+from llmgw.route.names import PRESET_NAMES
 
 __all__ = [
     "AdminConfig", "AgentConfig", "BreakerConfig", "ControlConfig", "DeployConfig", "GpuConfig", "RestartConfig", "Config", "PrefixRoutingConfig", "RouterConfig", "ScorerWeights", "StrategyConfig", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
@@ -203,7 +203,7 @@ def parse_config(text: str, filename: str = "<string>") -> Config:
     problems: list[tuple[KeyPath, str]] = []
     raw = data.get("strategies")
     names = {st.get("name") for st in raw if isinstance(st, dict)} if isinstance(raw, list) else set()
-    token = _KNOWN_STRATEGIES.set(frozenset(STRATEGIES) | {n for n in names if isinstance(n, str)})
+    token = _KNOWN_STRATEGIES.set(frozenset(PRESET_NAMES) | {n for n in names if isinstance(n, str)})
     try:
         values, failed = _table(Config, data, (), problems)
     finally:

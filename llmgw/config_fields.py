@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-STRATEGIES = ("chat", "batch", "long-context")
+from llmgw.route.names import PRESET_NAMES
 
 Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
 
@@ -90,14 +90,14 @@ def header_name(v: str) -> str | None:
 
 # Strategy names a model may use: the presets plus the file's own [[strategies]], set while a
 # file is parsed so the field check sees them even when other sections have errors.
-_KNOWN_STRATEGIES: ContextVar[frozenset[str]] = ContextVar("_KNOWN_STRATEGIES", default=frozenset(STRATEGIES))
+_KNOWN_STRATEGIES: ContextVar[frozenset[str]] = ContextVar("_KNOWN_STRATEGIES", default=frozenset(PRESET_NAMES))
 
 
 def known_strategy(v: str) -> str | None:
     known = _KNOWN_STRATEGIES.get()
     if v in known:
         return None
-    ordered = [*STRATEGIES, *sorted(known - set(STRATEGIES))]
+    ordered = [*PRESET_NAMES, *sorted(known - set(PRESET_NAMES))]
     close = difflib.get_close_matches(v, ordered, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"expected one of {', '.join(repr(k) for k in ordered)}; got {v!r}{hint}"

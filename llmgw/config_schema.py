@@ -19,6 +19,7 @@ from llmgw.config_fields import (
     label_keys, node_name, nonempty, one_of, opt, positive,
 )
 from llmgw.config_locate import KeyPath
+from llmgw.route.names import DEFAULT_PICKER, PICKER_NAMES, SCORER_NAMES
 
 ENGINES = ("vllm", "llamacpp")
 DEFAULT_POOL = "default"
@@ -139,7 +140,8 @@ class RouterConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ScorerWeights:
-    """A strategy's weights by scorer name; unset = 0 (the scorer does not take part)."""
+    """A strategy's weights by scorer name; unset = 0 (the scorer does not take part).
+    One field per name in ``llmgw.route.names.SCORER_NAMES`` (tests/test_route_names.py)."""
     load: float = opt(0.0, check=in_range(0))
     queue: float = opt(0.0, check=in_range(0))
     kv: float = opt(0.0, check=in_range(0))
@@ -153,7 +155,7 @@ class ScorerWeights:
 class StrategyConfig:
     """A named strategy: only weights and a picker (a preset's name may be reused to replace it)."""
     name: str = opt(check=nonempty)
-    picker: str = opt("max-score", check=one_of("max-score", "power-of-two", "softmax", "round-robin"))
+    picker: str = opt(DEFAULT_PICKER, check=one_of(*PICKER_NAMES))
     temperature: float | None = opt(None, check=positive)  # softmax only
     weights: ScorerWeights = opt(factory=ScorerWeights)
 
@@ -264,7 +266,7 @@ def _agent_token(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
 def _strategy_weights(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
     for i, st in enumerate(cfg.strategies):
         w = st.weights
-        if not any((w.load, w.queue, w.kv, w.inflight, w.weight, w.session, w.prefix)):
+        if not any(getattr(w, k) for k in SCORER_NAMES):
             yield ("strategies", i, "weights"), "at least one weight must be > 0"
 
 
