@@ -63,8 +63,8 @@ def test_config_accepts_each_scorer_as_the_only_weight(scorer: str) -> None:
 
 @pytest.mark.parametrize("picker", PICKER_NAMES)
 def test_config_accepts_every_picker(picker: str) -> None:
-    cfg = parse_config(f'[[strategies]]\nname = "s"\npicker = "{picker}"\nweights = {{ load = 1.0 }}\n')
-    assert cfg.strategies[0].picker == picker
+    text = f'[[strategies]]\nname = "s"\npicker = "{picker}"\nweights = {{ load = 1.0 }}\n'
+    assert parse_config(text).strategies[0].picker == picker
 
 
 def test_config_rejects_an_unknown_picker_naming_the_known_ones() -> None:
@@ -89,5 +89,7 @@ def test_config_rejects_an_unknown_strategy_naming_the_presets() -> None:
 
 @pytest.mark.parametrize("name", [*SCORER_NAMES, *PICKER_NAMES, *PRESET_NAMES])
 def test_docs_mention_every_name(name: str) -> None:
-    text = "\n".join((DOCS / f).read_text(encoding="utf-8") for f in ("router.md", "configuration.md"))
-    assert re.search(rf"`{re.escape(name)}`", text), f"`{name}` is not in docs/router.md or docs/configuration.md"
+    text = "\n".join((DOCS / f).read_text(encoding="utf-8")
+                     for f in ("router.md", "configuration.md"))
+    assert re.search(rf"`{re.escape(name)}`", text), \
+        f"`{name}` is in neither docs/router.md nor docs/configuration.md"
