@@ -30,8 +30,9 @@ import time
 import tracemalloc
 import types
 
+from llmgw.route.prefix_capacity import Capacity, PrefixConfig, partition_key
 from llmgw.route.prefix_scorer import PrefixRouting, PrefixScorerConfig
-from llmgw.route.prefix_tree import Capacity, PrefixConfig, PrefixIndex, partition_key
+from llmgw.route.prefix_tree import PrefixIndex
 from llmgw.route.scheduler import Scheduler
 from llmgw.route.strategies import Strategy
 from llmgw.route.types import EndpointView, RequestInfo

@@ -7,10 +7,11 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from llmgw.route.prefix_capacity import Capacity, PrefixConfig
 from llmgw.route.prefix_scorer import (
     MATCH_BUCKETS, OUTCOMES, PrefixRouting, PrefixScorerConfig, ZeroHitAlarm, routing_from,
 )
-from llmgw.route.prefix_tree import Capacity, PrefixConfig, request_head
+from llmgw.route.request_head import request_head
 from llmgw.route.scheduler import Scheduler, SchedulerConfig
 from llmgw.route.scorers import SCORERS, ScoreContext
 from llmgw.route.strategies import Strategy, resolve

@@ -10,10 +10,9 @@ import tracemalloc
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from llmgw.route.prefix_tree import (
-    HOLDER_COST, NODE_COST, REPLICA_COST, Capacity, PrefixConfig, PrefixIndex, partition_key,
-    request_head,
-)
+from llmgw.route.prefix_capacity import Capacity, PrefixConfig, partition_key
+from llmgw.route.prefix_tree import HOLDER_COST, NODE_COST, REPLICA_COST, PrefixIndex
+from llmgw.route.request_head import request_head
 
 P = partition_key("m")
 BIG = Capacity(bytes=1 << 40)

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from hashlib import blake2b
 from typing import Any
 
-from .prefix_tree import Capacity, Match, Partition, PrefixConfig, PrefixIndex, partition_key
+from .prefix_capacity import Capacity, Partition, PrefixConfig, partition_key
+from .prefix_tree import Match, PrefixIndex
 from .scorers import ScoreContext, Scorer, Scores
 from .types import Decision, EndpointView, RequestInfo
 

@@ -32,16 +32,22 @@ Memory is bounded by ``budget_bytes`` for the whole index, enforced on an *accou
 (label bytes + a per-node and a per-holder cost calibrated against tracemalloc, with a margin);
 least-recently-recorded leaves go first. The tests and ``bench/bench_prefix.py`` measure the
 real size with tracemalloc and check it stays within the budget.
+
+Where things live: :mod:`.prefix_capacity` (Capacity, PrefixConfig, partition_key),
+:mod:`.prefix_holds` (the node and the vLLM / llama.cpp holding models), here the index itself:
+matching, recording, splitting, the budget's eviction and the TTL's ageing, introspection.
 """
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from .prefix_capacity import (  # noqa: F401  (re-exported: the index's public names)
+    BYTES_PER_TOKEN, Capacity, Partition, PrefixConfig, partition_key,
+)
+from .prefix_holds import _Hold, _hold_for, _Node
 from .request_head import request_head  # noqa: F401  (re-exported: part of this module's API)
 
 __all__ = [
@@ -49,8 +55,6 @@ __all__ = [
     "matched_fraction",
     "NODE_COST", "HOLDER_COST", "REPLICA_COST", "BYTES_PER_TOKEN",
 ]
-
-BYTES_PER_TOKEN = 4.0  # rendered text is ~4 bytes per token; token-id prompts pack 4 bytes each
 
 # Accounted bytes per tree node (beyond its label) and per (node, replica) holding. Calibrated
 # with tracemalloc on CPython 3.11 (tests/test_prefix_tree.py measures it): a node is ~430 B
@@ -63,98 +67,7 @@ HOLDER_COST = 240
 REPLICA_COST = 1024
 _PARTITION_COST = 1024
 
-Partition = Hashable
 _NOKEY = object()
-
-
-def partition_key(model: str, adapter: str | None = None,
-                  cache_salt: str | None = None) -> tuple[str, str | None, str | None]:
-    """The cache partition of a request: what an engine never shares cache blocks across."""
-    return (model, adapter, cache_salt)
-
-
-# --------------------------------------------------------------------------- capacity
-
-@dataclass(frozen=True, slots=True)
-class Capacity:
-    """What one replica can hold of request heads, in head bytes (≈ tokens × 4).
-
-    Exactly one of ``bytes`` (an LRU byte budget: vLLM's KV cache) or ``slots`` (llama.cpp's
-    ``-np`` slots, each holding its last prompt; ``ram_bytes`` adds its host-RAM prompt cache)."""
-
-    bytes: int | None = None
-    slots: int | None = None
-    ram_bytes: int = 0
-    similarity: float = 0.1  # llama.cpp --slot-prompt-similarity: reuse a slot sharing >= this
-
-    def __post_init__(self) -> None:
-        if (self.bytes is None) == (self.slots is None):
-            raise ValueError("a Capacity has exactly one of bytes (vLLM) or slots (llama.cpp)")
-        if self.bytes is not None and self.bytes < 0:
-            raise ValueError(f"capacity bytes must be >= 0, got {self.bytes}")
-        if self.slots is not None and self.slots < 1:
-            raise ValueError(f"slots must be >= 1, got {self.slots}")
-        if self.ram_bytes < 0 or (self.ram_bytes and self.slots is None):
-            raise ValueError("ram_bytes must be >= 0 and only goes with slots (llama.cpp)")
-        if not 0.0 <= self.similarity <= 1.0:
-            raise ValueError(f"similarity must be in [0, 1], got {self.similarity}")
-
-    @classmethod
-    def vllm(cls, num_gpu_blocks: int, block_size: int, *,
-             bytes_per_token: float = BYTES_PER_TOKEN, fraction: float = 1.0) -> Capacity:
-        """From ``vllm:cache_config_info`` (num_gpu_blocks, block_size labels). ``fraction`` is
-        the share of the KV cache left to cached prefixes (running requests' working sets and
-        their outputs occupy the rest)."""
-        return cls(bytes=int(num_gpu_blocks * block_size * bytes_per_token * fraction))
-
-    @classmethod
-    def tokens(cls, tokens: int, *, bytes_per_token: float = BYTES_PER_TOKEN) -> Capacity:
-        """An LRU capacity of so many tokens (e.g. ``ScrapeResult.kv_capacity_tokens``)."""
-        return cls(bytes=int(tokens * bytes_per_token))
-
-    @classmethod
-    def llamacpp(cls, slots: int, *, ram_tokens: int = 0, similarity: float = 0.1,
-                 bytes_per_token: float = BYTES_PER_TOKEN) -> Capacity:
-        """``-np`` slots; ``ram_tokens`` is how many prompt tokens its host-RAM cache keeps
-        (``--cache-ram`` MiB ÷ the model's KV bytes per token)."""
-        return cls(slots=slots, ram_bytes=int(ram_tokens * bytes_per_token),
-                   similarity=similarity)
-
-    def describe(self) -> str:
-        if self.slots is not None:
-            return f"{self.slots} slots" + (f" + {self.ram_bytes} B ram" if self.ram_bytes else "")
-        return f"{self.bytes} B lru"
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixConfig:
-    budget_bytes: int = 64 << 20  # the whole index (accounted; measured in tests and the bench)
-    default_capacity: Capacity = field(default_factory=lambda: Capacity(bytes=4 << 20))
-    max_head_bytes: int = 128 << 10  # heads are cut here: only the start decides the route
-    max_count: int = 1024  # a holder count reaching this halves every count of its node
-    ttl_s: float | None = None  # forget what was not recorded again within this long
-
-    def __post_init__(self) -> None:
-        if self.budget_bytes < 4096:
-            raise ValueError(f"budget_bytes must be >= 4096, got {self.budget_bytes}")
-        if self.max_head_bytes < 1 or self.max_count < 2:
-            raise ValueError("max_head_bytes must be >= 1 and max_count >= 2")
-        if self.ttl_s is not None and not (self.ttl_s > 0 and math.isfinite(self.ttl_s)):
-            raise ValueError(f"ttl_s must be > 0 or None, got {self.ttl_s}")
-
-
-# --------------------------------------------------------------------------- tree
-
-class _Node:
-    __slots__ = ("label", "end", "parent", "children", "holders", "last")
-
-    def __init__(self, label: bytes, end: int, parent: _Node | None) -> None:
-        self.label = label
-        self.end = end  # bytes from the partition root to the end of this label
-        self.parent = parent
-        self.children: dict[int, _Node] | None = None  # first byte of the child's label -> child
-        self.holders: dict[str, int] = {}  # replica -> count
-        self.last = 0.0  # `now` of the last record through this node
 
 
 def _lcp(a: bytes, b: bytes, pos: int) -> int:
@@ -181,203 +94,6 @@ class Match(NamedTuple):
             return None
         return min(self.holders.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0]))[0]
 
-
-class _LruHold:
-    """vLLM: the replica holds nodes within a byte capacity, least recently sent first out.
-    Paths are touched leaf to root, so an ancestor is always more recent than its descendants
-    and eviction takes tails before the prefixes they extend."""
-
-    __slots__ = ("cap", "lru", "used")
-    kind = "bytes"
-
-    def __init__(self, cap: Capacity) -> None:
-        self.cap = cap
-        self.lru: OrderedDict[_Node, None] = OrderedDict()
-        self.used = 0
-
-    def touch(self, path: list[_Node]) -> list[_Node]:
-        lru = self.lru
-        move = lru.move_to_end
-        for nd in reversed(path):
-            try:
-                move(nd)
-            except KeyError:
-                lru[nd] = None
-                self.used += len(nd.label)
-        return self._fit()
-
-    def _fit(self) -> list[_Node]:
-        out: list[_Node] = []
-        limit = self.cap.bytes or 0
-        lru = self.lru
-        while self.used > limit and lru:
-            nd, _ = lru.popitem(last=False)
-            self.used -= len(nd.label)
-            out.append(nd)
-        return out
-
-    def split(self, child: _Node, mid: _Node) -> None:
-        # the bytes are conserved (child's label shrank by what mid took); mid must stay more
-        # recent than child and less recent than its own ancestors
-        lru = self.lru
-        lru[mid] = None
-        a = mid.parent
-        while a is not None and a.parent is not None:
-            if a in lru:
-                lru.move_to_end(a)
-            a = a.parent
-
-    def forget(self, nd: _Node) -> list[_Node]:
-        if self.lru.pop(nd, 0) is None:
-            self.used -= len(nd.label)
-        return []
-
-    def recap(self, cap: Capacity) -> list[_Node]:
-        self.cap = cap
-        return self._fit()
-
-    def nodes(self) -> list[_Node]:
-        return list(self.lru)
-
-    def empty(self) -> bool:
-        return not self.lru
-
-    def held_bytes(self) -> int:
-        return self.used
-
-    def check(self) -> None:
-        assert self.used == sum(len(n.label) for n in self.lru), "lru used bytes"
-
-
-class _SlotHold:
-    """llama.cpp: ``slots`` slots, each holding the path of its last prompt; a node is held while
-    a slot (or the host-RAM cache) references it."""
-
-    __slots__ = ("cap", "term", "tick", "clock", "refs", "ram", "ram_used")
-    kind = "slots"
-
-    def __init__(self, cap: Capacity) -> None:
-        self.cap = cap
-        n = cap.slots or 1
-        self.term: list[_Node | None] = [None] * n  # each slot's prompt: its last node
-        self.tick = [0] * n
-        self.clock = 0
-        self.refs: dict[_Node, int] = {}
-        self.ram: OrderedDict[_Node, None] = OrderedDict()  # saved prompts, by their last node
-        self.ram_used = 0
-
-    def _ref(self, t: _Node) -> None:
-        refs = self.refs
-        while t.parent is not None:
-            refs[t] = refs.get(t, 0) + 1
-            t = t.parent
-
-    def _unref(self, t: _Node | None, out: list[_Node]) -> None:
-        refs = self.refs
-        while t is not None and t.parent is not None:
-            c = refs.get(t)
-            if c is not None:
-                if c <= 1:
-                    del refs[t]
-                    out.append(t)
-                else:
-                    refs[t] = c - 1
-            t = t.parent
-
-    def touch(self, path: list[_Node]) -> list[_Node]:
-        t = path[-1]
-        on = set(path)
-        term = self.term
-        best, best_lcp = -1, 0
-        for i, o in enumerate(term):
-            x = o
-            while x is not None and x not in on:
-                x = x.parent
-            if x is not None and x.end > best_lcp:
-                best, best_lcp = i, x.end
-        if best < 0 or best_lcp < self.cap.similarity * t.end:
-            tick = self.tick
-            best = term.index(None) if None in term else tick.index(min(tick))
-        self.clock += 1
-        self.tick[best] = self.clock
-        old = term[best]
-        term[best] = t
-        self._ref(t)
-        out: list[_Node] = []
-        if old is not None:
-            if self.cap.ram_bytes and old not in on:  # pushed out of its slot: into host RAM
-                if old in self.ram:
-                    self.ram.move_to_end(old)
-                else:
-                    self.ram[old] = None
-                    self.ram_used += old.end
-                    self._ref(old)
-            self._unref(old, out)
-        self._fit_ram(out)
-        return out
-
-    def _fit_ram(self, out: list[_Node]) -> None:
-        limit = self.cap.ram_bytes
-        while self.ram_used > limit and self.ram:
-            o, _ = self.ram.popitem(last=False)
-            self.ram_used -= o.end
-            self._unref(o, out)
-
-    def split(self, child: _Node, mid: _Node) -> None:
-        self.refs[mid] = self.refs.get(child, 1)
-
-    def forget(self, nd: _Node) -> list[_Node]:
-        self.refs.pop(nd, None)
-        up = nd.parent if nd.parent is not None and nd.parent.parent is not None else None
-        self.term = [up if t is nd else t for t in self.term]
-        out: list[_Node] = []
-        if nd in self.ram:  # a saved prompt loses its tail: drop the entry and its references
-            del self.ram[nd]
-            self.ram_used -= nd.end
-            self._unref(nd.parent, out)
-        return out
-
-    def recap(self, cap: Capacity) -> list[_Node]:
-        out: list[_Node] = []
-        n = cap.slots or 1
-        if n < len(self.term):  # fewer slots: the least recently used ones go
-            order = sorted(range(len(self.term)), key=self.tick.__getitem__, reverse=True)
-            keep = sorted(order[:n])
-            for i in order[n:]:
-                self._unref(self.term[i], out)
-            self.term = [self.term[i] for i in keep]
-            self.tick = [self.tick[i] for i in keep]
-        elif n > len(self.term):
-            self.term += [None] * (n - len(self.term))
-            self.tick += [0] * (n - len(self.tick))
-        self.cap = cap
-        self._fit_ram(out)
-        return out
-
-    def nodes(self) -> list[_Node]:
-        return list(self.refs)
-
-    def empty(self) -> bool:
-        return not self.refs
-
-    def held_bytes(self) -> int:
-        return sum(len(n.label) for n in self.refs)
-
-    def check(self) -> None:
-        want: dict[_Node, int] = {}
-        for t in [*self.term, *self.ram]:
-            while t is not None and t.parent is not None:
-                want[t] = want.get(t, 0) + 1
-                t = t.parent
-        assert want == self.refs, "slot refcounts"
-        assert self.ram_used == sum(t.end for t in self.ram), "ram bytes"
-
-
-_Hold = _LruHold | _SlotHold
-
-
-def _hold_for(cap: Capacity) -> _Hold:
-    return _SlotHold(cap) if cap.slots is not None else _LruHold(cap)
 
 
 class PrefixIndex:

@@ -1,7 +1,8 @@
 """Routing strategies. A strategy is only data: scorer weights, a picker and its parameter.
 
 Weights are normalised to sum to 1 (zero weights dropped), so a candidate's total is in [0, 1]
-and totals compare across strategies.
+and totals compare across strategies. The presets' names, like the scorers' and pickers', are
+listed in :mod:`.names`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .names import DEFAULT_PICKER, PRESET_NAMES
 from .pickers import PICKERS
 from .scorers import SCORERS
 
@@ -37,7 +39,7 @@ def _suggest(name: str, known: Iterable[str]) -> str:
 class Strategy:
     name: str
     weights: Mapping[str, float]  # scorer name -> weight; read-only once built
-    picker: str = "max-score"
+    picker: str = DEFAULT_PICKER
     param: float | None = None  # the picker's parameter: softmax temperature
 
     def __post_init__(self) -> None:
@@ -58,16 +60,18 @@ class Strategy:
                            {k: w / total for k, w in self.weights.items() if w > 0})
 
 
+_CHAT, _BATCH, _LONG_CONTEXT = PRESET_NAMES  # one preset per name in names.PRESET_NAMES
+
 PRESETS: dict[str, Strategy] = {
     s.name: s for s in (
         # Latency: go where a request starts soonest, keep a conversation's prefix cache warm.
-        Strategy("chat", {"load": 0.35, "queue": 0.15, "kv": 0.15, "inflight": 0.10,
-                          "session": 0.25}),
+        Strategy(_CHAT, {"load": 0.35, "queue": 0.15, "kv": 0.15, "inflight": 0.10,
+                         "session": 0.25}),
         # Throughput: fill KV and drain queues evenly; power-of-two spreads without herding.
-        Strategy("batch", {"kv": 0.40, "queue": 0.35, "load": 0.15, "weight": 0.10},
+        Strategy(_BATCH, {"kv": 0.40, "queue": 0.35, "load": 0.15, "weight": 0.10},
                  picker="power-of-two"),
         # Long prompts need KV room most: a full cache means preemption and recompute.
-        Strategy("long-context", {"kv": 0.60, "queue": 0.20, "load": 0.20}),
+        Strategy(_LONG_CONTEXT, {"kv": 0.60, "queue": 0.20, "load": 0.20}),
     )
 }
 

@@ -1,0 +1,152 @@
+"""How a config field is declared and checked: :func:`opt` (default, checks, uniqueness), the
+value checks it takes (``one_of``, ``in_range``, ``http_url``, ``host_port``, ``node_name``, ...)
+and the defaults computed from the environment (state directory, admin socket, node name).
+
+A check is ``(value) -> error message | None``. The sections that use them are in
+:mod:`llmgw.config_schema`; the walker that runs them and the public API are :mod:`llmgw.config`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import socket
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import MISSING, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from llmgw.route.names import PRESET_NAMES
+
+Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
+
+
+def opt(default: Any = MISSING, *, factory: Any = MISSING, check: Check | tuple[Check, ...] = (),
+        items: Check | tuple[Check, ...] = (), unique: str | None = None) -> Any:
+    """Declare a config field.  No default and no factory = required key.
+
+    check:  checks on the converted value; items: checks on each array element;
+    unique: for an array of tables, the attribute that must be unique across elements.
+    """
+    tup = lambda c: c if isinstance(c, tuple) else (c,)  # noqa: E731
+    return field(default=default, default_factory=factory,
+                 metadata={"checks": tup(check), "items": tup(items), "unique": unique})
+
+
+# ---------------------------------------------------------------------------------- checks
+def one_of(*choices: str) -> Check:
+    def check(v: str) -> str | None:
+        if v in choices:
+            return None
+        near = difflib.get_close_matches(v, choices, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        return f"expected one of {', '.join(map(repr, choices))}; got {v!r}{hint}"
+    return check
+
+
+def in_range(lo: float, hi: float | None = None) -> Check:
+    def check(v: float) -> str | None:
+        if v >= lo and (hi is None or v <= hi):
+            return None
+        return f"must be >= {lo}, got {v!r}" if hi is None else f"must be in {lo}..{hi}, got {v!r}"
+    return check
+
+
+def positive(v: float) -> str | None:
+    return None if v > 0 and v != float("inf") else f"must be a finite number > 0, got {v!r}"
+
+
+def nonempty(v: str) -> str | None:
+    return None if v.strip() else "must not be empty"
+
+
+def http_url(v: str) -> str | None:
+    try:
+        u = urlsplit(v)
+        u.port  # noqa: B018 -- raises ValueError on a bad port
+    except ValueError:
+        u = None
+    if u is None or u.scheme not in ("http", "https") or not u.hostname or re.search(r"\s", v):
+        return f"not an http(s) URL: {v!r}"
+    return None
+
+
+def host_port(v: str) -> str | None:
+    host, sep, port = v.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if sep and host and re.fullmatch(r"[0-9]{1,5}", port) and int(port) <= 65535:
+        return None
+    return f"expected \"host:port\", got {v!r}"
+
+
+def header_name(v: str) -> str | None:
+    ok = re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", v)
+    return None if ok else f"not a valid HTTP header name: {v!r}"
+
+
+# Strategy names a model may use: the presets plus the file's own [[strategies]], set while a
+# file is parsed so the field check sees them even when other sections have errors.
+_KNOWN_STRATEGIES: ContextVar[frozenset[str]] = ContextVar("_KNOWN_STRATEGIES", default=frozenset(PRESET_NAMES))
+
+
+def known_strategy(v: str) -> str | None:
+    known = _KNOWN_STRATEGIES.get()
+    if v in known:
+        return None
+    ordered = [*PRESET_NAMES, *sorted(known - set(PRESET_NAMES))]
+    close = difflib.get_close_matches(v, ordered, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"expected one of {', '.join(repr(k) for k in ordered)}; got {v!r}{hint}"
+
+
+def node_name(v: str) -> str | None:
+    ok = re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?", v)
+    return None if ok else f"not a valid node name (letters, digits, '.', '_', '-'; at most 253): {v!r}"
+
+
+def label_keys(labels: dict[str, str]) -> str | None:
+    for k in labels:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?", k):
+            return f"not a valid label key: {k!r}"
+    return None
+
+
+def key_value(v: str) -> str | None:
+    k, sep, _ = v.partition("=")
+    return None if sep and k.strip() else f"expected \"KEY=VALUE\", got {v!r}"
+
+
+# ---------------------------------------------------------------------------------- defaults
+def _state_home() -> Path:
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "llmgw"
+
+
+def default_store_path() -> str:
+    """$XDG_STATE_HOME/llmgw/router.db (~/.local/state/llmgw/router.db)."""
+    return str(_state_home() / "router.db")
+
+
+def default_agent_state_dir() -> str:
+    """$XDG_STATE_HOME/llmgw/agent (~/.local/state/llmgw/agent)."""
+    return str(_state_home() / "agent")
+
+
+def default_node_name() -> str:
+    name = socket.gethostname().split(".")[0] or "localhost"
+    return name if node_name(name) is None else "localhost"
+
+
+def default_admin_socket() -> str:
+    """$XDG_RUNTIME_DIR/llmgw-<uid>/admin.sock, or under /tmp when XDG_RUNTIME_DIR is unset."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    uid = os.getuid() if hasattr(os, "getuid") else os.getpid()
+    return str(Path(base) / f"llmgw-{uid}" / "admin.sock")
+
+
+def _suggest(word: str, known: list[str]) -> str:
+    near = difflib.get_close_matches(word, known, n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""

@@ -1,0 +1,283 @@
+"""The config's schema: one frozen dataclass per TOML section, down to :class:`Config`, and the
+checks that span sections.
+
+Each field's annotation gives the TOML type (str, int, float, bool, ``X | None``, ``tuple[X, ...]``
+for arrays, a nested dataclass for a table, ``tuple[Section, ...]`` for an array of tables) and
+``opt(...)`` (:mod:`llmgw.config_fields`) its default and checks. Checks spanning sections are
+small functions registered with ``@_cross_check``. A new section is a new dataclass plus a field
+on its parent: no new validation code. Import these from :mod:`llmgw.config`, the public API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from llmgw.config_fields import (
+    _suggest, default_admin_socket, default_agent_state_dir, default_node_name,
+    default_store_path, header_name, host_port, http_url, in_range, key_value, known_strategy,
+    label_keys, node_name, nonempty, one_of, opt, positive,
+)
+from llmgw.config_locate import KeyPath
+from llmgw.route.names import DEFAULT_PICKER, PICKER_NAMES, SCORER_NAMES
+
+ENGINES = ("vllm", "llamacpp")
+DEFAULT_POOL = "default"
+
+
+# ---------------------------------------------------------------------------------- sections
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    host: str = opt("127.0.0.1", check=nonempty)
+    port: int = opt(8000, check=in_range(0, 65535))
+    api_keys: tuple[str, ...] = opt((), items=nonempty)  # empty = no auth
+    max_body_bytes: int = opt(8 * 1024 * 1024, check=in_range(1))
+    request_id_header: str = opt("x-request-id", check=header_name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdminConfig:
+    socket: str = opt(factory=default_admin_socket, check=nonempty)
+    tcp: str | None = opt(None, check=host_port)  # "host:port"; requires token
+    token: str | None = opt(None, check=nonempty)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    engine: str = opt("vllm", check=one_of(*ENGINES))
+    replicas: int = opt(2, check=in_range(0))
+    model: str = opt("sim-model", check=nonempty)
+    extra_args: tuple[str, ...] = opt(())
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControlConfig:
+    """[control]: the router's side of the agent stream, node timeouts and the store."""
+    listen: str = opt("127.0.0.1:7070", check=host_port)  # agents connect here
+    join_token: str | None = opt(None, check=nonempty)  # agents must present it; unset = no agents
+    join_token_file: str | None = opt(None, check=nonempty)  # or read it from this file
+    tls_cert: str | None = opt(None, check=nonempty)  # PEM; with tls_key, the stream is TLS
+    tls_key: str | None = opt(None, check=nonempty)
+    heartbeat_s: float = opt(1.0, check=positive)
+    not_ready_after_s: float = opt(5.0, check=positive)  # silence before a node is not ready
+    lost_after_s: float = opt(30.0, check=positive)  # not ready this long = lost, replicas move
+    max_lost_fraction: float = opt(0.5, check=in_range(0, 1))  # more silent at once = our partition
+    settle_s: float = opt(3.0, check=in_range(0))  # after a start, agents get this long to join before placing
+    drain_timeout_s: float = opt(30.0, check=positive)  # a stopping replica's requests may finish
+    max_message_bytes: int = opt(4 * 1024 * 1024, check=in_range(1024))
+    store: str = opt(factory=default_store_path, check=nonempty)  # SQLite file; ":memory:" = none
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuConfig:
+    name: str = opt("gpu", check=nonempty)
+    memory_mb: int = opt(check=in_range(1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartConfig:
+    base_s: float = opt(1.0, check=positive)  # first restart delay; doubles per crash
+    max_s: float = opt(60.0, check=positive)
+    crashloop_after: int = opt(5, check=in_range(1))  # crashes within window_s = crash loop
+    window_s: float = opt(300.0, check=positive)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    """[agent]: this node's agent."""
+    node: str = opt(factory=default_node_name, check=node_name)
+    router: str = opt("127.0.0.1:7070", check=host_port)  # the router's [control] listen address
+    join_token: str | None = opt(None, check=nonempty)
+    join_token_file: str | None = opt(None, check=nonempty)
+    tls: bool = opt(False)
+    tls_ca: str | None = opt(None, check=nonempty)  # PEM bundle that signed the router's cert
+    labels: dict[str, str] = opt(factory=dict, check=label_keys)  # llmgw.io/rack = "r12", ...
+    advertise_host: str = opt("127.0.0.1", check=nonempty)  # engines listen here; the router dials it
+    state_dir: str = opt(factory=default_agent_state_dir, check=nonempty)
+    gpus: tuple[GpuConfig, ...] | None = opt(None)  # declared GPUs instead of nvidia-smi's
+    memory_mb: int | None = opt(None, check=in_range(0))  # instead of /proc/meminfo
+    reconnect_min_s: float = opt(0.5, check=positive)
+    reconnect_max_s: float = opt(30.0, check=positive)
+    stop_grace_s: float = opt(10.0, check=positive)  # TERM, this long, then KILL the engine's group
+    restart: RestartConfig = opt(factory=RestartConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BreakerConfig:
+    failure_threshold: int = opt(3, check=in_range(1))  # consecutive failures; 1 = a plain cooldown
+    cooldown_s: float = opt(5.0, check=positive)  # first open period
+    max_cooldown_s: float = opt(120.0, check=positive)  # backoff doubles up to this
+    half_open_probes: int = opt(1, check=in_range(1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefixRoutingConfig:
+    """Cache-aware routing, tier 1 (the `prefix` scorer; a strategy gives it its weight)."""
+    guard: str = opt("imbalance", check=one_of("imbalance", "spill", "none"))
+    abs_gap: float = opt(8.0, check=in_range(0))  # imbalance: holder load - least load > this ...
+    rel_gap: float = opt(1.5, check=in_range(1))  # ... and holder load > this × least load
+    spill_factor: float = opt(1.5, check=in_range(1))  # spill: holder load > factor × mean + slack
+    spill_slack: float = opt(4.0, check=in_range(0))
+    budget_mb: float = opt(64.0, check=positive)  # memory of the whole prefix index
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterConfig:
+    scrape_interval_s: float = opt(1.0, check=positive)
+    stale_after_s: float = opt(5.0, check=positive)  # scraped metrics older than this are stale
+    connect_timeout_s: float = opt(3.0, check=positive)
+    first_byte_timeout_s: float = opt(600.0, check=positive)  # long prefills take minutes
+    idle_timeout_s: float = opt(120.0, check=positive)  # longest gap between streamed chunks
+    max_attempts: int = opt(3, check=in_range(1))  # replicas tried while nothing was sent
+    kv_ceiling: float = opt(0.95, check=in_range(0, 1))  # hard KV-usage penalty above this
+    saturation_load: float = opt(64.0, check=positive)  # running+waiting at which a replica is saturated
+    queue_size: int = opt(256, check=in_range(0))  # requests waiting when all is saturated
+    queue_timeout_s: float = opt(10.0, check=positive)  # then 429 with Retry-After
+    decisions_kept: int = opt(1000, check=in_range(1))  # ring of recent decisions
+    breaker: BreakerConfig = opt(factory=BreakerConfig)
+    prefix: PrefixRoutingConfig = opt(factory=PrefixRoutingConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScorerWeights:
+    """A strategy's weights by scorer name; unset = 0 (the scorer does not take part).
+    One field per name in ``llmgw.route.names.SCORER_NAMES`` (tests/test_route_names.py)."""
+    load: float = opt(0.0, check=in_range(0))
+    queue: float = opt(0.0, check=in_range(0))
+    kv: float = opt(0.0, check=in_range(0))
+    inflight: float = opt(0.0, check=in_range(0))
+    weight: float = opt(0.0, check=in_range(0))
+    session: float = opt(0.0, check=in_range(0))
+    prefix: float = opt(0.0, check=in_range(0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyConfig:
+    """A named strategy: only weights and a picker (a preset's name may be reused to replace it)."""
+    name: str = opt(check=nonempty)
+    picker: str = opt(DEFAULT_PICKER, check=one_of(*PICKER_NAMES))
+    temperature: float | None = opt(None, check=positive)  # softmax only
+    weights: ScorerWeights = opt(factory=ScorerWeights)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricNames:
+    """Prometheus metric name overrides; None = the engine's standard name."""
+    running: str | None = opt(None, check=nonempty)
+    waiting: str | None = opt(None, check=nonempty)
+    kv_usage: str | None = opt(None, check=nonempty)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaConfig:
+    url: str = opt(check=http_url)
+    pool: str = opt(DEFAULT_POOL, check=nonempty)
+    weight: float = opt(1.0, check=positive)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeployConfig:
+    """[models.deploy]: replicas the agents run for this model, placed by the router."""
+    count: int = opt(1, check=in_range(0))
+    model_path: str | None = opt(None, check=nonempty)  # default: the model's name
+    simulate: bool = opt(False)  # run `llmgw sim` for the engine instead of the real binary
+    binary: str | None = opt(None, check=nonempty)  # default: vllm / llama-server on PATH
+    args: tuple[str, ...] = opt(())
+    env: tuple[str, ...] = opt((), items=key_value)
+    gpus: int = opt(0, check=in_range(0))  # GPUs per replica
+    gpu_memory_mb: int = opt(0, check=in_range(0))  # at least this much on each of them
+    memory_mb: int = opt(0, check=in_range(0))  # host memory per replica
+    node_selector: dict[str, str] = opt(factory=dict)  # only nodes with these labels
+    health_timeout_s: float = opt(600.0, check=positive)
+    pool: str = opt(DEFAULT_POOL, check=nonempty)
+    weight: float = opt(1.0, check=positive)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    name: str = opt(check=nonempty)
+    engine: str = opt(check=one_of(*ENGINES))
+    strategy: str = opt("chat", check=known_strategy)  # a preset or a [[strategies]] name
+    pools: tuple[str, ...] = opt((), items=nonempty)
+    metrics: MetricNames = opt(factory=MetricNames)
+    replicas: tuple[ReplicaConfig, ...] = opt(())  # static endpoints
+    deploy: DeployConfig | None = opt(None)  # replicas placed on agents
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolConfig:
+    name: str = opt(check=nonempty)
+    priority: int = opt(0)  # lower = preferred
+    max_inflight_per_replica: int | None = opt(None, check=in_range(1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    server: ServerConfig = opt(factory=ServerConfig)
+    admin: AdminConfig = opt(factory=AdminConfig)
+    control: ControlConfig = opt(factory=ControlConfig)
+    agent: AgentConfig = opt(factory=AgentConfig)
+    sim: SimConfig = opt(factory=SimConfig)
+    router: RouterConfig = opt(factory=RouterConfig)
+    models: tuple[ModelConfig, ...] = opt((), unique="name")
+    pools: tuple[PoolConfig, ...] = opt((), unique="name")
+    strategies: tuple[StrategyConfig, ...] = opt((), unique="name")
+
+
+# ---------------------------------------------------------------------------------- cross checks
+_CROSS_CHECKS: list[tuple[frozenset[str], Callable[[Config], Iterator[tuple[KeyPath, str]]]]] = []
+
+
+def _cross_check(*needs: str):
+    """Register a whole-config check; it runs when the top-level sections it needs are valid."""
+    def register(fn):
+        _CROSS_CHECKS.append((frozenset(needs), fn))
+        return fn
+    return register
+
+
+@_cross_check("admin")
+def _admin_tcp_needs_token(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    if cfg.admin.tcp is not None and cfg.admin.token is None:
+        yield ("admin", "tcp"), "a TCP admin listener requires admin.token"
+
+
+@_cross_check("control")
+def _control_tls_pair(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    c = cfg.control
+    if (c.tls_cert is None) != (c.tls_key is None):
+        yield ("control", "tls_cert" if c.tls_cert is None else "tls_key"), "tls_cert and tls_key go together"
+    if c.join_token and c.join_token_file:
+        yield ("control", "join_token_file"), "set join_token or join_token_file, not both"
+    if c.lost_after_s < c.not_ready_after_s:
+        yield ("control", "lost_after_s"), "must be >= not_ready_after_s"
+
+
+@_cross_check("agent")
+def _agent_token(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    a = cfg.agent
+    if a.join_token and a.join_token_file:
+        yield ("agent", "join_token_file"), "set join_token or join_token_file, not both"
+    if a.tls_ca and not a.tls:
+        yield ("agent", "tls_ca"), "tls_ca needs tls = true"
+
+
+@_cross_check("strategies")
+def _strategy_weights(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    for i, st in enumerate(cfg.strategies):
+        w = st.weights
+        if not any(getattr(w, k) for k in SCORER_NAMES):
+            yield ("strategies", i, "weights"), "at least one weight must be > 0"
+
+
+@_cross_check("models", "pools")
+def _pool_references(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    known = [DEFAULT_POOL] + [p.name for p in cfg.pools]
+    for i, m in enumerate(cfg.models):
+        refs = [(("pools", j), p) for j, p in enumerate(m.pools)]
+        refs += [(("replicas", j, "pool"), r.pool) for j, r in enumerate(m.replicas)]
+        if m.deploy is not None:
+            refs.append((("deploy", "pool"), m.deploy.pool))
+        for sub, name in refs:
+            if name not in known:
+                yield ("models", i, *sub), f"unknown pool {name!r}{_suggest(name, known)}"
