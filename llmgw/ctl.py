@@ -1,8 +1,8 @@
 """`llmgw ctl`: the operator's command line over the admin API.
 
-It finds the local daemon's Unix socket by itself (the default path, or `[admin] socket` of
-`--config`), or talks TCP with `--url` and `--token` (also LLMGW_ADMIN_URL / LLMGW_ADMIN_TOKEN).
-Every listing prints a table or, with `-o json`, the API's own JSON. No Textual here: `ctl` must
+Which daemon it talks to (a Unix socket, or a URL with a token) comes from the flags, then the
+environment, then `--config`'s [admin] section, then the local daemon's default socket: the
+resolution `llmgw console` uses too (llmgw.admin_client.target). Every listing prints a table or, with `-o json`, the API's own JSON. No Textual here: `ctl` must
 start fast (a test checks it never imports the console)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import httpx
 
-from llmgw.config import ConfigError, default_admin_socket, load_config
+from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
 
 __all__ = ["CtlError", "main"]
 
@@ -32,23 +32,24 @@ class CtlError(Exception):
 # -- the connection ---------------------------------------------------------------------------
 class Admin:
     def __init__(self, ns: argparse.Namespace) -> None:
-        url = ns.url or os.environ.get("LLMGW_ADMIN_URL")
-        token = ns.token or os.environ.get("LLMGW_ADMIN_TOKEN")
+        try:
+            target = resolve_target(url=ns.url, socket=ns.socket, token=ns.token, config=ns.config)
+        except TargetError as e:
+            raise CtlError(str(e)) from None
         headers = {"accept": "application/json"}
-        if url:
-            if not token:
-                raise CtlError(f"--url {url} needs --token (or LLMGW_ADMIN_TOKEN): the TCP admin API "
-                               "always requires the [admin] token")
-            headers["authorization"] = f"Bearer {token}"
+        if target.url:
+            url = target.url
+            headers["authorization"] = f"Bearer {target.token}"
             self.where = url
             self.client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=ns.timeout)
         else:
-            sock = ns.socket or _socket_from_config(ns.config) or default_admin_socket()
+            sock = target.socket
+            assert sock is not None
             self.where = sock
             if not os.path.exists(sock):
-                raise CtlError(f"no llmgw admin socket at {sock}: is the daemon running? Start it with "
-                               "`llmgw daemon`, or point at it with --socket PATH, --config FILE, or "
-                               "--url URL --token TOKEN")
+                raise CtlError(f"no llmgw admin socket at {sock} ({target.origin}): is the daemon running? "
+                               "Start it with `llmgw daemon`, or point at it with --socket PATH, --config FILE, "
+                               "or --url URL --token TOKEN")
             self.client = httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://llmgw",
                                        headers=headers, timeout=ns.timeout)
 
@@ -63,7 +64,7 @@ class Admin:
                            "running?") from None
         if r.status_code == 401:
             raise CtlError("the admin API refused the token: pass the daemon's [admin] token with --token "
-                           "(or LLMGW_ADMIN_TOKEN)")
+                           f"(or {TOKEN_ENV})")
         if r.status_code >= 400:
             try:
                 err = r.json()["error"]
@@ -74,15 +75,6 @@ class Admin:
         if r.status_code == 204 or not r.content:
             return None
         return r.json()
-
-
-def _socket_from_config(path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        return load_config(path).admin.socket
-    except ConfigError as e:
-        raise CtlError(str(e)) from None
 
 
 # -- output -----------------------------------------------------------------------------------
@@ -290,10 +282,7 @@ def _common(top: bool) -> argparse.ArgumentParser:
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-o", "--output", choices=("table", "json"), default=d("table"))
-    common.add_argument("--socket", default=d(None), help="the admin Unix socket (default: the local daemon's)")
-    common.add_argument("--config", default=d(None), help="read [admin] socket from this config file")
-    common.add_argument("--url", default=d(None), help="TCP admin API, e.g. http://10.0.0.1:8001 (needs --token)")
-    common.add_argument("--token", default=d(None), help="the [admin] token for --url (or LLMGW_ADMIN_TOKEN)")
+    add_target_arguments(common, default=d(None))
     common.add_argument("--timeout", type=float, default=d(10.0))
     return common
 

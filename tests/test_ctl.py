@@ -118,7 +118,7 @@ def test_tcp_needs_the_token(daemon: dict[str, Any]) -> None:
     bad = ctl("--url", daemon["tcp"], "--token", "wrong", "nodes")
     assert bad.returncode == 1 and "refused the token" in bad.stderr and "wrong" not in bad.stderr.split(":")[0]
     none = ctl("--url", daemon["tcp"], "nodes")
-    assert none.returncode == 1 and "needs --token" in none.stderr
+    assert none.returncode == 1 and "--url needs a token" in none.stderr
 
 
 def test_scale_through_ctl(daemon: dict[str, Any]) -> None:
