@@ -2,8 +2,10 @@
 
 Which daemon it talks to (a Unix socket, or a URL with a token) comes from the flags, then the
 environment, then `--config`'s [admin] section, then the local daemon's default socket: the
-resolution `llmgw console` uses too (llmgw.admin_client.target). Every listing prints a table or, with `-o json`, the API's own JSON. No Textual here: `ctl` must
-start fast (a test checks it never imports the console)."""
+resolution `llmgw console` uses too (llmgw.admin_client.target). Every listing prints a table
+or, with `-o json`, the API's own JSON; `explain` prints the rationale as the console lays it out
+(llmgw.admin_client.rationale). No Textual here: `ctl` must start fast (a test checks it never
+imports the console)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
+from llmgw.admin_client.rationale import rationale_lines, text_table
 from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
 
 __all__ = ["CtlError", "main"]
@@ -79,10 +82,7 @@ class Admin:
 
 # -- output -----------------------------------------------------------------------------------
 def table(rows: list[list[Any]], headers: list[str]) -> str:
-    cells = [[_cell(c) for c in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-    return "\n".join([fmt(headers)] + [fmt(r) for r in cells])
+    return "\n".join(text_table(headers, [[_cell(c) for c in row] for row in rows]))
 
 
 def _cell(v: Any) -> str:
@@ -241,32 +241,10 @@ def cmd_decisions(api: Admin, ns: argparse.Namespace) -> None:
          render)
 
 
-def render_rationale(d: dict[str, Any]) -> str:
-    weights: dict[str, float] = d.get("weights", {})
-    scorers = [s for s in weights if weights[s]] or sorted({k for c in d.get("candidates", [])
-                                                             for k in c.get("scores", {})})
-    out = [f"request   {d['request_id']}", (f"model     {d.get('model')}  strategy {d.get('strategy')}  "
-           f"picker {d.get('picker')}"), f"chosen    {d.get('chosen') or '(none)'}"]
-    if d.get("note"):
-        out.append(f"note      {d['note']}")
-    rows = []
-    for c in d.get("candidates", []):
-        mark = "*" if c.get("endpoint") == d.get("chosen") else ""
-        rows.append([mark + c["endpoint"], *[c.get("scores", {}).get(s) for s in scorers], c.get("total"),
-                     " ".join(c.get("flags", []))])
-    out += ["", table(rows, ["CANDIDATE", *[f"{s}×{weights.get(s, 0):g}" for s in scorers], "TOTAL", "FLAGS"])]
-    if d.get("n_candidates", 0) > len(d.get("candidates", [])):
-        out.append(f"(best {len(d['candidates'])} of {d['n_candidates']} candidates shown)")
-    if d.get("dropped"):
-        out += ["", table([[x["filter"], x["endpoint"], x["reason"]] for x in d["dropped"]],
-                          ["FILTER", "DROPPED", "WHY"])]
-    return "\n".join(out)
-
-
 def cmd_explain(api: Admin, ns: argparse.Namespace) -> None:
     data = api.call("GET", f"/decisions/{quote(ns.request_id, safe='')}")
     decisions = data.get("decisions", [data]) if isinstance(data, dict) else data
-    emit(ns, data, lambda _: "\n\n".join(render_rationale(d) for d in decisions))
+    emit(ns, data, lambda _: "\n\n".join("\n".join(rationale_lines(d)) for d in decisions))
 
 
 def cmd_status(api: Admin, ns: argparse.Namespace) -> None:
