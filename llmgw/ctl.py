@@ -1,9 +1,11 @@
 """`llmgw ctl`: the operator's command line over the admin API.
 
-It finds the local daemon's Unix socket by itself (the default path, or `[admin] socket` of
-`--config`), or talks TCP with `--url` and `--token` (also LLMGW_ADMIN_URL / LLMGW_ADMIN_TOKEN).
-Every listing prints a table or, with `-o json`, the API's own JSON. No Textual here: `ctl` must
-start fast (a test checks it never imports the console)."""
+Which daemon it talks to (a Unix socket, or a URL with a token) comes from the flags, then the
+environment, then `--config`'s [admin] section, then the local daemon's default socket: the
+resolution `llmgw console` uses too (llmgw.admin_client.target). Every listing prints a table
+or, with `-o json`, the API's own JSON; `explain` prints the rationale as the console lays it out
+(llmgw.admin_client.rationale). No Textual here: `ctl` must start fast (a test checks it never
+imports the console)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from urllib.parse import quote
 
 import httpx
 
-from llmgw.config import ConfigError, default_admin_socket, load_config
+from llmgw.admin_client.rationale import rationale_lines, text_table
+from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
 
 __all__ = ["CtlError", "main"]
 
@@ -32,23 +35,24 @@ class CtlError(Exception):
 # -- the connection ---------------------------------------------------------------------------
 class Admin:
     def __init__(self, ns: argparse.Namespace) -> None:
-        url = ns.url or os.environ.get("LLMGW_ADMIN_URL")
-        token = ns.token or os.environ.get("LLMGW_ADMIN_TOKEN")
+        try:
+            target = resolve_target(url=ns.url, socket=ns.socket, token=ns.token, config=ns.config)
+        except TargetError as e:
+            raise CtlError(str(e)) from None
         headers = {"accept": "application/json"}
-        if url:
-            if not token:
-                raise CtlError(f"--url {url} needs --token (or LLMGW_ADMIN_TOKEN): the TCP admin API "
-                               "always requires the [admin] token")
-            headers["authorization"] = f"Bearer {token}"
+        if target.url:
+            url = target.url
+            headers["authorization"] = f"Bearer {target.token}"
             self.where = url
             self.client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=ns.timeout)
         else:
-            sock = ns.socket or _socket_from_config(ns.config) or default_admin_socket()
+            sock = target.socket
+            assert sock is not None
             self.where = sock
             if not os.path.exists(sock):
-                raise CtlError(f"no llmgw admin socket at {sock}: is the daemon running? Start it with "
-                               "`llmgw daemon`, or point at it with --socket PATH, --config FILE, or "
-                               "--url URL --token TOKEN")
+                raise CtlError(f"no llmgw admin socket at {sock} ({target.origin}): is the daemon running? "
+                               "Start it with `llmgw daemon`, or point at it with --socket PATH, --config FILE, "
+                               "or --url URL --token TOKEN")
             self.client = httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://llmgw",
                                        headers=headers, timeout=ns.timeout)
 
@@ -63,7 +67,7 @@ class Admin:
                            "running?") from None
         if r.status_code == 401:
             raise CtlError("the admin API refused the token: pass the daemon's [admin] token with --token "
-                           "(or LLMGW_ADMIN_TOKEN)")
+                           f"(or {TOKEN_ENV})")
         if r.status_code >= 400:
             try:
                 err = r.json()["error"]
@@ -76,21 +80,9 @@ class Admin:
         return r.json()
 
 
-def _socket_from_config(path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        return load_config(path).admin.socket
-    except ConfigError as e:
-        raise CtlError(str(e)) from None
-
-
 # -- output -----------------------------------------------------------------------------------
 def table(rows: list[list[Any]], headers: list[str]) -> str:
-    cells = [[_cell(c) for c in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-    return "\n".join([fmt(headers)] + [fmt(r) for r in cells])
+    return "\n".join(text_table(headers, [[_cell(c) for c in row] for row in rows]))
 
 
 def _cell(v: Any) -> str:
@@ -249,32 +241,10 @@ def cmd_decisions(api: Admin, ns: argparse.Namespace) -> None:
          render)
 
 
-def render_rationale(d: dict[str, Any]) -> str:
-    weights: dict[str, float] = d.get("weights", {})
-    scorers = [s for s in weights if weights[s]] or sorted({k for c in d.get("candidates", [])
-                                                             for k in c.get("scores", {})})
-    out = [f"request   {d['request_id']}", (f"model     {d.get('model')}  strategy {d.get('strategy')}  "
-           f"picker {d.get('picker')}"), f"chosen    {d.get('chosen') or '(none)'}"]
-    if d.get("note"):
-        out.append(f"note      {d['note']}")
-    rows = []
-    for c in d.get("candidates", []):
-        mark = "*" if c.get("endpoint") == d.get("chosen") else ""
-        rows.append([mark + c["endpoint"], *[c.get("scores", {}).get(s) for s in scorers], c.get("total"),
-                     " ".join(c.get("flags", []))])
-    out += ["", table(rows, ["CANDIDATE", *[f"{s}×{weights.get(s, 0):g}" for s in scorers], "TOTAL", "FLAGS"])]
-    if d.get("n_candidates", 0) > len(d.get("candidates", [])):
-        out.append(f"(best {len(d['candidates'])} of {d['n_candidates']} candidates shown)")
-    if d.get("dropped"):
-        out += ["", table([[x["filter"], x["endpoint"], x["reason"]] for x in d["dropped"]],
-                          ["FILTER", "DROPPED", "WHY"])]
-    return "\n".join(out)
-
-
 def cmd_explain(api: Admin, ns: argparse.Namespace) -> None:
     data = api.call("GET", f"/decisions/{quote(ns.request_id, safe='')}")
     decisions = data.get("decisions", [data]) if isinstance(data, dict) else data
-    emit(ns, data, lambda _: "\n\n".join(render_rationale(d) for d in decisions))
+    emit(ns, data, lambda _: "\n\n".join("\n".join(rationale_lines(d)) for d in decisions))
 
 
 def cmd_status(api: Admin, ns: argparse.Namespace) -> None:
@@ -290,10 +260,7 @@ def _common(top: bool) -> argparse.ArgumentParser:
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-o", "--output", choices=("table", "json"), default=d("table"))
-    common.add_argument("--socket", default=d(None), help="the admin Unix socket (default: the local daemon's)")
-    common.add_argument("--config", default=d(None), help="read [admin] socket from this config file")
-    common.add_argument("--url", default=d(None), help="TCP admin API, e.g. http://10.0.0.1:8001 (needs --token)")
-    common.add_argument("--token", default=d(None), help="the [admin] token for --url (or LLMGW_ADMIN_TOKEN)")
+    add_target_arguments(common, default=d(None))
     common.add_argument("--timeout", type=float, default=d(10.0))
     return common
 

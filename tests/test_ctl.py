@@ -106,7 +106,7 @@ def test_decisions_and_explain(daemon: dict[str, Any]) -> None:
     assert "req-2" in out and "sim-model" in out
     r = ctl(*s, "explain", "req-1")
     assert r.returncode == 0, r.stderr
-    assert "request   req-1" in r.stdout and "CANDIDATE" in r.stdout and "TOTAL" in r.stdout
+    assert "request   req-1" in r.stdout and "\nendpoint " in r.stdout and "dropped by filters" in r.stdout
     assert json.loads(ctl(*s, "explain", "req-1", "-o", "json").stdout)
     missing = ctl(*s, "explain", "no-such-request")
     assert missing.returncode == 1 and "404" in missing.stderr
@@ -118,7 +118,7 @@ def test_tcp_needs_the_token(daemon: dict[str, Any]) -> None:
     bad = ctl("--url", daemon["tcp"], "--token", "wrong", "nodes")
     assert bad.returncode == 1 and "refused the token" in bad.stderr and "wrong" not in bad.stderr.split(":")[0]
     none = ctl("--url", daemon["tcp"], "nodes")
-    assert none.returncode == 1 and "needs --token" in none.stderr
+    assert none.returncode == 1 and "--url needs a token" in none.stderr
 
 
 def test_scale_through_ctl(daemon: dict[str, Any]) -> None:

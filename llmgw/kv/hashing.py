@@ -11,9 +11,9 @@ whatever version a real engine runs.
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 import re
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -151,12 +151,13 @@ DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 
 
 def none_hash(algo: str, pythonhashseed: str | None, version: VersionLike,
-              *, urandom: Callable[[int], bytes] = os.urandom) -> bytes:
+              *, urandom: Callable[[int], bytes] = secrets.token_bytes) -> bytes:
     """The parent digest of block 0 (vLLM's ``init_none_hash``).
 
     ``pythonhashseed`` is the raw env value; only ``None`` means unset (vLLM uses
     ``os.getenv``, so an empty string is a seed). ``urandom`` is injectable so the
-    per-process random cases stay testable.
+    per-process random cases stay testable (the default, ``secrets.token_bytes``, is
+    ``os.urandom``).
     """
     v = as_version(version)
     hash_fn = get_hash_fn(algo)
@@ -275,7 +276,7 @@ class HashContext:
     @classmethod
     def create(cls, version: VersionLike, algo: str = "sha256", block_size: int = 16,
                pythonhashseed: str | None = None,
-               *, urandom: Callable[[int], bytes] = os.urandom) -> HashContext:
+               *, urandom: Callable[[int], bytes] = secrets.token_bytes) -> HashContext:
         """Derive NONE_HASH the way that vLLM release does at engine start."""
         v = as_version(version)
         _check_algo(v, algo)  # before none_hash() hashes anything

@@ -6,9 +6,10 @@ checked against that real server."""
 from __future__ import annotations
 
 import json
-import random
+import secrets
 import string
 import time
+from collections.abc import Callable
 from typing import Any
 
 from llmgw.sim.llamacpp_core import LlamaCore, LlamaRequest
@@ -120,66 +121,71 @@ def usage(r: LlamaRequest) -> dict[str, Any]:
             "total_tokens": r.n_gen + len(r.prompt), "prompt_tokens_details": {"cached_tokens": r.n_cached}}
 
 
-def completion_id() -> str:
-    """gen_chatcmplid: every OpenAI route, /v1/completions too, gets a chatcmpl- id."""
-    return "chatcmpl-" + "".join(_RNG.choice(_ALNUM) for _ in range(32))
+def completion_id(choice: Callable[[str], str] = secrets.choice) -> str:
+    """gen_chatcmplid: every OpenAI route, /v1/completions too, gets a chatcmpl- id (``choice``: the
+    OS's randomness unless a test passes its own)."""
+    return "chatcmpl-" + "".join(choice(_ALNUM) for _ in range(32))
 
 
 _ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
-_RNG = random.SystemRandom()
+# The results' "created" is the wall clock: each function below takes it as ``clock`` (default time.time).
+Clock = Callable[[], float]
 
 
-def _head(cid: str, model: str, obj: str) -> dict[str, Any]:
-    return {"created": int(time.time()), "model": model, "system_fingerprint": BUILD_INFO, "object": obj,
+def _head(cid: str, model: str, obj: str, clock: Clock) -> dict[str, Any]:
+    return {"created": int(clock()), "model": model, "system_fingerprint": BUILD_INFO, "object": obj,
             "id": cid}
 
 
-def oai_completion(r: LlamaRequest, content: str, cid: str, model: str) -> dict[str, Any]:
+def oai_completion(r: LlamaRequest, content: str, cid: str, model: str, clock: Clock = time.time) -> dict[str, Any]:
     out = {"choices": [{"text": content, "index": 0, "logprobs": None, "finish_reason": _finish_reason(r)}],
-           **_head(cid, model, "text_completion"), "usage": usage(r)}
+           **_head(cid, model, "text_completion", clock), "usage": usage(r)}
     out["id"] = out.pop("id")  # llama.cpp puts id after usage
     out["timings"] = r.timings()
     return out
 
 
-def oai_completion_chunk(r: LlamaRequest, content: str, cid: str, model: str) -> dict[str, Any]:
+def oai_completion_chunk(r: LlamaRequest, content: str, cid: str, model: str,
+                         clock: Clock = time.time) -> dict[str, Any]:
     out = {"choices": [{"text": content, "index": 0, "logprobs": None, "finish_reason": None}],
-           **_head(cid, model, "text_completion")}
+           **_head(cid, model, "text_completion", clock)}
     if r.stop_type == "word":
         out["timings"] = r.timings()
     return out
 
 
-def chat_final(r: LlamaRequest, content: str, cid: str, model: str) -> dict[str, Any]:
+def chat_final(r: LlamaRequest, content: str, cid: str, model: str, clock: Clock = time.time) -> dict[str, Any]:
     out = {"choices": [{"finish_reason": _finish_reason(r), "index": 0,
                         "message": {"role": "assistant", "content": content}}],
-           **_head(cid, model, "chat.completion"), "usage": usage(r)}
+           **_head(cid, model, "chat.completion", clock), "usage": usage(r)}
     out["id"] = out.pop("id")
     out["timings"] = r.timings()
     return out
 
 
-def _chat_chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-    return {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}], "created": int(time.time()),
+def _chat_chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None, clock: Clock) -> dict[str, Any]:
+    return {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}], "created": int(clock()),
             "id": cid, "model": model, "system_fingerprint": BUILD_INFO, "object": "chat.completion.chunk"}
 
 
-def chat_chunks(r: LlamaRequest, content: str, cid: str, model: str) -> list[dict[str, Any]]:
+def chat_chunks(r: LlamaRequest, content: str, cid: str, model: str,
+                clock: Clock = time.time) -> list[dict[str, Any]]:
     """One token's chunks: the role delta with the first token, then the content delta if any."""
     out = []
     if r.n_gen == 1:
-        out.append(_chat_chunk(cid, model, {"role": "assistant", "content": None}, None))
+        out.append(_chat_chunk(cid, model, {"role": "assistant", "content": None}, None, clock))
     if content:
-        out.append(_chat_chunk(cid, model, {"content": content}, None))
+        out.append(_chat_chunk(cid, model, {"content": content}, None, clock))
     if out and r.stop_type == "word":
         out[-1]["timings"] = r.timings()
     return out
 
 
-def chat_final_chunks(r: LlamaRequest, cid: str, model: str, include_usage: bool) -> list[dict[str, Any]]:
-    out = [_chat_chunk(cid, model, {}, _finish_reason(r))]
+def chat_final_chunks(r: LlamaRequest, cid: str, model: str, include_usage: bool,
+                      clock: Clock = time.time) -> list[dict[str, Any]]:
+    out = [_chat_chunk(cid, model, {}, _finish_reason(r), clock)]
     if include_usage:
-        u = _chat_chunk(cid, model, {}, None)
+        u = _chat_chunk(cid, model, {}, None, clock)
         u["choices"] = []
         u["usage"] = usage(r)
         out.append(u)
@@ -212,7 +218,7 @@ def slot_json(core: LlamaCore, i: int) -> dict[str, Any]:
     return out
 
 
-def models_json(name: str, n_ctx: int, n_ctx_train: int, n_vocab: int) -> dict[str, Any]:
+def models_json(name: str, n_ctx: int, n_ctx_train: int, n_vocab: int, clock: Clock = time.time) -> dict[str, Any]:
     return {
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
@@ -224,7 +230,7 @@ def models_json(name: str, n_ctx: int, n_ctx_train: int, n_vocab: int) -> dict[s
         "data": [{
             "id": name, "aliases": [name], "tags": [], "object": "model",
             "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
-            "created": int(time.time()), "owned_by": "llamacpp",
+            "created": int(clock()), "owned_by": "llamacpp",
             "meta": {"vocab_type": 1, "n_vocab": n_vocab, "n_ctx": n_ctx, "n_ctx_train": n_ctx_train,
                      "n_embd": 64, "n_params": 0, "size": 0, "ftype": "F16"},
         }],

@@ -7,7 +7,7 @@ path only pays for histogram observations. One registry per simulator instance."
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -31,8 +31,9 @@ FINISH_REASONS = ("stop", "length", "abort")
 class VllmMetrics(Collector):
     def __init__(self, core: EngineCore, model_name: str, version: tuple[int, ...], *,
                  show_hidden_old: bool = False, lora_enabled: bool = False, max_loras: int = 1,
-                 cache_info: dict[str, str] | None = None) -> None:
+                 cache_info: dict[str, str] | None = None, wall: Callable[[], float] = time.time) -> None:
         self.core = core
+        self.wall = wall  # the wall clock of the LoRA info gauge's value
         self.labels = {"model_name": model_name, "engine": "0"}
         self.version = version
         # vllm:gpu_* names: always up to 0.10.x, in 0.11 only behind --show-hidden-metrics-for-version.
@@ -60,7 +61,7 @@ class VllmMetrics(Collector):
         self.success = {r_: 0 for r_ in FINISH_REASONS}
         self.prompt_tokens = 0
         self.generation_tokens = 0
-        self._lora_updated = time.time()
+        self._lora_updated = wall()
 
     # -- StatsSink -------------------------------------------------------------------------
     def request_started(self, req: SimRequest, now: float) -> None:
@@ -79,7 +80,7 @@ class VllmMetrics(Collector):
         self.success[reason] = self.success.get(reason, 0) + 1
         if reason != "abort":
             self.e2e.observe(now - req.arrival)
-        self._lora_updated = time.time()
+        self._lora_updated = self.wall()
 
     # -- scrape ----------------------------------------------------------------------------
     def render(self) -> bytes:

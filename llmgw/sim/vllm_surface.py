@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,22 +115,23 @@ class LoraRegistry:
         return True
 
 
-def _permission(created: int) -> list[dict[str, Any]]:
-    return [{"id": f"modelperm-{secrets.token_hex(8)}", "object": "model_permission", "created": created,
+def _permission(created: int, token_hex: Callable[[int], str]) -> list[dict[str, Any]]:
+    return [{"id": f"modelperm-{token_hex(8)}", "object": "model_permission", "created": created,
              "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
              "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
              "organization": "*", "group": None, "is_blocking": False}]
 
 
 def model_list(served: list[str], model_path: str, max_model_len: int, loras: list[LoraEntry],
-               created: int) -> dict[str, Any]:
+               created: int, *, token_hex: Callable[[int], str] = secrets.token_hex) -> dict[str, Any]:
+    """/v1/models; ``token_hex`` draws the permission ids' random part."""
     cards = [{"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": model_path,
-              "parent": None, "max_model_len": max_model_len, "permission": _permission(created)}
+              "parent": None, "max_model_len": max_model_len, "permission": _permission(created, token_hex)}
              for name in served]
     for lora in loras:
         cards.append({"id": lora.name, "object": "model", "created": created, "owned_by": "vllm",
                       "root": lora.path, "parent": lora.base_model_name or served[0],
-                      "max_model_len": None, "permission": _permission(created)})
+                      "max_model_len": None, "permission": _permission(created, token_hex)})
     return {"object": "list", "data": cards}
 
 

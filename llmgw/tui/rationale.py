@@ -1,6 +1,7 @@
 """One decision's rationale, a keypress from the decisions list: the candidates × scorers matrix
 (weights in the column headers, the chosen one marked ▶ and first among equals), and the
-endpoints the filters dropped, with why."""
+endpoints the filters dropped, with why. The text is llmgw.admin_client.rationale's, the same as
+`llmgw ctl explain` prints; this screen puts it in tables and colours it."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
+from llmgw.admin_client.rationale import DROP_COLUMNS as DROP_LABELS
 from llmgw.tui.rows import Column, rationale
 from llmgw.tui.views.base import fill_table
 
 __all__ = ["RationaleScreen"]
 
-DROP_COLUMNS = (Column("filter"), Column("endpoint"), Column("reason"))
+DROP_COLUMNS = tuple(Column(label) for label in DROP_LABELS)
 
 
 class RationaleScreen(Screen[None]):
@@ -43,11 +45,9 @@ class RationaleScreen(Screen[None]):
             facts.add_row(*pair[0], *(pair[1] if len(pair) > 1 else (Text(""), Text(""))))
         yield Header()
         yield Static(facts, id="rationale-facts", classes="detail")
-        more = f" — {self.view.hidden} more scored but not kept" if self.view.hidden else ""
-        yield Static(f"candidates × scorers: scores 0..1 (1 = best), total = Σ weight × score{more}",
-                     classes="section-title", markup=False)
+        yield Static(self.view.candidates_title, classes="section-title", markup=False)
         yield DataTable(id="candidates-table", cursor_type="row")
-        yield Static(f"dropped by filters ({len(self.view.drops)})", classes="section-title", markup=False)
+        yield Static(self.view.drops_title, classes="section-title", markup=False)
         yield DataTable(id="drops-table", cursor_type="row")
         yield Footer()
 

@@ -1,26 +1,27 @@
 """The console's tables as plain data: columns, rows of strings and a tone per row, built from a
 ConsoleState. Pure (no Textual, no clock: ages come from the data, wall times are formatted in a
-zone the caller passes), so every view's content is tested without a terminal."""
+zone the caller passes), so every view's content is tested without a terminal. A decision's
+rationale is laid out by llmgw.admin_client.rationale, shared with `llmgw ctl explain`."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, tzinfo
+from datetime import tzinfo
 from typing import Any
 
+from llmgw.admin_client.rationale import DASH, explain, fmt_time, fmt_us
 from llmgw.tui.state import ConsoleState, Link, as_dict, as_list
 
 __all__ = [
     "CACHE_MODEL_COLUMNS", "CACHE_REPLICA_COLUMNS", "DECISIONS_SHOWN", "DECISION_COLUMNS", "MODEL_COLUMNS",
-    "NODE_COLUMNS", "REPLICA_COLUMNS", "Column", "Rationale", "Row", "banner_text", "cache_model_rows",
+    "NODE_COLUMNS", "REPLICA_COLUMNS", "Column", "RationaleView", "Row", "banner_text", "cache_model_rows",
     "cache_replica_rows", "cache_total_lines", "decision_rows", "decisions_caption", "fmt_age", "fmt_pct", "fmt_time",
     "fmt_us", "matches", "model_rows", "node_detail", "node_rows", "rationale", "replica_detail", "replica_rows",
     "sparkline", "status_line",
 ]
 
-DASH = "—"
 DECISIONS_SHOWN = 100  # rows in the live table: DataTable measures every cell of every row it is given,
 # and redrawing all 500 kept decisions four times a second costs a busy router's host a core
 REQUEST_ID_WIDTH = 14  # generated ids are 32 hex digits: the head is enough to tell them apart
@@ -60,23 +61,6 @@ def fmt_pct(rate: Any) -> str:
     return f"{rate * 100:.0f}%" if isinstance(rate, (int, float)) else DASH
 
 
-def fmt_us(us: Any) -> str:
-    if not isinstance(us, (int, float)):
-        return DASH
-    if us < 1000:
-        return f"{us:.0f}µs"
-    if us < 1_000_000:
-        return f"{us / 1000:.1f}ms"
-    return f"{us / 1_000_000:.2f}s"
-
-
-def fmt_time(unix: Any, tz: tzinfo | None) -> str:
-    """Wall time of a decision (HH:MM:SS.mmm) in ``tz``; None: the machine's local zone."""
-    if not isinstance(unix, (int, float)):
-        return DASH
-    return datetime.fromtimestamp(unix, tz).strftime("%H:%M:%S.%f")[:-3]
-
-
 def fmt_mem(mb: Any) -> str:
     if not isinstance(mb, (int, float)):
         return DASH
@@ -92,14 +76,6 @@ def fmt_count(n: Any) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f}{unit}"
     return f"{n:.0f}"
-
-
-def fmt_score(v: Any) -> str:
-    return f"{v:.2f}" if isinstance(v, (int, float)) else DASH
-
-
-def fmt_weight(w: Any) -> str:
-    return f"{w:g}" if isinstance(w, (int, float)) else "?"
 
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -337,46 +313,24 @@ def decisions_caption(shown: int, matching: int, kept: int, text: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Rationale:
-    """One decision laid out: its facts, candidates × scorers (weights in the headers) and drops."""
+class RationaleView:
+    """One decision's rationale as the console shows it: llmgw.admin_client.rationale's layout (the
+    one `llmgw ctl explain` prints), its rows toned — the chosen candidate good, the drops dim."""
 
     facts: list[tuple[str, str]]
     columns: tuple[str, ...]
     candidates: list[Row]
     hidden: int  # candidates scored but not kept in the decision (it keeps the best few)
     drops: list[Row] = field(default_factory=list)
+    candidates_title: str = ""
+    drops_title: str = ""
 
 
-def _scorers(weights: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Weighted scorers, heaviest first; then any that scored without a weight."""
-    named = sorted(weights, key=lambda s: (-_num(weights[s]), s))
-    extra = sorted({s for c in candidates for s in as_dict(c.get("scores"))} - set(weights))
-    return [*named, *extra]
-
-
-def rationale(d: Mapping[str, Any], tz: tzinfo | None = None) -> Rationale:
-    weights = as_dict(d.get("weights"))
-    cands = as_list(d.get("candidates"))
-    scorers = _scorers(weights, cands)
-    chosen = d.get("chosen")
-    ordered = sorted(cands, key=lambda c: -_num(c.get("total")))
-    rows: list[Row] = []
-    for c in ordered:
-        ep = _str(c.get("endpoint"), "?")
-        scores = as_dict(c.get("scores"))
-        flags = _strs(c.get("flags"))
-        mine = ep == chosen
-        rows.append(Row(str(len(rows)), (("▶ " if mine else "  ") + ep, *(fmt_score(scores.get(s)) for s in scorers),
-                             fmt_score(c.get("total")), "; ".join(flags)), "good" if mine else ""))
-    drops = [Row(str(i), (_str(x.get("filter"), "?"), _str(x.get("endpoint"), "?"), _str(x.get("reason"), "")), "dim")
-             for i, x in enumerate(as_list(d.get("dropped")))]
-    n = d.get("n_candidates")
-    facts = [("request", _str(d.get("request_id"), "?")), ("model", _str(d.get("model"), "?")),
-             ("chosen", _str(chosen, "none")), ("strategy", _str(d.get("strategy"))),
-             ("picker", _str(d.get("picker"))), ("decided", fmt_time(d.get("decided_at"), tz)),
-             ("took", fmt_us(d.get("decide_us"))), ("note", _str(d.get("note")))]
-    columns = ("endpoint", *(f"{s} ×{fmt_weight(weights.get(s))}" for s in scorers), "total", "flags")
-    return Rationale(facts, columns, rows, max(0, n - len(cands)) if isinstance(n, int) else 0, drops)
+def rationale(d: Mapping[str, Any], tz: tzinfo | None = None) -> RationaleView:
+    r = explain(d, tz)
+    rows = [Row(str(i), c.cells, "good" if c.chosen else "") for i, c in enumerate(r.candidates)]
+    drops = [Row(str(i), cells, "dim") for i, cells in enumerate(r.drops)]
+    return RationaleView(r.facts, r.columns, rows, r.hidden, drops, r.candidates_title, r.drops_title)
 
 
 # -- cache hits -------------------------------------------------------------------------------------

@@ -1,0 +1,119 @@
+"""Which daemon `llmgw ctl` and `llmgw console` talk to, decided in one place.
+
+Each setting comes from the first of these that gives it:
+
+1. the command line: ``--url URL`` or ``--socket PATH``, and ``--token TOKEN``;
+2. the environment: ``LLMGW_ADMIN_URL`` or ``LLMGW_ADMIN_SOCKET``, and ``LLMGW_ADMIN_TOKEN``;
+3. the config file named by ``--config FILE``: its ``[admin] socket`` and ``[admin] token``;
+4. the default: the local daemon's socket, ``$XDG_RUNTIME_DIR/llmgw-<uid>/admin.sock``.
+
+Where to connect is decided as a whole, by the first level that names a place: ``--socket`` wins
+over ``$LLMGW_ADMIN_URL``, and ``$LLMGW_ADMIN_SOCKET`` over the config file. One level naming both a
+URL and a socket is an error. The token is looked up on its own, so ``--url`` can take its token
+from the environment or the config file. A URL needs a token (the TCP admin API always asks for
+one); over the socket none is sent (the daemon checks the caller's uid instead). The config's
+``[admin] tcp`` is the daemon's listen address, not a URL, and is not used here. A ``--config`` file
+that cannot be read or is invalid is an error even when a higher level decides everything.
+
+Pure but for its defaults: the environment and the config reader are parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from llmgw.config import ConfigError, default_admin_socket, load_config
+
+if TYPE_CHECKING:
+    from llmgw.config import AdminConfig
+
+__all__ = ["SOCKET_ENV", "TOKEN_ENV", "URL_ENV", "AdminTarget", "TargetError", "add_target_arguments",
+           "resolve_target"]
+
+URL_ENV = "LLMGW_ADMIN_URL"
+SOCKET_ENV = "LLMGW_ADMIN_SOCKET"
+TOKEN_ENV = "LLMGW_ADMIN_TOKEN"
+
+
+@dataclass(frozen=True, slots=True)
+class AdminTarget:
+    """Where the admin API is: a URL with its token, or a Unix socket."""
+
+    url: str | None = None
+    socket: str | None = None
+    token: str | None = None  # only with url
+    origin: str = ""  # what chose the place, for messages: "--socket", "$LLMGW_ADMIN_URL", ...
+
+
+class TargetError(Exception):
+    """The flags, environment and config file do not make a target; str() says what to do.
+    ``usage`` is True when the arguments themselves cannot work (exit code 2 for the console),
+    False when the config file cannot be read."""
+
+    def __init__(self, message: str, *, usage: bool) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+def _admin_section(path: str) -> AdminConfig:
+    return load_config(path).admin
+
+
+def resolve_target(*, url: str | None = None, socket: str | None = None, token: str | None = None,
+                   config: str | None = None, env: Mapping[str, str] | None = None,
+                   read_config: Callable[[str], AdminConfig] = _admin_section,
+                   default_socket: Callable[[], str] = default_admin_socket) -> AdminTarget:
+    """The target the flags (``url``, ``socket``, ``token``, ``config``) ask for, filled in from
+    ``env`` (default: the process's) and the config file; TargetError when there is none."""
+    env = os.environ if env is None else env
+    admin = None
+    if config:
+        try:
+            admin = read_config(config)
+        except ConfigError as e:
+            raise TargetError(str(e), usage=False) from None
+    if url and socket:
+        raise TargetError("--url and --socket name two daemons: give one of them", usage=True)
+    env_url, env_socket = env.get(URL_ENV) or None, env.get(SOCKET_ENV) or None
+    token = token or env.get(TOKEN_ENV) or (admin.token if admin else None) or None
+    if url or socket:  # 1. flags
+        origin = "--url" if url else "--socket"
+    elif env_url or env_socket:  # 2. environment
+        if env_url and env_socket:
+            raise TargetError(f"${URL_ENV} and ${SOCKET_ENV} are both set: unset one, or choose with --url "
+                              "or --socket", usage=True)
+        url, socket, origin = env_url, env_socket, f"${URL_ENV}" if env_url else f"${SOCKET_ENV}"
+    elif admin is not None:  # 3. the config file
+        return AdminTarget(socket=admin.socket, origin=f"[admin] socket of {config}")
+    else:  # 4. the default
+        return AdminTarget(socket=default_socket(), origin="the default socket")
+    if socket:
+        return AdminTarget(socket=socket, origin=origin)
+    if not token:
+        raise TargetError(f"{origin} needs a token: pass --token, set ${TOKEN_ENV}, or give --config the "
+                          f"daemon's config file with its [admin] token (the TCP admin API at {url} always "
+                          "requires it)", usage=True)
+    return AdminTarget(url=url, token=token, origin=origin)
+
+
+HELP = {
+    "socket": f"the daemon's admin Unix socket (default: ${SOCKET_ENV}, else the config's [admin] socket, "
+              "else the local daemon's)",
+    "url": f"the admin API over TCP, e.g. http://10.0.0.5:7071, with a token (default: ${URL_ENV})",
+    "token": f"the bearer token for a URL (default: ${TOKEN_ENV}, else the config's [admin] token)",
+    "config": "the daemon's config file, for its [admin] socket and token (flags and environment "
+              "variables come first)",
+}
+
+
+def add_target_arguments(parser: argparse.ArgumentParser, default: Any = None) -> None:
+    """--socket, --url, --token and --config, the same for every command (``default``:
+    argparse.SUPPRESS for a subcommand's copy that must not overwrite the top level's value)."""
+    parser.add_argument("--socket", metavar="PATH", default=default, help=HELP["socket"])
+    parser.add_argument("--url", metavar="URL", default=default, help=HELP["url"])
+    parser.add_argument("--token", metavar="TOKEN", default=default, help=HELP["token"])
+    parser.add_argument("--config", metavar="FILE", default=default, help=HELP["config"])
