@@ -38,11 +38,12 @@ from .counters import RouterCounters
 from .filters import is_saturated
 from .openai_req import ApiError, parse_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
-from .prefix_tree import Capacity, PrefixConfig
+from .prefix_capacity import Capacity, PrefixConfig
 from .replicas import ModelEntry, Replica, ReplicaTable
 from .request_head import request_head
 from .scheduler import Scheduler
-from .strategies import PRESETS, Strategy, StrategyError, resolve
+from .names import PRESET_NAMES, SCORER_NAMES
+from .strategies import Strategy, StrategyError, resolve
 from .types import Decision, RequestInfo, SchedulerConfig
 
 __all__ = ["Plan", "RouterCore", "STRATEGY_HEADER", "KINDS"]
@@ -127,7 +128,7 @@ class RouterCore:
             try:
                 s = resolve(name)
             except StrategyError as e:
-                known = ", ".join(sorted({*self.strategies, *PRESETS}))
+                known = ", ".join(sorted({*self.strategies, *PRESET_NAMES}))
                 raise ApiError(400, f"unknown strategy {name!r}; known: {known}",
                                param=STRATEGY_HEADER) from e
             self.strategies[name] = s
@@ -138,8 +139,8 @@ class RouterCore:
         out = {}
         for sc in self.cfg.strategies:
             w = sc.weights
-            weights = {k: getattr(w, k) for k in self.sched.scorers
-                       if hasattr(w, k) and getattr(w, k) > 0}
+            weights = {k: getattr(w, k) for k in SCORER_NAMES
+                       if getattr(w, k) > 0 and k in self.sched.scorers}
             out[sc.name] = Strategy(sc.name, weights, sc.picker, sc.temperature)
         return out
 
