@@ -208,7 +208,7 @@ class Router:
                          resp.status)
             return None
         out_headers = [("content-type", resp.header("content-type") or _JSON), (self.rid_header, rid),
-                       ("x-llmgw-endpoint", rep.id)]
+                       ("x-llmgw-endpoint", rep.view.id)]
         if resp.status == 200 and plan.stream:
             out_headers.append(("cache-control", "no-cache"))
         return Response(resp.status, out_headers, _Relay(self, plan, a, resp))
