@@ -4,15 +4,12 @@ metrics, runtime LoRA and KV cache events over ZMQ — around the pure engine co
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
-import math
 import os
-import struct
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +17,7 @@ import trio
 
 from llmgw.daemon.net.httpserver import Request, Response, serve_tcp
 from llmgw.daemon.sim.runner import EngineRunner
+from llmgw.daemon.sim.vllm_responses import ResponseWriter, embed
 from llmgw.kv import events as kvev
 from llmgw.kv.hashing import (
     HashContext,
@@ -300,7 +298,7 @@ class VllmSim:
                 raise vs.VllmError(400, f"This model's maximum context length is {self.max_model_len} tokens. "
                                    f"However, your request has {len(ids)} input tokens.", param="input_tokens")
             n_tokens += len(ids)
-            data.append({"index": i, "object": "embedding", "embedding": _embed(ids, 384)})
+            data.append({"index": i, "object": "embedding", "embedding": embed(ids, 384)})
         out = {"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                "model": body.get("model") or self.served[0], "data": data,
                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens, "completion_tokens": 0,
@@ -390,7 +388,7 @@ class VllmSim:
         for r in reqs:
             self.runner.submit(r, send)
         include_usage = params.include_usage or self.force_usage
-        gen = _Gen(self, reqs, recv, rid, created, str(model), chat, include_usage,
+        gen = ResponseWriter(self, reqs, recv, rid, created, str(model), chat, include_usage,
                    params.continuous_usage or (self.force_usage and params.stream))
         if params.stream:
             return Response(200, list(_SSE), gen.sse())
@@ -422,19 +420,6 @@ class VllmSim:
             task_status.started(self.bound_port)
 
 
-def _embed(ids: list[int], dim: int) -> list[float]:
-    """A deterministic unit vector: the same input always embeds the same, different ones differ."""
-    seed = hashlib.blake2b(struct.pack(f"<{len(ids)}I", *ids), digest_size=16).digest()
-    raw: list[float] = []
-    block = seed
-    while len(raw) < dim:
-        block = hashlib.blake2b(block, digest_size=64).digest()
-        raw.extend(b / 127.5 - 1.0 for b in block)
-    raw = raw[:dim]
-    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
-    return [round(x / norm, 6) for x in raw]
-
-
 def _bind_hasher(bh: Any, block_size: int) -> Any:
     def extend(tokens: Any, hashes: list[bytes], n_blocks: int) -> None:
         want = n_blocks * block_size
@@ -445,80 +430,6 @@ def _bind_hasher(bh: Any, block_size: int) -> Any:
 
 def _event_extra(bh: Any, version: VllmVersion) -> Any:
     return lambda i: to_event_extra_keys(bh.extra_keys[i], version)
-
-
-class _Gen:
-    """Turns engine outputs into an OpenAI response, streamed or whole; aborts what the client left."""
-
-    def __init__(self, sim: VllmSim, reqs: list[SimRequest], recv: trio.MemoryReceiveChannel[Any], rid: str,
-                 created: int, model: str, chat: bool, include_usage: bool, continuous: bool) -> None:
-        self.sim, self.reqs, self.recv, self.rid = sim, reqs, recv, rid
-        self.created, self.model, self.chat = created, model, chat
-        self.include_usage, self.continuous = include_usage, continuous
-        self.done = 0
-        self.closed = False
-
-    def abort_rest(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for r in self.reqs:
-            if not r.finished:
-                self.sim.runner.abort(r.req_id)
-        self.sim.server_load -= 1
-
-    def _usage(self) -> dict[str, Any]:
-        prompt = sum(len(p) for p in {id(r.prompt): r.prompt for r in self.reqs}.values())
-        completion = sum(len(r.output) for r in self.reqs)
-        cached = sum(r.num_cached_prompt_tokens for r in self.reqs) if self.sim.prompt_details else None
-        return vs.usage(prompt, completion, cached)
-
-    async def collect(self) -> dict[str, Any]:
-        texts = {r.index: "" for r in self.reqs}  # type: ignore[attr-defined]
-        async for out in self.recv:
-            texts[out.req.index] += out.text
-            if out.finished:
-                self.done += 1
-                if self.done == len(self.reqs):
-                    break
-        choices = [(texts[r.index], r.finish_reason, r.stop_reason) for r in self.reqs]  # type: ignore[attr-defined]
-        build = vs.chat_response if self.chat else vs.completion_response
-        return build(self.rid, self.created, self.model, choices, self._usage())
-
-    async def sse(self) -> AsyncIterator[bytes]:
-        rid, created, model = self.rid, self.created, self.model
-        try:
-            chunk_fn = vs.chat_chunk if self.chat else vs.completion_chunk
-            obj = "chat.completion.chunk" if self.chat else "text_completion"
-            first = self.chat
-            async for out in self.recv:
-                r = out.req
-                if first:
-                    # vLLM sends the role chunks with the first engine output, not before: so
-                    # the first byte of a stream marks time to first token, as a router sees it.
-                    first = False
-                    for q in self.reqs:
-                        yield _data(vs.chat_first_chunk(rid, created, model, q.index))  # type: ignore[attr-defined]
-                if out.finished:
-                    self.done += 1
-                if not out.text and not out.finished:
-                    continue
-                chunk = chunk_fn(rid, created, model, r.index, out.text,  # type: ignore[attr-defined]
-                                 r.finish_reason if out.finished else None, r.stop_reason)
-                if self.continuous:
-                    chunk["usage"] = vs.usage(len(r.prompt), len(r.output), None)
-                yield _data(chunk)
-                if self.done == len(self.reqs):
-                    break
-            if self.include_usage:
-                yield _data(vs.usage_chunk(rid, created, model, obj, self._usage()))
-            yield b"data: [DONE]\n\n"
-        finally:
-            self.abort_rest()
-
-
-def _data(obj: Any) -> bytes:
-    return b"data: " + vs.dumps(obj) + b"\n\n"
 
 
 def build(argv: list[str], env: Mapping[str, str] | None = None) -> VllmSim:
