@@ -19,7 +19,7 @@ _FOLDED = re.compile(rb"(?:(?:" + TOKEN + rb":|[ \t])" + VALUE + rb"\r?\n)*")
 
 def parse_fields(block: bytes | bytearray) -> list[tuple[str, str]] | None:
     """Header lines (each ending in LF) -> [(lowercased name, value)], values stripped;
-    None when a line is malformed (each caller raises its own ProtocolError)."""
+    None when a line is malformed (each caller raises its RemoteProtocolError)."""
     text = block.decode("latin-1")
     fields = _FIELD.findall(text)
     if len(fields) != text.count("\n"):

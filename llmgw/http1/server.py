@@ -14,12 +14,14 @@ but HTAB, chunk framing needs CRLF, HTTP/1.1 needs exactly one Host, and a reque
 both Transfer-Encoding and Content-Length is refused (a request-smuggling vector).  Like
 h11 it accepts bare-LF line endings and obs-fold in the head, rejects a leading empty
 line, supports no transfer coding but ``chunked`` (501) and keeps no HTTP/1.0 connection
-alive.  Bodies are buffered whole: a request comes out complete.
+alive.  Bodies are buffered whole: a request comes out complete.  A request to refuse
+raises :class:`~llmgw.http1.errors.RemoteProtocolError` with the status to answer.
 
 Responses: ``serialize_response_head`` fixes framing headers up exactly as h11 does
 (Content-Length for a sized body, ``Transfer-Encoding: chunked`` for an unsized one to
 an HTTP/1.1 peer, close-delimited for HTTP/1.0, ``Connection: close`` whenever the
 connection will not be kept) and writes the status line without a reason phrase, as h11.
+A head that cannot be sent raises :class:`~llmgw.http1.errors.LocalProtocolError`.
 """
 
 from __future__ import annotations
@@ -28,22 +30,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
 from llmgw.http1.fields import END_OF_HEAD, MAX_CHUNK_LINE, TOKEN, parse_fields
 
-__all__ = ["BODY_CHUNKED", "BODY_CLOSE", "BODY_LENGTH", "BODY_NONE", "CONTINUE", "ParsedRequest", "ProtocolError",
-           "RequestParser", "serialize_response_head"]
-
-
-class ProtocolError(ValueError):
-    """A request to refuse, or a response that cannot be framed.
-
-    ``status``: what to refuse the request with: 400 malformed, 413 body too large, 431
-    head too large, 501 unsupported transfer coding, 505 unsupported HTTP version.
-    """
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
+__all__ = ["BODY_CHUNKED", "BODY_CLOSE", "BODY_LENGTH", "BODY_NONE", "CONTINUE", "ParsedRequest", "RequestParser",
+           "serialize_response_head"]
 
 
 _FIELD_BYTES = bytes([9, *range(0x20, 0x7F), *range(0x80, 0x100)])  # a field line's, but its end
@@ -77,7 +68,7 @@ def _parse_fields(block: bytes | bytearray) -> list[tuple[str, str]]:
             return out
     fields = parse_fields(block)
     if fields is None:
-        raise ProtocolError("malformed header line")
+        raise RemoteProtocolError("malformed header line")
     return fields
 
 
@@ -122,12 +113,12 @@ def _content_length(value: str) -> str:
     if not (value.isdigit() and value.isascii()):
         parts = {p.strip(" \t") for p in value.split(",")}
         if len(parts) != 1:
-            raise ProtocolError("conflicting Content-Length values")
+            raise RemoteProtocolError("conflicting Content-Length values")
         value = parts.pop()
         if not (value.isdigit() and value.isascii()):
-            raise ProtocolError(f"invalid Content-Length {value[:40]!r}")
+            raise RemoteProtocolError(f"invalid Content-Length {value[:40]!r}")
     if len(value) > _MAX_LENGTH_DIGITS:
-        raise ProtocolError("Content-Length too large")
+        raise RemoteProtocolError("Content-Length too large")
     return value
 
 
@@ -153,7 +144,7 @@ class RequestParser:
         p.feed(data)                # bytes from the socket
         req = p.next_request()      # a complete ParsedRequest, or None: feed more
 
-    ``next_request`` raises :class:`ProtocolError` for a request to refuse, its
+    ``next_request`` raises :class:`RemoteProtocolError` for a request to refuse, its
     ``status`` saying how: 400 malformed, 413 body over ``max_body_bytes`` (checked
     against Content-Length before the body arrives), 431 head over ``max_head_bytes``,
     501 an unsupported transfer coding, 505 an HTTP version other than 1.x.  The parser
@@ -214,14 +205,14 @@ class RequestParser:
             if m is None:
                 n = len(buf)
                 if n > self._max_head:
-                    raise ProtocolError("request head too large", 431)
+                    raise RemoteProtocolError("request head too large", 431)
                 if buf[0] < 0x21:  # as h11: no request line starts with a space or control
-                    raise ProtocolError("illegal request line")
+                    raise RemoteProtocolError("illegal request line")
                 self._scan = max(0, n - 2)
                 return None
             end = m.start() + 1  # the head with its last line's LF
             if end > self._max_head:
-                raise ProtocolError("request head too large", 431)
+                raise RemoteProtocolError("request head too large", 431)
             req = self._parse_head(buf, end)
             pos = m.end()
             self._scan = 0
@@ -243,7 +234,7 @@ class RequestParser:
             self.expect_continue = req.expect_continue and not self._pieces
             self._buf = b""
             return None
-        except ProtocolError:
+        except RemoteProtocolError:
             self._state = _R_ERROR
             self.expect_continue = False
             raise
@@ -253,9 +244,9 @@ class RequestParser:
         nl = buf.find(b"\n", 0, end)
         m = _REQUEST_LINE.fullmatch(buf, 0, nl)
         if m is None:
-            raise ProtocolError(f"illegal request line: {bytes(buf[:nl])[:80]!r}")
+            raise RemoteProtocolError(f"illegal request line: {bytes(buf[:nl])[:80]!r}")
         if m[3] != b"1":
-            raise ProtocolError(f"HTTP/{m[3].decode()}.{m[4].decode()} is not supported", 505)
+            raise RemoteProtocolError(f"HTTP/{m[3].decode()}.{m[4].decode()} is not supported", 505)
         minor = m[4][0] - 48
         version = _VERSIONS.get(minor) or f"1.{minor}"
         headers = _parse_fields(buf[nl + 1:end]) if end > nl + 1 else []
@@ -273,13 +264,13 @@ class RequestParser:
                 digits = _content_length(value)
                 if length is not None:
                     if digits != length:
-                        raise ProtocolError("conflicting Content-Length headers")
+                        raise RemoteProtocolError("conflicting Content-Length headers")
                     normalize = True
                 length = digits
                 normalize = normalize or digits != value
             elif name == "transfer-encoding":
                 if te is not None:
-                    raise ProtocolError("multiple Transfer-Encoding headers", 501)
+                    raise RemoteProtocolError("multiple Transfer-Encoding headers", 501)
                 te = value
                 normalize = normalize or value != "chunked"
             elif name == "connection":
@@ -288,12 +279,12 @@ class RequestParser:
             elif minor >= 1 and "100-continue" in _token_set(value):  # expect
                 expect = True
         if hosts != 1 and (hosts or minor >= 1):
-            raise ProtocolError("missing mandatory Host header" if not hosts else "multiple Host headers")
+            raise RemoteProtocolError("missing mandatory Host header" if not hosts else "multiple Host headers")
         if te is not None:
             if te.lower() != "chunked":
-                raise ProtocolError("only Transfer-Encoding: chunked is supported", 501)
+                raise RemoteProtocolError("only Transfer-Encoding: chunked is supported", 501)
             if length is not None:
-                raise ProtocolError("both Transfer-Encoding and Content-Length")
+                raise RemoteProtocolError("both Transfer-Encoding and Content-Length")
         if normalize:
             headers = _normalized(headers, length)
         req = ParsedRequest(m[1].decode("ascii"), m[2].decode("ascii"), headers, version, keep_alive, expect)
@@ -301,7 +292,7 @@ class RequestParser:
             req.chunked = True
         elif length is not None and (n := int(length)):
             if n > self._max_body:
-                raise ProtocolError(f"request body exceeds the limit of {self._max_body} bytes", 413)
+                raise RemoteProtocolError(f"request body exceeds the limit of {self._max_body} bytes", 413)
             req.content_length = n
         return req
 
@@ -323,7 +314,7 @@ class RequestParser:
             self._buf = buf[rem:]
             return self._complete()
         if state == _R_ERROR:
-            raise ProtocolError("parser is in an error state")
+            raise RemoteProtocolError("parser is in an error state")
         return self._chunked()
 
     def _complete(self) -> ParsedRequest:
@@ -345,17 +336,17 @@ class RequestParser:
                 i = buf.find(b"\r\n", pos)
                 if i < 0:
                     if n - pos > MAX_CHUNK_LINE:
-                        raise ProtocolError("chunk-size line too long")
+                        raise RemoteProtocolError("chunk-size line too long")
                     break
                 m = _REQ_CHUNK_SIZE.fullmatch(buf, pos, i)
                 if m is None:
-                    raise ProtocolError(f"illegal chunk-size line: {bytes(buf[pos:i])[:40]!r}")
+                    raise RemoteProtocolError(f"illegal chunk-size line: {bytes(buf[pos:i])[:40]!r}")
                 size = int(m[1], 16)
                 pos = i + 2
                 if size:
                     self._size += size
                     if self._size > self._max_body:
-                        raise ProtocolError(f"request body exceeds the limit of {self._max_body} bytes", 413)
+                        raise RemoteProtocolError(f"request body exceeds the limit of {self._max_body} bytes", 413)
                     self._remaining = size
                     state = _R_CHUNK
                 else:
@@ -375,10 +366,10 @@ class RequestParser:
             elif state == _R_CRLF:
                 if n - pos < 2:
                     if pos < n and buf[pos] != 13:
-                        raise ProtocolError("missing CRLF after chunk data")
+                        raise RemoteProtocolError("missing CRLF after chunk data")
                     break
                 if buf[pos] != 13 or buf[pos + 1] != 10:
-                    raise ProtocolError("missing CRLF after chunk data")
+                    raise RemoteProtocolError("missing CRLF after chunk data")
                 pos += 2
                 state = _R_SIZE
             else:  # _R_TRAILER: an empty line, or header lines then an empty line
@@ -390,11 +381,11 @@ class RequestParser:
                     m = END_OF_HEAD.search(buf, pos + self._scan)
                     if m is None:
                         if n - pos > self._max_head:
-                            raise ProtocolError("trailer section too large", 431)
+                            raise RemoteProtocolError("trailer section too large", 431)
                         self._scan = max(0, n - pos - 2)
                         break
                     if m.start() + 1 - pos > self._max_head:
-                        raise ProtocolError("trailer section too large", 431)
+                        raise RemoteProtocolError("trailer section too large", 431)
                     _parse_fields(buf[pos:m.start() + 1])  # checked, then dropped
                     pos = m.end()
                     self._scan = 0
@@ -433,14 +424,14 @@ def serialize_response_head(status: int, headers: Iterable[tuple[str, str]], *, 
     Returns ``(head, framing, length, keep_alive)``: ``framing`` is BODY_NONE (send no
     body: HEAD, 204, 304, 2xx to CONNECT), BODY_LENGTH (exactly ``length`` bytes),
     BODY_CHUNKED or BODY_CLOSE; ``keep_alive`` says whether the connection may carry
-    another request after this response.  Raises :class:`ProtocolError` for a status
+    another request after this response.  Raises :class:`LocalProtocolError` for a status
     outside 200-999, or a header that is not a token name and a visible-ASCII value
     (HTAB/SP inside, no surrounding whitespace), or a bad framing header.
     """
     status_line = _STATUS_LINES.get(status)  # type: ignore[call-overload]
     if status_line is None:
         if not isinstance(status, int) or not 200 <= status <= 999:
-            raise ProtocolError(f"invalid response status {status!r}")
+            raise LocalProtocolError(f"invalid response status {status!r}")
         status = int(status)  # an IntEnum
         status_line = b"HTTP/1.1 %d \r\n" % status
     lines = []
@@ -474,11 +465,11 @@ def serialize_response_head(status: int, headers: Iterable[tuple[str, str]], *, 
     try:
         raw = block.encode("ascii")
     except UnicodeEncodeError:
-        raise ProtocolError("a response header is not ASCII") from None
+        raise LocalProtocolError("a response header is not ASCII") from None
     # The regex checks each line; the LF count catches a CRLF smuggled inside a value,
     # which would otherwise pass as two well-formed header lines.
     if raw.count(b"\n") != len(lines) or _RESPONSE_FIELDS.fullmatch(raw) is None:
-        raise ProtocolError(f"invalid response header in {block[:200]!r}")
+        raise LocalProtocolError(f"invalid response header in {block[:200]!r}")
     if method == "HEAD" or (method == "CONNECT" and 200 <= status < 300):
         if method == "CONNECT":
             keep_alive = False  # h11: the connection was switched to a tunnel
@@ -500,10 +491,13 @@ def _fix_framing(lines: list[str], special: list[tuple[int, str, str]], no_body:
     # is left alone, for the final check to refuse as h11 does.)
     for i, name, value in special:
         if name == "content-length":
-            digits = _content_length(value)
+            try:
+                digits = _content_length(value)
+            except RemoteProtocolError as exc:  # the request parser's check, on our own header here
+                raise LocalProtocolError(str(exc)) from None
             if length is not None:
                 if digits != length:
-                    raise ProtocolError("conflicting Content-Length headers")
+                    raise LocalProtocolError("conflicting Content-Length headers")
                 drop.add(i)
             else:
                 length = digits
@@ -511,9 +505,9 @@ def _fix_framing(lines: list[str], special: list[tuple[int, str, str]], no_body:
                     lines[i] = f"{lines[i].partition(':')[0]}: {digits}\r\n"
         elif name == "transfer-encoding":
             if te:
-                raise ProtocolError("multiple Transfer-Encoding headers")
+                raise LocalProtocolError("multiple Transfer-Encoding headers")
             if value.lower() != "chunked":
-                raise ProtocolError("only Transfer-Encoding: chunked is supported")
+                raise LocalProtocolError("only Transfer-Encoding: chunked is supported")
             te = True
             if value != "chunked":
                 lines[i] = f"{lines[i].partition(':')[0]}: chunked\r\n"

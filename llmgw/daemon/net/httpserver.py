@@ -42,16 +42,16 @@ from urllib.parse import parse_qsl
 import trio
 
 from llmgw.daemon.net.inline_epoll import HANGUP, InlineEpoll
+from llmgw.http1.client import first_header
+from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
 from llmgw.http1.server import (
     BODY_CHUNKED,
     BODY_LENGTH,
     BODY_NONE,
     CONTINUE,
-    ProtocolError,
     RequestParser,
     serialize_response_head,
 )
-from llmgw.http1.client import first_header
 
 __all__ = ["BodySink", "ErrorBody", "Handler", "RelayBody", "Request", "Response", "ServerOptions", "ServerStats",
            "json_response", "openai_error_body", "serve_listeners", "serve_tcp", "serve_unix",
@@ -397,7 +397,7 @@ class _Sink:
             if self.left >= 0:
                 self.left -= len(data)
                 if self.left < 0:
-                    raise ProtocolError("the body is longer than its content-length")
+                    raise LocalProtocolError("the body is longer than its content-length")
             if c.pending:
                 data = c.pending + data
         c.pending = b""
@@ -587,7 +587,7 @@ class _Server:
                 if not c.reading:
                     c.reading = True
                     c.deadline = trio.current_time() + self.request_timeout
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             await self.reject(c, exc.status, self.too_large if exc.status == 413 else f"Malformed HTTP request: {exc}")
             return None
         c.reading = False
@@ -683,7 +683,7 @@ class _Server:
             await relay(sink)  # it cleans up after itself, whatever happens
             await sink.drain()
             if sink.left > 0:
-                raise ProtocolError("the body is shorter than its content-length")
+                raise LocalProtocolError("the body is shorter than its content-length")
             if sink.ended:
                 return done  # the end went with the last bytes
         data, c.pending = c.pending, b""
@@ -725,7 +725,7 @@ class _Server:
                     if left >= 0:
                         left -= len(chunk)
                         if left < 0:
-                            raise ProtocolError("the body is longer than its content-length")
+                            raise LocalProtocolError("the body is longer than its content-length")
                     c.pending = b"%b%b" % (c.pending, chunk)
                 if len(c.pending) >= _COALESCE:
                     # A full socket blocks here: that is the generator's backpressure.
@@ -738,7 +738,7 @@ class _Server:
                     await c.write(data)
                 await trio.lowlevel.checkpoint()
         if left > 0:
-            raise ProtocolError("the body is shorter than its content-length")
+            raise LocalProtocolError("the body is shorter than its content-length")
 
     @staticmethod
     def frame(c: _Conn, req: Request, resp: Response) -> tuple[bytes, int, int, bool]:
@@ -750,7 +750,7 @@ class _Server:
         if sized and body:
             framing, length = out[1], out[2]
             if (framing == BODY_LENGTH and len(body) != length) or (framing == BODY_NONE and req.method != "HEAD"):
-                raise ProtocolError(f"a body of {len(body)} bytes does not fit status {resp.status} "
+                raise LocalProtocolError(f"a body of {len(body)} bytes does not fit status {resp.status} "
                                     f"with content-length {length}")
         return out
 

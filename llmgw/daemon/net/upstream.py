@@ -61,11 +61,11 @@ from llmgw.daemon.net.httpserver import BodySink
 from llmgw.daemon.net.inline_epoll import HANGUP, InlineEpoll
 from llmgw.http1.client import (
     Data,
-    ProtocolError,
     ResponseParser,
     first_header,
     serialize_request,
 )
+from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = ["BodySink", "PoolStats", "Reply", "UpstreamClosed", "UpstreamConnectError", "UpstreamError",
            "UpstreamPool", "UpstreamProtocolError", "UpstreamResponse", "UpstreamTimeout"]
@@ -495,7 +495,7 @@ class UpstreamResponse:
                                           url=self.url), c)
             try:
                 piece = parser.feed_body(data)
-            except ProtocolError as exc:
+            except RemoteProtocolError as exc:
                 self._fail(UpstreamProtocolError(f"invalid response body from upstream: {exc}", received=True,
                                                  url=self.url), c)
             if parser.done:
@@ -678,7 +678,7 @@ class _Pump:
                     raise UpstreamClosed("upstream closed the connection mid-response", received=True, url=resp.url)
                 try:
                     piece = parser.feed_body(data)
-                except ProtocolError as exc:
+                except RemoteProtocolError as exc:
                     raise UpstreamProtocolError(f"invalid response body from upstream: {exc}", received=True,
                                                 url=resp.url) from None
                 done = parser.done
@@ -812,7 +812,7 @@ class _Exchange:
         try:
             data = serialize_request(self.method, prefix + self.target if prefix else self.target, self.headers,
                                      self.body, host=host)
-        except ProtocolError as exc:
+        except LocalProtocolError as exc:
             raise ValueError(f"cannot send this request: {exc}") from None
         resp = UpstreamResponse(pool, url)
         resp._idle = self.idle_timeout
@@ -889,7 +889,7 @@ class _Exchange:
                 received += len(chunk)
                 try:
                     events = parser.feed(chunk)
-                except ProtocolError as exc:
+                except RemoteProtocolError as exc:
                     raise UpstreamProtocolError(f"invalid response from upstream: {exc}", received=True,
                                                 url=self.base_url) from exc
                 if events:
