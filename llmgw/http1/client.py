@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
-from llmgw.http1.fields import END_OF_HEAD, MAX_CHUNK_LINE, TOKEN, VALUE, parse_fields
+from llmgw.http1.fields import END_OF_HEAD, MAX_CHUNK_LINE, TOKEN, VALUE, first_header, parse_fields
 
 __all__ = [
     "Data",
@@ -35,17 +35,8 @@ __all__ = [
     "Event",
     "Head",
     "ResponseParser",
-    "first_header",
     "serialize_request",
 ]
-
-
-def first_header(headers: list[tuple[str, str]], name: str) -> str | None:
-    """First value of header ``name`` in lowercased ``(name, value)`` pairs, or None."""
-    for k, v in headers:
-        if k == name:
-            return v
-    return None
 
 
 @dataclass(slots=True)

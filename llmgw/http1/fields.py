@@ -1,11 +1,12 @@
 """The HTTP/1.1 header-field grammar (RFC 9112 §5), shared by the response parser
-(``llmgw.http1.client``) and the request parser (``llmgw.http1.server``).  Pure."""
+(``llmgw.http1.client``) and the request parser (``llmgw.http1.server``), and
+``first_header``, the lookup both sides' header lists use.  Pure."""
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["END_OF_HEAD", "MAX_CHUNK_LINE", "TOKEN", "VALUE", "parse_fields"]
+__all__ = ["END_OF_HEAD", "MAX_CHUNK_LINE", "TOKEN", "VALUE", "first_header", "parse_fields"]
 
 END_OF_HEAD = re.compile(rb"\n\r?\n")
 TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
@@ -28,3 +29,11 @@ def parse_fields(block: bytes | bytearray) -> list[tuple[str, str]] | None:
         # obs-fold (RFC 9112 §5.2): a continuation line joins the previous value with a space
         fields = _FIELD.findall(re.sub(r"\r?\n[ \t]+", " ", text))
     return [(n.lower(), v.rstrip(" \t")) for n, v in fields]
+
+
+def first_header(headers: list[tuple[str, str]], name: str) -> str | None:
+    """First value of header ``name`` in lowercased ``(name, value)`` pairs, or None."""
+    for k, v in headers:
+        if k == name:
+            return v
+    return None

@@ -36,14 +36,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from math import inf
-from typing import Any, NoReturn, Protocol, TypedDict, Unpack
+from typing import Any, NoReturn, TypedDict, Unpack
 from urllib.parse import parse_qsl
 
 import trio
 
 from llmgw.daemon.net.inline_epoll import HANGUP, InlineEpoll
-from llmgw.http1.client import first_header
 from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
+from llmgw.http1.fields import first_header
 from llmgw.http1.server import (
     BODY_CHUNKED,
     BODY_LENGTH,
@@ -52,10 +52,11 @@ from llmgw.http1.server import (
     RequestParser,
     serialize_response_head,
 )
+# RelayBody types Response.body.  BodySink is only re-exported (its old home): import it from llmgw.http1.
+from llmgw.http1.sinks import BodySink, RelayBody  # noqa: F401 (BodySink)
 
-__all__ = ["BodySink", "ErrorBody", "Handler", "RelayBody", "Request", "Response", "ServerOptions", "ServerStats",
-           "json_response", "openai_error_body", "serve_listeners", "serve_tcp", "serve_unix",
-           "text_response"]
+__all__ = ["ErrorBody", "Handler", "Request", "Response", "ServerOptions", "ServerStats", "json_response",
+           "openai_error_body", "serve_listeners", "serve_tcp", "serve_unix", "text_response"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,37 +98,6 @@ class Request:
 
     def json(self) -> Any:
         return json.loads(self.body)
-
-
-class BodySink(Protocol):
-    """What a :class:`RelayBody` writes into: the client's socket, framing included."""
-
-    def send_nowait(self, data: bytes, end: bool = False) -> bool:
-        """Frame and send ``data`` now.  False when the socket did not take all of it (the rest
-        is kept, goes out first, and ``drain()`` waits for it).  A gone peer raises
-        trio.BrokenResourceError.  ``end``: the body's last bytes (``data`` may be empty),
-        sent with the end of the response; nothing may follow."""
-        ...
-
-    def flush_nowait(self) -> None:
-        """Send the response head (if still held back) now, as far as the socket takes it."""
-        ...
-
-    async def drain(self) -> None:
-        """Wait until everything kept has been written (backpressure)."""
-        ...
-
-
-class RelayBody(Protocol):
-    """A streaming body that writes itself: ``await body.relay(sink)`` returns once the
-    body has been written (drained) and cleans up after itself, also when it raises or is
-    cancelled (the client left).  ``aclose()`` is called instead when relay() never runs
-    (a HEAD request, a response that cannot be framed).  For a proxy: the upstream side
-    can hand each read to the sink without waking the request's task."""
-
-    async def relay(self, sink: BodySink) -> None: ...
-
-    async def aclose(self) -> None: ...
 
 
 @dataclass(slots=True)

@@ -56,19 +56,15 @@ from urllib.parse import urlsplit
 import outcome
 import trio
 
-# The sink a relayed body is written into is the HTTP server's client side: one definition.
-from llmgw.daemon.net.httpserver import BodySink
 from llmgw.daemon.net.inline_epoll import HANGUP, InlineEpoll
-from llmgw.http1.client import (
-    Data,
-    ResponseParser,
-    first_header,
-    serialize_request,
-)
+from llmgw.http1.client import Data, ResponseParser, serialize_request
 from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
+from llmgw.http1.fields import first_header
+# The sink a relayed body is written into (the HTTP server's client side): one definition, shared.
+from llmgw.http1.sinks import BodySink
 
-__all__ = ["BodySink", "PoolStats", "Reply", "UpstreamClosed", "UpstreamConnectError", "UpstreamError",
-           "UpstreamPool", "UpstreamProtocolError", "UpstreamResponse", "UpstreamTimeout"]
+__all__ = ["PoolStats", "Reply", "UpstreamClosed", "UpstreamConnectError", "UpstreamError", "UpstreamPool",
+           "UpstreamProtocolError", "UpstreamResponse", "UpstreamTimeout"]
 
 _RECV = 65536
 _NOSIGNAL = getattr(_socket, "MSG_NOSIGNAL", 0)
