@@ -19,8 +19,7 @@ from typing import Any
 import trio
 
 from llmgw.config import Config, ModelConfig
-from llmgw.daemon.net.httpserver import Request, Response
-from llmgw.http1.sinks import BodySink
+from llmgw.daemon.net.httpserver import BodySink, Request, Response
 from llmgw.daemon.router.registry import ModelEntry, Registry, Replica
 from llmgw.daemon.router.metrics import RouterMetrics
 from llmgw.daemon.net.upstream import (
