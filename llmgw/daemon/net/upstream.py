@@ -38,13 +38,15 @@ replaced by a fresh one and the request resent once: nothing was received, so no
 was lost.  Errors are :class:`UpstreamError` subclasses with a ``received`` flag: the
 router may retry another replica while it is False and nothing went to its client.
 
-Where things live: here, the pool (connections: connect, check out, release, expire;
-the timeout sweeper).  The exchange (``_Exchange``: send the request, read the head,
-resend once on a stale connection) is in :mod:`llmgw.daemon.net.upstream_exchange`, the
-response and its body iteration in :mod:`llmgw.daemon.net.upstream_response`, the relay
-reactor and pump in :mod:`llmgw.daemon.net.upstream_relay`, the errors in
-:mod:`llmgw.daemon.net.upstream_errors`.  Import the public names (UpstreamPool,
-UpstreamResponse, Reply, PoolStats, the errors) from this module.
+Where things live (each module imports only those below it): here, the pool
+(connections: connect, check out, release, expire; the timeout sweeper).  Below it:
+:mod:`llmgw.daemon.net.upstream_exchange`, the exchange (``_Exchange``: send the
+request, read the head, resend once on a stale connection);
+:mod:`llmgw.daemon.net.upstream_response`, the response and its body (iterate, read,
+relay); :mod:`llmgw.daemon.net.upstream_relay`, the relay reactor and pump, with the
+connection record, PoolStats and the interfaces the others share;
+:mod:`llmgw.daemon.net.upstream_errors`, the errors.  Import the public names
+(UpstreamPool, UpstreamResponse, Reply, PoolStats, the errors) from this module.
 """
 
 from __future__ import annotations
@@ -54,9 +56,7 @@ import os
 import socket as _socket
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -69,11 +69,8 @@ from llmgw.daemon.net.upstream_errors import (
     UpstreamTimeout,
 )
 from llmgw.daemon.net.upstream_exchange import _Exchange, _parse_base
-from llmgw.daemon.net.upstream_relay import _Reactor
+from llmgw.daemon.net.upstream_relay import PoolStats, _Conn, _Reactor
 from llmgw.daemon.net.upstream_response import Reply, UpstreamResponse
-
-if TYPE_CHECKING:
-    from llmgw.daemon.net.upstream_relay import _Pump
 
 __all__ = ["PoolStats", "Reply", "UpstreamClosed", "UpstreamConnectError", "UpstreamError", "UpstreamPool",
            "UpstreamProtocolError", "UpstreamResponse", "UpstreamTimeout"]
@@ -86,33 +83,6 @@ _current_time = trio.current_time
 
 
 # ---------------------------------------------------------------------------------- pool
-@dataclass(slots=True)
-class PoolStats:
-    """Plain counters, bumped inline; read them from the same trio run."""
-    requests: int = 0  # exchanges started (a stale retry counts once)
-    connects: int = 0  # connections opened
-    connect_errors: int = 0
-    reused: int = 0  # requests that went out on a pooled connection
-    stale_dropped: int = 0  # idle connections found closed by the server at checkout
-    expired: int = 0  # idle connections closed for age (keepalive_expiry)
-    stale_retries: int = 0  # reused connection dead after the send: resent on a fresh one
-    aborted: int = 0  # connections closed before their response ended (cancel, error, early exit)
-    timeouts: int = 0
-
-
-class _Conn:
-    __slots__ = ("deadline", "fd", "idle_since", "key", "pump", "sock", "timed_out")
-
-    def __init__(self, sock: _socket.socket, key: tuple[str, int]) -> None:
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.key = key
-        self.idle_since = 0.0
-        self.deadline = _INF  # set only while waiting for the socket: the sweeper's input
-        self.timed_out = False
-        self.pump: _Pump | None = None  # relaying its body through the reactor
-
-
 def _close(c: _Conn) -> None:
     trio.lowlevel.notify_closing(c.sock)
     c.sock.close()

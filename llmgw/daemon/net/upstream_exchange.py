@@ -17,19 +17,16 @@ import math
 import socket as _socket
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import trio
 
 from llmgw.daemon.net.upstream_errors import Phase, UpstreamClosed, UpstreamProtocolError, UpstreamTimeout, _Stale
-from llmgw.daemon.net.upstream_relay import _RECV
+from llmgw.daemon.net.upstream_relay import _RECV, _Conn, _PoolSide
 from llmgw.daemon.net.upstream_response import UpstreamResponse
 from llmgw.http1.client import Data, ResponseParser, serialize_request
 from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
-
-if TYPE_CHECKING:
-    from llmgw.daemon.net.upstream import UpstreamPool, _Conn
 
 __all__: list[str] = []  # internal to the upstream client: UpstreamPool.stream() returns an _Exchange
 
@@ -70,7 +67,7 @@ class _Exchange:
         "target",
     )
 
-    def __init__(self, pool: UpstreamPool, base_url: str, method: str, target: str,
+    def __init__(self, pool: _PoolSide, base_url: str, method: str, target: str,
                  headers: Sequence[tuple[str, str]], body: bytes | None, connect_timeout: float,
                  first_byte_timeout: float, idle_timeout: float) -> None:
         self.pool, self.base_url, self.method, self.target = pool, base_url, method, target

@@ -8,28 +8,33 @@ of the response) in place, by :meth:`_Pump.run`, in the step that learnt of them
 consumer's task wakes only when the body ends or fails, or when the sink is full.
 
 This is the hot path of every streamed token the router proxies: code here moved as it
-was measured (bench/bench_upstream.py, bench/bench_router.py).  ``_RECV`` and ``_FAIR``,
-the read size and fairness bound, are shared with the response and the exchange.
+was measured (bench/bench_upstream.py, bench/bench_router.py).
+
+Being the bottom of the upstream client (upstream_errors aside), this module also holds
+what the modules above share: ``_Conn`` (a connection: socket, pool key, the deadline the
+sweeper watches, the pump relaying it), :class:`PoolStats`, the read size ``_RECV`` and
+fairness bound ``_FAIR``, and two Protocols by which the lower modules see the upper ones
+without importing them: ``_PoolSide`` (the pool, as the exchange, the response and the
+relay use it) and ``_RelayedResponse`` (the response, as a pump uses it).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+import socket as _socket
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import outcome
 import trio
 
 from llmgw.daemon.net.inline_epoll import HANGUP, InlineEpoll
 from llmgw.daemon.net.upstream_errors import UpstreamClosed, UpstreamError, UpstreamProtocolError, UpstreamTimeout
+from llmgw.http1.client import ResponseParser
 from llmgw.http1.errors import RemoteProtocolError
 from llmgw.http1.sinks import BodySink
 
-if TYPE_CHECKING:
-    from llmgw.daemon.net.upstream import PoolStats, _Conn
-    from llmgw.daemon.net.upstream_response import UpstreamResponse
-
-__all__: list[str] = []  # internal to the upstream client
+__all__ = ["PoolStats"]  # the rest is internal to the upstream client
 
 _RECV = 65536
 _INF = math.inf
@@ -39,6 +44,65 @@ _reschedule = trio.lowlevel.reschedule
 # With one of these in an event, read until EAGAIN or EOF: a short read does not mean that
 # the peer's FIN is not queued behind the data (and it raises no further edge).
 _HANGUP = HANGUP
+
+
+@dataclass(slots=True)
+class PoolStats:
+    """Plain counters, bumped inline; read them from the same trio run."""
+    requests: int = 0  # exchanges started (a stale retry counts once)
+    connects: int = 0  # connections opened
+    connect_errors: int = 0
+    reused: int = 0  # requests that went out on a pooled connection
+    stale_dropped: int = 0  # idle connections found closed by the server at checkout
+    expired: int = 0  # idle connections closed for age (keepalive_expiry)
+    stale_retries: int = 0  # reused connection dead after the send: resent on a fresh one
+    aborted: int = 0  # connections closed before their response ended (cancel, error, early exit)
+    timeouts: int = 0
+
+
+class _Conn:
+    __slots__ = ("deadline", "fd", "idle_since", "key", "pump", "sock", "timed_out")
+
+    def __init__(self, sock: _socket.socket, key: tuple[str, int]) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.key = key
+        self.idle_since = 0.0
+        self.deadline = _INF  # set only while waiting for the socket: the sweeper's input
+        self.timed_out = False
+        self.pump: _Pump | None = None  # relaying its body through the reactor
+
+
+class _PoolSide(Protocol):
+    """What the exchange, the response and the relay use of :class:`UpstreamPool` (it lives
+    above them, in llmgw.daemon.net.upstream, and implements this)."""
+
+    max_head_bytes: int
+    stats: PoolStats
+    _active: set[_Conn]
+    _reactor: _Reactor | None
+
+    def _checkout(self, key: tuple[str, int]) -> _Conn | None: ...
+
+    async def _connect(self, key: tuple[str, int], timeout: float, url: str) -> _Conn: ...
+
+    def _release(self, c: _Conn) -> None: ...
+
+    def _discard(self, c: _Conn) -> None: ...
+
+
+class _RelayedResponse(Protocol):
+    """What a :class:`_Pump` uses of the response it relays (an ``UpstreamResponse``, which
+    lives above it, in llmgw.daemon.net.upstream_response, and implements this)."""
+
+    url: str
+    _conn: _Conn | None
+    _error: UpstreamError | None
+    _idle: float
+    _parser: ResponseParser | None
+    _pool: _PoolSide
+
+    def _finish(self, c: _Conn, keep_alive: bool) -> None: ...
 
 
 # _Pump states, and what park() returns
@@ -89,7 +153,7 @@ class _Pump:
     __slots__ = ("conn", "fd", "first", "idle", "parser", "reactor", "resp", "result", "sink", "sock", "state",
                  "task")
 
-    def __init__(self, resp: UpstreamResponse, c: _Conn, sink: BodySink, reactor: _Reactor) -> None:
+    def __init__(self, resp: _RelayedResponse, c: _Conn, sink: BodySink, reactor: _Reactor) -> None:
         parser = resp._parser
         assert parser is not None
         self.resp, self.conn, self.fd, self.sock, self.parser = resp, c, c.fd, c.sock, parser

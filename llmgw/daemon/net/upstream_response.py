@@ -14,19 +14,16 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import trio
 
 from llmgw.daemon.net.upstream_errors import UpstreamClosed, UpstreamError, UpstreamProtocolError, UpstreamTimeout
-from llmgw.daemon.net.upstream_relay import _FAIR, _ORPHANED, _PAUSED, _RECV, _Pump
+from llmgw.daemon.net.upstream_relay import _FAIR, _ORPHANED, _PAUSED, _RECV, _Conn, _PoolSide, _Pump
 from llmgw.http1.client import ResponseParser
 from llmgw.http1.errors import RemoteProtocolError
 from llmgw.http1.fields import first_header
 from llmgw.http1.sinks import BodySink
-
-if TYPE_CHECKING:
-    from llmgw.daemon.net.upstream import UpstreamPool, _Conn
 
 __all__ = ["Reply", "UpstreamResponse"]
 
@@ -71,7 +68,7 @@ class UpstreamResponse:
         "url",
     )
 
-    def __init__(self, pool: UpstreamPool, url: str) -> None:
+    def __init__(self, pool: _PoolSide, url: str) -> None:
         self._pool = pool
         self.url = url
         self.status = 0
