@@ -1,4 +1,4 @@
-"""llmgw.http1.server: the sans-I/O request parser and response-head serializer.
+"""llmgw.http1.server and .response_head: the sans-I/O request parser and response-head serializer.
 
 h11 (which the server used before, and httpx still uses) is the oracle: for valid
 requests both parsers must agree, and response heads must match h11's byte for byte.
@@ -12,9 +12,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from llmgw.http1.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
-from llmgw.http1.server import (
-    BODY_CHUNKED, BODY_CLOSE, BODY_LENGTH, BODY_NONE, ParsedRequest, RequestParser, serialize_response_head,
-)
+from llmgw.http1.response_head import BODY_CHUNKED, BODY_CLOSE, BODY_LENGTH, BODY_NONE, serialize_response_head
+from llmgw.http1.server import ParsedRequest, RequestParser
 
 # ------------------------------------------------------------------------------ helpers
 

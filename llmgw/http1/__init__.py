@@ -2,8 +2,9 @@
 
 The public names, importable from here (``from llmgw.http1 import RequestParser``):
 
-* server side (:mod:`llmgw.http1.server`): :class:`RequestParser` -> :class:`ParsedRequest`,
-  :func:`serialize_response_head` and its body framings ``BODY_*``, ``CONTINUE``;
+* server side: :class:`RequestParser` -> :class:`ParsedRequest` and ``CONTINUE``
+  (:mod:`llmgw.http1.server`); :func:`serialize_response_head` and its body framings
+  ``BODY_*`` (:mod:`llmgw.http1.response_head`);
 * client side (:mod:`llmgw.http1.client`): :class:`ResponseParser` -> the events
   :class:`Head`, :class:`Data`, :class:`End`; :func:`serialize_request`;
 * errors (:mod:`llmgw.http1.errors`): :class:`RemoteProtocolError` (the peer broke the
@@ -20,16 +21,8 @@ The modules stay importable directly.
 from llmgw.http1.client import Data, End, Event, Head, ResponseParser, serialize_request
 from llmgw.http1.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from llmgw.http1.fields import first_header
-from llmgw.http1.server import (
-    BODY_CHUNKED,
-    BODY_CLOSE,
-    BODY_LENGTH,
-    BODY_NONE,
-    CONTINUE,
-    ParsedRequest,
-    RequestParser,
-    serialize_response_head,
-)
+from llmgw.http1.response_head import BODY_CHUNKED, BODY_CLOSE, BODY_LENGTH, BODY_NONE, serialize_response_head
+from llmgw.http1.server import CONTINUE, ParsedRequest, RequestParser
 from llmgw.http1.sinks import BodySink, RelayBody
 
 __all__ = [

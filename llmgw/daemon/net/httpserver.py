@@ -18,7 +18,7 @@ itself into a :class:`BodySink` (the router's proxied responses: each upstream r
 is framed and written to the client by whoever read it, without waking this task).
 
 The protocol itself (request parsing, response framing) is the pure codec in
-llmgw.http1.server; this module only moves its bytes.  It replaced h11, which cost
+llmgw.http1.server and llmgw.http1.response_head; this module only moves its bytes.  It replaced h11, which cost
 several times more a request (header validation, event objects, its state machine).
 
 Where things live: here, what handlers use (Request, Response, the *_response helpers,
@@ -58,14 +58,8 @@ from llmgw.daemon.net.inline_epoll import InlineEpoll
 from llmgw.daemon.net.unix_sockets import _peer_uid, _remove_stale_socket
 from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
 from llmgw.http1.fields import first_header
-from llmgw.http1.server import (
-    BODY_CHUNKED,
-    BODY_LENGTH,
-    BODY_NONE,
-    CONTINUE,
-    RequestParser,
-    serialize_response_head,
-)
+from llmgw.http1.response_head import BODY_CHUNKED, BODY_LENGTH, BODY_NONE, serialize_response_head
+from llmgw.http1.server import CONTINUE, RequestParser
 # RelayBody types Response.body.  BodySink is only re-exported (its old home): import it from llmgw.http1.
 from llmgw.http1.sinks import BodySink, RelayBody  # noqa: F401 (BodySink)
 
