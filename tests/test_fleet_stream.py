@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw.daemon.net.message_stream import MessageStream, ProtocolError, StreamClosed, open_client
+from llmgw.daemon.net.message_stream import MessageStream, StreamClosed, WireProtocolError, open_client
 from llmgw.fleet.types import EngineReport, NodeFacts
 from llmgw.fleet.wire import FROM_AGENT, FROM_ROUTER, Bye, EngineUpdate, Heartbeat, Hello, Welcome, encode
 
@@ -100,7 +100,7 @@ async def test_garbage_is_protocol_error() -> None:
     a, b = trio.testing.memory_stream_pair()
     router = MessageStream(b)
     await a.send_all(b"\x00\x00\x00\x01\xc1")
-    with pytest.raises(ProtocolError, match="not a msgpack document"):
+    with pytest.raises(WireProtocolError, match="not a msgpack document"):
         await router.receive()
 
 
@@ -108,7 +108,7 @@ async def test_oversize_is_refused_before_the_body() -> None:
     a, b = trio.testing.memory_stream_pair()
     router = MessageStream(b, max_frame=1024)
     await a.send_all(b"\x00\x01\x00\x00")  # 64 KiB announced, none sent
-    with pytest.raises(ProtocolError, match="exceeds the 1024 byte limit"):
+    with pytest.raises(WireProtocolError, match="exceeds the 1024 byte limit"):
         await router.receive()
 
 
@@ -116,7 +116,7 @@ async def test_accept_filters_direction() -> None:
     a, b = trio.testing.memory_stream_pair()
     agent, router = MessageStream(a), MessageStream(b, accept=FROM_AGENT)
     await agent.send(WELCOME)  # a router's message, from the agent's side
-    with pytest.raises(ProtocolError, match="unexpected welcome"):
+    with pytest.raises(WireProtocolError, match="unexpected welcome"):
         await router.receive()
 
 

@@ -18,9 +18,9 @@ from llmgw.fleet.wire import (
     Heartbeat,
     Hello,
     Message,
-    ProtocolError,
     Refused,
     Welcome,
+    WireProtocolError,
     encode,
 )
 
@@ -67,8 +67,8 @@ def wire(msg: Message, seq: int = 1, **changes: Any) -> dict[str, Any]:
 
 
 def refused(*frames: bytes, **kw: Any) -> str:
-    """The ProtocolError message for feeding `frames` to a fresh decoder."""
-    with pytest.raises(ProtocolError) as e:
+    """The WireProtocolError message for feeding `frames` to a fresh decoder."""
+    with pytest.raises(WireProtocolError) as e:
         FrameDecoder(**kw).feed(b"".join(frames))
     return str(e.value)
 
@@ -124,9 +124,9 @@ def test_oversize_rejected_from_the_header_alone() -> None:
 
 def test_decoder_stays_failed() -> None:
     d = FrameDecoder()
-    with pytest.raises(ProtocolError):
+    with pytest.raises(WireProtocolError):
         d.feed(b"\xff\xff\xff\xff")
-    with pytest.raises(ProtocolError):
+    with pytest.raises(WireProtocolError):
         d.feed(encode(Heartbeat(), 1))
 
 
@@ -165,7 +165,7 @@ def test_bad_seq(seqs: list[int]) -> None:
     d = FrameDecoder()
     for s in seqs[:-1]:
         d.feed(raw_frame(wire(Heartbeat(), s)))
-    with pytest.raises(ProtocolError, match=r"heartbeat\.seq: .* expected \d+"):
+    with pytest.raises(WireProtocolError, match=r"heartbeat\.seq: .* expected \d+"):
         d.feed(raw_frame(wire(Heartbeat(), seqs[-1])))
     assert d.last_seq == len(seqs) - 1
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from llmgw.http1.client import Data, End, Head, ProtocolError, ResponseParser, serialize_request
+from llmgw.http1.client import Data, End, Head, ResponseParser, serialize_request
+from llmgw.http1.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -198,8 +199,8 @@ def test_garbage_only_raises_protocol_error(prefix: bytes, junk: bytes, cuts: li
             p.feed(raw[a:b])
         if eof:
             p.feed_eof()
-    except ProtocolError:
-        with pytest.raises(ProtocolError):
+    except RemoteProtocolError:
+        with pytest.raises(RemoteProtocolError):
             p.feed(b"more")  # stays failed
 
 
@@ -221,7 +222,7 @@ def test_mutated_responses_only_raise_protocol_error(spec: Spec, data: st.DataOb
     cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=6))
     try:
         parse(bytes(raw), cuts, eof=data.draw(st.booleans()), head_request=spec.head_request)
-    except ProtocolError:
+    except RemoteProtocolError:
         pass
 
 
@@ -294,7 +295,7 @@ def test_head_request_has_no_body() -> None:
 def test_interim_responses_are_skipped_and_101_is_an_error() -> None:
     _, events = parse(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx")
     assert events == [Head(200, [("content-length", "1")], "OK"), Data(b"x"), End()]
-    with pytest.raises(ProtocolError, match="101"):
+    with pytest.raises(RemoteProtocolError, match="101"):
         ResponseParser().feed(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n")
 
 
@@ -329,7 +330,7 @@ def test_keep_alive_rules() -> None:
 def test_content_length_duplicates() -> None:
     _, events = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\nContent-Length: 2\r\n\r\nab")
     assert events[1:] == [Data(b"ab"), End()]
-    with pytest.raises(ProtocolError, match="conflicting"):
+    with pytest.raises(RemoteProtocolError, match="conflicting"):
         parse(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nab")
 
 
@@ -353,33 +354,33 @@ def test_content_length_duplicates() -> None:
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nbad trailer\r\n\r\n",
 ])
 def test_malformed(raw: bytes) -> None:
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         parse(raw)
 
 
 def test_garbage_is_detected_early() -> None:
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         ResponseParser().feed(b"<html>")
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         ResponseParser().feed(b"HTTPX")
 
 
 def test_limits() -> None:
     p = ResponseParser(max_head_bytes=100)
-    with pytest.raises(ProtocolError, match="too large"):
+    with pytest.raises(RemoteProtocolError, match="too large"):
         p.feed(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 30)
     p = ResponseParser()
     p.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-    with pytest.raises(ProtocolError, match="too long"):
+    with pytest.raises(RemoteProtocolError, match="too long"):
         p.feed(b"5;" + b"x" * 10000)
 
 
 def test_eof_errors() -> None:
-    with pytest.raises(ProtocolError, match="before any response"):
+    with pytest.raises(RemoteProtocolError, match="before any response"):
         ResponseParser().feed_eof()
     p = ResponseParser()
     p.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab")
-    with pytest.raises(ProtocolError, match="middle"):
+    with pytest.raises(RemoteProtocolError, match="middle"):
         p.feed_eof()
     p, _ = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
     assert p.feed_eof() == [] and not p.keep_alive
@@ -415,8 +416,20 @@ def test_serialize_request() -> None:
     ("POST", "/", [("Transfer-Encoding", "chunked")]),
 ])
 def test_serialize_rejects_framing_breakers(method: str, target: str, headers: list[tuple[str, str]]) -> None:
-    with pytest.raises(ProtocolError):
+    with pytest.raises(LocalProtocolError):
         serialize_request(method, target, headers, b"x")
+
+
+def test_errors_name_who_broke_the_protocol() -> None:
+    # The upstream sent garbage: remote.  We were about to send a bad header: local.
+    with pytest.raises(RemoteProtocolError) as remote:
+        ResponseParser().feed(b"HTTP/1.1 200 OK\r\nBad Header: x\r\n\r\n")
+    assert not isinstance(remote.value, LocalProtocolError)
+    with pytest.raises(LocalProtocolError) as local:
+        serialize_request("GET", "/", [("X", "a\r\nInjected: 1")])
+    assert not isinstance(local.value, RemoteProtocolError)
+    for exc in (remote.value, local.value):  # one base for "either", still a ValueError
+        assert isinstance(exc, ProtocolError) and isinstance(exc, ValueError)
 
 
 @settings(max_examples=200)

@@ -1,4 +1,4 @@
-"""llmgw.http1.server: the sans-I/O request parser and response-head serializer.
+"""llmgw.http1.server and .response_head: the sans-I/O request parser and response-head serializer.
 
 h11 (which the server used before, and httpx still uses) is the oracle: for valid
 requests both parsers must agree, and response heads must match h11's byte for byte.
@@ -11,16 +11,15 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from llmgw.http1.server import (
-    BODY_CHUNKED, BODY_CLOSE, BODY_LENGTH, BODY_NONE, ParsedRequest, ProtocolError, RequestParser,
-    serialize_response_head,
-)
+from llmgw.http1.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from llmgw.http1.response_head import BODY_CHUNKED, BODY_CLOSE, BODY_LENGTH, BODY_NONE, serialize_response_head
+from llmgw.http1.server import ParsedRequest, RequestParser
 
 # ------------------------------------------------------------------------------ helpers
 
 
 def parse(raw: bytes, cuts: list[int] | None = None, **limits: int) -> list[ParsedRequest]:
-    """Feed ``raw`` split at ``cuts``; return every complete request (ProtocolError propagates)."""
+    """Feed ``raw`` split at ``cuts``; return every complete request (RemoteProtocolError propagates)."""
     p = RequestParser(**limits)
     out: list[ParsedRequest] = []
     edges = sorted({0, len(raw), *(c for c in cuts or () if 0 < c < len(raw))})
@@ -39,7 +38,7 @@ def one(raw: bytes, cuts: list[int] | None = None, **limits: int) -> ParsedReque
 
 def refused(raw: bytes, cuts: list[int] | None = None, **limits: int) -> int:
     """The status a request is refused with."""
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         parse(raw, cuts, **limits)
     return info.value.status
 
@@ -322,10 +321,10 @@ def test_head_limit() -> None:
 def test_body_limit_is_checked_before_the_body_arrives() -> None:
     p = RequestParser(max_body_bytes=10)
     p.feed(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n")
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         p.next_request()
     assert info.value.status == 413
-    with pytest.raises(ProtocolError):  # unusable afterwards
+    with pytest.raises(RemoteProtocolError):  # unusable afterwards
         p.next_request()
     assert one(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789", max_body_bytes=10)
 
@@ -333,8 +332,24 @@ def test_body_limit_is_checked_before_the_body_arrives() -> None:
 def test_garbage_is_refused_early() -> None:
     p = RequestParser()
     p.feed(b" GET")  # h11's heuristic: no request line starts with a space or control
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         p.next_request()
+
+
+def test_errors_name_who_broke_the_protocol() -> None:
+    # The client sent a malformed request: remote, with the status to answer (400 by default).
+    with pytest.raises(RemoteProtocolError) as remote:
+        parse(b"GET / HTTP/1.1\r\nHost: x\r\nBad Header: x\r\n\r\n")
+    assert remote.value.status == 400 and not isinstance(remote.value, LocalProtocolError)
+    # We were about to send a bad header or framing header: local.
+    for bad in ([("x", "a\r\nInjected: 1")], [("Content-Length", "x")], [("Transfer-Encoding", "gzip")]):
+        with pytest.raises(LocalProtocolError) as local:
+            serialize_response_head(200, bad, body_length=1)
+        assert not isinstance(local.value, RemoteProtocolError)
+    with pytest.raises(LocalProtocolError):
+        serialize_response_head(99, [])
+    for exc in (remote.value, local.value):  # one base for "either", still a ValueError
+        assert isinstance(exc, ProtocolError) and isinstance(exc, ValueError)
 
 
 @settings(max_examples=500)
@@ -343,7 +358,7 @@ def test_garbage_is_refused_early() -> None:
 def test_garbage_never_raises_anything_but_protocol_error(raw: bytes, cuts: list[int]) -> None:
     try:
         reqs = parse(raw, cuts)
-    except ProtocolError as exc:
+    except RemoteProtocolError as exc:
         assert exc.status in (400, 413, 431, 501, 505)
     else:
         for req in reqs:
@@ -359,7 +374,7 @@ def test_mutated_requests_are_refused_or_parsed_like_h11(case: tuple[bytes, dict
     mutated = raw[:i] + junk + raw[i + data.draw(st.integers(0, 2)):]
     try:
         reqs = parse(mutated)
-    except ProtocolError:
+    except RemoteProtocolError:
         return
     # What we accept, h11 accepts the same way (we are only ever stricter), apart from
     # optional whitespace before a chunk extension's ";" (RFC 9112 BWS).
@@ -395,7 +410,7 @@ def ours_vs_h11(status: int, headers: list[tuple[str, str]], method: str = "GET"
     try:
         expected, _ = h11_response(status, headers, method, version, close, body_length)
     except (h11.LocalProtocolError, UnicodeEncodeError):  # h11 encodes str headers as ASCII
-        with pytest.raises(ProtocolError):
+        with pytest.raises(LocalProtocolError):
             serialize_response_head(status, headers, method=method, http_version=version, keep_alive=not close,
                                     body_length=body_length)
         return b"", -1, 0, False
@@ -433,10 +448,10 @@ def test_response_heads_match_h11() -> None:
                 [("x", "caf\u00e9")], [("x", "nul\x00")], [("Transfer-Encoding", "gzip")],
                 [("Content-Length", "1"), ("Content-Length", "2")], [("Content-Length", "x")]):
         ours_vs_h11(200, bad, body_length=1)
-        with pytest.raises(ProtocolError):
+        with pytest.raises(LocalProtocolError):
             serialize_response_head(200, bad, body_length=1)
     for status in (100, 199, 1000, "200"):
-        with pytest.raises(ProtocolError):
+        with pytest.raises(LocalProtocolError):
             serialize_response_head(status, [])  # type: ignore[arg-type]
     assert serialize_response_head(999, [], body_length=0)[0].startswith(b"HTTP/1.1 999 \r\n")
 
@@ -463,7 +478,7 @@ _RESP_VALUES = st.sampled_from(["text/plain", "no-cache", "0", "5", "5, 5", "12"
 def test_any_response_head_matches_h11(status: int, headers: list[tuple[str, str]], method: str, version: str,
                                        close: bool, body_length: int | None) -> None:
     if any("\x01" in v for _, v in headers):  # we refuse controls in values; h11 lets them through
-        with pytest.raises(ProtocolError):
+        with pytest.raises(LocalProtocolError):
             serialize_response_head(status, headers, method=method, http_version=version, body_length=body_length)
         return
     try:

@@ -565,7 +565,7 @@ async def test_stream_that_produces_at_once_is_coalesced_and_complete() -> None:
 
 
 async def test_send_now_hands_what_the_socket_refuses_to_a_flusher_task() -> None:
-    from llmgw.daemon.net.httpserver import _Conn
+    from llmgw.daemon.net.http_conn import _Conn
     from llmgw.http1.server import RequestParser
 
     a, b = trio.socket.socketpair()

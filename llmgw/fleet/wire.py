@@ -6,7 +6,7 @@ from 1 and the receiver insists on exactly +1 each time, so a lost, repeated or 
 message is an error, not a silent gap.
 
 Decoding is strict and cheap: hand-written checks per field, every failure a
-:class:`ProtocolError` naming the field (``hello.engines[2].state: expected str, got int``).
+:class:`WireProtocolError` naming the field (``hello.engines[2].state: expected str, got int``).
 Unknown keys are ignored (a newer peer may add fields); unknown message types are not.
 Fields of the nested EngineSpec / EngineReport / NodeFacts that have defaults may be
 absent; every field of a message itself is required.  ``NodeFacts.extra`` is not carried
@@ -44,9 +44,9 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "Message",
-    "ProtocolError",
     "Refused",
     "Welcome",
+    "WireProtocolError",
     "encode",
 ]
 
@@ -62,8 +62,10 @@ MAX_LOG_LINES = 50  # log_tail beyond these is cut on decode, not refused
 MAX_LOG_LINE = 500
 
 
-class ProtocolError(Exception):
-    """The peer sent something this codec refuses: the connection is unusable after it."""
+class WireProtocolError(Exception):
+    """The peer broke the agent ↔ router stream's protocol (a malformed frame or message, a
+    message type not accepted here, a sequence gap): the connection is unusable after it.
+    Not HTTP's :class:`llmgw.http1.errors.ProtocolError`."""
 
 
 # --------------------------------------------------------------------------- field checks
@@ -76,8 +78,8 @@ _short = reprlib.Repr()  # attributes, not kwargs: Repr(**kw) is 3.12+
 _short.maxlevel, _short.maxlist, _short.maxdict, _short.maxstring, _short.maxother = 2, 4, 4, 40, 40
 
 
-def _expected(what: str, v: Any, path: str) -> ProtocolError:
-    return ProtocolError(f"{path}: expected {what}, got {type(v).__name__}")
+def _expected(what: str, v: Any, path: str) -> WireProtocolError:
+    return WireProtocolError(f"{path}: expected {what}, got {type(v).__name__}")
 
 
 def _field(d: dict[str, Any], path: str, key: str, check: _Check, default: Any = _REQUIRED) -> Any:
@@ -85,7 +87,7 @@ def _field(d: dict[str, Any], path: str, key: str, check: _Check, default: Any =
         v = d[key]
     except KeyError:
         if default is _REQUIRED:
-            raise ProtocolError(f"{path}.{key}: missing") from None
+            raise WireProtocolError(f"{path}.{key}: missing") from None
         return default
     return check(v, f"{path}.{key}")
 
@@ -101,9 +103,9 @@ def _bounded_str(most: int, *, empty: bool = True) -> _Check:
         if type(v) is not str:
             raise _expected("str", v, path)
         if len(v) > most:
-            raise ProtocolError(f"{path}: {len(v)} chars, at most {most}")
+            raise WireProtocolError(f"{path}: {len(v)} chars, at most {most}")
         if not v and not empty:
-            raise ProtocolError(f"{path}: empty")
+            raise WireProtocolError(f"{path}: empty")
         return v
     return check
 
@@ -126,7 +128,7 @@ def _float(v: Any, path: str) -> float:
 def _positive(v: Any, path: str) -> float:
     f = _float(v, path)
     if not f > 0:  # NaN too
-        raise ProtocolError(f"{path}: {f} is not > 0")
+        raise WireProtocolError(f"{path}: {f} is not > 0")
     return f
 
 
@@ -150,7 +152,7 @@ def _list(v: Any, path: str, most: int | None = None) -> list[Any]:
     if type(v) is not list:
         raise _expected("list", v, path)
     if most is not None and len(v) > most:
-        raise ProtocolError(f"{path}: {len(v)} items, at most {most}")
+        raise WireProtocolError(f"{path}: {len(v)} items, at most {most}")
     return v
 
 
@@ -162,14 +164,14 @@ def _tuple_of(check: _Check, most: int | None = None) -> _Check:
 
 def _env_pair(v: Any, path: str) -> tuple[str, str]:
     if type(v) is not list or len(v) != 2:
-        raise ProtocolError(f"{path}: expected a [name, value] pair, got {_short.repr(v)}")
+        raise WireProtocolError(f"{path}: expected a [name, value] pair, got {_short.repr(v)}")
     return _str(v[0], f"{path}[0]"), _str(v[1], f"{path}[1]")
 
 
 def _labels(v: Any, path: str) -> dict[str, str]:
     d = _map(v, path)
     if len(d) > MAX_LABELS:
-        raise ProtocolError(f"{path}: {len(d)} labels, at most {MAX_LABELS}")
+        raise WireProtocolError(f"{path}: {len(d)} labels, at most {MAX_LABELS}")
     key, value = _bounded_str(MAX_NAME), _bounded_str(MAX_LABEL_VALUE)
     for k, x in d.items():
         key(k, f"{path} key {_short.repr(k)}")  # strict_map_key lets bytes keys through
@@ -186,7 +188,7 @@ def _log_tail(v: Any, path: str) -> tuple[str, ...]:
 
 def _state(v: Any, path: str) -> str:
     if _str(v, path) not in ENGINE_STATES:
-        raise ProtocolError(f"{path}: unknown engine state {_short.repr(v)}")
+        raise WireProtocolError(f"{path}: unknown engine state {_short.repr(v)}")
     return v
 
 
@@ -229,7 +231,7 @@ def _facts(v: Any, path: str) -> NodeFacts:
 
 # --------------------------------------------------------------------------- messages
 # to_dict: the message's own fields as plain msgpack-able data (no v/t/seq);
-# from_dict: the strict inverse, raising ProtocolError.
+# from_dict: the strict inverse, raising WireProtocolError.
 
 @dataclass(frozen=True)
 class Hello:
@@ -387,7 +389,7 @@ class FrameDecoder:
         for msg in d.feed(data):   # bytes as they come; 0..n complete messages
             ...
 
-    ``feed`` raises :class:`ProtocolError` for anything malformed, and for a frame over
+    ``feed`` raises :class:`WireProtocolError` for anything malformed, and for a frame over
     `max_frame` as soon as its length prefix arrives.  `accept`, if given, is the set of
     message types this side may receive (:data:`FROM_AGENT` / :data:`FROM_ROUTER`).  After
     an error the decoder is unusable (every later ``feed`` raises again), and messages
@@ -400,7 +402,7 @@ class FrameDecoder:
         self._buf = bytearray()
         self._max_frame = max_frame
         self._accept = frozenset(MESSAGE_TYPES if accept is None else accept)
-        self._error: ProtocolError | None = None
+        self._error: WireProtocolError | None = None
         self.last_seq = 0  # seq of the last message decoded; 0 before the first
 
     @property
@@ -413,7 +415,7 @@ class FrameDecoder:
             raise self._error
         try:
             return self._feed(data)
-        except ProtocolError as e:
+        except WireProtocolError as e:
             self._error = e
             raise
 
@@ -425,7 +427,7 @@ class FrameDecoder:
         while end - pos >= 4:
             n = int.from_bytes(buf[pos:pos + 4], "big")
             if n > self._max_frame:  # before buffering it: a hostile prefix can claim 4 GiB
-                raise ProtocolError(f"frame of {n} bytes exceeds the {self._max_frame} byte limit")
+                raise WireProtocolError(f"frame of {n} bytes exceeds the {self._max_frame} byte limit")
             if end - pos - 4 < n:
                 break
             out.append(self._message(buf[pos + 4:pos + 4 + n]))
@@ -437,22 +439,22 @@ class FrameDecoder:
         try:
             obj = msgpack.unpackb(body, raw=False, strict_map_key=True)
         except Exception as e:  # noqa: BLE001 — msgpack raises a zoo: ExtraData, UnpackValueError, ValueError, TypeError ...
-            raise ProtocolError(f"not a msgpack document: {type(e).__name__}: {e}") from None
+            raise WireProtocolError(f"not a msgpack document: {type(e).__name__}: {e}") from None
         if type(obj) is not dict:
-            raise ProtocolError(f"expected a map, got {type(obj).__name__}")
+            raise WireProtocolError(f"expected a map, got {type(obj).__name__}")
         v = obj.get("v")
         if type(v) is not int or v not in SUPPORTED_VERSIONS:
-            raise ProtocolError(f"unsupported protocol version {_short.repr(v)} "
+            raise WireProtocolError(f"unsupported protocol version {_short.repr(v)} "
                                 f"(supported: {', '.join(map(str, sorted(SUPPORTED_VERSIONS)))})")
         t = obj.get("t")
         cls = MESSAGE_TYPES.get(t) if type(t) is str else None
         if cls is None:
-            raise ProtocolError(f"unknown message type {_short.repr(t)}")
+            raise WireProtocolError(f"unknown message type {_short.repr(t)}")
         if t not in self._accept:
-            raise ProtocolError(f"unexpected {t} message (accepted here: {', '.join(sorted(self._accept))})")
+            raise WireProtocolError(f"unexpected {t} message (accepted here: {', '.join(sorted(self._accept))})")
         seq = _field(obj, t, "seq", _int)
         if seq != self.last_seq + 1:
-            raise ProtocolError(f"{t}.seq: {seq} after {self.last_seq}, expected {self.last_seq + 1}")
+            raise WireProtocolError(f"{t}.seq: {seq} after {self.last_seq}, expected {self.last_seq + 1}")
         msg = cls.from_dict(obj)
         self.last_seq = seq
         return msg

@@ -15,7 +15,9 @@ Framing follows RFC 9112 §6.3 for responses: no body for HEAD, 1xx, 204 and 304
 parsed); any other transfer coding → until close; else ``Content-Length``; else until
 close.  Interim 1xx responses (100, 102, 103) are skipped; 101 is an error (we never ask
 to upgrade).  Bare-LF line endings and obsolete header folding are tolerated, as h11
-does.  Anything else malformed raises :class:`ProtocolError`, a ``ValueError``.
+does.  Anything else malformed raises :class:`~llmgw.http1.errors.RemoteProtocolError`;
+a request that cannot be serialized, :class:`~llmgw.http1.errors.LocalProtocolError`
+(both ``ValueError``).
 """
 
 from __future__ import annotations
@@ -24,30 +26,17 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from llmgw.http1.fields import END_OF_HEAD, MAX_CHUNK_LINE, TOKEN, VALUE, parse_fields
+from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
+from llmgw.http1.fields import END_OF_HEAD, MAX_CHUNK_LINE, TOKEN, VALUE, first_header, parse_fields
 
 __all__ = [
     "Data",
     "End",
     "Event",
     "Head",
-    "ProtocolError",
     "ResponseParser",
-    "first_header",
     "serialize_request",
 ]
-
-
-class ProtocolError(ValueError):
-    """The bytes are not a valid HTTP/1.1 response (or a request could not be framed)."""
-
-
-def first_header(headers: list[tuple[str, str]], name: str) -> str | None:
-    """First value of header ``name`` in lowercased ``(name, value)`` pairs, or None."""
-    for k, v in headers:
-        if k == name:
-            return v
-    return None
 
 
 @dataclass(slots=True)
@@ -86,7 +75,7 @@ _NO_BODY_STATUS = frozenset((204, 304))
 def _parse_fields(block: bytes) -> list[tuple[str, str]]:
     fields = parse_fields(block)
     if fields is None:
-        raise ProtocolError("malformed header line")
+        raise RemoteProtocolError("malformed header line")
     return fields
 
 
@@ -152,7 +141,7 @@ class ResponseParser:
                     self.keep_alive = False
                 return []
             if state == _ERROR:
-                raise ProtocolError("parser is in an error state")
+                raise RemoteProtocolError("parser is in an error state")
             body = self.feed_body(data)
             out: list[Event] = [Data(body)] if body else []
             if self._state == _DONE:
@@ -162,7 +151,7 @@ class ResponseParser:
             return []
         try:
             return self._feed_head(data)
-        except ProtocolError:
+        except RemoteProtocolError:
             self._state = _ERROR
             raise
 
@@ -190,7 +179,7 @@ class ResponseParser:
         if _SIZE <= state <= _TRAILER:
             try:
                 return self._chunked(data)
-            except ProtocolError:
+            except RemoteProtocolError:
                 self._state = _ERROR
                 raise
         if state == _CLOSE:
@@ -201,7 +190,7 @@ class ResponseParser:
                 self.keep_alive = False
             return b""
         if state == _ERROR:
-            raise ProtocolError("parser is in an error state")
+            raise RemoteProtocolError("parser is in an error state")
         raise RuntimeError("feed_body() before the head was parsed")
 
     @property
@@ -210,7 +199,7 @@ class ResponseParser:
 
     def feed_eof(self) -> list[Event]:
         """The peer closed the connection.  Returns [End] for a read-until-close body
-        (or [] if the response was already complete); raises ProtocolError if the
+        (or [] if the response was already complete); raises RemoteProtocolError if the
         response is incomplete."""
         state = self._state
         if state == _CLOSE:
@@ -222,8 +211,8 @@ class ResponseParser:
             return []
         self._state = _ERROR
         if state == _HEAD and not self._buf:
-            raise ProtocolError("connection closed before any response")
-        raise ProtocolError("connection closed in the middle of the response")
+            raise RemoteProtocolError("connection closed before any response")
+        raise RemoteProtocolError("connection closed in the middle of the response")
 
     # -- head ------------------------------------------------------------------------------
     def _feed_head(self, data: bytes) -> list[Event]:
@@ -244,14 +233,14 @@ class ResponseParser:
             m = END_OF_HEAD.search(buf, scan)
             if m is None:
                 if len(buf) > self._max_head:
-                    raise ProtocolError("response head too large")
+                    raise RemoteProtocolError("response head too large")
                 if buf[:1] != b"H" or (len(buf) >= 5 and buf[:5] != b"HTTP/"):
-                    raise ProtocolError("not an HTTP/1.x response")
+                    raise RemoteProtocolError("not an HTTP/1.x response")
                 self._buf = buf
                 return out
             end = m.start() + 1  # the head includes its last line's LF
             if end > self._max_head:
-                raise ProtocolError("response head too large")
+                raise RemoteProtocolError("response head too large")
             head = self._parse_head(bytes(buf[:end]))
             buf = bytes(buf[m.end():])
             scan = 0
@@ -280,14 +269,14 @@ class ResponseParser:
         nl = head.find(b"\n")
         m = _STATUS_LINE.fullmatch(head, 0, nl)
         if m is None:
-            raise ProtocolError(f"malformed status line: {head[:nl][:80]!r}")
+            raise RemoteProtocolError(f"malformed status line: {head[:nl][:80]!r}")
         minor, status = m[1], int(m[2])
         if status < 100:
-            raise ProtocolError(f"invalid status code {status}")
+            raise RemoteProtocolError(f"invalid status code {status}")
         headers = _parse_fields(head[nl + 1:])
         if status < 200:
             if status == 101:
-                raise ProtocolError("unexpected 101 Switching Protocols")
+                raise RemoteProtocolError("unexpected 101 Switching Protocols")
             return None  # interim response: skip it
         te: str | None = None
         length: int | None = None
@@ -299,10 +288,10 @@ class ResponseParser:
                 else:  # "5, 5" is a tolerated duplicate; anything else is an error
                     parts = {p.strip(" \t") for p in value.split(",")}
                     if len(parts) != 1 or not (v := parts.pop()).isdigit() or not v.isascii() or len(v) > 18:
-                        raise ProtocolError(f"invalid content-length {value!r}")
+                        raise RemoteProtocolError(f"invalid content-length {value!r}")
                     n = int(v)
                 if length is not None and n != length:
-                    raise ProtocolError("conflicting content-length headers")
+                    raise RemoteProtocolError("conflicting content-length headers")
                 length = n
             elif name == "transfer-encoding":
                 te = value if te is None else f"{te},{value}"
@@ -362,7 +351,7 @@ class ResponseParser:
                 nl = buf.find(b"\n", pos)
                 if nl < 0:
                     if n - pos > MAX_CHUNK_LINE:
-                        raise ProtocolError("chunk-size line too long")
+                        raise RemoteProtocolError("chunk-size line too long")
                     break
                 # The usual line ("1a3\r") is one dict lookup; extensions, padding,
                 # uppercase, big sizes or garbage take the regex.
@@ -370,7 +359,7 @@ class ResponseParser:
                 if size is None:
                     m = _CHUNK_SIZE.fullmatch(buf, pos, nl)
                     if m is None:
-                        raise ProtocolError(f"invalid chunk-size line {buf[pos:nl][:40]!r}")
+                        raise RemoteProtocolError(f"invalid chunk-size line {buf[pos:nl][:40]!r}")
                     size = int(m[1], 16)
                 pos = nl + 1
                 if not size:
@@ -401,12 +390,12 @@ class ResponseParser:
                 elif n - pos == 1 and buf[pos] == 13:
                     break  # "\r" now, "\n" in the next read
                 else:
-                    raise ProtocolError("missing CRLF after chunk data")
+                    raise RemoteProtocolError("missing CRLF after chunk data")
             elif state == _TRAILER:
                 nl = buf.find(b"\n", pos)
                 if nl < 0:
                     if self._remaining + n - pos > self._max_head:
-                        raise ProtocolError("trailer section too large")
+                        raise RemoteProtocolError("trailer section too large")
                     break
                 line_end = nl + 1
                 if nl == pos or (nl == pos + 1 and buf[pos] == 13):
@@ -415,7 +404,7 @@ class ResponseParser:
                     break
                 self._remaining += line_end - pos
                 if self._remaining > self._max_head:
-                    raise ProtocolError("trailer section too large")
+                    raise RemoteProtocolError("trailer section too large")
                 if buf[pos] in b" \t" and self._trailers:  # folded trailer line
                     name, value = self._trailers.pop()
                     extra = _parse_fields(b"x:" + buf[pos:line_end])[0][1]
@@ -450,7 +439,7 @@ def serialize_request(method: str, target: str, headers: Iterable[tuple[str, str
     Headers go out as given (str, latin-1).  ``host`` is added as the Host header when
     ``headers`` has none; ``Content-Length`` is added when absent and there is a body or
     the method is POST/PUT/PATCH.  Transfer-Encoding is refused (bodies are bytes).
-    Raises :class:`ProtocolError` for names/values that would break the framing (CR,
+    Raises :class:`LocalProtocolError` for names/values that would break the framing (CR,
     LF, controls, invalid token characters).
     """
     lines = [f"{method} {target} HTTP/1.1\r\n"]
@@ -462,7 +451,7 @@ def serialize_request(method: str, target: str, headers: Iterable[tuple[str, str
         elif lname == "content-length":
             has_length = True
         elif lname == "transfer-encoding":
-            raise ProtocolError("transfer-encoding is not supported in requests; send bytes")
+            raise LocalProtocolError("transfer-encoding is not supported in requests; send bytes")
         lines.append(f"{name}: {value}\r\n")
     if not has_host and host is not None:
         lines.append(f"host: {host}\r\n")
@@ -473,11 +462,11 @@ def serialize_request(method: str, target: str, headers: Iterable[tuple[str, str
     try:
         head = "".join(lines).encode("latin-1")
     except UnicodeEncodeError as exc:
-        raise ProtocolError(f"request head is not latin-1: {exc}") from None
+        raise LocalProtocolError(f"request head is not latin-1: {exc}") from None
     # The regex checks the shape; the LF count catches a CRLF smuggled inside one value,
     # which would otherwise pass as two well-formed header lines.
     if head.count(b"\n") != len(lines) or _REQUEST_HEAD.fullmatch(head) is None:
-        raise ProtocolError("invalid characters in the request line or a header")
+        raise LocalProtocolError("invalid characters in the request line or a header")
     if size:
         return head + bytes(body) if not isinstance(body, bytes) else head + body  # type: ignore[arg-type]
     return head

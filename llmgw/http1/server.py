@@ -1,10 +1,10 @@
-"""The server side of HTTP/1.1, sans-I/O: a request parser and a response-head serializer.
+"""The server side of HTTP/1.1, sans-I/O: the request parser (the response-head serializer
+is its sibling, :mod:`llmgw.http1.response_head`).
 
-Pure: bytes in, requests out, heads out; no sockets, no trio (``llmgw.daemon.net.httpserver``
+Pure: bytes in, requests out; no sockets, no trio (``llmgw.daemon.net.httpserver``
 moves the bytes).  It plays h11's SERVER role at a fraction of the cost: a request whose
 head and body come in one read is parsed with one blank-line search, one regex for the
-request line and one pass over the header block; a response head is formatted with one
-join and checked with one regex.
+request line and one pass over the header block.
 
 Requests (RFC 9112): ``method SP request-target SP HTTP/1.x``, header fields, then a body
 framed by ``Transfer-Encoding: chunked`` or ``Content-Length`` (else none).  Strict where
@@ -14,36 +14,23 @@ but HTAB, chunk framing needs CRLF, HTTP/1.1 needs exactly one Host, and a reque
 both Transfer-Encoding and Content-Length is refused (a request-smuggling vector).  Like
 h11 it accepts bare-LF line endings and obs-fold in the head, rejects a leading empty
 line, supports no transfer coding but ``chunked`` (501) and keeps no HTTP/1.0 connection
-alive.  Bodies are buffered whole: a request comes out complete.
+alive.  Bodies are buffered whole: a request comes out complete.  A request to refuse
+raises :class:`~llmgw.http1.errors.RemoteProtocolError` with the status to answer.
 
-Responses: ``serialize_response_head`` fixes framing headers up exactly as h11 does
-(Content-Length for a sized body, ``Transfer-Encoding: chunked`` for an unsized one to
-an HTTP/1.1 peer, close-delimited for HTTP/1.0, ``Connection: close`` whenever the
-connection will not be kept) and writes the status line without a reason phrase, as h11.
+Responses are written by :func:`llmgw.http1.response_head.serialize_response_head`
+(framing fixed up as h11 does); ``CONTINUE`` below is the interim answer to
+``Expect: 100-continue``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 
-from llmgw.http1.fields import END_OF_HEAD, MAX_CHUNK_LINE, TOKEN, parse_fields
+from llmgw.http1.errors import RemoteProtocolError
+from llmgw.http1.fields import END_OF_HEAD, MAX_CHUNK_LINE, TOKEN, _content_length, _token_set, parse_fields
 
-__all__ = ["BODY_CHUNKED", "BODY_CLOSE", "BODY_LENGTH", "BODY_NONE", "CONTINUE", "ParsedRequest", "ProtocolError",
-           "RequestParser", "serialize_response_head"]
-
-
-class ProtocolError(ValueError):
-    """A request to refuse, or a response that cannot be framed.
-
-    ``status``: what to refuse the request with: 400 malformed, 413 body too large, 431
-    head too large, 501 unsupported transfer coding, 505 unsupported HTTP version.
-    """
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
+__all__ = ["CONTINUE", "ParsedRequest", "RequestParser"]
 
 
 _FIELD_BYTES = bytes([9, *range(0x20, 0x7F), *range(0x80, 0x100)])  # a field line's, but its end
@@ -77,22 +64,15 @@ def _parse_fields(block: bytes | bytearray) -> list[tuple[str, str]]:
             return out
     fields = parse_fields(block)
     if fields is None:
-        raise ProtocolError("malformed header line")
+        raise RemoteProtocolError("malformed header line")
     return fields
 
 
 CONTINUE = b"HTTP/1.1 100 \r\n\r\n"  # the interim answer to "Expect: 100-continue"
 
-# body framing of a response, from serialize_response_head
-BODY_NONE = 0  # no body at all (HEAD, 204, 304, 2xx to CONNECT)
-BODY_LENGTH = 1  # exactly Content-Length bytes
-BODY_CHUNKED = 2  # chunked: frame each piece, end with b"0\r\n\r\n"
-BODY_CLOSE = 3  # raw bytes, then close the connection (an HTTP/1.0 peer, no length known)
-
 _REQUEST_LINE = re.compile(rb"(" + TOKEN + rb") ([\x21-\x7e]+) HTTP/([0-9])\.([0-9])\r?")
 _REQ_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,20})[ \t]*(?:;[\t\x20-\x7e\x80-\xff]*)?")
 _REQ_SPECIAL = frozenset(("host", "content-length", "transfer-encoding", "connection", "expect"))
-_MAX_LENGTH_DIGITS = 20  # as h11: a Content-Length of up to 10**20 - 1 parses (then 413s)
 _VERSIONS = {0: "1.0", 1: "1.1"}
 # parser states
 _R_HEAD, _R_LENGTH, _R_SIZE, _R_CHUNK, _R_CRLF, _R_TRAILER, _R_ERROR = range(7)
@@ -110,25 +90,6 @@ class ParsedRequest:
     content_length: int = 0  # declared length (0 when chunked or absent)
     chunked: bool = False
     body: bytes = b""
-
-
-def _token_set(value: str) -> set[str]:
-    """A comma-separated header value as a set of lowercased, stripped, non-empty tokens."""
-    return {t for part in value.lower().split(",") if (t := part.strip(" \t"))}
-
-
-def _content_length(value: str) -> str:
-    """A Content-Length value as h11 normalizes it: its digits ("5, 5" is "5")."""
-    if not (value.isdigit() and value.isascii()):
-        parts = {p.strip(" \t") for p in value.split(",")}
-        if len(parts) != 1:
-            raise ProtocolError("conflicting Content-Length values")
-        value = parts.pop()
-        if not (value.isdigit() and value.isascii()):
-            raise ProtocolError(f"invalid Content-Length {value[:40]!r}")
-    if len(value) > _MAX_LENGTH_DIGITS:
-        raise ProtocolError("Content-Length too large")
-    return value
 
 
 def _normalized(headers: list[tuple[str, str]], length: str | None) -> list[tuple[str, str]]:
@@ -153,7 +114,7 @@ class RequestParser:
         p.feed(data)                # bytes from the socket
         req = p.next_request()      # a complete ParsedRequest, or None: feed more
 
-    ``next_request`` raises :class:`ProtocolError` for a request to refuse, its
+    ``next_request`` raises :class:`RemoteProtocolError` for a request to refuse, its
     ``status`` saying how: 400 malformed, 413 body over ``max_body_bytes`` (checked
     against Content-Length before the body arrives), 431 head over ``max_head_bytes``,
     501 an unsupported transfer coding, 505 an HTTP version other than 1.x.  The parser
@@ -214,14 +175,14 @@ class RequestParser:
             if m is None:
                 n = len(buf)
                 if n > self._max_head:
-                    raise ProtocolError("request head too large", 431)
+                    raise RemoteProtocolError("request head too large", 431)
                 if buf[0] < 0x21:  # as h11: no request line starts with a space or control
-                    raise ProtocolError("illegal request line")
+                    raise RemoteProtocolError("illegal request line")
                 self._scan = max(0, n - 2)
                 return None
             end = m.start() + 1  # the head with its last line's LF
             if end > self._max_head:
-                raise ProtocolError("request head too large", 431)
+                raise RemoteProtocolError("request head too large", 431)
             req = self._parse_head(buf, end)
             pos = m.end()
             self._scan = 0
@@ -243,7 +204,7 @@ class RequestParser:
             self.expect_continue = req.expect_continue and not self._pieces
             self._buf = b""
             return None
-        except ProtocolError:
+        except RemoteProtocolError:
             self._state = _R_ERROR
             self.expect_continue = False
             raise
@@ -253,9 +214,9 @@ class RequestParser:
         nl = buf.find(b"\n", 0, end)
         m = _REQUEST_LINE.fullmatch(buf, 0, nl)
         if m is None:
-            raise ProtocolError(f"illegal request line: {bytes(buf[:nl])[:80]!r}")
+            raise RemoteProtocolError(f"illegal request line: {bytes(buf[:nl])[:80]!r}")
         if m[3] != b"1":
-            raise ProtocolError(f"HTTP/{m[3].decode()}.{m[4].decode()} is not supported", 505)
+            raise RemoteProtocolError(f"HTTP/{m[3].decode()}.{m[4].decode()} is not supported", 505)
         minor = m[4][0] - 48
         version = _VERSIONS.get(minor) or f"1.{minor}"
         headers = _parse_fields(buf[nl + 1:end]) if end > nl + 1 else []
@@ -273,13 +234,13 @@ class RequestParser:
                 digits = _content_length(value)
                 if length is not None:
                     if digits != length:
-                        raise ProtocolError("conflicting Content-Length headers")
+                        raise RemoteProtocolError("conflicting Content-Length headers")
                     normalize = True
                 length = digits
                 normalize = normalize or digits != value
             elif name == "transfer-encoding":
                 if te is not None:
-                    raise ProtocolError("multiple Transfer-Encoding headers", 501)
+                    raise RemoteProtocolError("multiple Transfer-Encoding headers", 501)
                 te = value
                 normalize = normalize or value != "chunked"
             elif name == "connection":
@@ -288,12 +249,12 @@ class RequestParser:
             elif minor >= 1 and "100-continue" in _token_set(value):  # expect
                 expect = True
         if hosts != 1 and (hosts or minor >= 1):
-            raise ProtocolError("missing mandatory Host header" if not hosts else "multiple Host headers")
+            raise RemoteProtocolError("missing mandatory Host header" if not hosts else "multiple Host headers")
         if te is not None:
             if te.lower() != "chunked":
-                raise ProtocolError("only Transfer-Encoding: chunked is supported", 501)
+                raise RemoteProtocolError("only Transfer-Encoding: chunked is supported", 501)
             if length is not None:
-                raise ProtocolError("both Transfer-Encoding and Content-Length")
+                raise RemoteProtocolError("both Transfer-Encoding and Content-Length")
         if normalize:
             headers = _normalized(headers, length)
         req = ParsedRequest(m[1].decode("ascii"), m[2].decode("ascii"), headers, version, keep_alive, expect)
@@ -301,7 +262,7 @@ class RequestParser:
             req.chunked = True
         elif length is not None and (n := int(length)):
             if n > self._max_body:
-                raise ProtocolError(f"request body exceeds the limit of {self._max_body} bytes", 413)
+                raise RemoteProtocolError(f"request body exceeds the limit of {self._max_body} bytes", 413)
             req.content_length = n
         return req
 
@@ -323,7 +284,7 @@ class RequestParser:
             self._buf = buf[rem:]
             return self._complete()
         if state == _R_ERROR:
-            raise ProtocolError("parser is in an error state")
+            raise RemoteProtocolError("parser is in an error state")
         return self._chunked()
 
     def _complete(self) -> ParsedRequest:
@@ -345,17 +306,17 @@ class RequestParser:
                 i = buf.find(b"\r\n", pos)
                 if i < 0:
                     if n - pos > MAX_CHUNK_LINE:
-                        raise ProtocolError("chunk-size line too long")
+                        raise RemoteProtocolError("chunk-size line too long")
                     break
                 m = _REQ_CHUNK_SIZE.fullmatch(buf, pos, i)
                 if m is None:
-                    raise ProtocolError(f"illegal chunk-size line: {bytes(buf[pos:i])[:40]!r}")
+                    raise RemoteProtocolError(f"illegal chunk-size line: {bytes(buf[pos:i])[:40]!r}")
                 size = int(m[1], 16)
                 pos = i + 2
                 if size:
                     self._size += size
                     if self._size > self._max_body:
-                        raise ProtocolError(f"request body exceeds the limit of {self._max_body} bytes", 413)
+                        raise RemoteProtocolError(f"request body exceeds the limit of {self._max_body} bytes", 413)
                     self._remaining = size
                     state = _R_CHUNK
                 else:
@@ -375,10 +336,10 @@ class RequestParser:
             elif state == _R_CRLF:
                 if n - pos < 2:
                     if pos < n and buf[pos] != 13:
-                        raise ProtocolError("missing CRLF after chunk data")
+                        raise RemoteProtocolError("missing CRLF after chunk data")
                     break
                 if buf[pos] != 13 or buf[pos + 1] != 10:
-                    raise ProtocolError("missing CRLF after chunk data")
+                    raise RemoteProtocolError("missing CRLF after chunk data")
                 pos += 2
                 state = _R_SIZE
             else:  # _R_TRAILER: an empty line, or header lines then an empty line
@@ -390,11 +351,11 @@ class RequestParser:
                     m = END_OF_HEAD.search(buf, pos + self._scan)
                     if m is None:
                         if n - pos > self._max_head:
-                            raise ProtocolError("trailer section too large", 431)
+                            raise RemoteProtocolError("trailer section too large", 431)
                         self._scan = max(0, n - pos - 2)
                         break
                     if m.start() + 1 - pos > self._max_head:
-                        raise ProtocolError("trailer section too large", 431)
+                        raise RemoteProtocolError("trailer section too large", 431)
                     _parse_fields(buf[pos:m.start() + 1])  # checked, then dropped
                     pos = m.end()
                     self._scan = 0
@@ -407,143 +368,3 @@ class RequestParser:
             self._buf = buf[pos:]
             self.expect_continue = False
         return None
-
-
-_STATUS_LINES = {status: b"HTTP/1.1 %d \r\n" % status for status in range(200, 600)}
-_RESPONSE_FIELDS = re.compile(rb"(?:" + TOKEN + rb": (?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?\r\n)*")
-_RESP_SPECIAL = frozenset(("content-length", "transfer-encoding", "connection"))
-_TE_CHUNKED = "Transfer-Encoding: chunked\r\n"
-_OWS = " \t"
-
-
-def serialize_response_head(status: int, headers: Iterable[tuple[str, str]], *, method: str = "GET",
-                            http_version: str | None = "1.1", keep_alive: bool = True,
-                            body_length: int | None = None) -> tuple[bytes, int, int, bool]:
-    """A response head's bytes, its framing fixed up as h11 does, and how to send the body.
-
-    ``headers`` go out in order, as given (str, ASCII).  ``method`` and ``http_version``
-    are the request's (``http_version=None``: unknown, as for a malformed request);
-    ``keep_alive``: the request allows reusing the connection.  ``body_length``: the
-    body is that many bytes in hand, so ``content-length`` is added unless present
-    (or the status is 204/304).  When the length is unknown the body is chunked for an
-    HTTP/1.1 peer (``Transfer-Encoding: chunked`` added, Content-Length dropped) and
-    close-delimited for HTTP/1.0; ``Connection: close`` is set whenever the connection
-    will not be kept.
-
-    Returns ``(head, framing, length, keep_alive)``: ``framing`` is BODY_NONE (send no
-    body: HEAD, 204, 304, 2xx to CONNECT), BODY_LENGTH (exactly ``length`` bytes),
-    BODY_CHUNKED or BODY_CLOSE; ``keep_alive`` says whether the connection may carry
-    another request after this response.  Raises :class:`ProtocolError` for a status
-    outside 200-999, or a header that is not a token name and a visible-ASCII value
-    (HTAB/SP inside, no surrounding whitespace), or a bad framing header.
-    """
-    status_line = _STATUS_LINES.get(status)  # type: ignore[call-overload]
-    if status_line is None:
-        if not isinstance(status, int) or not 200 <= status <= 999:
-            raise ProtocolError(f"invalid response status {status!r}")
-        status = int(status)  # an IntEnum
-        status_line = b"HTTP/1.1 %d \r\n" % status
-    lines = []
-    special: list[tuple[int, str, str]] | None = None  # framing headers: (line index, name, value)
-    for name, value in headers:
-        lname = name.lower()
-        if lname in _RESP_SPECIAL:
-            if special is None:
-                special = []
-            special.append((len(lines), lname, value))
-        lines.append(f"{name}: {value}\r\n")
-    no_body = status == 204 or status == 304 or (method == "CONNECT" and status < 300)
-    if special is None:
-        if body_length is not None and not no_body:
-            lines.append(f"content-length: {body_length}\r\n")
-            framing, length = BODY_LENGTH, body_length
-        elif no_body:
-            framing, length = BODY_NONE, 0
-        elif http_version is not None and http_version >= "1.1":
-            lines.append(_TE_CHUNKED)
-            framing, length = BODY_CHUNKED, 0
-        else:
-            framing, length = BODY_CLOSE, 0
-            keep_alive = keep_alive and method == "HEAD"
-        if not keep_alive:
-            lines.append("Connection: close\r\n")
-    else:
-        framing, length, keep_alive = _fix_framing(lines, special, no_body, body_length, http_version, method,
-                                                   keep_alive)
-    block = "".join(lines)
-    try:
-        raw = block.encode("ascii")
-    except UnicodeEncodeError:
-        raise ProtocolError("a response header is not ASCII") from None
-    # The regex checks each line; the LF count catches a CRLF smuggled inside a value,
-    # which would otherwise pass as two well-formed header lines.
-    if raw.count(b"\n") != len(lines) or _RESPONSE_FIELDS.fullmatch(raw) is None:
-        raise ProtocolError(f"invalid response header in {block[:200]!r}")
-    if method == "HEAD" or (method == "CONNECT" and 200 <= status < 300):
-        if method == "CONNECT":
-            keep_alive = False  # h11: the connection was switched to a tunnel
-        framing, length = BODY_NONE, 0
-    return b"%b%b\r\n" % (status_line, raw), framing, length, keep_alive
-
-
-def _fix_framing(lines: list[str], special: list[tuple[int, str, str]], no_body: bool, body_length: int | None,
-                 http_version: str | None, method: str, keep_alive: bool) -> tuple[int, int, bool]:
-    """serialize_response_head's slow path: the handler set framing or Connection headers.
-
-    Edits ``lines`` in place the way h11's _clean_up_response_headers_for_sending does."""
-    length: str | None = None
-    te = False
-    drop: set[int] = set()
-    conn: set[str] = set()
-    # h11 normalizes these values as it sends them: "5, 5" goes out as "5", a repeated
-    # Content-Length once, "Chunked" as "chunked".  (A value with surrounding whitespace
-    # is left alone, for the final check to refuse as h11 does.)
-    for i, name, value in special:
-        if name == "content-length":
-            digits = _content_length(value)
-            if length is not None:
-                if digits != length:
-                    raise ProtocolError("conflicting Content-Length headers")
-                drop.add(i)
-            else:
-                length = digits
-                if digits != value and value == value.strip(_OWS):
-                    lines[i] = f"{lines[i].partition(':')[0]}: {digits}\r\n"
-        elif name == "transfer-encoding":
-            if te:
-                raise ProtocolError("multiple Transfer-Encoding headers")
-            if value.lower() != "chunked":
-                raise ProtocolError("only Transfer-Encoding: chunked is supported")
-            te = True
-            if value != "chunked":
-                lines[i] = f"{lines[i].partition(':')[0]}: chunked\r\n"
-        else:
-            conn |= _token_set(value)
-    if length is None and body_length is not None and not no_body:
-        special.append((len(lines), "content-length", str(body_length)))
-        lines.append(f"content-length: {body_length}\r\n")
-        length = str(body_length)
-    need_close = False
-    if no_body:
-        framing = BODY_NONE
-    elif te or length is None:
-        drop.update(i for i, name, _ in special if name == "content-length")
-        if http_version is None or http_version < "1.1":
-            drop.update(i for i, name, _ in special if name == "transfer-encoding")
-            framing = BODY_CLOSE
-            need_close = method != "HEAD"
-        else:
-            drop.update(i for i, name, _ in special if name == "transfer-encoding")
-            lines.append(_TE_CHUNKED)
-            framing = BODY_CHUNKED
-    else:
-        framing = BODY_LENGTH
-    close = not keep_alive or need_close
-    if close:
-        drop.update(i for i, name, _ in special if name == "connection")
-        conn.discard("keep-alive")
-        conn.add("close")
-        lines.extend(f"Connection: {token}\r\n" for token in sorted(conn))
-    if drop:
-        lines[:] = [line for i, line in enumerate(lines) if i not in drop]
-    return framing, int(length) if framing == BODY_LENGTH else 0, not close and "close" not in conn

@@ -39,9 +39,9 @@ from llmgw.fleet.wire import (
     EngineUpdate,
     Heartbeat,
     Hello,
-    ProtocolError,
     Refused,
     Welcome,
+    WireProtocolError,
 )
 
 log = logging.getLogger("llmgw.agent")
@@ -56,7 +56,7 @@ class RouterRefused(Exception):
 
 
 # What ends a session (and is followed by a reconnect), as opposed to a bug.
-_SESSION_ERRORS = (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError,
+_SESSION_ERRORS = (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError, WireProtocolError,
                    trio.TooSlowError, ssl.SSLError, OSError)
 
 
@@ -188,7 +188,7 @@ class Agent:
         if isinstance(msg, Refused):
             raise RouterRefused(msg.reason)
         if not isinstance(msg, Welcome):
-            raise ProtocolError(f"expected welcome, got {type(msg).TYPE}")
+            raise WireProtocolError(f"expected welcome, got {type(msg).TYPE}")
         self.welcomed = True
         if msg.router_id != self.router_id:
             log.info("connected to router %s at %s:%d as node %s", msg.router_id, self.router_host,
@@ -224,7 +224,7 @@ class Agent:
             if isinstance(msg, Desired):
                 sup.apply(list(msg.engines))
             elif not isinstance(msg, Heartbeat):
-                raise ProtocolError(f"unexpected {type(msg).TYPE} from the router")
+                raise WireProtocolError(f"unexpected {type(msg).TYPE} from the router")
 
     async def say_bye(self, reason: str = "agent stopping") -> None:
         """Tell the router we are leaving (and stopping our engines), so it takes them out of

@@ -46,9 +46,9 @@ from llmgw.fleet.wire import (
     EngineUpdate,
     Heartbeat,
     Hello,
-    ProtocolError,
     Refused,
     Welcome,
+    WireProtocolError,
 )
 
 log = logging.getLogger("llmgw.control")
@@ -184,7 +184,7 @@ class ControlPlane:
             with trio.fail_after(HELLO_TIMEOUT_S):
                 hello = await ms.receive()
             if not isinstance(hello, Hello):
-                raise ProtocolError(f"expected hello first, got {type(hello).TYPE}")
+                raise WireProtocolError(f"expected hello first, got {type(hello).TYPE}")
             why = self._refusal(hello)
             if why is not None:
                 log.warning("refused agent %r from %s: %s", hello.node, peer, why)
@@ -194,7 +194,7 @@ class ControlPlane:
             await self._session(hello, ms, peer)
         except trio.TooSlowError:
             log.warning("agent connection from %s closed: no hello within %ss", peer, HELLO_TIMEOUT_S)
-        except ProtocolError as e:
+        except WireProtocolError as e:
             log.warning("agent connection from %s closed: %s", peer, e)
         except (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -245,7 +245,7 @@ class ControlPlane:
             nonlocal reason
             try:
                 await fn()
-            except ProtocolError as e:
+            except WireProtocolError as e:
                 log.warning("node %s: closing its connection: %s", node, e)
                 reason = f"protocol error: {e}"
             except (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError) as e:
@@ -284,7 +284,7 @@ class ControlPlane:
                     self._on_report(conn.node, None, a)
                 return f"agent left: {msg.reason}"
             elif not isinstance(msg, Heartbeat):
-                raise ProtocolError(f"unexpected {type(msg).TYPE} from an agent")
+                raise WireProtocolError(f"unexpected {type(msg).TYPE} from an agent")
 
     async def _sender(self, conn: _Conn, hb: float) -> None:
         while True:

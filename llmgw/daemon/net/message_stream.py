@@ -13,9 +13,9 @@ from collections.abc import Collection
 
 import trio
 
-from llmgw.fleet.wire import MAX_FRAME, FrameDecoder, Message, ProtocolError, encode
+from llmgw.fleet.wire import MAX_FRAME, FrameDecoder, Message, WireProtocolError, encode
 
-__all__ = ["MessageStream", "ProtocolError", "StreamClosed", "open_client"]
+__all__ = ["MessageStream", "StreamClosed", "WireProtocolError", "open_client"]
 
 _READ_SIZE = 65536
 
@@ -29,7 +29,7 @@ class MessageStream(trio.abc.AsyncResource):
     """Messages over a ``trio.abc.Stream``, numbered from 1 in each direction.
 
     ``receive`` raises :class:`StreamClosed` when the connection ends and
-    :class:`ProtocolError` for bad input (then close: the decoder stays failed).  It is
+    :class:`WireProtocolError` for bad input (then close: the decoder stays failed).  It is
     for one task at a time; ``send`` is safe from many.  `max_frame` and `accept` are the
     decoder's (see :class:`llmgw.fleet.wire.FrameDecoder`).
     """
