@@ -60,8 +60,7 @@ from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
 from llmgw.http1.fields import first_header
 from llmgw.http1.response_head import BODY_CHUNKED, BODY_LENGTH, BODY_NONE, serialize_response_head
 from llmgw.http1.server import CONTINUE, RequestParser
-# RelayBody types Response.body.  BodySink is only re-exported (its old home): import it from llmgw.http1.
-from llmgw.http1.sinks import BodySink, RelayBody  # noqa: F401 (BodySink)
+from llmgw.http1.sinks import RelayBody  # types Response.body
 
 __all__ = ["ErrorBody", "Handler", "Request", "Response", "ServerOptions", "ServerStats", "json_response",
            "openai_error_body", "serve_listeners", "serve_tcp", "serve_unix", "text_response"]

@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from llmgw.config import Config, ModelConfig
-from llmgw.daemon.net.httpserver import BodySink, Request, Response
+from llmgw.daemon.net.httpserver import Request, Response
 from llmgw.daemon.net.upstream import (
     UpstreamClosed,
     UpstreamConnectError,
@@ -35,6 +35,7 @@ from llmgw.daemon.net.upstream import (
 )
 from llmgw.daemon.router.metrics import RouterMetrics
 from llmgw.daemon.router.registry import Registry, Replica
+from llmgw.http1.sinks import BodySink
 from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
