@@ -36,11 +36,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import trio
 
 from llmgw.fleet.engine_cmd import build_command, build_env, health_path
+from llmgw.fleet.engine_record import EngineRecord
 from llmgw.fleet.lifecycle import RestartPolicy
 from llmgw.fleet.types import RUNNING_STATES, EngineReport, EngineSpec
 
@@ -168,18 +169,15 @@ class EngineSupervisor:
             return adopted
         for path in sorted(rec_dir.glob("*.json")):
             try:
-                rec = json.loads(path.read_text())
-                spec = EngineSpec.from_wire(rec["spec"])
-                pid, pgid, port = int(rec["pid"]), int(rec["pgid"]), int(rec["port"])
-                cmd = [str(a) for a in rec["cmd"]]
-                starttime = rec.get("starttime")
+                rec = EngineRecord.from_wire(json.loads(path.read_text()))
             except (OSError, ValueError, KeyError, TypeError) as e:
                 self._log.warning("dropping unreadable engine record %s: %s", path, e)
                 path.unlink(missing_ok=True)
                 continue
+            spec, pid, pgid, port = rec.spec, rec.pid, rec.pgid, rec.port
             if spec.replica in self._engines:  # called late: this record is of an engine we run
                 continue
-            if _is_same_process(pid, pgid, cmd, starttime):
+            if _is_same_process(pid, pgid, rec.cmd, rec.starttime):
                 eng = _Engine(spec=spec, policy=self._policy_factory(), target=spec, adopted=True, running=True,
                               pid=pid, pgid=pgid, port=port, life_started=trio.current_time())
                 self._open_reader(eng)
@@ -516,15 +514,13 @@ class EngineSupervisor:
         return f"http://{_host_port(self._host, eng.port)}"
 
     def _write_record(self, eng: _Engine, cmd: list[str]) -> None:
-        assert eng.pid is not None
-        rec: dict[str, Any] = {"replica": eng.spec.replica, "pid": eng.pid, "pgid": eng.pgid, "port": eng.port,
-                               "url": self._url(eng), "cmd": cmd, "spec": eng.spec.to_wire(),
-                               "spec_hash": eng.spec.spec_hash(), "started_at": time.time(),
-                               "starttime": _starttime(eng.pid)}
+        assert eng.pid is not None and eng.pgid is not None and eng.port is not None
+        rec = EngineRecord(spec=eng.spec, pid=eng.pid, pgid=eng.pgid, port=eng.port, cmd=cmd, url=self._url(eng),
+                           started_at=time.time(), starttime=_starttime(eng.pid))
         path = self._state_dir / "engines" / f"{safe_id(eng.spec.replica)}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec))
+        tmp.write_text(json.dumps(rec.to_wire()))
         os.replace(tmp, path)  # atomic: a crash mid-write leaves no half record
 
 

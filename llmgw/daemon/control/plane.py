@@ -140,9 +140,7 @@ class ControlPlane:
                                 facts=NodeFacts.from_wire(row.facts), now=now)
         for rid, row in st.assignments().items():
             spec = EngineSpec.from_wire(row.spec)
-            dem = row.spec.get("demand") or {}
-            demand = Demand(int(dem.get("gpus", 0)), int(dem.get("gpu_memory_mb", 0)), int(dem.get("memory_mb", 0)),
-                            tuple(tuple(kv) for kv in dem.get("selector", ())))  # type: ignore[misc]
+            demand = Demand.from_wire(row.spec.get("demand") or {})
             self.assignments[rid] = Assignment(rid, row.model, row.node, spec, demand, desired=row.desired,
                                                created_at=row.created_at,
                                                drain_since=now if row.desired == "drain" else None)
@@ -445,8 +443,7 @@ class ControlPlane:
     @staticmethod
     def _row(a: Assignment) -> AssignmentRow:
         spec = a.spec.to_wire()
-        spec["demand"] = {"gpus": a.demand.gpus, "gpu_memory_mb": a.demand.gpu_memory_mb,
-                          "memory_mb": a.demand.memory_mb, "selector": [list(kv) for kv in a.demand.selector]}
+        spec["demand"] = a.demand.to_wire()
         return AssignmentRow(replica=a.replica, model=a.model, node=a.node, spec=spec, desired=a.desired,
                              created_at=a.created_at, updated_at=time.time())
 
