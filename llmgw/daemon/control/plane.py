@@ -23,6 +23,9 @@ from typing import Any
 
 import trio
 
+from llmgw import __version__
+from llmgw.admin.schema import ModelView, NodeView, ReplicaView, Status
+from llmgw.admin.views import node_facts_view
 from llmgw.config import (
     Config,
     ConfigError,
@@ -510,57 +513,56 @@ class ControlPlane:
         self._wake.set()
 
     # -- views ---------------------------------------------------------------------------------
-    def node_views(self) -> list[dict[str, Any]]:
+    def node_views(self) -> list[NodeView]:
         now = trio.current_time()
         out = []
         for n in sorted(self.nodes.nodes.values(), key=lambda n: n.name):
             engines = [a for a in self.assignments.values() if a.node == n.name]
-            out.append({
-                "name": n.name, "state": n.state, "since_s": round(now - n.since, 3), "reason": n.reason,
-                "connected": n.connected, "agent_id": n.agent_id,
-                "last_seen_s": None if n.last_seen is None else round(now - n.last_seen, 3),
-                "labels": n.labels, "agent_labels": n.agent_labels, "operator_labels": n.operator_labels,
-                "location": location(n.labels), "facts": n.facts.to_wire(),
-                "replicas": sorted(a.replica for a in engines),
-            })
+            out.append(NodeView(
+                name=n.name, state=n.state, since_s=round(now - n.since, 3), reason=n.reason,
+                connected=n.connected, agent_id=n.agent_id,
+                last_seen_s=None if n.last_seen is None else round(now - n.last_seen, 3),
+                labels=n.labels, agent_labels=n.agent_labels, operator_labels=n.operator_labels,
+                location=location(n.labels), facts=node_facts_view(n.facts),
+                replicas=sorted(a.replica for a in engines),
+            ))
         return out
 
-    def replica_views(self) -> list[dict[str, Any]]:
+    def replica_views(self) -> list[ReplicaView]:
         out = []
         for a in sorted(self.assignments.values(), key=lambda a: a.replica):
             r = a.report
             rep = self.router.registry.replicas.get(a.replica)
-            out.append({
-                "replica": a.replica, "model": a.model, "node": a.node, "desired": a.desired,
-                "state": a.engine_state, "url": r.url if r else None, "pid": r.pid if r else None,
-                "restarts": r.restarts if r else 0, "detail": r.detail if r else "",
-                "log_tail": list(r.log_tail) if r else [], "adopted": r.adopted if r else False,
-                "gpus": list(a.spec.gpu_indices), "generation": a.spec.generation, "reason": a.reason,
-                "routable": rep is not None and not rep.draining,
-                "inflight": rep.view.inflight if rep else 0, "created_at": a.created_at,
-            })
+            out.append(ReplicaView(
+                replica=a.replica, model=a.model, node=a.node, desired=a.desired,
+                state=a.engine_state, url=r.url if r else None, pid=r.pid if r else None,
+                restarts=r.restarts if r else 0, detail=r.detail if r else "",
+                log_tail=list(r.log_tail) if r else [], adopted=r.adopted if r else False,
+                gpus=list(a.spec.gpu_indices), generation=a.spec.generation, reason=a.reason,
+                routable=rep is not None and not rep.draining,
+                inflight=rep.view.inflight if rep else 0, created_at=a.created_at,
+            ))
         return out
 
-    def model_views(self) -> list[dict[str, Any]]:
+    def model_views(self) -> list[ModelView]:
         out = []
         for name in sorted(self.models):
             m = self.models[name]
             mine = [a for a in self.assignments.values() if a.model == name]
-            out.append({
-                "name": name, "engine": m.engine, "source": self.sources.get(name, "api"),
-                "desired_replicas": m.deploy.count if m.deploy else None,
-                "replicas": len([a for a in mine if a.desired == "run"]),
-                "ready": len([a for a in mine if a.engine_state == "ready" and a.desired == "run"]),
-                "static_replicas": len(m.replicas), "unplaceable": self.unplaceable.get(name),
-                "definition": model_to_dict(m),
-            })
+            out.append(ModelView(
+                name=name, engine=m.engine, source=self.sources.get(name, "api"),
+                desired_replicas=m.deploy.count if m.deploy else None,
+                replicas=len([a for a in mine if a.desired == "run"]),
+                ready=len([a for a in mine if a.engine_state == "ready" and a.desired == "run"]),
+                static_replicas=len(m.replicas), unplaceable=self.unplaceable.get(name),
+                definition=model_to_dict(m),
+            ))
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Status:
         states: dict[str, int] = {}
         for n in self.nodes.nodes.values():
             states[n.state] = states.get(n.state, 0) + 1
-        return {"router_id": self.router_id, "nodes": states, "assignments": len(self.assignments),
-                "partition_suspected": self.nodes.partition_suspected, "control_port": self.port,
-                "unplaceable": dict(self.unplaceable)}
-
+        return Status(version=__version__, router_id=self.router_id, nodes=states, assignments=len(self.assignments),
+                      partition_suspected=self.nodes.partition_suspected, control_port=self.port,
+                      unplaceable=dict(self.unplaceable))
