@@ -36,8 +36,8 @@ from llmgw.admin.schema import (
     Problem,
     RequestDecisions,
 )
-from llmgw.admin.views import breaker_view, cache_summary_view, decision_view, dumps, scraped_metrics_view
 from llmgw.admin.validate import Invalid, from_json, query_value
+from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
 from llmgw.daemon.control.plane import ControlPlane, ModelError
 from llmgw.daemon.net.httpserver import (
@@ -47,7 +47,7 @@ from llmgw.daemon.net.httpserver import (
     serve_tcp,
     serve_unix,
 )
-from llmgw.daemon.router.proxy import Router
+from llmgw.daemon.router.control_port import RouterPort
 from llmgw.route.types import Decision
 
 log = logging.getLogger("llmgw.admin")
@@ -110,7 +110,7 @@ def _handles(name: str) -> Callable[[_Handler], _Handler]:
 
 
 class AdminApp:
-    def __init__(self, control: ControlPlane, router: Router, *, token: str | None = None,
+    def __init__(self, control: ControlPlane, router: RouterPort, *, token: str | None = None,
                  events_tick_s: float = 1.0, ping_s: float = 5.0, decisions_poll_s: float = 0.1) -> None:
         names = {r.name for r in ROUTES}
         if names != set(_HANDLERS):
@@ -321,20 +321,7 @@ class AdminApp:
         return next(r for r in self.control.replica_views() if r.replica == rid)
 
     def _endpoints(self, model: str | None = None) -> list[EndpointStatus]:
-        reps = self.router.registry.replicas
-        out = []
-        for row in self.router.registry.snapshot():
-            if model is not None and row["model"] != model:
-                continue
-            rep = reps.get(row["id"])
-            out.append(EndpointStatus(
-                id=row["id"], model=row["model"], url=row["url"], pool=row["pool"], inflight=row["inflight"],
-                running=row["running"], waiting=row["waiting"], kv_usage=row["kv_usage"], stale=row["stale"],
-                scrape_age_s=row["scrape_age_s"], scrape_error=row["scrape_error"], drain_rate=row["drain_rate"],
-                breaker=breaker_view(row["breaker"]), adapters=row["adapters"], node=row["node"],
-                draining=row["draining"], wall=row["wall"],
-                scrape=scraped_metrics_view(rep.last_scrape if rep is not None else None)))
-        return out
+        return self.router.endpoints(model)
 
     @_handles("list_endpoints")
     async def _list_endpoints(self, call: _Call) -> Any:
@@ -345,7 +332,7 @@ class AdminApp:
     async def _decisions(self, call: _Call) -> Any:
         model, replica, limit = call.query["model"], call.query["replica"], call.query["limit"]
         out = []
-        for d in reversed(self.router.decisions):
+        for d in reversed(self.router.decisions()):
             if (model is None or d.model == model) and (replica is None or d.chosen == replica):
                 out.append(decision_view(d))
                 if len(out) >= limit:
@@ -355,13 +342,13 @@ class AdminApp:
     @_handles("get_decision")
     async def _decision(self, call: _Call) -> Any:
         rid = call.params["request_id"]
-        decisions = [decision_view(d) for d in self.router.decisions if d.request_id == rid]
+        decisions = [decision_view(d) for d in self.router.decisions() if d.request_id == rid]
         if not decisions:
             raise _Fail(404, f"No recent decision for request {rid!r}.")
         return RequestDecisions(request_id=rid, decisions=decisions)
 
     def _cache(self, window_s: float | None = None) -> CacheSummary:
-        return cache_summary_view(self.router.registry.cache_stats.summary(trio.current_time(), window_s))
+        return self.router.cache_summary(window_s)
 
     @_handles("get_cache")
     async def _get_cache(self, call: _Call) -> Any:
@@ -385,7 +372,7 @@ class AdminApp:
                 "endpoints": self._endpoints(), "cache": self._cache()}
 
     def _new_decisions(self, seen: Decision | None) -> list[Decision]:
-        ring = self.router.decisions
+        ring = self.router.decisions()
         if not ring or ring[-1] is seen:
             return []
         new = []
@@ -400,7 +387,7 @@ class AdminApp:
         rev = 1
         sections = self._sections()
         last = {k: dumps(v) for k, v in sections.items()}
-        recent = list(self.router.decisions)[-SNAPSHOT_DECISIONS:]
+        recent = list(self.router.decisions())[-SNAPSHOT_DECISIONS:]
         seen = recent[-1] if recent else None
         yield _line({"type": "snapshot", "rev": rev, **sections, "decisions": [decision_view(d) for d in recent]})
         now = trio.current_time()

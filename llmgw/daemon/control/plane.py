@@ -34,9 +34,9 @@ from llmgw.config import (
     model_from_dict,
     model_to_dict,
 )
-from llmgw.daemon.router.proxy import Router
 from llmgw.daemon.control.store import AssignmentRow, Store
 from llmgw.daemon.net.message_stream import MessageStream, StreamClosed
+from llmgw.daemon.router.control_port import RouterPort
 from llmgw.fleet.nodes import NodeRegistry, NodeTimeouts, Transition, location
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
@@ -91,7 +91,7 @@ class _Conn:
 
 
 class ControlPlane:
-    def __init__(self, cfg: Config, store: Store, router: Router, *, token: str | None,
+    def __init__(self, cfg: Config, store: Store, router: RouterPort, *, token: str | None,
                  settle_s: float | None = None) -> None:
         self.cfg = cfg
         c = cfg.control
@@ -159,7 +159,7 @@ class ControlPlane:
             self.deploys.pop(m.name, None)
         else:
             self.deploys[m.name] = dep
-        self.router.registry.add_model(m)
+        self.router.define_model(m)
 
     # -- serving agents ------------------------------------------------------------------------
     async def serve(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
@@ -335,25 +335,22 @@ class ControlPlane:
                     and a.desired in ("run", "drain") and self.nodes.nodes.get(a.node) is not None
                     and self.nodes.nodes[a.node].state != "lost")
         if not routable:
-            self.router.remove_replica(a.replica)
+            self.router.withdraw_replica(a.replica)
             return
-        rep = self.router.registry.replicas.get(a.replica)
         if a.desired == "run":
             d = m.deploy or DeployConfig()  # type: ignore[union-attr]
             self.router.add_replica(m, a.replica, r.url, pool=d.pool, weight=d.weight,  # type: ignore[arg-type]
                                     node=a.node)
-        elif rep is not None:
-            rep.draining = True
+        else:
+            self.router.drain_replica(a.replica)
 
     def _forget(self, a: Assignment, why: str) -> None:
         self.assignments.pop(a.replica, None)
-        self.router.remove_replica(a.replica)
+        self.router.withdraw_replica(a.replica)
         self.store.delete_assignment(a.replica)
         self.store.record("replica removed", replica=a.replica, model=a.model, node=a.node, detail=why)
         if a.model not in self.models and not any(x.model == a.model for x in self.assignments.values()):
-            entry = self.router.registry.models.get(a.model)
-            if entry is not None and not entry.replicas:
-                self.router.registry.remove_model(a.model)
+            self.router.forget_model(a.model)
 
     # -- reconciliation ------------------------------------------------------------------------
     def _transitions(self, ts: list[Transition]) -> None:
@@ -415,12 +412,12 @@ class ControlPlane:
                 self.store.record("replica draining", replica=rid, model=a.model, node=a.node, detail=why)
                 self._route(a)
             for a in [a for a in self.assignments.values() if a.desired == "drain"]:
-                rep = self.router.registry.replicas.get(a.replica)
-                idle = rep is None or rep.view.inflight == 0
+                st = self.router.replica_state(a.replica)
+                idle = st is None or st.inflight == 0
                 if idle or now - (a.drain_since or now) >= drain_timeout:
                     a.desired = "stop"
                     self.store.set_desired(a.replica, "stop")
-                    self.router.remove_replica(a.replica)
+                    self.router.withdraw_replica(a.replica)
                     self._push(a.node)
             for a in [a for a in self.assignments.values() if a.desired == "stop"]:
                 n = self.nodes.nodes.get(a.node)
@@ -532,15 +529,15 @@ class ControlPlane:
         out = []
         for a in sorted(self.assignments.values(), key=lambda a: a.replica):
             r = a.report
-            rep = self.router.registry.replicas.get(a.replica)
+            st = self.router.replica_state(a.replica)
             out.append(ReplicaView(
                 replica=a.replica, model=a.model, node=a.node, desired=a.desired,
                 state=a.engine_state, url=r.url if r else None, pid=r.pid if r else None,
                 restarts=r.restarts if r else 0, detail=r.detail if r else "",
                 log_tail=list(r.log_tail) if r else [], adopted=r.adopted if r else False,
                 gpus=list(a.spec.gpu_indices), generation=a.spec.generation, reason=a.reason,
-                routable=rep is not None and not rep.draining,
-                inflight=rep.view.inflight if rep else 0, created_at=a.created_at,
+                routable=st is not None and st.routable,
+                inflight=st.inflight if st else 0, created_at=a.created_at,
             ))
         return out
 
