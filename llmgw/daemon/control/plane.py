@@ -1,24 +1,22 @@
-"""The router's control plane: the agents' streams, the node registry, reconciliation and the store.
+"""The router's control plane: models, the node registry, reconciliation, the store, and the
+replicas it routes in and out of the router's scheduler; the admin API's views of all that.
 
-Agents dial in (docs/architecture.md has the protocol). Each connection is authenticated by the
-join token in its hello, carries the agent's full state, and then lives on heartbeats, engine
-updates from the agent and `desired` sets from the router. A reconcile loop applies the node
-timeouts, asks the pure reconciler for a plan, writes it to the store, pushes each changed node
-its desired set, and moves replicas in and out of the scheduler as their engines report ready or
-stop. Draining replicas take no new requests and stop when their last request ends (or at
+Agents dial in (docs/architecture.md has the protocol; their sessions are agent_sessions.py) and
+report their engines. A reconcile loop applies the node timeouts, asks the pure reconciler for a
+plan, writes it to the store, pushes each changed node its desired set, and moves replicas in and
+out of the scheduler (through the router's control port) as their engines report ready or stop.
+Draining replicas take no new requests and stop when their last request ends (or at
 `drain_timeout_s`).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import secrets
 import ssl
 import time
 import uuid
-from dataclasses import dataclass, field, replace
-from functools import partial
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -34,31 +32,17 @@ from llmgw.config import (
     model_from_dict,
     model_to_dict,
 )
+from llmgw.daemon.control.agent_sessions import AgentSessions
 from llmgw.daemon.control.store import AssignmentRow, Store
-from llmgw.daemon.net.message_stream import MessageStream, StreamClosed
 from llmgw.daemon.router.control_port import RouterPort
 from llmgw.fleet.nodes import NodeRegistry, NodeTimeouts, Transition, location
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts
-from llmgw.fleet.wire import (
-    FROM_AGENT,
-    PROTOCOL_VERSION,
-    Bye,
-    Desired,
-    EngineUpdate,
-    Heartbeat,
-    Hello,
-    ProtocolError,
-    Refused,
-    Welcome,
-)
 
 log = logging.getLogger("llmgw.control")
 
-__all__ = ["HELLO_TIMEOUT_S", "ControlPlane", "ModelError", "deploy_of"]
-
-HELLO_TIMEOUT_S = 10.0
+__all__ = ["ControlPlane", "ModelError", "deploy_of"]
 
 
 class ModelError(Exception):
@@ -78,18 +62,6 @@ def deploy_of(m: ModelConfig) -> ModelDeploy | None:
     return ModelDeploy(m.name, d.count, demand, template)
 
 
-@dataclass
-class _Conn:
-    node: str
-    agent_id: str
-    stream: MessageStream
-    peer: str
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    wake: trio.Event = field(default_factory=trio.Event)
-    sent_rev: int = -1
-    closing_reason: str = ""
-
-
 class ControlPlane:
     def __init__(self, cfg: Config, store: Store, router: RouterPort, *, token: str | None,
                  settle_s: float | None = None) -> None:
@@ -97,7 +69,6 @@ class ControlPlane:
         c = cfg.control
         self.store = store
         self.router = router
-        self.token = token
         self.router_id = uuid.uuid4().hex[:12]
         self.nodes = NodeRegistry(NodeTimeouts(c.not_ready_after_s, c.lost_after_s, c.max_lost_fraction),
                                   trio.current_time())
@@ -106,8 +77,7 @@ class ControlPlane:
         self.deploys: dict[str, ModelDeploy] = {}
         self.assignments: dict[str, Assignment] = {}
         self.unplaceable: dict[str, str] = {}
-        self.conns: dict[str, _Conn] = {}
-        self._node_rev: dict[str, int] = {}  # per node, bumped when its desired set changes
+        self.agents = AgentSessions(self, token)
         self._wake = trio.Event()
         self._partition_logged = False
         self.port: int | None = None
@@ -164,149 +134,17 @@ class ControlPlane:
     # -- serving agents ------------------------------------------------------------------------
     async def serve(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """The agents' listener (each connection a session: self.agents) and the reconcile loop."""
         listeners = await trio.open_tcp_listeners(port, host=host)
         self.port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._reconcile_loop)
-            await nursery.start(trio.serve_listeners, lambda s: self._serve_agent(s, ssl_context), listeners)
+            await nursery.start(trio.serve_listeners, lambda s: self.agents.serve_agent(s, ssl_context), listeners)
             task_status.started(self.port)
 
-    async def _serve_agent(self, raw: trio.SocketStream, ssl_context: ssl.SSLContext | None) -> None:
-        try:
-            host, port = raw.socket.getpeername()[:2]
-            peer = f"{host}:{port}"
-        except OSError:
-            peer = "?"
-        stream: trio.abc.Stream = raw
-        if ssl_context is not None:
-            stream = trio.SSLStream(raw, ssl_context, server_side=True)
-        ms = MessageStream(stream, max_frame=self.cfg.control.max_message_bytes, accept=FROM_AGENT)
-        try:
-            with trio.fail_after(HELLO_TIMEOUT_S):
-                hello = await ms.receive()
-            if not isinstance(hello, Hello):
-                raise ProtocolError(f"expected hello first, got {type(hello).TYPE}")
-            why = self._refusal(hello)
-            if why is not None:
-                log.warning("refused agent %r from %s: %s", hello.node, peer, why)
-                with trio.move_on_after(2):
-                    await ms.send(Refused(why))
-                return
-            await self._session(hello, ms, peer)
-        except trio.TooSlowError:
-            log.warning("agent connection from %s closed: no hello within %ss", peer, HELLO_TIMEOUT_S)
-        except ProtocolError as e:
-            log.warning("agent connection from %s closed: %s", peer, e)
-        except (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            with trio.move_on_after(1) as cs:
-                cs.shield = True
-                await ms.aclose()
-
-    def _refusal(self, hello: Hello) -> str | None:
-        if self.token is None or not hmac.compare_digest(hello.token.encode(), self.token.encode()):
-            return "wrong join token"  # never the token itself, neither here nor in the log
-        if PROTOCOL_VERSION not in hello.versions:
-            return f"no common protocol version (router speaks {PROTOCOL_VERSION}, agent {list(hello.versions)})"
-        return None
-
-    async def _session(self, hello: Hello, ms: MessageStream, peer: str) -> None:
-        node = hello.node
-        conn = _Conn(node, hello.agent_id, ms, peer)
-        old = self.conns.get(node)
-        if old is not None:
-            log.warning("node %s: a new connection from %s replaces the one from %s", node, peer, old.peer)
-            old.closing_reason = "replaced by a newer connection"
-            old.scope.cancel()
-        self.conns[node] = conn
-        now = trio.current_time()
-        self._transitions(self.nodes.connected(node, hello.agent_id, labels=hello.labels, facts=hello.facts,
-                                               now=now))
-        n = self.nodes.nodes[node]
-        self.store.upsert_node(node, agent_labels=hello.labels, facts=hello.facts.to_wire(), seen_at=time.time())
-        log.info("node %s joined from %s (agent %s, %d engines)", node, peer, hello.agent_id, len(hello.engines))
-        # The hello is the agent's whole truth: what it does not mention, it does not run.
-        reported = {r.replica for r in hello.engines}
-        for a in [a for a in self.assignments.values() if a.node == node and a.replica not in reported]:
-            self._on_report(node, None, a)
-        for r in hello.engines:
-            self._on_report(node, r)
-        self._node_rev[node] = self._node_rev.get(node, 0) + 1
-        hb = self.cfg.control.heartbeat_s
-        await ms.send(Welcome(node=node, router_id=self.router_id, version=PROTOCOL_VERSION, heartbeat_s=hb))
-        reason = "stream closed"
-
-        async def receive() -> None:
-            nonlocal reason
-            reason = await self._receiver(conn)
-
-        async def guarded(fn: Any) -> None:
-            # Failures end the session here, never as an exception group out of the nursery.
-            nonlocal reason
-            try:
-                await fn()
-            except ProtocolError as e:
-                log.warning("node %s: closing its connection: %s", node, e)
-                reason = f"protocol error: {e}"
-            except (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-                reason = f"stream closed: {e}" if str(e) else "stream closed"
-            nursery.cancel_scope.cancel()
-
-        try:
-            with conn.scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(guarded, partial(self._sender, conn, hb))
-                    nursery.start_soon(guarded, receive)
-        finally:
-            reason = conn.closing_reason or reason
-            if self.conns.get(node) is conn:
-                del self.conns[node]
-            self._transitions(self.nodes.disconnected(node, conn.agent_id, reason, trio.current_time()))
-            if n.state != "ready":
-                log.info("node %s disconnected: %s", node, reason)
-            self._wake.set()
-
-    async def _receiver(self, conn: _Conn) -> str:
-        # A peer silent for this long is gone even if TCP has not noticed.
-        silence = max(3 * self.cfg.control.heartbeat_s, self.cfg.control.not_ready_after_s * 2)
-        while True:
-            with trio.move_on_after(silence) as cs:
-                msg = await conn.stream.receive()
-            if cs.cancelled_caught:
-                return f"silent for {silence:.0f}s"
-            self._transitions(self.nodes.heard(conn.node, conn.agent_id, trio.current_time()))
-            if isinstance(msg, EngineUpdate):
-                self._on_report(conn.node, msg.report)
-                self._wake.set()
-            elif isinstance(msg, Bye):
-                # A leaving agent stops its engines: out of routing now, not after failed requests.
-                for a in [a for a in self.assignments.values() if a.node == conn.node]:
-                    self._on_report(conn.node, None, a)
-                return f"agent left: {msg.reason}"
-            elif not isinstance(msg, Heartbeat):
-                raise ProtocolError(f"unexpected {type(msg).TYPE} from an agent")
-
-    async def _sender(self, conn: _Conn, hb: float) -> None:
-        while True:
-            rev = self._node_rev.get(conn.node, 0)
-            if rev != conn.sent_rev:
-                conn.sent_rev = rev
-                await conn.stream.send(Desired(rev=rev, engines=tuple(self.desired_for(conn.node))))
-            else:
-                await conn.stream.send(Heartbeat())
-            with trio.move_on_after(hb):
-                await conn.wake.wait()
-            conn.wake = trio.Event()
-
     def desired_for(self, node: str) -> list[EngineSpec]:
+        """What `node` should run: its session sends this as the node's desired set."""
         return [a.spec for a in self.assignments.values() if a.node == node and a.desired in ("run", "drain")]
-
-    def _push(self, node: str) -> None:
-        self._node_rev[node] = self._node_rev.get(node, 0) + 1
-        conn = self.conns.get(node)
-        if conn is not None:
-            conn.wake.set()
 
     # -- engine reports → scheduler ------------------------------------------------------------
     def _on_report(self, node: str, report: EngineReport | None, a: Assignment | None = None) -> None:
@@ -404,7 +242,7 @@ class ControlPlane:
                 self.store.record("replica placed", replica=a.replica, model=a.model, node=a.node,
                                   detail=f"gpus {list(a.spec.gpu_indices)}" if a.spec.gpu_indices else "")
                 log.info("replica %s of %s placed on %s", a.replica, a.model, a.node)
-                self._push(a.node)
+                self.agents.push(a.node)
             for rid, why in plan.drain:
                 a = self.assignments[rid]
                 a.desired, a.drain_since, a.reason = "drain", now, why
@@ -418,7 +256,7 @@ class ControlPlane:
                     a.desired = "stop"
                     self.store.set_desired(a.replica, "stop")
                     self.router.withdraw_replica(a.replica)
-                    self._push(a.node)
+                    self.agents.push(a.node)
             for a in [a for a in self.assignments.values() if a.desired == "stop"]:
                 n = self.nodes.nodes.get(a.node)
                 if n is not None and n.connected and (a.report is None or a.report.state == "stopped"):
@@ -492,7 +330,7 @@ class ControlPlane:
         a.spec = replace(a.spec, generation=a.spec.generation + 1)
         self.store.put_assignment(self._row(a))
         self.store.record("replica restart requested", replica=rid, model=a.model, node=a.node)
-        self._push(a.node)
+        self.agents.push(a.node)
 
     def set_labels(self, node: str, labels: dict[str, str]) -> None:
         self.store.set_node_labels(node, labels)
@@ -560,6 +398,6 @@ class ControlPlane:
         states: dict[str, int] = {}
         for n in self.nodes.nodes.values():
             states[n.state] = states.get(n.state, 0) + 1
-        return Status(version=__version__, router_id=self.router_id, nodes=states, assignments=len(self.assignments),
-                      partition_suspected=self.nodes.partition_suspected, control_port=self.port,
-                      unplaceable=dict(self.unplaceable))
+        return Status(version=__version__, router_id=self.router_id, nodes=states,
+                      assignments=len(self.assignments), partition_suspected=self.nodes.partition_suspected,
+                      control_port=self.port, unplaceable=dict(self.unplaceable))
