@@ -7,22 +7,24 @@ A session then runs two loops until the stream ends, the agent says bye, falls s
 connection of the same node replaces it: a receiver (heartbeats, engine updates, bye) and a
 sender (the node's `desired` set whenever it changed, a heartbeat otherwise).
 
-AgentSessions is part of the ControlPlane (plane.py), split out by role: what the agents say goes
-into the plane's node registry, its engine-report handling and its reconcile loop's wake-up."""
+What the agents say goes to the control plane (plane.py) through SessionHost: a node joined, was
+heard, reported an engine, left or disconnected; the plane answers each node's desired set."""
 
 from __future__ import annotations
 
 import hmac
 import logging
 import ssl
-import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
+from llmgw.config import ControlConfig
 from llmgw.daemon.net.message_stream import MessageStream, StreamClosed
+from llmgw.fleet.nodes import Node
+from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.fleet.wire import (
     FROM_AGENT,
     PROTOCOL_VERSION,
@@ -36,14 +38,35 @@ from llmgw.fleet.wire import (
     Welcome,
 )
 
-if TYPE_CHECKING:
-    from llmgw.daemon.control.plane import ControlPlane
-
 log = logging.getLogger("llmgw.control")
 
-__all__ = ["HELLO_TIMEOUT_S", "AgentSessions"]
+__all__ = ["HELLO_TIMEOUT_S", "AgentSessions", "SessionHost"]
 
 HELLO_TIMEOUT_S = 10.0
+
+
+class SessionHost(Protocol):
+    """The control plane, as the agents' sessions see it (ControlPlane implements it)."""
+
+    router_id: str
+
+    def agent_joined(self, hello: Hello, peer: str) -> Node:
+        """A node's agent said hello (and was welcome): the node's record."""
+        ...
+
+    def agent_heard(self, node: str, agent_id: str) -> None: ...
+
+    def engine_reported(self, node: str, report: EngineReport) -> None: ...
+
+    def agent_left(self, node: str) -> None:
+        """The agent said bye: it is stopping its engines."""
+        ...
+
+    def agent_disconnected(self, n: Node, agent_id: str, reason: str) -> None: ...
+
+    def desired_for(self, node: str) -> list[EngineSpec]:
+        """What `node` should run now."""
+        ...
 
 
 @dataclass
@@ -61,8 +84,9 @@ class _Conn:
 class AgentSessions:
     """The connected agents, one session per node, and each node's `desired` revision."""
 
-    def __init__(self, plane: ControlPlane, token: str | None) -> None:
-        self.plane = plane
+    def __init__(self, host: SessionHost, cfg: ControlConfig, token: str | None) -> None:
+        self.host = host
+        self.cfg = cfg
         self.token = token
         self.conns: dict[str, _Conn] = {}
         self._node_rev: dict[str, int] = {}  # per node, bumped when its desired set changes
@@ -84,7 +108,7 @@ class AgentSessions:
         stream: trio.abc.Stream = raw
         if ssl_context is not None:
             stream = trio.SSLStream(raw, ssl_context, server_side=True)
-        ms = MessageStream(stream, max_frame=self.plane.cfg.control.max_message_bytes, accept=FROM_AGENT)
+        ms = MessageStream(stream, max_frame=self.cfg.max_message_bytes, accept=FROM_AGENT)
         try:
             with trio.fail_after(HELLO_TIMEOUT_S):
                 hello = await ms.receive()
@@ -116,7 +140,6 @@ class AgentSessions:
         return None
 
     async def _session(self, hello: Hello, ms: MessageStream, peer: str) -> None:
-        plane = self.plane
         node = hello.node
         conn = _Conn(node, hello.agent_id, ms, peer)
         old = self.conns.get(node)
@@ -125,21 +148,10 @@ class AgentSessions:
             old.closing_reason = "replaced by a newer connection"
             old.scope.cancel()
         self.conns[node] = conn
-        now = trio.current_time()
-        plane._transitions(plane.nodes.connected(node, hello.agent_id, labels=hello.labels, facts=hello.facts,
-                                                 now=now))
-        n = plane.nodes.nodes[node]
-        plane.store.upsert_node(node, agent_labels=hello.labels, facts=hello.facts.to_wire(), seen_at=time.time())
-        log.info("node %s joined from %s (agent %s, %d engines)", node, peer, hello.agent_id, len(hello.engines))
-        # The hello is the agent's whole truth: what it does not mention, it does not run.
-        reported = {r.replica for r in hello.engines}
-        for a in [a for a in plane.assignments.values() if a.node == node and a.replica not in reported]:
-            plane._on_report(node, None, a)
-        for r in hello.engines:
-            plane._on_report(node, r)
+        n = self.host.agent_joined(hello, peer)
         self._node_rev[node] = self._node_rev.get(node, 0) + 1
-        hb = plane.cfg.control.heartbeat_s
-        await ms.send(Welcome(node=node, router_id=plane.router_id, version=PROTOCOL_VERSION, heartbeat_s=hb))
+        hb = self.cfg.heartbeat_s
+        await ms.send(Welcome(node=node, router_id=self.host.router_id, version=PROTOCOL_VERSION, heartbeat_s=hb))
         reason = "stream closed"
 
         async def receive() -> None:
@@ -167,28 +179,21 @@ class AgentSessions:
             reason = conn.closing_reason or reason
             if self.conns.get(node) is conn:
                 del self.conns[node]
-            plane._transitions(plane.nodes.disconnected(node, conn.agent_id, reason, trio.current_time()))
-            if n.state != "ready":
-                log.info("node %s disconnected: %s", node, reason)
-            plane._wake.set()
+            self.host.agent_disconnected(n, conn.agent_id, reason)
 
     async def _receiver(self, conn: _Conn) -> str:
-        plane = self.plane
         # A peer silent for this long is gone even if TCP has not noticed.
-        silence = max(3 * plane.cfg.control.heartbeat_s, plane.cfg.control.not_ready_after_s * 2)
+        silence = max(3 * self.cfg.heartbeat_s, self.cfg.not_ready_after_s * 2)
         while True:
             with trio.move_on_after(silence) as cs:
                 msg = await conn.stream.receive()
             if cs.cancelled_caught:
                 return f"silent for {silence:.0f}s"
-            plane._transitions(plane.nodes.heard(conn.node, conn.agent_id, trio.current_time()))
+            self.host.agent_heard(conn.node, conn.agent_id)
             if isinstance(msg, EngineUpdate):
-                plane._on_report(conn.node, msg.report)
-                plane._wake.set()
+                self.host.engine_reported(conn.node, msg.report)
             elif isinstance(msg, Bye):
-                # A leaving agent stops its engines: out of routing now, not after failed requests.
-                for a in [a for a in plane.assignments.values() if a.node == conn.node]:
-                    plane._on_report(conn.node, None, a)
+                self.host.agent_left(conn.node)
                 return f"agent left: {msg.reason}"
             elif not isinstance(msg, Heartbeat):
                 raise ProtocolError(f"unexpected {type(msg).TYPE} from an agent")
@@ -198,7 +203,7 @@ class AgentSessions:
             rev = self._node_rev.get(conn.node, 0)
             if rev != conn.sent_rev:
                 conn.sent_rev = rev
-                await conn.stream.send(Desired(rev=rev, engines=tuple(self.plane.desired_for(conn.node))))
+                await conn.stream.send(Desired(rev=rev, engines=tuple(self.host.desired_for(conn.node))))
             else:
                 await conn.stream.send(Heartbeat())
             with trio.move_on_after(hb):

@@ -35,10 +35,11 @@ from llmgw.config import (
 from llmgw.daemon.control.agent_sessions import AgentSessions
 from llmgw.daemon.control.store import AssignmentRow, Store
 from llmgw.daemon.router.control_port import RouterPort
-from llmgw.fleet.nodes import NodeRegistry, NodeTimeouts, Transition, location
+from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition, location
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts
+from llmgw.fleet.wire import Hello
 
 log = logging.getLogger("llmgw.control")
 
@@ -77,7 +78,7 @@ class ControlPlane:
         self.deploys: dict[str, ModelDeploy] = {}
         self.assignments: dict[str, Assignment] = {}
         self.unplaceable: dict[str, str] = {}
-        self.agents = AgentSessions(self, token)
+        self.agents = AgentSessions(self, c, token)
         self._wake = trio.Event()
         self._partition_logged = False
         self.port: int | None = None
@@ -141,6 +142,41 @@ class ControlPlane:
             nursery.start_soon(self._reconcile_loop)
             await nursery.start(trio.serve_listeners, lambda s: self.agents.serve_agent(s, ssl_context), listeners)
             task_status.started(self.port)
+
+    # -- what the agents' sessions tell us (the SessionHost of agent_sessions.py) ----------------
+    def agent_joined(self, hello: Hello, peer: str) -> Node:
+        node = hello.node
+        now = trio.current_time()
+        self._transitions(self.nodes.connected(node, hello.agent_id, labels=hello.labels, facts=hello.facts,
+                                               now=now))
+        n = self.nodes.nodes[node]
+        self.store.upsert_node(node, agent_labels=hello.labels, facts=hello.facts.to_wire(), seen_at=time.time())
+        log.info("node %s joined from %s (agent %s, %d engines)", node, peer, hello.agent_id, len(hello.engines))
+        # The hello is the agent's whole truth: what it does not mention, it does not run.
+        reported = {r.replica for r in hello.engines}
+        for a in [a for a in self.assignments.values() if a.node == node and a.replica not in reported]:
+            self._on_report(node, None, a)
+        for r in hello.engines:
+            self._on_report(node, r)
+        return n
+
+    def agent_heard(self, node: str, agent_id: str) -> None:
+        self._transitions(self.nodes.heard(node, agent_id, trio.current_time()))
+
+    def engine_reported(self, node: str, report: EngineReport) -> None:
+        self._on_report(node, report)
+        self._wake.set()
+
+    def agent_left(self, node: str) -> None:
+        # A leaving agent stops its engines: out of routing now, not after failed requests.
+        for a in [a for a in self.assignments.values() if a.node == node]:
+            self._on_report(node, None, a)
+
+    def agent_disconnected(self, n: Node, agent_id: str, reason: str) -> None:
+        self._transitions(self.nodes.disconnected(n.name, agent_id, reason, trio.current_time()))
+        if n.state != "ready":
+            log.info("node %s disconnected: %s", n.name, reason)
+        self._wake.set()
 
     def desired_for(self, node: str) -> list[EngineSpec]:
         """What `node` should run: its session sends this as the node's desired set."""
