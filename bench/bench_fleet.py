@@ -30,6 +30,7 @@ import trio
 
 from llmgw.config import Config, ControlConfig, DeployConfig, ModelConfig
 from llmgw.daemon.control.plane import ControlPlane
+from llmgw.daemon.router.control_port import RouterAdapter
 from llmgw.daemon.router.proxy import Router
 from llmgw.daemon.control.store import Store
 from llmgw.daemon.net.upstream import UpstreamPool
@@ -78,7 +79,7 @@ def memory(cfg: Config, pool: UpstreamPool, nodes: int, db: str) -> tuple[int, i
     cfg = replace(cfg, control=replace(cfg.control, store=db))
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    cp = ControlPlane(cfg, Store.open(db), Router(cfg, pool), token="t", settle_s=0.0)
+    cp = ControlPlane(cfg, Store.open(db), RouterAdapter(Router(cfg, pool)), token="t", settle_s=0.0)
     now = trio.current_time()
     for i in range(nodes):
         hello(cp, i, now)
@@ -99,7 +100,7 @@ async def run(ns: argparse.Namespace) -> None:
         async with UpstreamPool() as pool:
             mem_nodes, mem_all = memory(cfg, pool, ns.nodes, str(Path(tmp) / "mem.db"))
             router = Router(cfg, pool)
-            cp = ControlPlane(cfg, Store.open(db), router, token="t", settle_s=0.0)
+            cp = ControlPlane(cfg, Store.open(db), RouterAdapter(router), token="t", settle_s=0.0)
             now = trio.current_time()
             for i in range(ns.nodes):
                 hello(cp, i, now)
@@ -116,7 +117,7 @@ async def run(ns: argparse.Namespace) -> None:
             cp.store.close()
 
             def restart() -> ControlPlane:
-                cp2 = ControlPlane(cfg, Store.open(db), Router(cfg, pool), token="t", settle_s=0.0)
+                cp2 = ControlPlane(cfg, Store.open(db), RouterAdapter(Router(cfg, pool)), token="t", settle_s=0.0)
                 t = trio.current_time()
                 for i in range(10, ns.nodes):
                     hello(cp2, i, t)

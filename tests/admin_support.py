@@ -27,6 +27,7 @@ from llmgw.daemon.net.httpserver import (
     serve_tcp,
     text_response,
 )
+from llmgw.daemon.router.control_port import RouterAdapter
 from llmgw.daemon.router.proxy import Router
 from llmgw.daemon.control.store import Store
 from llmgw.daemon.net.upstream import UpstreamPool
@@ -115,8 +116,9 @@ async def admin_stack(tmp: Path, **app_options: Any) -> AsyncIterator[Stack]:
         with Store.memory() as store:
             async with UpstreamPool() as pool:
                 router = Router(cfg, pool, seed=1)
-                control = ControlPlane(cfg, store, router, token=None)
-                app = AdminApp(control, router, token=cfg.admin.token, **app_options)
+                port = RouterAdapter(router)
+                control = ControlPlane(cfg, store, port, token=None)
+                app = AdminApp(control, port, token=cfg.admin.token, **app_options)
                 addrs = await nursery.start(serve_admin, cfg.admin, app)
                 router_port = await nursery.start(serve_tcp, router.handle, "127.0.0.1", 0)
                 yield Stack(cfg, router, control, app, pool, engine, addrs["socket"], f"http://{addrs['tcp']}",

@@ -19,7 +19,7 @@ from urllib.parse import unquote
 from llmgw.admin.schema import (
     CacheSummary,
     DecisionView,
-    EndpointView,
+    EndpointStatus,
     Event,
     HistoryEvent,
     LabelKeysBody,
@@ -144,7 +144,7 @@ ROUTES: tuple[Route, ...] = (
           status=202, tag="replicas", greedy=frozenset({"id"}), links=(Link("restart_replica", "id", "replica"),),
           description="Asks its agent to restart the engine (also how a crash loop is cleared); answers "
                       "before the engine is back."),
-    Route("GET", f"{PREFIX}/endpoints", "list_endpoints", "List the router's endpoints", list[EndpointView],
+    Route("GET", f"{PREFIX}/endpoints", "list_endpoints", "List the router's endpoints", list[EndpointStatus],
           tag="replicas", query=(QueryParam("model", str, "only this model's"),),
           description="Every replica the scheduler knows (static and placed), with its breaker and its "
                       "scraped metrics."),

@@ -23,11 +23,12 @@ __all__ = [
     "DecisionEvent",
     "DecisionView",
     "DropView",
-    "EndpointView",
+    "EndpointStatus",
     "ErrorBody",
     "ErrorDetail",
     "Event",
     "GpuFacts",
+    "HistoryEvent",
     "LabelKeysBody",
     "LabelsBody",
     "ModelCache",
@@ -208,8 +209,9 @@ class ScrapedMetrics:
     errors: list[str] = prop("contract violations, e.g. a missing mandatory metric")
 
 
+# Not the scheduler's own per-decision EndpointView (llmgw.route.types): this is the API's account of one.
 @dataclass(slots=True)
-class EndpointView:
+class EndpointStatus:
     """A replica as the router's scheduler sees it."""
     id: str
     model: str
@@ -337,7 +339,7 @@ class SnapshotEvent:
     nodes: list[NodeView]
     models: list[ModelView]
     replicas: list[ReplicaView]
-    endpoints: list[EndpointView]
+    endpoints: list[EndpointStatus]
     decisions: list[DecisionView] = prop("the last 50, oldest first")
     cache: CacheSummary
 
@@ -358,7 +360,7 @@ class UpdateEvent:
     nodes: list[NodeView] | None = None
     models: list[ModelView] | None = None
     replicas: list[ReplicaView] | None = None
-    endpoints: list[EndpointView] | None = None
+    endpoints: list[EndpointStatus] | None = None
     cache: CacheSummary | None = None
 
 

@@ -211,6 +211,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None,
     from llmgw.daemon.control.admin_server import AdminApp, AdminSetupError, serve_admin
     from llmgw.daemon.control.plane import ControlPlane
     from llmgw.daemon.net.httpserver import serve_tcp
+    from llmgw.daemon.router.control_port import RouterAdapter
     from llmgw.daemon.router.proxy import Router
     from llmgw.daemon.control.store import Store, StoreError
     from llmgw.daemon.net.upstream import UpstreamPool
@@ -223,7 +224,8 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None,
     with store, lock:
         async with UpstreamPool() as pool:
             router = Router(cfg, pool)
-            control = ControlPlane(cfg, store, router, token=token, settle_s=settle_s)
+            router_port = RouterAdapter(router)  # all the control plane and the admin API may do to the router
+            control = ControlPlane(cfg, store, router_port, token=token, settle_s=settle_s)
             async with trio.open_nursery() as inner:
                 inner.start_soon(router.registry.scrape_loop, pool)
                 info: dict[str, Any] = {}
@@ -236,7 +238,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None,
                     log.info("no control.join_token: agents cannot join this router")
                 try:
                     admin = await inner.start(serve_admin, cfg.admin,
-                                              AdminApp(control, router, token=cfg.admin.token))
+                                              AdminApp(control, router_port, token=cfg.admin.token))
                 except BaseException as e:
                     found = _find(e, (AdminSetupError, OSError))
                     if found is None:

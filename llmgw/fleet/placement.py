@@ -16,6 +16,7 @@ import heapq
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmgw.fleet.nodes import Node
 
@@ -41,6 +42,16 @@ class Demand:
         if self.selector:
             parts.append("labels " + ",".join(f"{k}={v}" for k, v in self.selector))
         return ", ".join(parts) or "nothing"
+
+    def to_wire(self) -> dict[str, Any]:
+        """As the store keeps it, next to the assignment's spec (``spec["demand"]``)."""
+        return {"gpus": self.gpus, "gpu_memory_mb": self.gpu_memory_mb, "memory_mb": self.memory_mb,
+                "selector": [list(kv) for kv in self.selector]}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Demand:
+        return cls(int(d.get("gpus", 0)), int(d.get("gpu_memory_mb", 0)), int(d.get("memory_mb", 0)),
+                   tuple(tuple(kv) for kv in d.get("selector", ())))  # type: ignore[misc]
 
 
 @dataclass

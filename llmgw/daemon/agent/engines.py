@@ -2,9 +2,9 @@
 stop them, and account for each in an EngineReport.
 
 Each engine runs in its own session (its own process group, so its workers are signalled with it),
-with stdout+stderr appended to `state_dir/logs/<id>.log`: a file, not a pipe, so the engine survives
-an agent crash without a SIGPIPE. A state record `state_dir/engines/<id>.json` exists while we own a
-live engine process.
+with stdout+stderr appended to `state_dir/logs/<id>.log` (engine_logs.py: a file, not a pipe, so the
+engine survives an agent crash). A state record `state_dir/engines/<id>.json` (llmgw.fleet.engine_record)
+exists while we own a live engine process; the /proc checks that recognise it later are in processes.py.
 
 Agent crash vs agent stop: engines survive an agent crash (SIGKILL, or `run` cancelled without
 `stop_all`). The next agent run calls `adopt_leftovers` first: an engine whose recorded pid is alive,
@@ -28,28 +28,34 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
 
 import trio
 
+from llmgw.daemon.agent.engine_logs import EngineLog
+from llmgw.daemon.agent.processes import (
+    dial_host,
+    free_port,
+    group_exists,
+    host_port,
+    is_same_process,
+    pid_alive,
+    process_starttime,
+    signal_group,
+)
 from llmgw.fleet.engine_cmd import build_command, build_env, health_path
+from llmgw.fleet.engine_record import EngineRecord
 from llmgw.fleet.lifecycle import RestartPolicy
 from llmgw.fleet.types import RUNNING_STATES, EngineReport, EngineSpec
 
 __all__ = ["EngineSupervisor", "safe_id"]
 
-LOG_ROTATE_BYTES = 10 * 1024 * 1024
-LOG_TAIL_LINES = 50
 UNHEALTHY_AFTER = 3  # consecutive failed checks of a ready engine
-_READ_CHUNK = 65536
 
 _log = logging.getLogger("llmgw.agent.engines")
 
@@ -65,6 +71,7 @@ class _Engine:
     spec: EngineSpec  # of the current (or last) process
     policy: RestartPolicy
     target: EngineSpec | None  # what apply() wants; None: stop
+    logfile: EngineLog  # its output, and our tail of it
     changed: trio.Event = field(default_factory=trio.Event)  # target changed: the task re-evaluates
     done: trio.Event = field(default_factory=trio.Event)
     state: str = "starting"
@@ -80,9 +87,6 @@ class _Engine:
     next_start: float | None = -math.inf  # trio time of the next start (at once); None: wait for the operator
     after_crash: bool = False
     life_started: float = 0.0
-    ring: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
-    reader: BinaryIO | None = None
-    partial: bytes = b""
 
 
 class EngineSupervisor:
@@ -132,7 +136,7 @@ class EngineSupervisor:
                 eng.changed.set()
         for rid, spec in want.items():
             if rid not in self._engines:
-                eng = _Engine(spec=spec, policy=self._policy_factory(), target=spec)
+                eng = _Engine(spec=spec, policy=self._policy_factory(), target=spec, logfile=self._logfile(rid))
                 self._engines[rid] = eng
                 self._launch(eng)
 
@@ -168,30 +172,28 @@ class EngineSupervisor:
             return adopted
         for path in sorted(rec_dir.glob("*.json")):
             try:
-                rec = json.loads(path.read_text())
-                spec = EngineSpec.from_wire(rec["spec"])
-                pid, pgid, port = int(rec["pid"]), int(rec["pgid"]), int(rec["port"])
-                cmd = [str(a) for a in rec["cmd"]]
-                starttime = rec.get("starttime")
+                rec = EngineRecord.from_wire(json.loads(path.read_text()))
             except (OSError, ValueError, KeyError, TypeError) as e:
                 self._log.warning("dropping unreadable engine record %s: %s", path, e)
                 path.unlink(missing_ok=True)
                 continue
+            spec, pid, pgid, port = rec.spec, rec.pid, rec.pgid, rec.port
             if spec.replica in self._engines:  # called late: this record is of an engine we run
                 continue
-            if _is_same_process(pid, pgid, cmd, starttime):
-                eng = _Engine(spec=spec, policy=self._policy_factory(), target=spec, adopted=True, running=True,
-                              pid=pid, pgid=pgid, port=port, life_started=trio.current_time())
-                self._open_reader(eng)
+            if is_same_process(pid, pgid, rec.cmd, rec.starttime):
+                eng = _Engine(spec=spec, policy=self._policy_factory(), target=spec,
+                              logfile=self._logfile(spec.replica), adopted=True, running=True, pid=pid, pgid=pgid,
+                              port=port, life_started=trio.current_time())
+                eng.logfile.follow()
                 self._engines[spec.replica] = eng
                 self._log.info("adopted engine %s (pid %d, port %d)", spec.replica, pid, port)
                 self._set(eng, "starting")
                 adopted.append(self._report(eng))
                 self._launch(eng)
                 continue
-            if not _pid_alive(pid) and _group_exists(pgid):
+            if not pid_alive(pid) and group_exists(pgid):
                 self._log.warning("killing leftover process group %d of engine %s", pgid, spec.replica)
-                _signal_group(pgid, signal.SIGKILL)
+                signal_group(pgid, signal.SIGKILL)
             path.unlink(missing_ok=True)
         return adopted
 
@@ -243,7 +245,7 @@ class EngineSupervisor:
                     self._on_death(eng, "failed", error)
             self._finish(eng)
         finally:
-            self._close_reader(eng)
+            eng.logfile.close()
             eng.done.set()
 
     def _take_target(self, eng: _Engine) -> str:
@@ -267,7 +269,7 @@ class EngineSupervisor:
         """The process is gone (crashed, or killed for a missed health deadline): ask the policy."""
         now = trio.current_time()
         delay = eng.policy.record_crash(now, random.random())
-        tail = tuple(eng.ring)
+        tail = tuple(eng.logfile.ring)
         if delay is None:
             self._set(eng, state, detail, tail)
             first = eng.policy.first_crash_at or now
@@ -285,18 +287,18 @@ class EngineSupervisor:
     async def _spawn(self, eng: _Engine) -> str | None:
         """Start the engine's process; an error message if it could not be started."""
         spec = eng.spec
-        eng.ring.clear()
+        eng.logfile.ring.clear()
         eng.adopted = False
         cmd = [spec.binary or spec.engine]
         try:
-            eng.port = _free_port(self._host, eng.port)
+            eng.port = free_port(self._host, eng.port)
             cmd = build_command(spec, self._host, eng.port, self._python)
-            with self._open_log(eng, cmd) as out:
+            with eng.logfile.open_for_engine(cmd) as out:
                 proc = await trio.lowlevel.open_process(cmd, env=build_env(spec, dict(os.environ)),
                                                         stdin=subprocess.DEVNULL, stdout=out,
                                                         stderr=subprocess.STDOUT, start_new_session=True)
         except (OSError, ValueError) as e:
-            self._close_reader(eng)
+            eng.logfile.close()
             return f"cannot start {cmd[0]}: {e}"
         eng.proc, eng.pid, eng.pgid, eng.running = proc, proc.pid, proc.pid, True
         eng.life_started = trio.current_time()
@@ -306,18 +308,6 @@ class EngineSupervisor:
             self._log.error("cannot write the state record of %s: %s", spec.replica, e)
         self._set(eng, "starting")
         return None
-
-    def _open_log(self, eng: _Engine, cmd: list[str]) -> BinaryIO:
-        """The engine's log file for appending (rotated first when too big), and eng.reader at its end."""
-        path = self._state_dir / "logs" / f"{safe_id(eng.spec.replica)}.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and path.stat().st_size > LOG_ROTATE_BYTES:
-            os.replace(path, path.with_suffix(".log.1"))
-        out = open(path, "ab")  # noqa: SIM115 — the caller closes it once the child holds its own fd
-        out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start: {' '.join(cmd)}\n".encode())
-        out.flush()
-        self._open_reader(eng)
-        return out
 
     async def _watch(self, eng: _Engine) -> tuple[str, str] | None:
         """Until the process exits ("crashed", why), misses its health deadline ("failed", why; it is
@@ -342,7 +332,7 @@ class EngineSupervisor:
 
             for fn in (exited, health, changed):
                 nursery.start_soon(fn)
-            nursery.start_soon(self._tail, eng)
+            nursery.start_soon(eng.logfile.tail, self._interval)
         result = outcome[0]
         if result is None:
             return None
@@ -350,8 +340,8 @@ class EngineSupervisor:
             with trio.CancelScope(shield=True):
                 await self._kill(eng, grace=0.0)
         else:
-            if eng.pgid is not None and _group_exists(eng.pgid):
-                _signal_group(eng.pgid, signal.SIGKILL)  # orphaned workers would hold the GPUs
+            if eng.pgid is not None and group_exists(eng.pgid):
+                signal_group(eng.pgid, signal.SIGKILL)  # orphaned workers would hold the GPUs
             self._gone(eng)
         return result
 
@@ -365,7 +355,7 @@ class EngineSupervisor:
                     return f"killed by signal {-rc}"
             return f"exited with status {rc}"
         assert eng.pid is not None
-        while _pid_alive(eng.pid):  # adopted: not our child, so poll
+        while pid_alive(eng.pid):  # adopted: not our child, so poll
             await trio.sleep(self._interval)
         return "exited (adopted process: status unknown)"
 
@@ -394,8 +384,8 @@ class EngineSupervisor:
 
     async def _probe(self, eng: _Engine) -> bool:
         """GET /health answers 200. A minimal raw request: all we need is the status line."""
-        host = _dial_host(self._host)
-        req = (f"GET {health_path(eng.spec)} HTTP/1.1\r\nHost: {_host_port(self._host, eng.port)}\r\n"
+        host = dial_host(self._host)
+        req = (f"GET {health_path(eng.spec)} HTTP/1.1\r\nHost: {host_port(self._host, eng.port)}\r\n"
                f"Connection: close\r\n\r\n").encode()
         with trio.move_on_after(self._probe_timeout):
             try:
@@ -424,74 +414,31 @@ class EngineSupervisor:
         assert eng.pgid is not None
         pgid = eng.pgid
         if grace > 0:
-            _signal_group(pgid, signal.SIGTERM)
+            signal_group(pgid, signal.SIGTERM)
             with trio.move_on_after(grace):
                 await self._wait_leader(eng)
-                while _group_exists(pgid):
+                while group_exists(pgid):
                     await trio.sleep(0.05)
-        if _group_exists(pgid):
-            _signal_group(pgid, signal.SIGKILL)
+        if group_exists(pgid):
+            signal_group(pgid, signal.SIGKILL)
         with trio.move_on_after(max(grace, 5.0)):
             await self._wait_leader(eng)
-        self._drain_log(eng, final=True)
+        eng.logfile.drain(final=True)
         self._gone(eng)
 
     async def _wait_leader(self, eng: _Engine) -> None:
         if eng.proc is not None:
             await eng.proc.wait()
             return
-        while eng.pid is not None and _pid_alive(eng.pid):
+        while eng.pid is not None and pid_alive(eng.pid):
             await trio.sleep(0.05)
 
     def _gone(self, eng: _Engine) -> None:
         """The process no longer exists: forget it and its record."""
-        self._drain_log(eng, final=True)
-        self._close_reader(eng)
+        eng.logfile.drain(final=True)
+        eng.logfile.close()
         eng.running, eng.proc, eng.pid = False, None, None
         (self._state_dir / "engines" / f"{safe_id(eng.spec.replica)}.json").unlink(missing_ok=True)
-
-    # ---- log file tail ---------------------------------------------------------------------------
-
-    def _open_reader(self, eng: _Engine) -> None:
-        """Tail the engine's log from its current end."""
-        self._close_reader(eng)
-        eng.partial = b""
-        try:
-            eng.reader = open(self._state_dir / "logs" / f"{safe_id(eng.spec.replica)}.log", "rb")  # noqa: SIM115
-            eng.reader.seek(0, os.SEEK_END)
-        except OSError:
-            eng.reader = None
-
-    def _close_reader(self, eng: _Engine) -> None:
-        if eng.reader is not None:
-            eng.reader.close()
-            eng.reader = None
-
-    async def _tail(self, eng: _Engine) -> None:
-        while True:
-            self._drain_log(eng)
-            await trio.sleep(self._interval)
-
-    def _drain_log(self, eng: _Engine, final: bool = False) -> None:
-        """Forward new complete lines to the logger and the ring. Bounded per call (16 chunks) so a
-        chatty engine cannot stall the loop; the next tick reads on."""
-        if eng.reader is None:
-            return
-        for _ in range(16):
-            chunk = eng.reader.read(_READ_CHUNK)
-            if not chunk:
-                break
-            *lines, eng.partial = (eng.partial + chunk).split(b"\n")
-            for raw in lines:
-                self._line(eng, raw)
-        if final and eng.partial:
-            self._line(eng, eng.partial)
-            eng.partial = b""
-
-    def _line(self, eng: _Engine, raw: bytes) -> None:
-        line = raw.decode(errors="replace").rstrip("\r")
-        eng.ring.append(line)
-        self._log.debug("%s", line, extra={"replica": eng.spec.replica})
 
     # ---- state, reports, records -----------------------------------------------------------------
 
@@ -512,117 +459,18 @@ class EngineSupervisor:
                             restarts=eng.restarts, detail=eng.detail, log_tail=eng.log_tail,
                             adopted=eng.adopted)
 
+    def _logfile(self, replica: str) -> EngineLog:
+        return EngineLog(self._state_dir / "logs" / f"{safe_id(replica)}.log", replica, self._log)
+
     def _url(self, eng: _Engine) -> str:
-        return f"http://{_host_port(self._host, eng.port)}"
+        return f"http://{host_port(self._host, eng.port)}"
 
     def _write_record(self, eng: _Engine, cmd: list[str]) -> None:
-        assert eng.pid is not None
-        rec: dict[str, Any] = {"replica": eng.spec.replica, "pid": eng.pid, "pgid": eng.pgid, "port": eng.port,
-                               "url": self._url(eng), "cmd": cmd, "spec": eng.spec.to_wire(),
-                               "spec_hash": eng.spec.spec_hash(), "started_at": time.time(),
-                               "starttime": _starttime(eng.pid)}
+        assert eng.pid is not None and eng.pgid is not None and eng.port is not None
+        rec = EngineRecord(spec=eng.spec, pid=eng.pid, pgid=eng.pgid, port=eng.port, cmd=cmd, url=self._url(eng),
+                           started_at=time.time(), starttime=process_starttime(eng.pid))
         path = self._state_dir / "engines" / f"{safe_id(eng.spec.replica)}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec))
+        tmp.write_text(json.dumps(rec.to_wire()))
         os.replace(tmp, path)  # atomic: a crash mid-write leaves no half record
-
-
-# ---- processes (Linux /proc) ---------------------------------------------------------------------
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _group_exists(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat from field 3 (state) on; comm may hold spaces and parentheses."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[1].split()
-
-
-def _pid_alive(pid: int) -> bool:
-    """Exists and is not a zombie (a dead child nobody reaped yet)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
-
-
-def _starttime(pid: int) -> int | None:
-    """Start time in clock ticks since boot (stat field 22): tells a reused pid apart."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields and len(fields) > 19 else None
-
-
-def _cmdline_matches(pid: int, cmd: list[str]) -> bool:
-    """/proc/<pid>/cmdline is `cmd`, allowing for a #! script, which the kernel runs as
-    [interpreter, (arg), /path/to/script, args...]."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
-    except OSError:
-        return False
-    if argv == cmd:
-        return True
-    n = len(cmd) - 1
-    head, tail = (argv[:-n], argv[-n:]) if n else (argv, [])
-    return tail == cmd[1:] and 1 <= len(head) <= 3 and os.path.basename(cmd[0]) in map(os.path.basename, head)
-
-
-def _is_same_process(pid: int, pgid: int, cmd: list[str], starttime: int | None) -> bool:
-    if not _pid_alive(pid):
-        return False
-    try:
-        if os.getpgid(pid) != pgid:
-            return False
-    except ProcessLookupError:
-        return False
-    if starttime is not None and _starttime(pid) != starttime:
-        return False
-    return _cmdline_matches(pid, cmd)
-
-
-def _free_port(host: str, prefer: int | None) -> int:
-    """`prefer` if it can be bound now, else a free ephemeral port (the engine binds it next)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for port in ([prefer] if prefer else []) + [0]:
-        s = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            # As engines bind (SO_REUSEADDR): a port in TIME_WAIT after a restart counts as free.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
-            return int(s.getsockname()[1])
-        except OSError:
-            continue
-        finally:
-            s.close()
-    raise OSError(f"no free port on {host}")
-
-
-def _dial_host(host: str) -> str:
-    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
-
-
-def _host_port(host: str, port: int | None) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -19,18 +19,25 @@ import logging
 import os
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 from urllib.parse import parse_qsl, quote
 
 import trio
 
-from llmgw import __version__
 from llmgw.admin.openapi import render
 from llmgw.admin.routes import PREFIX, ROUTES, Resolver, Route
-from llmgw.admin.schema import Problem
+from llmgw.admin.schema import (
+    CacheSummary,
+    EndpointStatus,
+    HistoryEvent,
+    NodeView,
+    Problem,
+    RequestDecisions,
+)
 from llmgw.admin.validate import Invalid, from_json, query_value
+from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
 from llmgw.daemon.control.plane import ControlPlane, ModelError
 from llmgw.daemon.net.httpserver import (
@@ -40,7 +47,7 @@ from llmgw.daemon.net.httpserver import (
     serve_tcp,
     serve_unix,
 )
-from llmgw.daemon.router.proxy import Router
+from llmgw.daemon.router.control_port import RouterPort
 from llmgw.route.types import Decision
 
 log = logging.getLogger("llmgw.admin")
@@ -103,7 +110,7 @@ def _handles(name: str) -> Callable[[_Handler], _Handler]:
 
 
 class AdminApp:
-    def __init__(self, control: ControlPlane, router: Router, *, token: str | None = None,
+    def __init__(self, control: ControlPlane, router: RouterPort, *, token: str | None = None,
                  events_tick_s: float = 1.0, ping_s: float = 5.0, decisions_poll_s: float = 0.1) -> None:
         names = {r.name for r in ROUTES}
         if names != set(_HANDLERS):
@@ -150,7 +157,7 @@ class AdminApp:
             return out
         if route.response is None:
             return Response(route.status)
-        return json_response(route.status, out)
+        return Response(route.status, [("content-type", "application/json")], dumps(out).encode())
 
     def _authorize(self, req: Request) -> None:
         auth = req.header("authorization") or ""
@@ -197,15 +204,15 @@ class AdminApp:
     # -- status, nodes ------------------------------------------------------------------------------
     @_handles("get_status")
     async def _status(self, call: _Call) -> Any:
-        return {"version": __version__, **self.control.summary()}
+        return self.control.summary()
 
     @_handles("list_nodes")
     async def _nodes(self, call: _Call) -> Any:
         return self.control.node_views()
 
-    def _node_view(self, name: str) -> dict[str, Any]:
+    def _node_view(self, name: str) -> NodeView:
         for n in self.control.node_views():
-            if n["name"] == name:
+            if n.name == name:
                 return n
         raise _Fail(404, f"No node {name!r}.")
 
@@ -302,7 +309,7 @@ class AdminApp:
     async def _replicas(self, call: _Call) -> Any:
         model, node = call.query["model"], call.query["node"]
         return [r for r in self.control.replica_views()
-                if (model is None or r["model"] == model) and (node is None or r["node"] == node)]
+                if (model is None or r.model == model) and (node is None or r.node == node)]
 
     @_handles("restart_replica")
     async def _restart(self, call: _Call) -> Any:
@@ -311,24 +318,10 @@ class AdminApp:
             self.control.restart_replica(rid)
         except KeyError:
             raise _Fail(404, f"No placed replica {rid!r} (static endpoints are not restarted by llmgw).") from None
-        return next(r for r in self.control.replica_views() if r["replica"] == rid)
+        return next(r for r in self.control.replica_views() if r.replica == rid)
 
-    def _endpoints(self, model: str | None = None) -> list[dict[str, Any]]:
-        reps = self.router.registry.replicas
-        out = []
-        for row in self.router.registry.snapshot():
-            if model is not None and row["model"] != model:
-                continue
-            rep = reps.get(row["id"])
-            s = rep.last_scrape if rep is not None else None
-            row["scrape"] = None if s is None else {
-                "engines": s.engines, "finished_total": s.finished_total,
-                "prefix_queries_total": s.prefix_queries_total, "prefix_hits_total": s.prefix_hits_total,
-                "kv_blocks": s.kv_blocks, "block_size": s.block_size, "kv_capacity_tokens": s.kv_capacity_tokens,
-                "lora_max": s.lora_max, "lora_running": list(s.lora_running),
-                "lora_waiting": list(s.lora_waiting), "errors": list(s.errors)}
-            out.append(row)
-        return out
+    def _endpoints(self, model: str | None = None) -> list[EndpointStatus]:
+        return self.router.endpoints(model)
 
     @_handles("list_endpoints")
     async def _list_endpoints(self, call: _Call) -> Any:
@@ -339,9 +332,9 @@ class AdminApp:
     async def _decisions(self, call: _Call) -> Any:
         model, replica, limit = call.query["model"], call.query["replica"], call.query["limit"]
         out = []
-        for d in reversed(self.router.decisions):
+        for d in reversed(self.router.decisions()):
             if (model is None or d.model == model) and (replica is None or d.chosen == replica):
-                out.append(d.to_json())
+                out.append(decision_view(d))
                 if len(out) >= limit:
                     break
         return out
@@ -349,13 +342,13 @@ class AdminApp:
     @_handles("get_decision")
     async def _decision(self, call: _Call) -> Any:
         rid = call.params["request_id"]
-        decisions = [d.to_json() for d in self.router.decisions if d.request_id == rid]
+        decisions = [decision_view(d) for d in self.router.decisions() if d.request_id == rid]
         if not decisions:
             raise _Fail(404, f"No recent decision for request {rid!r}.")
-        return {"request_id": rid, "decisions": decisions}
+        return RequestDecisions(request_id=rid, decisions=decisions)
 
-    def _cache(self, window_s: float | None = None) -> dict[str, Any]:
-        return self.router.registry.cache_stats.summary(trio.current_time(), window_s)
+    def _cache(self, window_s: float | None = None) -> CacheSummary:
+        return self.router.cache_summary(window_s)
 
     @_handles("get_cache")
     async def _get_cache(self, call: _Call) -> Any:
@@ -365,7 +358,8 @@ class AdminApp:
     async def _history(self, call: _Call) -> Any:
         q = call.query
         rows = self.control.store.history(limit=q["limit"], replica=q["replica"], model=q["model"], node=q["node"])
-        return [asdict(r) for r in rows]
+        return [HistoryEvent(id=r.id, ts=r.ts, event=r.event, replica=r.replica, model=r.model, node=r.node,
+                             detail=r.detail) for r in rows]
 
     # -- the event stream, the document -------------------------------------------------------------
     @_handles("events")
@@ -378,7 +372,7 @@ class AdminApp:
                 "endpoints": self._endpoints(), "cache": self._cache()}
 
     def _new_decisions(self, seen: Decision | None) -> list[Decision]:
-        ring = self.router.decisions
+        ring = self.router.decisions()
         if not ring or ring[-1] is seen:
             return []
         new = []
@@ -392,10 +386,10 @@ class AdminApp:
     async def _event_lines(self) -> AsyncIterator[bytes]:
         rev = 1
         sections = self._sections()
-        last = {k: _dumps(v) for k, v in sections.items()}
-        recent = list(self.router.decisions)[-SNAPSHOT_DECISIONS:]
+        last = {k: dumps(v) for k, v in sections.items()}
+        recent = list(self.router.decisions())[-SNAPSHOT_DECISIONS:]
         seen = recent[-1] if recent else None
-        yield _line({"type": "snapshot", "rev": rev, **sections, "decisions": [d.to_json() for d in recent]})
+        yield _line({"type": "snapshot", "rev": rev, **sections, "decisions": [decision_view(d) for d in recent]})
         now = trio.current_time()
         next_check, next_ping = now + self.events_tick_s, now + self.ping_s
         while True:
@@ -403,13 +397,13 @@ class AdminApp:
             for d in self._new_decisions(seen):
                 rev += 1
                 seen = d
-                yield _line({"type": "decision", "rev": rev, "decision": d.to_json()})
+                yield _line({"type": "decision", "rev": rev, "decision": decision_view(d)})
             now = trio.current_time()
             if now >= next_check:
                 next_check = now + self.events_tick_s
                 changed = {}
                 for k, v in self._sections().items():
-                    text = _dumps(v)
+                    text = dumps(v)
                     if text != last[k]:
                         last[k], changed[k] = text, v
                 if changed:
@@ -424,12 +418,8 @@ class AdminApp:
         return Response(200, [("content-type", "application/json")], self._openapi)
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-
-
 def _line(obj: Any) -> bytes:
-    return (_dumps(obj) + "\n").encode()
+    return (dumps(obj) + "\n").encode()
 
 
 # -- the listeners --------------------------------------------------------------------------------

@@ -1,28 +1,29 @@
-"""The router's control plane: the agents' streams, the node registry, reconciliation and the store.
+"""The router's control plane: models, the node registry, reconciliation, the store, and the
+replicas it routes in and out of the router's scheduler; the admin API's views of all that.
 
-Agents dial in (docs/architecture.md has the protocol). Each connection is authenticated by the
-join token in its hello, carries the agent's full state, and then lives on heartbeats, engine
-updates from the agent and `desired` sets from the router. A reconcile loop applies the node
-timeouts, asks the pure reconciler for a plan, writes it to the store, pushes each changed node
-its desired set, and moves replicas in and out of the scheduler as their engines report ready or
-stop. Draining replicas take no new requests and stop when their last request ends (or at
+Agents dial in (docs/architecture.md has the protocol; their sessions are agent_sessions.py) and
+report their engines. A reconcile loop applies the node timeouts, asks the pure reconciler for a
+plan, writes it to the store, pushes each changed node its desired set, and moves replicas in and
+out of the scheduler (through the router's control port) as their engines report ready or stop.
+Draining replicas take no new requests and stop when their last request ends (or at
 `drain_timeout_s`).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import secrets
 import ssl
 import time
 import uuid
-from dataclasses import dataclass, field, replace
-from functools import partial
+from dataclasses import replace
 from typing import Any
 
 import trio
 
+from llmgw import __version__
+from llmgw.admin.schema import ModelView, NodeView, ReplicaView, Status
+from llmgw.admin.views import node_facts_view
 from llmgw.config import (
     Config,
     ConfigError,
@@ -31,31 +32,18 @@ from llmgw.config import (
     model_from_dict,
     model_to_dict,
 )
-from llmgw.daemon.router.proxy import Router
+from llmgw.daemon.control.agent_sessions import AgentSessions
 from llmgw.daemon.control.store import AssignmentRow, Store
-from llmgw.daemon.net.message_stream import MessageStream, StreamClosed
-from llmgw.fleet.nodes import NodeRegistry, NodeTimeouts, Transition, location
+from llmgw.daemon.router.control_port import RouterPort
+from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition, location
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts
-from llmgw.fleet.wire import (
-    FROM_AGENT,
-    PROTOCOL_VERSION,
-    Bye,
-    Desired,
-    EngineUpdate,
-    Heartbeat,
-    Hello,
-    Refused,
-    Welcome,
-    WireProtocolError,
-)
+from llmgw.fleet.wire import Hello
 
 log = logging.getLogger("llmgw.control")
 
-__all__ = ["HELLO_TIMEOUT_S", "ControlPlane", "ModelError", "deploy_of"]
-
-HELLO_TIMEOUT_S = 10.0
+__all__ = ["ControlPlane", "ModelError", "deploy_of"]
 
 
 class ModelError(Exception):
@@ -75,26 +63,13 @@ def deploy_of(m: ModelConfig) -> ModelDeploy | None:
     return ModelDeploy(m.name, d.count, demand, template)
 
 
-@dataclass
-class _Conn:
-    node: str
-    agent_id: str
-    stream: MessageStream
-    peer: str
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    wake: trio.Event = field(default_factory=trio.Event)
-    sent_rev: int = -1
-    closing_reason: str = ""
-
-
 class ControlPlane:
-    def __init__(self, cfg: Config, store: Store, router: Router, *, token: str | None,
+    def __init__(self, cfg: Config, store: Store, router: RouterPort, *, token: str | None,
                  settle_s: float | None = None) -> None:
         self.cfg = cfg
         c = cfg.control
         self.store = store
         self.router = router
-        self.token = token
         self.router_id = uuid.uuid4().hex[:12]
         self.nodes = NodeRegistry(NodeTimeouts(c.not_ready_after_s, c.lost_after_s, c.max_lost_fraction),
                                   trio.current_time())
@@ -103,8 +78,7 @@ class ControlPlane:
         self.deploys: dict[str, ModelDeploy] = {}
         self.assignments: dict[str, Assignment] = {}
         self.unplaceable: dict[str, str] = {}
-        self.conns: dict[str, _Conn] = {}
-        self._node_rev: dict[str, int] = {}  # per node, bumped when its desired set changes
+        self.agents = AgentSessions(self, c, token)
         self._wake = trio.Event()
         self._partition_logged = False
         self.port: int | None = None
@@ -140,9 +114,7 @@ class ControlPlane:
                                 facts=NodeFacts.from_wire(row.facts), now=now)
         for rid, row in st.assignments().items():
             spec = EngineSpec.from_wire(row.spec)
-            dem = row.spec.get("demand") or {}
-            demand = Demand(int(dem.get("gpus", 0)), int(dem.get("gpu_memory_mb", 0)), int(dem.get("memory_mb", 0)),
-                            tuple(tuple(kv) for kv in dem.get("selector", ())))  # type: ignore[misc]
+            demand = Demand.from_wire(row.spec.get("demand") or {})
             self.assignments[rid] = Assignment(rid, row.model, row.node, spec, demand, desired=row.desired,
                                                created_at=row.created_at,
                                                drain_since=now if row.desired == "drain" else None)
@@ -158,67 +130,22 @@ class ControlPlane:
             self.deploys.pop(m.name, None)
         else:
             self.deploys[m.name] = dep
-        self.router.registry.add_model(m)
+        self.router.define_model(m)
 
     # -- serving agents ------------------------------------------------------------------------
     async def serve(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """The agents' listener (each connection a session: self.agents) and the reconcile loop."""
         listeners = await trio.open_tcp_listeners(port, host=host)
         self.port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._reconcile_loop)
-            await nursery.start(trio.serve_listeners, lambda s: self._serve_agent(s, ssl_context), listeners)
+            await nursery.start(trio.serve_listeners, lambda s: self.agents.serve_agent(s, ssl_context), listeners)
             task_status.started(self.port)
 
-    async def _serve_agent(self, raw: trio.SocketStream, ssl_context: ssl.SSLContext | None) -> None:
-        try:
-            host, port = raw.socket.getpeername()[:2]
-            peer = f"{host}:{port}"
-        except OSError:
-            peer = "?"
-        stream: trio.abc.Stream = raw
-        if ssl_context is not None:
-            stream = trio.SSLStream(raw, ssl_context, server_side=True)
-        ms = MessageStream(stream, max_frame=self.cfg.control.max_message_bytes, accept=FROM_AGENT)
-        try:
-            with trio.fail_after(HELLO_TIMEOUT_S):
-                hello = await ms.receive()
-            if not isinstance(hello, Hello):
-                raise WireProtocolError(f"expected hello first, got {type(hello).TYPE}")
-            why = self._refusal(hello)
-            if why is not None:
-                log.warning("refused agent %r from %s: %s", hello.node, peer, why)
-                with trio.move_on_after(2):
-                    await ms.send(Refused(why))
-                return
-            await self._session(hello, ms, peer)
-        except trio.TooSlowError:
-            log.warning("agent connection from %s closed: no hello within %ss", peer, HELLO_TIMEOUT_S)
-        except WireProtocolError as e:
-            log.warning("agent connection from %s closed: %s", peer, e)
-        except (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            with trio.move_on_after(1) as cs:
-                cs.shield = True
-                await ms.aclose()
-
-    def _refusal(self, hello: Hello) -> str | None:
-        if self.token is None or not hmac.compare_digest(hello.token.encode(), self.token.encode()):
-            return "wrong join token"  # never the token itself, neither here nor in the log
-        if PROTOCOL_VERSION not in hello.versions:
-            return f"no common protocol version (router speaks {PROTOCOL_VERSION}, agent {list(hello.versions)})"
-        return None
-
-    async def _session(self, hello: Hello, ms: MessageStream, peer: str) -> None:
+    # -- what the agents' sessions tell us (the SessionHost of agent_sessions.py) ----------------
+    def agent_joined(self, hello: Hello, peer: str) -> Node:
         node = hello.node
-        conn = _Conn(node, hello.agent_id, ms, peer)
-        old = self.conns.get(node)
-        if old is not None:
-            log.warning("node %s: a new connection from %s replaces the one from %s", node, peer, old.peer)
-            old.closing_reason = "replaced by a newer connection"
-            old.scope.cancel()
-        self.conns[node] = conn
         now = trio.current_time()
         self._transitions(self.nodes.connected(node, hello.agent_id, labels=hello.labels, facts=hello.facts,
                                                now=now))
@@ -231,81 +158,29 @@ class ControlPlane:
             self._on_report(node, None, a)
         for r in hello.engines:
             self._on_report(node, r)
-        self._node_rev[node] = self._node_rev.get(node, 0) + 1
-        hb = self.cfg.control.heartbeat_s
-        await ms.send(Welcome(node=node, router_id=self.router_id, version=PROTOCOL_VERSION, heartbeat_s=hb))
-        reason = "stream closed"
+        return n
 
-        async def receive() -> None:
-            nonlocal reason
-            reason = await self._receiver(conn)
+    def agent_heard(self, node: str, agent_id: str) -> None:
+        self._transitions(self.nodes.heard(node, agent_id, trio.current_time()))
 
-        async def guarded(fn: Any) -> None:
-            # Failures end the session here, never as an exception group out of the nursery.
-            nonlocal reason
-            try:
-                await fn()
-            except WireProtocolError as e:
-                log.warning("node %s: closing its connection: %s", node, e)
-                reason = f"protocol error: {e}"
-            except (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-                reason = f"stream closed: {e}" if str(e) else "stream closed"
-            nursery.cancel_scope.cancel()
+    def engine_reported(self, node: str, report: EngineReport) -> None:
+        self._on_report(node, report)
+        self._wake.set()
 
-        try:
-            with conn.scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(guarded, partial(self._sender, conn, hb))
-                    nursery.start_soon(guarded, receive)
-        finally:
-            reason = conn.closing_reason or reason
-            if self.conns.get(node) is conn:
-                del self.conns[node]
-            self._transitions(self.nodes.disconnected(node, conn.agent_id, reason, trio.current_time()))
-            if n.state != "ready":
-                log.info("node %s disconnected: %s", node, reason)
-            self._wake.set()
+    def agent_left(self, node: str) -> None:
+        # A leaving agent stops its engines: out of routing now, not after failed requests.
+        for a in [a for a in self.assignments.values() if a.node == node]:
+            self._on_report(node, None, a)
 
-    async def _receiver(self, conn: _Conn) -> str:
-        # A peer silent for this long is gone even if TCP has not noticed.
-        silence = max(3 * self.cfg.control.heartbeat_s, self.cfg.control.not_ready_after_s * 2)
-        while True:
-            with trio.move_on_after(silence) as cs:
-                msg = await conn.stream.receive()
-            if cs.cancelled_caught:
-                return f"silent for {silence:.0f}s"
-            self._transitions(self.nodes.heard(conn.node, conn.agent_id, trio.current_time()))
-            if isinstance(msg, EngineUpdate):
-                self._on_report(conn.node, msg.report)
-                self._wake.set()
-            elif isinstance(msg, Bye):
-                # A leaving agent stops its engines: out of routing now, not after failed requests.
-                for a in [a for a in self.assignments.values() if a.node == conn.node]:
-                    self._on_report(conn.node, None, a)
-                return f"agent left: {msg.reason}"
-            elif not isinstance(msg, Heartbeat):
-                raise WireProtocolError(f"unexpected {type(msg).TYPE} from an agent")
-
-    async def _sender(self, conn: _Conn, hb: float) -> None:
-        while True:
-            rev = self._node_rev.get(conn.node, 0)
-            if rev != conn.sent_rev:
-                conn.sent_rev = rev
-                await conn.stream.send(Desired(rev=rev, engines=tuple(self.desired_for(conn.node))))
-            else:
-                await conn.stream.send(Heartbeat())
-            with trio.move_on_after(hb):
-                await conn.wake.wait()
-            conn.wake = trio.Event()
+    def agent_disconnected(self, n: Node, agent_id: str, reason: str) -> None:
+        self._transitions(self.nodes.disconnected(n.name, agent_id, reason, trio.current_time()))
+        if n.state != "ready":
+            log.info("node %s disconnected: %s", n.name, reason)
+        self._wake.set()
 
     def desired_for(self, node: str) -> list[EngineSpec]:
+        """What `node` should run: its session sends this as the node's desired set."""
         return [a.spec for a in self.assignments.values() if a.node == node and a.desired in ("run", "drain")]
-
-    def _push(self, node: str) -> None:
-        self._node_rev[node] = self._node_rev.get(node, 0) + 1
-        conn = self.conns.get(node)
-        if conn is not None:
-            conn.wake.set()
 
     # -- engine reports → scheduler ------------------------------------------------------------
     def _on_report(self, node: str, report: EngineReport | None, a: Assignment | None = None) -> None:
@@ -334,25 +209,22 @@ class ControlPlane:
                     and a.desired in ("run", "drain") and self.nodes.nodes.get(a.node) is not None
                     and self.nodes.nodes[a.node].state != "lost")
         if not routable:
-            self.router.remove_replica(a.replica)
+            self.router.withdraw_replica(a.replica)
             return
-        rep = self.router.registry.replicas.get(a.replica)
         if a.desired == "run":
             d = m.deploy or DeployConfig()  # type: ignore[union-attr]
             self.router.add_replica(m, a.replica, r.url, pool=d.pool, weight=d.weight,  # type: ignore[arg-type]
                                     node=a.node)
-        elif rep is not None:
-            rep.draining = True
+        else:
+            self.router.drain_replica(a.replica)
 
     def _forget(self, a: Assignment, why: str) -> None:
         self.assignments.pop(a.replica, None)
-        self.router.remove_replica(a.replica)
+        self.router.withdraw_replica(a.replica)
         self.store.delete_assignment(a.replica)
         self.store.record("replica removed", replica=a.replica, model=a.model, node=a.node, detail=why)
         if a.model not in self.models and not any(x.model == a.model for x in self.assignments.values()):
-            entry = self.router.registry.models.get(a.model)
-            if entry is not None and not entry.replicas:
-                self.router.registry.remove_model(a.model)
+            self.router.forget_model(a.model)
 
     # -- reconciliation ------------------------------------------------------------------------
     def _transitions(self, ts: list[Transition]) -> None:
@@ -406,7 +278,7 @@ class ControlPlane:
                 self.store.record("replica placed", replica=a.replica, model=a.model, node=a.node,
                                   detail=f"gpus {list(a.spec.gpu_indices)}" if a.spec.gpu_indices else "")
                 log.info("replica %s of %s placed on %s", a.replica, a.model, a.node)
-                self._push(a.node)
+                self.agents.push(a.node)
             for rid, why in plan.drain:
                 a = self.assignments[rid]
                 a.desired, a.drain_since, a.reason = "drain", now, why
@@ -414,13 +286,13 @@ class ControlPlane:
                 self.store.record("replica draining", replica=rid, model=a.model, node=a.node, detail=why)
                 self._route(a)
             for a in [a for a in self.assignments.values() if a.desired == "drain"]:
-                rep = self.router.registry.replicas.get(a.replica)
-                idle = rep is None or rep.view.inflight == 0
+                st = self.router.replica_state(a.replica)
+                idle = st is None or st.inflight == 0
                 if idle or now - (a.drain_since or now) >= drain_timeout:
                     a.desired = "stop"
                     self.store.set_desired(a.replica, "stop")
-                    self.router.remove_replica(a.replica)
-                    self._push(a.node)
+                    self.router.withdraw_replica(a.replica)
+                    self.agents.push(a.node)
             for a in [a for a in self.assignments.values() if a.desired == "stop"]:
                 n = self.nodes.nodes.get(a.node)
                 if n is not None and n.connected and (a.report is None or a.report.state == "stopped"):
@@ -445,8 +317,7 @@ class ControlPlane:
     @staticmethod
     def _row(a: Assignment) -> AssignmentRow:
         spec = a.spec.to_wire()
-        spec["demand"] = {"gpus": a.demand.gpus, "gpu_memory_mb": a.demand.gpu_memory_mb,
-                          "memory_mb": a.demand.memory_mb, "selector": [list(kv) for kv in a.demand.selector]}
+        spec["demand"] = a.demand.to_wire()
         return AssignmentRow(replica=a.replica, model=a.model, node=a.node, spec=spec, desired=a.desired,
                              created_at=a.created_at, updated_at=time.time())
 
@@ -495,7 +366,7 @@ class ControlPlane:
         a.spec = replace(a.spec, generation=a.spec.generation + 1)
         self.store.put_assignment(self._row(a))
         self.store.record("replica restart requested", replica=rid, model=a.model, node=a.node)
-        self._push(a.node)
+        self.agents.push(a.node)
 
     def set_labels(self, node: str, labels: dict[str, str]) -> None:
         self.store.set_node_labels(node, labels)
@@ -513,57 +384,56 @@ class ControlPlane:
         self._wake.set()
 
     # -- views ---------------------------------------------------------------------------------
-    def node_views(self) -> list[dict[str, Any]]:
+    def node_views(self) -> list[NodeView]:
         now = trio.current_time()
         out = []
         for n in sorted(self.nodes.nodes.values(), key=lambda n: n.name):
             engines = [a for a in self.assignments.values() if a.node == n.name]
-            out.append({
-                "name": n.name, "state": n.state, "since_s": round(now - n.since, 3), "reason": n.reason,
-                "connected": n.connected, "agent_id": n.agent_id,
-                "last_seen_s": None if n.last_seen is None else round(now - n.last_seen, 3),
-                "labels": n.labels, "agent_labels": n.agent_labels, "operator_labels": n.operator_labels,
-                "location": location(n.labels), "facts": n.facts.to_wire(),
-                "replicas": sorted(a.replica for a in engines),
-            })
+            out.append(NodeView(
+                name=n.name, state=n.state, since_s=round(now - n.since, 3), reason=n.reason,
+                connected=n.connected, agent_id=n.agent_id,
+                last_seen_s=None if n.last_seen is None else round(now - n.last_seen, 3),
+                labels=n.labels, agent_labels=n.agent_labels, operator_labels=n.operator_labels,
+                location=location(n.labels), facts=node_facts_view(n.facts),
+                replicas=sorted(a.replica for a in engines),
+            ))
         return out
 
-    def replica_views(self) -> list[dict[str, Any]]:
+    def replica_views(self) -> list[ReplicaView]:
         out = []
         for a in sorted(self.assignments.values(), key=lambda a: a.replica):
             r = a.report
-            rep = self.router.registry.replicas.get(a.replica)
-            out.append({
-                "replica": a.replica, "model": a.model, "node": a.node, "desired": a.desired,
-                "state": a.engine_state, "url": r.url if r else None, "pid": r.pid if r else None,
-                "restarts": r.restarts if r else 0, "detail": r.detail if r else "",
-                "log_tail": list(r.log_tail) if r else [], "adopted": r.adopted if r else False,
-                "gpus": list(a.spec.gpu_indices), "generation": a.spec.generation, "reason": a.reason,
-                "routable": rep is not None and not rep.draining,
-                "inflight": rep.view.inflight if rep else 0, "created_at": a.created_at,
-            })
+            st = self.router.replica_state(a.replica)
+            out.append(ReplicaView(
+                replica=a.replica, model=a.model, node=a.node, desired=a.desired,
+                state=a.engine_state, url=r.url if r else None, pid=r.pid if r else None,
+                restarts=r.restarts if r else 0, detail=r.detail if r else "",
+                log_tail=list(r.log_tail) if r else [], adopted=r.adopted if r else False,
+                gpus=list(a.spec.gpu_indices), generation=a.spec.generation, reason=a.reason,
+                routable=st is not None and st.routable,
+                inflight=st.inflight if st else 0, created_at=a.created_at,
+            ))
         return out
 
-    def model_views(self) -> list[dict[str, Any]]:
+    def model_views(self) -> list[ModelView]:
         out = []
         for name in sorted(self.models):
             m = self.models[name]
             mine = [a for a in self.assignments.values() if a.model == name]
-            out.append({
-                "name": name, "engine": m.engine, "source": self.sources.get(name, "api"),
-                "desired_replicas": m.deploy.count if m.deploy else None,
-                "replicas": len([a for a in mine if a.desired == "run"]),
-                "ready": len([a for a in mine if a.engine_state == "ready" and a.desired == "run"]),
-                "static_replicas": len(m.replicas), "unplaceable": self.unplaceable.get(name),
-                "definition": model_to_dict(m),
-            })
+            out.append(ModelView(
+                name=name, engine=m.engine, source=self.sources.get(name, "api"),
+                desired_replicas=m.deploy.count if m.deploy else None,
+                replicas=len([a for a in mine if a.desired == "run"]),
+                ready=len([a for a in mine if a.engine_state == "ready" and a.desired == "run"]),
+                static_replicas=len(m.replicas), unplaceable=self.unplaceable.get(name),
+                definition=model_to_dict(m),
+            ))
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Status:
         states: dict[str, int] = {}
         for n in self.nodes.nodes.values():
             states[n.state] = states.get(n.state, 0) + 1
-        return {"router_id": self.router_id, "nodes": states, "assignments": len(self.assignments),
-                "partition_suspected": self.nodes.partition_suspected, "control_port": self.port,
-                "unplaceable": dict(self.unplaceable)}
-
+        return Status(version=__version__, router_id=self.router_id, nodes=states,
+                      assignments=len(self.assignments), partition_suspected=self.nodes.partition_suspected,
+                      control_port=self.port, unplaceable=dict(self.unplaceable))

@@ -74,7 +74,7 @@ class AssignmentRow:
     replica: str
     model: str
     node: str
-    spec: dict[str, Any]  # EngineSpec.to_wire()
+    spec: dict[str, Any]  # EngineSpec.to_wire(), with "demand": Demand.to_wire() (llmgw.fleet.placement)
     desired: str = "run"  # one of DESIRED_STATES
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)

@@ -1,0 +1,115 @@
+"""The operating-system side of the agent's engines: process groups and the identity of a process
+under Linux /proc (is this pid still the engine we started, or a reused one?), a free port to give
+a new engine, and how its host is written in a URL and dialled."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+__all__ = ["dial_host", "free_port", "group_exists", "host_port", "is_same_process", "pid_alive",
+           "process_starttime", "signal_group"]
+
+
+# ---- process groups and /proc --------------------------------------------------------------------
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat from field 3 (state) on; comm may hold spaces and parentheses."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def pid_alive(pid: int) -> bool:
+    """Exists and is not a zombie (a dead child nobody reaped yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def process_starttime(pid: int) -> int | None:
+    """Start time in clock ticks since boot (stat field 22): tells a reused pid apart."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
+def _cmdline_matches(pid: int, cmd: list[str]) -> bool:
+    """/proc/<pid>/cmdline is `cmd`, allowing for a #! script, which the kernel runs as
+    [interpreter, (arg), /path/to/script, args...]."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+    except OSError:
+        return False
+    if argv == cmd:
+        return True
+    n = len(cmd) - 1
+    head, tail = (argv[:-n], argv[-n:]) if n else (argv, [])
+    return tail == cmd[1:] and 1 <= len(head) <= 3 and os.path.basename(cmd[0]) in map(os.path.basename, head)
+
+
+def is_same_process(pid: int, pgid: int, cmd: list[str], starttime: int | None) -> bool:
+    """`pid` is alive, leads group `pgid`, started at `starttime` (if known) and runs `cmd`: the
+    process an engine record describes, not a reused pid."""
+    if not pid_alive(pid):
+        return False
+    try:
+        if os.getpgid(pid) != pgid:
+            return False
+    except ProcessLookupError:
+        return False
+    if starttime is not None and process_starttime(pid) != starttime:
+        return False
+    return _cmdline_matches(pid, cmd)
+
+
+# ---- ports and hosts -----------------------------------------------------------------------------
+
+def free_port(host: str, prefer: int | None) -> int:
+    """`prefer` if it can be bound now, else a free ephemeral port (the engine binds it next)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for port in ([prefer] if prefer else []) + [0]:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            # As engines bind (SO_REUSEADDR): a port in TIME_WAIT after a restart counts as free.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+            return int(s.getsockname()[1])
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise OSError(f"no free port on {host}")
+
+
+def dial_host(host: str) -> str:
+    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
+def host_port(host: str, port: int | None) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,0 +1,127 @@
+"""What the control plane and the admin API may do to the router, and read from it: the RouterPort
+protocol, and RouterAdapter, which implements it over a Router.
+
+The control plane keeps the router's models in step with its own, moves the replicas it placed
+in and out of routing (add, drain, withdraw) and reads one replica's routing state to know when
+a drain is over. The admin API reads the recent routing decisions, the endpoints as the
+scheduler sees them and the cache-hit summary. Nothing else of the router is theirs: the adapter
+is the only code outside daemon/router/ that reaches into the Router and its registry."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import trio
+
+from llmgw.admin.schema import CacheSummary, EndpointStatus
+from llmgw.admin.views import breaker_view, cache_summary_view, scraped_metrics_view
+from llmgw.config import ModelConfig
+from llmgw.route.types import Decision
+
+if TYPE_CHECKING:
+    from llmgw.daemon.router.proxy import Router
+
+__all__ = ["ReplicaState", "RouterAdapter", "RouterPort"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """A replica's routing state, as the control plane may see it."""
+
+    routable: bool  # in the scheduler and taking new requests (false while it drains)
+    inflight: int  # requests the router has on it now
+
+
+class RouterPort(Protocol):
+    # -- the control plane --------------------------------------------------------------------
+    def define_model(self, m: ModelConfig) -> None:
+        """Make `m` known to the router, with its static replicas; redefining a model keeps its
+        live replicas."""
+
+    def forget_model(self, name: str) -> None:
+        """Drop model `name` if it has no replica left (nothing otherwise, or if it is unknown)."""
+
+    def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
+                    node: str | None = None) -> None:
+        """Route `m`'s requests to replica `rid` at `url` too; a draining one takes requests again.
+        A replica `rid` known at another url is replaced by a fresh one (fresh breaker, fresh
+        metrics)."""
+
+    def withdraw_replica(self, rid: str) -> None:
+        """Out of routing now (nothing if unknown)."""
+
+    def drain_replica(self, rid: str) -> None:
+        """No new requests; those in flight finish (nothing if unknown)."""
+
+    def replica_state(self, rid: str) -> ReplicaState | None:
+        """None when the router does not route to `rid` at all."""
+
+    # -- the admin API --------------------------------------------------------------------------
+    def decisions(self) -> Sequence[Decision]:
+        """The recent routing decisions, oldest first: the router's live ring, to read at once
+        (it changes as requests arrive)."""
+
+    def endpoints(self, model: str | None = None) -> list[EndpointStatus]:
+        """Every endpoint the scheduler knows (static and placed), or only `model`'s."""
+
+    def cache_summary(self, window_s: float | None = None) -> CacheSummary:
+        """The cache-hit counters over the last `window_s` (default: the whole window kept)."""
+
+
+class RouterAdapter:
+    """RouterPort over a Router in this process."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    # -- the control plane --------------------------------------------------------------------
+    def define_model(self, m: ModelConfig) -> None:
+        self._router.registry.add_model(m)
+
+    def forget_model(self, name: str) -> None:
+        entry = self._router.registry.models.get(name)
+        if entry is not None and not entry.replicas:
+            self._router.registry.remove_model(name)
+
+    def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
+                    node: str | None = None) -> None:
+        self._router.add_replica(m, rid, url, pool=pool, weight=weight, node=node)
+
+    def withdraw_replica(self, rid: str) -> None:
+        self._router.remove_replica(rid)
+
+    def drain_replica(self, rid: str) -> None:
+        rep = self._router.registry.replicas.get(rid)
+        if rep is not None:
+            rep.draining = True
+
+    def replica_state(self, rid: str) -> ReplicaState | None:
+        rep = self._router.registry.replicas.get(rid)
+        if rep is None:
+            return None
+        return ReplicaState(routable=not rep.draining, inflight=rep.view.inflight)
+
+    # -- the admin API --------------------------------------------------------------------------
+    def decisions(self) -> Sequence[Decision]:
+        return self._router.decisions
+
+    def endpoints(self, model: str | None = None) -> list[EndpointStatus]:
+        reps = self._router.registry.replicas
+        out = []
+        for row in self._router.registry.snapshot():
+            if model is not None and row["model"] != model:
+                continue
+            rep = reps.get(row["id"])
+            out.append(EndpointStatus(
+                id=row["id"], model=row["model"], url=row["url"], pool=row["pool"], inflight=row["inflight"],
+                running=row["running"], waiting=row["waiting"], kv_usage=row["kv_usage"], stale=row["stale"],
+                scrape_age_s=row["scrape_age_s"], scrape_error=row["scrape_error"], drain_rate=row["drain_rate"],
+                breaker=breaker_view(row["breaker"]), adapters=row["adapters"], node=row["node"],
+                draining=row["draining"], wall=row["wall"],
+                scrape=scraped_metrics_view(rep.last_scrape if rep is not None else None)))
+        return out
+
+    def cache_summary(self, window_s: float | None = None) -> CacheSummary:
+        return cache_summary_view(self._router.registry.cache_stats.summary(trio.current_time(), window_s))
