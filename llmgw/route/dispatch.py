@@ -247,6 +247,8 @@ class RouterCore:
             self._queue(plan.entry).cancel(t)
         if timed_out:
             raise self._reject(plan, now, "queue_timeout", "All replicas stayed saturated; try again later.")
+        if t is not None:  # the client left while it waited: counted where it ended
+            self.counters.request_done(plan.model, "client_cancelled", 499, None, None)
 
     def _reject(self, plan: Plan, now: float, reason: str, message: str) -> ApiError:
         q = self._queue(plan.entry)
