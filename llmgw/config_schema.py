@@ -127,6 +127,9 @@ class RouterConfig:
     stale_after_s: float = opt(5.0, check=positive)  # scraped metrics older than this are stale
     connect_timeout_s: float = opt(3.0, check=positive)
     first_byte_timeout_s: float = opt(600.0, check=positive)  # long prefills take minutes
+    # ... but while another replica is idle, a hung engine gets this long (plus 1 s per 1,000
+    # prompt tokens) before the request is retried there; 0 = always the full ceiling
+    first_byte_fast_s: float = opt(30.0, check=in_range(0))
     idle_timeout_s: float = opt(120.0, check=positive)  # longest gap between streamed chunks
     max_attempts: int = opt(3, check=in_range(1))  # replicas tried while nothing was sent
     kv_ceiling: float = opt(0.95, check=in_range(0, 1))  # hard KV-usage penalty above this

@@ -33,6 +33,8 @@ scrape_interval_s = 1.0          # how often each replica's /metrics is read
 stale_after_s = 5.0              # older scraped metrics are stale (live inflight counts still apply)
 connect_timeout_s = 3.0
 first_byte_timeout_s = 600.0     # long prefills can take minutes before the first byte
+first_byte_fast_s = 30.0         # ...but while another replica is idle, a silent engine gets this
+                                 # long (+1 s per 1,000 prompt tokens), then the request moves there
 idle_timeout_s = 120.0           # longest silence between streamed chunks
 max_attempts = 3                 # replicas tried for one request while nothing was sent to the client
 kv_ceiling = 0.95                # replicas above this KV-cache usage get a hard penalty

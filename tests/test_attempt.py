@@ -145,7 +145,9 @@ def _try(core: RouterCore, rid: str, now: float) -> Attempt | None:
         step = core.next(plan, now, 0.0)
     except ApiError:
         return None
-    assert isinstance(step, Attempt)
+    if isinstance(step, Ticket):  # no probe slot free: it would wait for one; it leaves instead
+        core.left_queue(plan, now, timed_out=False)
+        return None
     PLANS[step] = plan
     return step
 

@@ -1,6 +1,7 @@
 """The router's core (llmgw.route.dispatch) as the shell drives it, under every order of events a
 hypothesis state machine can find: requests arrive, wait in the queue, are woken, resume, leave
-or time out; attempts succeed, fail (before or after the first byte), time out or are cancelled;
+or time out; attempts succeed, fail (before or after the first byte), time out, answer 5xx (dropped and
+retried, or relayed) or are cancelled;
 breakers trip and time passes. Whatever happens:
 
 - every permit is held by a live attempt (cap places, inflight counts, probe slots) and none is
@@ -116,6 +117,23 @@ class CoreLifecycle(RuleBasedStateMachine):
             self._end(r)  # answered, or the client left, or it failed after the client got bytes
         else:
             self._step(r)  # nothing sent yet: the shell retries
+
+    @precondition(lambda self: any(r.attempt for r in self.going))
+    @rule(pick=st.integers(0, 99), relay_end=st.sampled_from([None, FailureKind.CLIENT_CANCEL, FailureKind.RESET]))
+    def engine_answers_5xx(self, pick: int, relay_end: FailureKind | None) -> None:
+        """As the shell does: drop the 5xx and retry while the plan allows it, else relay it."""
+        live = [r for r in self.going if r.attempt]
+        r = live[pick % len(live)]
+        a = r.attempt
+        assert a is not None
+        r.attempt = None
+        if r.plan.retry_5xx:
+            self._wake(self.core.finish(r.plan, a, self.now, FailureKind.HTTP_5XX, first_byte_at=None,
+                                        status=500))
+            self._step(r)
+        else:
+            self._wake(self.core.finish(r.plan, a, self.now, relay_end, first_byte_at=self.now, status=500))
+            self._end(r)
 
     @precondition(lambda self: any(r.ticket for r in self.going))
     @rule(pick=st.integers(0, 99))

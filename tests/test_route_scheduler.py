@@ -137,13 +137,21 @@ def test_healthy_drops_open_breakers_with_a_reason():
     assert res.note == ""
 
 
-def test_healthy_all_open_keeps_the_one_closest_to_recovery():
-    eps = [ep(0, available=False, retry_at=30.0), ep(1, available=False, retry_at=None),
-           ep(2, available=False, retry_at=20.0), ep(3, available=False, retry_at=25.0)]
+def test_healthy_all_open_fails_open_to_every_open_replica():
+    """Every breaker open: each open replica may be probed early (not only the one closest to
+    recovery); one whose probe slots are taken (half-open, unavailable) is left out."""
+    eps = [ep(0, available=False, breaker_state="open", retry_at=30.0),
+           ep(1, available=False, breaker_state="open", retry_at=None),
+           ep(2, available=False, breaker_state="half_open"),
+           ep(3, available=False, breaker_state="open", retry_at=25.0)]
     res = healthy(eps, now=10.0)
-    assert [e.id for e in res.kept] == ["m/r2"]
+    assert [e.id for e in res.kept] == ["m/r0", "m/r1", "m/r3"]
     assert res.note == ALL_OPEN_NOTE
-    assert sorted(d.endpoint_id for d in res.drops) == ["m/r0", "m/r1", "m/r3"]
+    assert [d.endpoint_id for d in res.drops] == ["m/r2"]
+    # every one half-open with its slots taken: all kept (the request waits for a slot)
+    busy = [ep(i, available=False, breaker_state="half_open") for i in range(3)]
+    res = healthy(busy, now=10.0)
+    assert len(res.kept) == 3 and res.note == ALL_OPEN_NOTE and not res.drops
 
 
 def test_saturation_measure():
@@ -209,15 +217,13 @@ def test_spill_order_follows_pool_priority(eps, limit):
 
 
 @given(fleets(model="m"), st.floats(0, 100))
-def test_all_open_picks_the_one_closest_to_recovery(eps, now):
+def test_all_open_keeps_the_open_ones_and_the_decision_says_fallback(eps, now):
     eps = [replace(e, available=False) for e in eps]
     res = healthy(eps, now)
-    assert len(res.kept) == 1 and res.note == ALL_OPEN_NOTE
-    with_time = [e for e in eps if e.retry_at is not None]
-    if with_time:
-        assert res.kept[0].retry_at == min(e.retry_at for e in with_time)
+    opened = [e.id for e in eps if e.breaker_state == "open"]
+    assert [e.id for e in res.kept] == (opened or [e.id for e in eps]) and res.note == ALL_OPEN_NOTE
     d = Scheduler().decide(req(), eps, PRESETS["chat"], now=now, wall=0.0, rng=random.Random(0))
-    assert d.chosen == res.kept[0].id and ALL_OPEN_NOTE in d.note
+    assert d.chosen in {e.id for e in res.kept} and ALL_OPEN_NOTE in d.note and d.fallback
 
 
 # --------------------------------------------------------------------------- scorers
@@ -617,8 +623,7 @@ def _reference_kept(r: RequestInfo, eps: list[EndpointView], cfg: SchedulerConfi
          if e.model == r.base_model and (r.adapter is None or r.adapter in e.adapters)]
     if not s:
         return []
-    h = [e for e in s if e.available] or [
-        min(s, key=lambda e: (e.retry_at is None, e.retry_at or 0.0, e.id))]
+    h = [e for e in s if e.available] or [e for e in s if e.breaker_state == "open"] or s
     prios = sorted({e.pool_priority for e in h})
     open_ = [p for p in prios if not all(_ref_saturated(e, cfg) for e in h if e.pool_priority == p)]
     p = open_[0] if open_ else prios[0]

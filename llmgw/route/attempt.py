@@ -28,7 +28,8 @@ __all__ = ["Attempt"]
 
 
 class Attempt:
-    __slots__ = ("alarm", "caps", "decision", "ended", "permit", "replica", "started", "_token")
+    __slots__ = ("alarm", "caps", "decision", "ended", "first_byte_timeout", "permit", "replica", "started",
+                 "_token")
 
     def __init__(self, replica: Replica, caps: ConcurrencyCaps, permit: Permit, decision: Decision,
                  started: float) -> None:
@@ -43,6 +44,7 @@ class Attempt:
         self.started = started  # when the request (not this attempt) started, monotonic
         self.ended = False
         self.alarm: bool | None = None  # the prefix zero-hit alarm changed to this (None: unchanged)
+        self.first_byte_timeout: float | None = None  # seconds; None: the configured ceiling
         self._token = replica.breaker.probe_token() if permit is Permit.PROBE else NO_SLOT
         replica.view.inflight += 1
 
@@ -50,9 +52,11 @@ class Attempt:
     def probe(self) -> bool:
         return self.permit is Permit.PROBE
 
-    def end(self, now: float, failure: FailureKind | None) -> bool:
+    def end(self, now: float, failure: FailureKind | None, *, verdict: bool = True) -> bool:
         """Give every permit back, once. ``failure``: None for success, else how it failed
-        (``FailureKind.CLIENT_CANCEL`` when the client left). False when already ended."""
+        (``FailureKind.CLIENT_CANCEL`` when the client left). ``verdict=False``: the outcome says
+        nothing about the replica (yet) — only its probe slot is given back; the core reports
+        the verdict later, or never (a poison request). False when already ended."""
         if self.ended:
             return False
         self.ended = True
@@ -60,7 +64,9 @@ class Attempt:
         rep.view.inflight -= 1
         self.caps.release(rep.view.id)
         b = rep.breaker
-        if failure is None:
+        if not verdict:
+            b.release_probe(self._token)
+        elif failure is None:
             b.on_success(now, self._token)
         elif failure in COUNTED_FAILURES:
             b.on_failure(now, failure, self._token)

@@ -160,9 +160,9 @@ class Breaker:
         """Check and reserve in one call: PASS when closed; PROBE when a probe slot is free (moving an
         open breaker whose retry_at has come to half_open); DENY otherwise.
 
-        `force=True` lets an open breaker probe before retry_at — for the scheduler's last resort
-        when every breaker is open (filters.healthy keeps the one closest to recovery). The probe
-        limit still holds, and a failed early probe backs off like any other."""
+        `force=True` lets an open breaker probe before retry_at — when every breaker of a model is
+        open (filters.healthy fails open). The probe limit still holds, and a failed early probe
+        backs off like any other."""
         if self._state == CLOSED:
             return Permit.PASS
         if self._state == OPEN:

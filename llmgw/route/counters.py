@@ -45,6 +45,7 @@ class RouterCounters:
         self.decide = Hist(len(DECIDE_BUCKETS), wall())
         self.upstream_errors: dict[tuple[str, str], list[float]] = {}  # (endpoint, kind)
         self.rejections: dict[tuple[str, str], list[float]] = {}  # (model, reason)
+        self.poison: dict[tuple[str], list[float]] = {}  # (model,): requests 5xx on two replicas
 
     def _bump(self, table: dict, key: tuple) -> None:  # type: ignore[type-arg]
         c = table.get(key)
@@ -88,3 +89,6 @@ class RouterCounters:
 
     def rejected(self, model: str, reason: str) -> None:
         self._bump(self.rejections, (model, reason))
+
+    def poisoned(self, model: str) -> None:
+        self._bump(self.poison, (model,))

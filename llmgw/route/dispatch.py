@@ -18,7 +18,13 @@ The shell asks three things, and the answers carry everything it then does:
    tickets that may now proceed.
 
 A waiting request that gives up calls ``left_queue`` (the client went away, or its deadline
-passed: then a 429 is raised and counted)."""
+passed: then a 429 is raised and counted).
+
+An engine's 5xx follows the request, not the replica: the first 5xx is retried elsewhere with
+its breaker verdict held back (``Plan.suspect``); a second 5xx from another replica marks the
+request as poison — the client gets that engine's error, neither breaker counts it, and
+``llmgw_poison_requests_total`` does; any other end settles the held verdict (a success
+elsewhere proves the first replica at fault)."""
 
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from llmgw.config import Config, ModelConfig
 
 from .admission import ConcurrencyCaps, Ticket, WaitQueue, suggest_retry_after
 from .attempt import Attempt
-from .breaker import FailureKind, Permit
+from .breaker import NO_SLOT, FailureKind, Permit
 from .cache_stats import CacheStats
 from .counters import RouterCounters
 from .filters import is_saturated
@@ -51,6 +57,9 @@ __all__ = ["Plan", "RouterCore", "STRATEGY_HEADER", "KINDS"]
 STRATEGY_HEADER = "x-llmgw-strategy"
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 _ALARM_EVERY = 64  # decisions between two looks at the prefix zero-hit alarm
+# The fast first-byte deadline's allowance for prefill: seconds per 1,000 prompt tokens (a
+# conservative 1,000 tokens/s; GPUs prefill 5-50x faster).
+PREFILL_S_PER_1K_TOKENS = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -68,6 +77,12 @@ class Plan:
     ticket: Ticket | None = None  # its place in the wait queue while it waits
     failure: FailureKind | None = None  # how the last attempt failed
     detail: str = ""  # ... in words (for a timeout: the phase)
+    # A replica that answered this request 5xx, its breaker verdict held back: if another
+    # replica answers 5xx too, the request is the fault (poison) and neither breaker counts it.
+    suspect: Replica | None = None
+    # May the shell drop an engine's 5xx answer and ask for another attempt? False once a
+    # replica answered 5xx (the next 5xx is the engine's word, relayed) or on the last attempt.
+    retry_5xx: bool = True
 
     @property
     def model(self) -> str:
@@ -169,27 +184,66 @@ class RouterCore:
             self.decisions.append(d)
             self.counters.decision(d)
             chosen = d.chosen
-            if chosen is not None and not self.caps.try_reserve(chosen):
-                # Every pool was saturated and the preferred one was kept: its cap is full.
-                # Wait for capacity like any saturated request, then decide again.
-                return self._enqueue(plan, now)
+            permit = Permit.DENY
+            if chosen is not None:
+                if not self.caps.try_reserve(chosen):
+                    # Every pool was saturated and the preferred one was kept: its cap is full.
+                    # Wait for capacity like any saturated request, then decide again.
+                    return self._enqueue(plan, now)
+                rep = table.replicas[chosen]
+                # every breaker open (d.fallback): probe this one early, within its probe limit
+                permit = rep.breaker.allow(now, force=d.fallback)
+                if permit is Permit.DENY:
+                    self.caps.release(chosen)
+                    if d.fallback:  # its probe slots are taken: wait for one, don't fail
+                        return self._enqueue(plan, now)
             plan.attempts += 1
-            sched.commit(d, info, now)
-            self._after_commit(d, entry, now)
             if chosen is None:
+                sched.commit(d, info, now)
+                self._after_commit(d, entry, now)
                 break
             tried.add(chosen)
-            rep = table.replicas[chosen]
-            b = rep.breaker
-            permit = b.allow(now, force=d.fallback and not b.can_pass(now))
             if permit is Permit.DENY:
-                self.caps.release(chosen)
                 plan.failure, plan.detail = FailureKind.CONNECT, f"breaker of {chosen} is open"
                 continue
+            sched.commit(d, info, now)
+            self._after_commit(d, entry, now)
             a = Attempt(rep, self.caps, permit, d, plan.started)
             a.alarm, self._alarm_news = self._alarm_news, None
+            a.first_byte_timeout = self._first_byte_timeout(plan, rep)
+            plan.retry_5xx = plan.suspect is None and plan.attempts < self.rc.max_attempts
             return a
+        self._settle(plan, now, count=True)
         raise self._exhausted(plan, now)
+
+    def _first_byte_timeout(self, plan: Plan, rep: Replica) -> float:
+        """The ceiling (``first_byte_timeout_s``: long prefills take minutes) — unless another
+        replica of the model could start this request right now (not tried, not draining, its
+        breaker lets traffic, nothing in flight or queued on it): then a hung engine must not
+        hold the request that long, and the deadline is ``first_byte_fast_s`` plus a prefill
+        allowance for the prompt's size (``PREFILL_S_PER_1K_TOKENS``). A timeout counts on the
+        breaker like any other, so a replica whose requests all time out is ejected after
+        ``failure_threshold`` of them (outlier detection)."""
+        rc = self.rc
+        ceiling = rc.first_byte_timeout_s
+        fast = rc.first_byte_fast_s
+        if fast <= 0:
+            return ceiling
+        tried = plan.tried
+        for r in plan.entry.replicas:
+            if r is rep or r.draining or r.id in tried:
+                continue
+            v = r.view
+            if v.available and v.inflight == 0 and not v.running and not v.waiting:
+                return min(ceiling, fast + plan.info.prompt_tokens_estimate / 1000 * PREFILL_S_PER_1K_TOKENS)
+        return ceiling
+
+    def _settle(self, plan: Plan, now: float, *, count: bool) -> None:
+        """The held-back verdict of a replica that answered this request 5xx: counted now (no
+        sign of poison), or dropped (the client left before we could tell)."""
+        rep, plan.suspect = plan.suspect, None
+        if rep is not None and count:
+            rep.breaker.on_failure(now, FailureKind.HTTP_5XX, NO_SLOT)
 
     def _after_commit(self, d: Decision, entry: ModelEntry, now: float) -> None:
         if d.prefix is None:
@@ -245,6 +299,7 @@ class RouterCore:
         t, plan.ticket = plan.ticket, None
         if t is not None:
             self._queue(plan.entry).cancel(t)
+        self._settle(plan, now, count=timed_out)
         if timed_out:
             raise self._reject(plan, now, "queue_timeout", "All replicas stayed saturated; try again later.")
         if t is not None:  # the client left while it waited: counted where it ended
@@ -260,14 +315,15 @@ class RouterCore:
         e.counted = True
         return e
 
-    def capacity_freed(self, model: str) -> list[Ticket]:
-        """Tickets that may proceed now that a request on ``model`` ended (or a replica came)."""
+    def capacity_freed(self, model: str, *, everyone: bool = False) -> list[Ticket]:
+        """Tickets that may proceed now that a request on ``model`` ended (or a replica came, or
+        a breaker closed: ``everyone``)."""
         q = self.queues.get(model)
         if not q:
             return []
         entry = self.table.models.get(model)
-        if entry is None:
-            return q.on_capacity(len(q))  # the model is gone: let them all find out
+        if entry is None or everyone:
+            return q.on_capacity(len(q))  # the model is gone, or a replica is back: all may try
         cfg = self.sched.config
         # one finished request frees room for one waiter
         return q.on_capacity(1, saturated=lambda: all(is_saturated(r.view, cfg) for r in entry.replicas))
@@ -275,25 +331,54 @@ class RouterCore:
     # -- 3. the end of an attempt -------------------------------------------------------------------
     def finish(self, plan: Plan, attempt: Attempt, now: float, failure: FailureKind | None, *,
                first_byte_at: float | None, status: int | None, detail: str = "") -> list[Ticket]:
-        """``failure``: None for success, else how the attempt failed
-        (``FailureKind.CLIENT_CANCEL`` when the client left). Idempotent."""
-        if not attempt.end(now, failure):
+        """``failure``: None when the answer was relayed to its end, else how the attempt failed
+        (``FailureKind.CLIENT_CANCEL`` when the client left). ``status``: the engine's, when it
+        answered. An engine's 5xx is ``failure=HTTP_5XX`` when the shell dropped it to retry
+        (only while ``plan.retry_5xx``), else the relayed answer's status. Idempotent."""
+        if attempt.ended:
             return []
         rep = attempt.replica
-        rep.completed += 1
+        was_closed = rep.breaker.state == "closed"
         model = plan.model
         started = plan.started
         ttft = None if first_byte_at is None else first_byte_at - started
         c = self.counters
-        if failure is None:
-            c.request_done(model, "ok", status or 200, ttft, now - started)
-        elif failure is FailureKind.CLIENT_CANCEL:
-            c.request_done(model, "client_cancelled", 499, ttft, now - started)
+        if status is not None and status >= 500:
+            c.upstream_error(rep.id, FailureKind.HTTP_5XX.value)
+            if failure is FailureKind.HTTP_5XX and plan.retry_5xx:
+                # dropped, to be retried elsewhere: the verdict waits for the next replica's word
+                attempt.end(now, failure, verdict=False)
+                plan.suspect, plan.failure, plan.detail = rep, failure, detail
+            else:
+                poison = plan.suspect is not None and plan.suspect is not rep
+                if poison:  # a second replica failed it the same way: the request is the fault
+                    plan.suspect = None
+                    c.poisoned(model)
+                cancelled = failure is FailureKind.CLIENT_CANCEL
+                attempt.end(now, failure if cancelled else FailureKind.HTTP_5XX, verdict=not poison)
+                self._settle(plan, now, count=not cancelled)
+                if cancelled:
+                    c.request_done(model, "client_cancelled", 499, ttft, now - started)
+                elif failure is None:  # the engine's error, relayed as its answer
+                    c.request_done(model, "engine_error", status, ttft, now - started)
+                else:
+                    c.request_done(model, "upstream_failed", 502, ttft, now - started)
         else:
-            c.upstream_error(rep.id, failure.value)
-            plan.failure, plan.detail = failure, detail
-            if first_byte_at is not None:  # it failed after the client got bytes: the request is done
-                c.request_done(model, "upstream_failed", 502, ttft, now - started)
+            attempt.end(now, failure)
+            self._settle(plan, now, count=failure is not FailureKind.CLIENT_CANCEL)
+            if failure is None:
+                c.request_done(model, "ok", status or 200, ttft, now - started)
+            elif failure is FailureKind.CLIENT_CANCEL:
+                c.request_done(model, "client_cancelled", 499, ttft, now - started)
+            else:
+                c.upstream_error(rep.id, failure.value)
+                plan.failure, plan.detail = failure, detail
+                if first_byte_at is not None:  # it failed after the client got bytes: the request is done
+                    c.request_done(model, "upstream_failed", 502, ttft, now - started)
+        rep.completed += 1
+        if not was_closed and rep.breaker.state == "closed":
+            # recovered: every request waiting (e.g. for a probe slot) may try again now
+            return self.capacity_freed(rep.view.model, everyone=True)
         return self.capacity_freed(rep.view.model)
 
     # -- what the exporter reads (llmgw.daemon.router.metrics.MetricsSource) ----------------------

@@ -20,7 +20,7 @@ __all__ = [
     "serves", "healthy", "pool_priority", "ALL_OPEN_NOTE",
 ]
 
-ALL_OPEN_NOTE = "all breakers open: trying the one closest to recovery"
+ALL_OPEN_NOTE = "all breakers open: probing each open replica early"
 NO_DROPS: tuple[FilterDrop, ...] = ()
 
 
@@ -102,26 +102,24 @@ def serves(req: RequestInfo, endpoints: Sequence[EndpointView]) -> FilterResult:
     return FilterResult(kept, drops)
 
 
-def _recovery_key(e: EndpointView) -> tuple[bool, float, str]:
-    # An open breaker with no retry time is the furthest from recovery; ids break ties.
-    return (e.retry_at is None, e.retry_at or 0.0, e.id)
-
-
 def healthy(endpoints: Sequence[EndpointView], now: float) -> FilterResult:
-    """Drop endpoints whose breaker refuses traffic. If that would drop them all, keep the one
-    closest to recovery: a model must never answer "no deployments" for good because every
-    breaker tripped at once (the probe is how they close again)."""
+    """Drop endpoints whose breaker refuses traffic. If that would drop them all, fail open: keep
+    every replica whose breaker is open (the core probes it early, before its cooldown ends,
+    within its own probe limit), so recovery admits probes in proportion to the replicas — not
+    one at a time on the replica closest to recovery while every other request is turned away.
+    When every breaker is half-open with its probe slots taken, all are kept and the request
+    waits in the admission queue for a slot. A model must never answer "no deployments" for
+    good because every breaker tripped at once (a burst of poison requests, a network blip)."""
     kept = [e for e in endpoints if e.available]
     if len(kept) == len(endpoints):
         return FilterResult(endpoints)
-    note = ""
     if not kept and endpoints:
-        kept = [min(endpoints, key=_recovery_key)]
-        note = ALL_OPEN_NOTE
-    keep_id = kept[0].id if note else None
-    drops = [FilterDrop("healthy", e.id, _breaker_reason(e, now))
-             for e in endpoints if not e.available and e.id != keep_id]
-    return FilterResult(kept, drops, note)
+        kept = [e for e in endpoints if e.breaker_state == "open"] or list(endpoints)
+        ids = {e.id for e in kept}
+        drops = [FilterDrop("healthy", e.id, _breaker_reason(e, now)) for e in endpoints if e.id not in ids]
+        return FilterResult(kept, drops, ALL_OPEN_NOTE)
+    drops = [FilterDrop("healthy", e.id, _breaker_reason(e, now)) for e in endpoints if not e.available]
+    return FilterResult(kept, drops)
 
 
 def _breaker_reason(e: EndpointView, now: float) -> str:

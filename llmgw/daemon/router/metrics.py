@@ -101,6 +101,8 @@ class RouterMetrics(Collector):
                               ["endpoint", "kind"], c.upstream_errors)
         yield _counter_family("llmgw_admission_rejected", "Requests refused by admission (429).",
                               ["model", "reason"], c.rejections)
+        yield _counter_family("llmgw_poison_requests", "Requests two replicas answered 5xx: the request's "
+                              "fault, counted on no breaker.", ["model"], c.poison)
 
     def collect(self) -> Iterable[Metric]:
         yield from self._request_families()

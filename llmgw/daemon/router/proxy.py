@@ -196,14 +196,15 @@ class Router:
             # shielded scope a request).
             resp = await self.pool.stream(
                 rep.view.url, "POST", req.target, headers, req.body, connect_timeout=rc.connect_timeout_s,
-                first_byte_timeout=rc.first_byte_timeout_s, idle_timeout=rc.idle_timeout_s).__aenter__()
+                first_byte_timeout=a.first_byte_timeout or rc.first_byte_timeout_s,
+                idle_timeout=rc.idle_timeout_s).__aenter__()
         except UpstreamError as e:
             self._finish(plan, a, e, None, None)
             return None
         except BaseException:
             self._finish(plan, a, None, None, None)
             raise
-        if resp.status >= 500:
+        if resp.status >= 500 and plan.retry_5xx:  # else it is relayed: the engine's own error
             resp.close()
             self._finish(plan, a, UpstreamProtocolError(f"{rep.id} answered {resp.status}"), None,
                          resp.status)
