@@ -9,8 +9,14 @@ Decoding is strict and cheap: hand-written checks per field, every failure a
 :class:`WireProtocolError` naming the field (``hello.engines[2].state: expected str, got int``).
 Unknown keys are ignored (a newer peer may add fields); unknown message types are not.
 Fields of the nested EngineSpec / EngineReport / NodeFacts that have defaults may be
-absent; every field of a message itself is required.  ``NodeFacts.extra`` is not carried
+absent; every field of a message itself is required, except those added after the first
+release, which older peers leave out (``Hello.credential`` and ``features``,
+``Welcome.credential``, ``Refused.retry``).  ``NodeFacts.extra`` is not carried
 (``NodeFacts.to_wire`` leaves it out).
+
+A router sends :class:`ReportRejected` only to an agent whose hello lists the
+:data:`FEATURE_REPORT_REJECTED` feature, and issues node credentials only to one listing
+:data:`FEATURE_CREDENTIAL`: an older agent would not understand either.
 """
 
 from __future__ import annotations
@@ -31,9 +37,13 @@ from llmgw.fleet.types import (
 )
 
 __all__ = [
+    "AGENT_FEATURES",
+    "FEATURE_CREDENTIAL",
+    "FEATURE_REPORT_REJECTED",
     "FROM_AGENT",
     "FROM_ROUTER",
     "MAX_FRAME",
+    "MAX_HELLO",
     "MESSAGE_TYPES",
     "PROTOCOL_VERSION",
     "SUPPORTED_VERSIONS",
@@ -45,6 +55,7 @@ __all__ = [
     "Hello",
     "Message",
     "Refused",
+    "ReportRejected",
     "Welcome",
     "WireProtocolError",
     "encode",
@@ -53,6 +64,7 @@ __all__ = [
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({PROTOCOL_VERSION})
 MAX_FRAME = 4 << 20  # msgpack bytes of one frame, the length prefix not counted
+MAX_HELLO = 64 << 10  # a router's default frame cap until it has accepted a hello
 
 MAX_NAME = 253  # a DNS name: node names and label keys
 MAX_LABEL_VALUE = 1024
@@ -60,6 +72,15 @@ MAX_LABELS = 256
 MAX_ENGINES = 4096  # per message
 MAX_LOG_LINES = 50  # log_tail beyond these is cut on decode, not refused
 MAX_LOG_LINE = 500
+MAX_SECRET = 1024  # a join token or node credential, in chars
+MAX_ID = 256  # agent and router ids
+MAX_FEATURES = 32
+MAX_REASON = 4096  # refusals, rejections, bye reasons: read by people, so cut rather than refused
+
+# What an agent may list in its hello's `features`: what it understands beyond the first release.
+FEATURE_CREDENTIAL = "credential"  # keeps the node credential a welcome issues, presents it in hellos
+FEATURE_REPORT_REJECTED = "report_rejected"  # understands the report_rejected message
+AGENT_FEATURES = (FEATURE_CREDENTIAL, FEATURE_REPORT_REJECTED)
 
 
 class WireProtocolError(Exception):
@@ -186,6 +207,10 @@ def _log_tail(v: Any, path: str) -> tuple[str, ...]:
     return tuple(_str(x, f"{path}[{skip + i}]")[:MAX_LOG_LINE] for i, x in enumerate(lines[skip:]))
 
 
+def _reason(v: Any, path: str) -> str:
+    return _str(v, path)[:MAX_REASON]
+
+
 def _state(v: Any, path: str) -> str:
     if _str(v, path) not in ENGINE_STATES:
         raise WireProtocolError(f"{path}: unknown engine state {_short.repr(v)}")
@@ -239,26 +264,35 @@ class Hello:
     so the router tells a restarted agent from a reconnecting one."""
 
     TYPE: ClassVar[str] = "hello"
-    token: str
+    token: str  # the join token: admits a node that has no credential yet
     node: str
     agent_id: str
     versions: tuple[int, ...]  # protocol versions the agent speaks
     labels: dict[str, str]
     facts: NodeFacts
     engines: tuple[EngineReport, ...]
+    credential: str = ""  # the node's credential, issued by an earlier welcome; "" if it has none
+    features: tuple[str, ...] = ()  # AGENT_FEATURES it understands; absent from older agents
 
     def to_dict(self) -> dict[str, Any]:
         return {"token": self.token, "node": self.node, "agent_id": self.agent_id, "versions": list(self.versions),
                 "labels": dict(self.labels), "facts": self.facts.to_wire(),
-                "engines": [e.to_wire() for e in self.engines]}
+                "engines": [e.to_wire() for e in self.engines], "credential": self.credential,
+                "features": list(self.features)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Hello:
         p = cls.TYPE
-        return cls(token=_field(d, p, "token", _str), node=_field(d, p, "node", _node_name),
-                   agent_id=_field(d, p, "agent_id", _str), versions=_field(d, p, "versions", _tuple_of(_int)),
+        return cls(token=_field(d, p, "token", _bounded_str(MAX_SECRET)), node=_field(d, p, "node", _node_name),
+                   agent_id=_field(d, p, "agent_id", _bounded_str(MAX_ID)),
+                   versions=_field(d, p, "versions", _tuple_of(_int, MAX_FEATURES)),
                    labels=_field(d, p, "labels", _labels), facts=_field(d, p, "facts", _facts),
-                   engines=_field(d, p, "engines", _tuple_of(_report, MAX_ENGINES)))
+                   engines=_field(d, p, "engines", _tuple_of(_report, MAX_ENGINES)),
+                   credential=_field(d, p, "credential", _bounded_str(MAX_SECRET), ""),
+                   features=_field(d, p, "features", _tuple_of(_bounded_str(MAX_NAME), MAX_FEATURES), ()))
+
+    def has(self, feature: str) -> bool:
+        return feature in self.features
 
 
 @dataclass(frozen=True)
@@ -302,43 +336,68 @@ class Bye:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Bye:
-        return cls(reason=_field(d, cls.TYPE, "reason", _str))
+        return cls(reason=_field(d, cls.TYPE, "reason", _reason))
 
 
 @dataclass(frozen=True)
 class Welcome:
-    """router → agent, the answer to a good Hello: the version chosen and the heartbeat period."""
+    """router → agent, the answer to a good Hello: the version chosen and the heartbeat period.
+    `credential`, when not empty, is the node's new credential: the agent keeps it (before it
+    sends anything else) and presents it in every later hello."""
 
     TYPE: ClassVar[str] = "welcome"
     node: str
     router_id: str
     version: int
     heartbeat_s: float
+    credential: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "router_id": self.router_id, "version": self.version,
-                "heartbeat_s": self.heartbeat_s}
+                "heartbeat_s": self.heartbeat_s, "credential": self.credential}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Welcome:
         p = cls.TYPE
-        return cls(node=_field(d, p, "node", _node_name), router_id=_field(d, p, "router_id", _str),
-                   version=_field(d, p, "version", _int), heartbeat_s=_field(d, p, "heartbeat_s", _positive))
+        return cls(node=_field(d, p, "node", _node_name), router_id=_field(d, p, "router_id", _bounded_str(MAX_ID)),
+                   version=_field(d, p, "version", _int), heartbeat_s=_field(d, p, "heartbeat_s", _positive),
+                   credential=_field(d, p, "credential", _bounded_str(MAX_SECRET), ""))
 
 
 @dataclass(frozen=True)
 class Refused:
-    """router → agent, the answer to a bad Hello (token, version, node name taken ...); then close."""
+    """router → agent, the answer to a bad Hello (token, credential, version ...); then close.
+    `retry`: the cause is passing (the node's old connection has not timed out yet, the router
+    cannot write its store): the agent retries with its usual backoff, not its longest."""
 
     TYPE: ClassVar[str] = "refused"
     reason: str
+    retry: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reason": self.reason}
+        return {"reason": self.reason, "retry": self.retry}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Refused:
-        return cls(reason=_field(d, cls.TYPE, "reason", _str))
+        return cls(reason=_field(d, cls.TYPE, "reason", _reason), retry=_field(d, cls.TYPE, "retry", _bool, False))
+
+
+@dataclass(frozen=True)
+class ReportRejected:
+    """router → agent: one engine report was refused (its URL is malformed or not on the node's
+    own address); the router treats that engine as failed. The connection goes on."""
+
+    TYPE: ClassVar[str] = "report_rejected"
+    replica: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"replica": self.replica, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ReportRejected:
+        p = cls.TYPE
+        return cls(replica=_field(d, p, "replica", _str), reason=_field(d, p, "reason", _reason))
 
 
 @dataclass(frozen=True)
@@ -359,11 +418,12 @@ class Desired:
         return cls(rev=_field(d, p, "rev", _int), engines=_field(d, p, "engines", _tuple_of(_spec, MAX_ENGINES)))
 
 
-Message = Hello | Heartbeat | EngineUpdate | Bye | Welcome | Refused | Desired
+Message = Hello | Heartbeat | EngineUpdate | Bye | Welcome | Refused | Desired | ReportRejected
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    c.TYPE: c for c in (Hello, Heartbeat, EngineUpdate, Bye, Welcome, Refused, Desired)}
+    c.TYPE: c for c in (Hello, Heartbeat, EngineUpdate, Bye, Welcome, Refused, Desired, ReportRejected)}
 FROM_AGENT = frozenset({Hello.TYPE, Heartbeat.TYPE, EngineUpdate.TYPE, Bye.TYPE})  # what a router accepts
-FROM_ROUTER = frozenset({Welcome.TYPE, Refused.TYPE, Desired.TYPE, Heartbeat.TYPE})  # what an agent accepts
+FROM_ROUTER = frozenset({Welcome.TYPE, Refused.TYPE, Desired.TYPE, Heartbeat.TYPE,  # what an agent accepts
+                         ReportRejected.TYPE})
 
 
 # --------------------------------------------------------------------------- frames
@@ -404,6 +464,16 @@ class FrameDecoder:
         self._accept = frozenset(MESSAGE_TYPES if accept is None else accept)
         self._error: WireProtocolError | None = None
         self.last_seq = 0  # seq of the last message decoded; 0 before the first
+
+    @property
+    def max_frame(self) -> int:
+        return self._max_frame
+
+    @max_frame.setter
+    def max_frame(self, value: int) -> None:
+        """Change the frame cap, e.g. from the small pre-authentication one to the configured one
+        once a hello is accepted; it applies from the next frame header."""
+        self._max_frame = value
 
     @property
     def buffered(self) -> int:
