@@ -297,7 +297,8 @@ class AgentSessions:
     async def _refuse(self, ms: MessageStream, node: str, peer: str, kind: str, why: str, *,
                       retry: bool = False) -> None:
         self.stats.refused[kind or "other"] += 1
-        self._throttled.warning(f"refused:{kind}:{node}", "refused agent %r from %s: %s", node, peer, why)
+        # Throttled per kind, not per node name: an outsider chooses the names.
+        self._throttled.warning(f"refused:{kind}", "refused agent %r from %s: %s", node, peer, why)
         with trio.move_on_after(2):
             await ms.send(Refused(why, retry=retry))
         return None
