@@ -196,5 +196,5 @@ def _ensure_material(d: Path, listen_host: str) -> str:
         except OSError as e:
             raise TlsSetupError(f"control.tls_dir {d}: {e.strerror or e}") from None
         finally:
-            for leftover in ("server.csr", "ca.key.tmp", "ca.pem.tmp", "server.key.tmp", "server.pem.tmp"):
+            for leftover in ("openssl.cnf", "server.csr", "ca.key.tmp", "ca.pem.tmp", "server.key.tmp", "server.pem.tmp"):
                 (d / leftover).unlink(missing_ok=True)
