@@ -9,6 +9,7 @@ A check is ``(value) -> error message | None``. The sections that use them are i
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 import socket
@@ -81,6 +82,20 @@ def host_port(v: str) -> str | None:
     if sep and host and re.fullmatch(r"[0-9]{1,5}", port) and int(port) <= 65535:
         return None
     return f"expected \"host:port\", got {v!r}"
+
+
+def cidr(v: str) -> str | None:
+    try:
+        ipaddress.ip_network(v.strip(), strict=False)
+    except ValueError:
+        return f"not a network (CIDR such as \"10.1.0.0/16\") or address: {v!r}"
+    return None
+
+
+def pem_certificate(v: str) -> str | None:
+    if "-----BEGIN CERTIFICATE-----" in v and "-----END CERTIFICATE-----" in v:
+        return None
+    return "expected a PEM certificate (-----BEGIN CERTIFICATE----- ... -----END CERTIFICATE-----)"
 
 
 def header_name(v: str) -> str | None:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from llmgw.config_fields import (
     _suggest, default_admin_socket, default_agent_state_dir, default_node_name,
-    default_store_path, header_name, host_port, http_url, in_range, key_value, known_strategy,
-    label_keys, node_name, nonempty, one_of, opt, positive,
+    cidr, default_store_path, header_name, host_port, http_url, in_range, key_value, known_strategy,
+    label_keys, node_name, nonempty, one_of, opt, pem_certificate, positive,
 )
 from llmgw.config_locate import KeyPath
 from llmgw.route.names import DEFAULT_PICKER, PICKER_NAMES, SCORER_NAMES
@@ -54,10 +54,16 @@ class SimConfig:
 class ControlConfig:
     """[control]: the router's side of the agent stream, node timeouts and the store."""
     listen: str = opt("127.0.0.1:7070", check=host_port)  # agents connect here
-    join_token: str | None = opt(None, check=nonempty)  # agents must present it; unset = no agents
-    join_token_file: str | None = opt(None, check=nonempty)  # or read it from this file
-    tls_cert: str | None = opt(None, check=nonempty)  # PEM; with tls_key, the stream is TLS
+    join_token: str | None = opt(None, check=nonempty)  # admits new nodes; unset = no agents
+    join_token_file: str | None = opt(None, check=nonempty)  # or read it from this file (re-read when it changes)
+    tls: bool | None = opt(None)  # unset: TLS unless `listen` is loopback; false: plain TCP (the opt-out)
+    tls_cert: str | None = opt(None, check=nonempty)  # PEM; with tls_key, instead of the generated CA's
     tls_key: str | None = opt(None, check=nonempty)
+    tls_dir: str | None = opt(None, check=nonempty)  # the generated CA and cert; default: "tls" beside the store
+    hello_timeout_s: float = opt(5.0, check=positive)  # a new connection must say hello within this
+    max_hello_bytes: int = opt(65536, check=in_range(1024))  # frame cap until the hello is accepted
+    max_pending_agents: int = opt(128, check=in_range(1))  # connections waiting for their hello at once
+    engine_networks: tuple[str, ...] = opt((), items=cidr)  # where engines may be besides their node's address
     heartbeat_s: float = opt(1.0, check=positive)
     not_ready_after_s: float = opt(5.0, check=positive)  # silence before a node is not ready
     lost_after_s: float = opt(30.0, check=positive)  # not ready this long = lost, replicas move
@@ -87,10 +93,12 @@ class AgentConfig:
     """[agent]: this node's agent."""
     node: str = opt(factory=default_node_name, check=node_name)
     router: str = opt("127.0.0.1:7070", check=host_port)  # the router's [control] listen address
-    join_token: str | None = opt(None, check=nonempty)
+    join_token: str | None = opt(None, check=nonempty)  # needed at the first join only
     join_token_file: str | None = opt(None, check=nonempty)
-    tls: bool = opt(False)
-    tls_ca: str | None = opt(None, check=nonempty)  # PEM bundle that signed the router's cert
+    tls: bool | None = opt(None)  # unset: TLS when a CA is given or the router is not on loopback
+    tls_ca: str | None = opt(None, check=nonempty)  # PEM file of the CA that signed the router's cert
+    tls_ca_pem: str | None = opt(None, check=pem_certificate)  # or that CA inline (`llmgw ctl join-info`)
+    tls_server_name: str | None = opt(None, check=nonempty)  # the name to verify; default: the router's host
     labels: dict[str, str] = opt(factory=dict, check=label_keys)  # llmgw.io/rack = "r12", ...
     advertise_host: str = opt("127.0.0.1", check=nonempty)  # engines listen here; the router dials it
     state_dir: str = opt(factory=default_agent_state_dir, check=nonempty)
@@ -250,6 +258,8 @@ def _control_tls_pair(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
     c = cfg.control
     if (c.tls_cert is None) != (c.tls_key is None):
         yield ("control", "tls_cert" if c.tls_cert is None else "tls_key"), "tls_cert and tls_key go together"
+    if c.tls is False and (c.tls_cert or c.tls_dir):
+        yield ("control", "tls_cert" if c.tls_cert else "tls_dir"), "TLS settings with tls = false"
     if c.join_token and c.join_token_file:
         yield ("control", "join_token_file"), "set join_token or join_token_file, not both"
     if c.lost_after_s < c.not_ready_after_s:
@@ -261,8 +271,11 @@ def _agent_token(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
     a = cfg.agent
     if a.join_token and a.join_token_file:
         yield ("agent", "join_token_file"), "set join_token or join_token_file, not both"
-    if a.tls_ca and not a.tls:
-        yield ("agent", "tls_ca"), "tls_ca needs tls = true"
+    for key in ("tls_ca", "tls_ca_pem", "tls_server_name"):
+        if getattr(a, key) and a.tls is False:
+            yield ("agent", key), f"{key} with tls = false"
+    if a.tls_ca and a.tls_ca_pem:
+        yield ("agent", "tls_ca_pem"), "set tls_ca or tls_ca_pem, not both"
 
 
 @_cross_check("strategies")

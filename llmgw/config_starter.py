@@ -111,12 +111,19 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # weight = 1.0
 
 [control]
-# The router's side of the agent stream. Agents join with the join token; without one (and
-# outside the one-process mode, which makes its own) no agent can join.
+# The router's side of the agent stream. New nodes join with the join token (and get a
+# credential of their own); without one (and outside the one-process mode, which makes its
+# own) no agent can join. `llmgw ctl join-info` prints what an agent needs.
 listen = "127.0.0.1:7070"        # "0.0.0.0:7070" to accept agents from other machines
 # join_token = "a long random secret"      # or join_token_file = "/etc/llmgw/join-token"
-# tls_cert = "/etc/llmgw/router.pem"       # with tls_key: the stream is TLS
+# tls = true                     # default: TLS unless listen is loopback; false = plain TCP (opt-out)
+# tls_cert = "/etc/llmgw/router.pem"       # with tls_key: your certificate instead of the generated CA's
 # tls_key = "/etc/llmgw/router.key"
+# tls_dir = "/var/lib/llmgw/tls"           # the generated CA and certificate; default: "tls" beside the store
+# engine_networks = ["10.1.0.0/16"]        # engines may listen here besides their node's own address
+hello_timeout_s = 5.0            # a new connection must say hello within this
+max_hello_bytes = 65536          # frame cap until a hello is accepted (then max_message_bytes)
+max_pending_agents = 128         # connections waiting for their hello; more are closed at once
 heartbeat_s = 1.0
 not_ready_after_s = 5.0          # silence before a node is not ready (nothing new placed there)
 lost_after_s = 30.0              # not ready this long = lost: its replicas are placed elsewhere
@@ -130,8 +137,10 @@ max_message_bytes = 4194304      # larger messages close the connection
 # This node's agent (--role agent, or the local agent of the one-process mode).
 # node = "gpu-01"                # default: the host name
 router = "127.0.0.1:7070"        # the router's [control] listen address
-# join_token = "a long random secret"      # or join_token_file = "..."
-tls = false                      # true when the router serves TLS; tls_ca for a private CA
+# join_token = "a long random secret"      # or join_token_file = "...": needed to join the first time
+# tls = true                     # default: TLS when a CA is given or the router is not on loopback
+# tls_ca = "/etc/llmgw/router-ca.pem"      # the CA to trust (or tls_ca_pem = the PEM inline)
+# tls_server_name = "llmgw-control"        # the name in the router's certificate; default: its host
 labels = {}                      # e.g. { "llmgw.io/site" = "fra", "llmgw.io/rack" = "r12" }
 advertise_host = "127.0.0.1"     # engines listen here and the router dials it: the node's address
 # state_dir = "/var/lib/llmgw/agent"       # default: $XDG_STATE_HOME/llmgw/agent

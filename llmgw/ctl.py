@@ -125,6 +125,11 @@ def _domain_filter(domain: str | None) -> Callable[[dict[str, Any]], bool]:
 
 
 def cmd_nodes(api: Admin, ns: argparse.Namespace) -> None:
+    if ns.target is not None:
+        if ns.name != "revoke":
+            raise CtlError(f"nodes {ns.name} {ns.target}: expected `nodes [NAME]` or `nodes revoke NODE`")
+        cmd_revoke(api, ns)
+        return
     if ns.name:
         emit(ns, api.call("GET", f"/nodes/{quote(ns.name, safe='')}"), _render_node)
         return
@@ -156,6 +161,69 @@ def _render_node(n: dict[str, Any]) -> str:
     for r in n.get("replicas", []):
         lines.append(f"replica    {r}")
     return "\n".join(lines)
+
+
+def cmd_revoke(api: Admin, ns: argparse.Namespace) -> None:
+    node = ns.target
+
+    def render(d: dict[str, Any]) -> str:
+        lines = [f"node {node} revoked: its credential is refused from now on"]
+        lines.append("its agent's connection was closed" if d.get("was_connected") else "its agent was not connected")
+        reps = d.get("replicas_withdrawn") or []
+        lines.append(f"{len(reps)} replicas withdrawn from routing, to be placed elsewhere"
+                     + (f": {', '.join(reps)}" if reps else ""))
+        if not d.get("persisted", True):
+            lines.append("WARNING: the store could not record the revocation; it holds until the router restarts "
+                         "(revoke again then)")
+        lines.append("To let the node join again: delete node-credential.json in its agent's state_dir; it then "
+                     "joins with the join token as a new node. To keep it out, rotate the join token too "
+                     "(`llmgw ctl join-token rotate`): the node knows it.")
+        return "\n".join(lines)
+
+    emit(ns, api.call("POST", f"/nodes/{quote(node, safe='')}/revoke"), render)
+
+
+def _join_info_text(d: dict[str, Any], router: str | None) -> str:
+    """What an agent needs, as an [agent] section to paste into its config file."""
+    addr = router or d.get("router")
+    if not addr:
+        raise CtlError("this router has no control listener: agents cannot join it (set control.join_token or "
+                       "control.join_token_file)")
+    lines = ["# Join a node to this router: put this [agent] section in the node's config file, set its",
+             "# node name and advertise_host, and run `llmgw daemon --role agent --config FILE`.",
+             "# The join token admits new nodes: keep it secret. Once joined, a node proves itself with",
+             "# its own credential (in its state_dir), and the join token may be removed from its config.",
+             "[agent]", f"router = {json.dumps(addr)}"]
+    if d.get("join_token"):
+        lines.append(f"join_token = {json.dumps(d['join_token'])}")
+    else:
+        lines.append("# join_token = ...             # this router has none: agents cannot join it")
+    if d.get("tls"):
+        lines.append("tls = true")
+        if d.get("ca_pem"):
+            lines.append(f"tls_server_name = {json.dumps(d.get('server_name'))}")
+            lines.append(f'tls_ca_pem = """\n{d["ca_pem"].strip()}\n"""')
+            lines.append(f"# CA certificate sha256 fingerprint: {d.get('ca_sha256')}")
+        else:
+            lines.append("# tls_ca = \"/etc/llmgw/router-ca.pem\"   # the CA that signed the router's control.tls_cert,"
+                         " if not a public one")
+    else:
+        lines.append("tls = false                      # the router's control stream is plain TCP (loopback or "
+                     "control.tls = false)")
+    return "\n".join(lines)
+
+
+def cmd_join_info(api: Admin, ns: argparse.Namespace) -> None:
+    data = api.call("GET", "/join-info")
+    if ns.router:
+        data["router"] = ns.router
+    emit(ns, data, lambda d: _join_info_text(d, ns.router))
+
+
+def cmd_join_token(api: Admin, ns: argparse.Namespace) -> None:
+    data = api.call("POST", "/join-token/rotate")
+    emit(ns, data, lambda d: f"join token rotated: the old one admits no new node from now on; nodes that joined "
+                             f"keep their credentials.\nnew join token: {d['join_token']}")
 
 
 def cmd_label(api: Admin, ns: argparse.Namespace) -> None:
@@ -277,10 +345,17 @@ def parser() -> argparse.ArgumentParser:
         return sp
 
     sp = add("status", cmd_status, "the daemon's summary")
-    sp = add("nodes", cmd_nodes, "nodes with their state and location (or one node, by name)")
-    sp.add_argument("name", nargs="?")
+    sp = add("nodes", cmd_nodes, "nodes with their state and location (or one node, by name); `nodes revoke NODE` "
+                                 "cuts a node off")
+    sp.add_argument("name", nargs="?", metavar="NAME | revoke")
+    sp.add_argument("target", nargs="?", metavar="NODE", help="with revoke: the node to cut off")
     sp.add_argument("--domain", help="only nodes in a facility domain: rack=r12, site=fra, or a location "
                                      "prefix like fra/hall-1")
+    sp = add("join-info", cmd_join_info, "what an agent needs to join this router (address, join token, CA), as an "
+                                         "[agent] section; holds the join token")
+    sp.add_argument("--router", help="the address agents dial, if not the one the router reports (NAT, DNS name)")
+    sp = add("join-token", cmd_join_token, "rotate the join token (it must come from control.join_token_file)")
+    sp.add_argument("action", choices=["rotate"])
     sp = add("label", cmd_label, "set (key=value) or remove (key-) operator labels on a node")
     sp.add_argument("node")
     sp.add_argument("labels", nargs="+", metavar="key=value|key-")

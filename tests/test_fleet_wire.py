@@ -19,6 +19,7 @@ from llmgw.fleet.wire import (
     Hello,
     Message,
     Refused,
+    ReportRejected,
     Welcome,
     WireProtocolError,
     encode,
@@ -43,6 +44,11 @@ MESSAGES: list[Message] = [
     Refused(reason="bad token"),
     Desired(rev=17, engines=(SPEC, EngineSpec(replica="r2", model="m", engine="llamacpp", model_path="/m.gguf"))),
     Desired(rev=18, engines=()),
+    Hello(token="", node="gpu-8", agent_id="a2", versions=(1,), labels={}, facts=FACTS, engines=(),
+          credential="cred-Secret", features=("credential", "report_rejected")),
+    Welcome(node="gpu-8", router_id="router-1", version=1, heartbeat_s=1.0, credential="new-Secret"),
+    Refused(reason="node gpu-8 is connected", retry=True),
+    ReportRejected(replica="llama-8b/3f9a1c", reason="url: the port is missing"),
 ]
 
 
@@ -276,3 +282,51 @@ def test_optional_nested_fields_default() -> None:
     assert msg == Desired(1, (EngineSpec(replica="r", model="m", engine="vllm", model_path="p"),))
     (msg,) = FrameDecoder().feed(raw_frame(wire(HELLO, facts={})))
     assert msg.facts == NodeFacts()  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- fields added since the first release
+
+def test_fields_older_peers_leave_out_default() -> None:
+    """An older agent's hello (no credential, no features), an older router's welcome (no
+    credential) and refusal (no retry) still decode."""
+    hello = MESSAGES[0]
+    (msg,) = FrameDecoder().feed(raw_frame(wire(hello, credential=None, features=None)))
+    assert msg == hello and msg.credential == "" and msg.features == ()  # type: ignore[union-attr]
+    (msg,) = FrameDecoder().feed(raw_frame({"v": 1, "t": "welcome", "seq": 1, "node": "n", "router_id": "r",
+                                            "version": 1, "heartbeat_s": 1.0}))
+    assert msg == Welcome("n", "r", 1, 1.0, credential="")
+    (msg,) = FrameDecoder().feed(raw_frame({"v": 1, "t": "refused", "seq": 1, "reason": "no"}))
+    assert msg == Refused("no", retry=False)
+
+
+@pytest.mark.parametrize(("msg", "changes", "error"), [
+    (HELLO, {"credential": 5}, "hello.credential: expected str, got int"),
+    (HELLO, {"credential": "c" * 1025}, "hello.credential: 1025 chars, at most 1024"),
+    (HELLO, {"token": "t" * 1025}, "hello.token: 1025 chars, at most 1024"),
+    (HELLO, {"features": "credential"}, "hello.features: expected list, got str"),
+    (HELLO, {"features": ["f"] * 33}, "hello.features: 33 items, at most 32"),
+    (HELLO, {"versions": list(range(33))}, "hello.versions: 33 items, at most 32"),
+    (Refused("x"), {"retry": 1}, "refused.retry: expected bool, got int"),
+    (ReportRejected("r", "x"), {"replica": None}, "report_rejected.replica: missing"),
+])
+def test_new_fields_are_checked(msg: Message, changes: dict[str, Any], error: str) -> None:
+    assert refused(raw_frame(wire(msg, **changes))).startswith(error)
+
+
+def test_long_reasons_are_cut_not_refused() -> None:
+    (msg,) = FrameDecoder().feed(raw_frame(wire(Bye("x"), reason="y" * 10_000)))
+    assert msg == Bye("y" * 4096)
+
+
+def test_the_frame_cap_can_be_raised_after_the_hello() -> None:
+    d = FrameDecoder(max_frame=1024, accept=FROM_AGENT)
+    assert d.feed(encode(Heartbeat(), 1)) == [Heartbeat()]
+    big = EngineUpdate(REPORT.__class__(replica="r", model="m", state="failed", detail="d" * 5000))
+    with pytest.raises(WireProtocolError, match="exceeds the 1024 byte limit"):
+        FrameDecoder(max_frame=1024).feed(encode(big, 1))
+    d.max_frame = 1 << 20
+    assert d.feed(encode(big, 2)) == [big]
+
+
+def test_report_rejected_goes_to_agents_only() -> None:
+    assert "unexpected report_rejected" in refused(encode(ReportRejected("r", "x"), 1), accept=FROM_AGENT)

@@ -22,10 +22,12 @@ from llmgw.admin.schema import (
     EndpointStatus,
     Event,
     HistoryEvent,
+    JoinInfo,
     LabelKeysBody,
     LabelsBody,
     ModelDefinition,
     ModelView,
+    NodeRevoked,
     NodeView,
     ReplicaView,
     RequestDecisions,
@@ -118,6 +120,20 @@ ROUTES: tuple[Route, ...] = (
                       "be labelled before its agent first connects."),
     Route("DELETE", f"{PREFIX}/nodes/{{name}}/labels", "remove_node_labels", "Remove operator labels", NodeView,
           body=LabelKeysBody, tag="nodes", links=_NODE_LINKS),
+    Route("POST", f"{PREFIX}/nodes/{{name}}/revoke", "revoke_node", "Revoke a node", NodeRevoked, tag="nodes",
+          description="Cuts the node off: its credential is refused from now on, its agent's connection is "
+                      "closed, its replicas leave routing at once and are placed elsewhere, and the node is "
+                      "forgotten. It can join again only as a new node, with the join token, after its agent's "
+                      "credential file is deleted. 404 for a node the router does not know."),
+    # joining
+    Route("GET", f"{PREFIX}/join-info", "get_join_info", "What an agent needs to join", JoinInfo, tag="nodes",
+          description="The control listener's address, the join token, and the CA agents pin. Holds the join "
+                      "token: a secret."),
+    Route("POST", f"{PREFIX}/join-token/rotate", "rotate_join_token", "Rotate the join token", JoinInfo,
+          errors=(409,), tag="nodes",
+          description="A new random join token, in force at once and written to control.join_token_file; the "
+                      "old one admits nobody from now on. Nodes that joined keep their credentials. 409 when "
+                      "the token is not from a file (inline in the config, made by the one-process mode, none)."),
     # models
     Route("GET", f"{PREFIX}/models", "list_models", "List models", list[ModelView], tag="models"),
     Route("POST", f"{PREFIX}/models", "create_model", "Create a model", ModelDefinition, status=201,

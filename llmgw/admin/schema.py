@@ -44,6 +44,8 @@ __all__ = [
     "ScaleBody",
     "ScrapedMetrics",
     "SnapshotEvent",
+    "JoinInfo",
+    "NodeRevoked",
     "Status",
     "UpdateEvent",
 ]
@@ -328,6 +330,34 @@ class Status:
     partition_suspected: bool = prop("too many nodes silent at once: no node is declared lost meanwhile")
     control_port: int | None = prop("the agents' control listener, if it runs")
     unplaceable: dict[str, str] = prop("model → why its replicas cannot all be placed")
+
+
+# -- node identity ----------------------------------------------------------------------------------
+@dataclass(slots=True)
+class NodeRevoked:
+    """What revoking a node did."""
+    node: str
+    had_credential: bool = prop("it had a credential in force, now refused")
+    was_connected: bool = prop("its agent's connection was up, and is closed")
+    replicas_withdrawn: list[str] = prop("its replicas, out of routing now and placed elsewhere at the next "
+                                         "reconcile")
+    persisted: bool = prop("the store recorded the revocation; if false (the store cannot write) it holds until "
+                           "the router restarts: revoke again then")
+
+
+@dataclass(slots=True)
+class JoinInfo:
+    """What an agent needs to join this router. Holds the join token: treat it as a secret."""
+    router: str | None = prop("the control listener's address as agents dial it (a wildcard listen address "
+                              "becomes this host's name); null without a listener")
+    join_token: str | None = prop("admits new nodes; null: this router has none")
+    join_token_source: str = prop("config (inline), file (control.join_token_file, rotatable), generated "
+                                  "(one-process mode) or none")
+    tls: bool = prop("the control stream is TLS")
+    ca_pem: str | None = prop("the CA agents pin (agent.tls_ca_pem), when the router made its own; null: "
+                              "the CA that signed control.tls_cert, or no TLS")
+    ca_sha256: str | None = prop("the CA certificate's SHA-256 fingerprint")
+    server_name: str | None = prop("the name in the router's certificate agents verify (agent.tls_server_name)")
 
 
 # -- the event stream (NDJSON, one of these per line) ------------------------------------------------

@@ -12,7 +12,6 @@ import logging
 import os
 import secrets
 import signal
-import ssl
 import sys
 from dataclasses import replace
 from typing import Any
@@ -139,32 +138,30 @@ def _read_secret(value: str | None, path: str | None, what: str) -> str | None:
     return token
 
 
-def _server_tls(cfg: Config) -> ssl.SSLContext | None:
-    c = cfg.control
-    if not c.tls_cert:
-        return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+def _server_tls(cfg: Config, host: str) -> Any:
+    """The control listener's TLS (llmgw.daemon.control.control_tls), or None for plain TCP."""
+    from llmgw.daemon.control.control_tls import TlsSetupError, setup_control_tls
+
     try:
-        ctx.load_cert_chain(c.tls_cert, c.tls_key)
-    except (OSError, ssl.SSLError) as e:
-        raise _StartupError(f"control.tls_cert/tls_key: {e}") from None
-    return ctx
+        return setup_control_tls(cfg.control, host)
+    except TlsSetupError as e:
+        raise _StartupError(str(e)) from None
 
 
-def _client_tls(cfg: Config) -> ssl.SSLContext | None:
-    a = cfg.agent
-    if not a.tls:
-        return None
+def _client_tls(cfg: Config) -> Any:
+    from llmgw.daemon.agent.router_tls import AgentTlsError, agent_tls
+
     try:
-        return ssl.create_default_context(cafile=a.tls_ca) if a.tls_ca else ssl.create_default_context()
-    except (OSError, ssl.SSLError) as e:
-        raise _StartupError(f"agent.tls_ca: {e}") from None
+        return agent_tls(cfg.agent)
+    except AgentTlsError as e:
+        raise _StartupError(str(e)) from None
 
 
 async def _run(cfg: Config, roles: set[str]) -> None:
     ready: dict[str, Any] = {"ready": True, "role": ",".join(r for r in ROLES if r in roles), "pid": os.getpid()}
     token: str | None = None
     control_addr: str | None = None
+    control_tls: Any = None
     async with trio.open_nursery() as nursery:
         if "router" in roles:
             if not cfg.models and "agent" in roles and cfg.sim.replicas > 0:
@@ -175,6 +172,7 @@ async def _run(cfg: Config, roles: set[str]) -> None:
                 token = secrets.token_urlsafe(24)  # this process's own agent is the only one that joins
                 settle = 0.0  # ... so there is no fleet to wait for
             info = await nursery.start(_router_role, cfg, token, settle)
+            control_tls = info.pop("_control_tls", None)
             ready.update(info)
             control_addr = info.get("control")
         agent = None
@@ -185,15 +183,21 @@ async def _run(cfg: Config, roles: set[str]) -> None:
                 if control_addr is None:
                     raise _StartupError("the local agent needs the router's control listener")
                 router_addr, agent_token, tls = control_addr, token, None
-                if cfg.control.tls_cert:
-                    tls = ssl.create_default_context(cafile=cfg.control.tls_cert)
+                if control_tls is not None:  # its own router's CA, and nothing else
+                    from llmgw.daemon.agent.router_tls import pinned_tls
+
+                    tls = pinned_tls(control_tls.ca_pem, None if control_tls.ca_pem else cfg.control.tls_cert,
+                                     control_tls.server_name)
             else:
+                from llmgw.daemon.agent.credential import load_credential
+
                 router_addr = cfg.agent.router
                 agent_token = _read_secret(cfg.agent.join_token, cfg.agent.join_token_file, "agent.join_token_file")
-                if agent_token is None:
-                    raise _StartupError("agent.join_token (or join_token_file) is required to join a router")
+                if agent_token is None and not load_credential(cfg.agent.state_dir, cfg.agent.node):
+                    raise _StartupError("agent.join_token (or join_token_file) is required to join a router "
+                                        "(once joined, the node's credential in agent.state_dir is enough)")
                 tls = _client_tls(cfg)
-            agent = Agent(cfg.agent, router=router_addr, token=agent_token, ssl_context=tls)
+            agent = Agent(cfg.agent, router=router_addr, token=agent_token, tls=tls)
             await nursery.start(agent.run)
             ready.update({"node": cfg.agent.node, "state_dir": cfg.agent.state_dir})
         print(json.dumps(ready), flush=True)
@@ -231,9 +235,17 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None,
                 info: dict[str, Any] = {}
                 if token is not None:
                     host, _, port = cfg.control.listen.rpartition(":")
+                    host = host.strip("[]")
+                    tls = _server_tls(cfg, host)
                     cport = await inner.start(lambda task_status: control.serve(
-                        host.strip("[]"), int(port), ssl_context=_server_tls(cfg), task_status=task_status))
-                    info["control"] = f"{host.strip('[]')}:{cport}"
+                        host, int(port), ssl_context=tls.context if tls else None, task_status=task_status))
+                    control.agents.set_listener(host, cport, tls)
+                    info["control"] = f"{host}:{cport}"
+                    info["control_tls"] = tls is not None
+                    info["_control_tls"] = tls  # for the local agent; not printed
+                    from llmgw.daemon.control.stream_metrics import StreamMetrics
+
+                    router.metrics.registry.register(StreamMetrics(control.agents))
                 else:
                     log.info("no control.join_token: agents cannot join this router")
                 try:

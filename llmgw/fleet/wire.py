@@ -9,31 +9,56 @@ Decoding is strict and cheap: hand-written checks per field, every failure a
 :class:`WireProtocolError` naming the field (``hello.engines[2].state: expected str, got int``).
 Unknown keys are ignored (a newer peer may add fields); unknown message types are not.
 Fields of the nested EngineSpec / EngineReport / NodeFacts that have defaults may be
-absent; every field of a message itself is required.  ``NodeFacts.extra`` is not carried
+absent; every field of a message itself is required, except those added after the first
+release, which older peers leave out (``Hello.credential`` and ``features``,
+``Welcome.credential``, ``Refused.retry``).  ``NodeFacts.extra`` is not carried
 (``NodeFacts.to_wire`` leaves it out).
+
+A router sends :class:`ReportRejected` only to an agent whose hello lists the
+:data:`FEATURE_REPORT_REJECTED` feature, and issues node credentials only to one listing
+:data:`FEATURE_CREDENTIAL`: an older agent would not understand either.
 """
 
 from __future__ import annotations
 
-import reprlib
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgpack
 
-from llmgw.fleet.types import (
-    ENGINE_STATES,
-    EngineReport,
-    EngineSpec,
-    GpuInfo,
-    NodeFacts,
+from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts
+from llmgw.fleet.wire_fields import (
+    MAX_ENGINES,
+    MAX_FEATURES,
+    MAX_ID,
+    MAX_NAME,
+    MAX_SECRET,
+    WireProtocolError,
+    _bool,
+    _bounded_str,
+    _facts,
+    _field,
+    _int,
+    _labels,
+    _node_name,
+    _positive,
+    _reason,
+    _report,
+    _short,
+    _spec,
+    _str,
+    _tuple_of,
 )
 
 __all__ = [
+    "AGENT_FEATURES",
+    "FEATURE_CREDENTIAL",
+    "FEATURE_REPORT_REJECTED",
     "FROM_AGENT",
     "FROM_ROUTER",
     "MAX_FRAME",
+    "MAX_HELLO",
     "MESSAGE_TYPES",
     "PROTOCOL_VERSION",
     "SUPPORTED_VERSIONS",
@@ -45,6 +70,7 @@ __all__ = [
     "Hello",
     "Message",
     "Refused",
+    "ReportRejected",
     "Welcome",
     "WireProtocolError",
     "encode",
@@ -53,180 +79,12 @@ __all__ = [
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({PROTOCOL_VERSION})
 MAX_FRAME = 4 << 20  # msgpack bytes of one frame, the length prefix not counted
+MAX_HELLO = 64 << 10  # a router's default frame cap until it has accepted a hello
 
-MAX_NAME = 253  # a DNS name: node names and label keys
-MAX_LABEL_VALUE = 1024
-MAX_LABELS = 256
-MAX_ENGINES = 4096  # per message
-MAX_LOG_LINES = 50  # log_tail beyond these is cut on decode, not refused
-MAX_LOG_LINE = 500
-
-
-class WireProtocolError(Exception):
-    """The peer broke the agent ↔ router stream's protocol (a malformed frame or message, a
-    message type not accepted here, a sequence gap): the connection is unusable after it.
-    Not HTTP's :class:`llmgw.http1.errors.ProtocolError`."""
-
-
-# --------------------------------------------------------------------------- field checks
-# A check is check(value, path) -> normalised value; `path` names the field for errors.
-
-_Check = Callable[[Any, str], Any]
-_REQUIRED: Any = object()
-
-_short = reprlib.Repr()  # attributes, not kwargs: Repr(**kw) is 3.12+
-_short.maxlevel, _short.maxlist, _short.maxdict, _short.maxstring, _short.maxother = 2, 4, 4, 40, 40
-
-
-def _expected(what: str, v: Any, path: str) -> WireProtocolError:
-    return WireProtocolError(f"{path}: expected {what}, got {type(v).__name__}")
-
-
-def _field(d: dict[str, Any], path: str, key: str, check: _Check, default: Any = _REQUIRED) -> Any:
-    try:
-        v = d[key]
-    except KeyError:
-        if default is _REQUIRED:
-            raise WireProtocolError(f"{path}.{key}: missing") from None
-        return default
-    return check(v, f"{path}.{key}")
-
-
-def _str(v: Any, path: str) -> str:
-    if type(v) is not str:
-        raise _expected("str", v, path)
-    return v
-
-
-def _bounded_str(most: int, *, empty: bool = True) -> _Check:
-    def check(v: Any, path: str) -> str:
-        if type(v) is not str:
-            raise _expected("str", v, path)
-        if len(v) > most:
-            raise WireProtocolError(f"{path}: {len(v)} chars, at most {most}")
-        if not v and not empty:
-            raise WireProtocolError(f"{path}: empty")
-        return v
-    return check
-
-
-_node_name = _bounded_str(MAX_NAME, empty=False)
-
-
-def _int(v: Any, path: str) -> int:
-    if type(v) is not int:  # bool is an int subclass but never a valid value here
-        raise _expected("int", v, path)
-    return v
-
-
-def _float(v: Any, path: str) -> float:
-    if type(v) is not float and type(v) is not int:
-        raise _expected("float", v, path)
-    return float(v)
-
-
-def _positive(v: Any, path: str) -> float:
-    f = _float(v, path)
-    if not f > 0:  # NaN too
-        raise WireProtocolError(f"{path}: {f} is not > 0")
-    return f
-
-
-def _bool(v: Any, path: str) -> bool:
-    if type(v) is not bool:
-        raise _expected("bool", v, path)
-    return v
-
-
-def _opt(check: _Check) -> _Check:
-    return lambda v, path: None if v is None else check(v, path)
-
-
-def _map(v: Any, path: str) -> dict[str, Any]:
-    if type(v) is not dict:
-        raise _expected("dict", v, path)
-    return v
-
-
-def _list(v: Any, path: str, most: int | None = None) -> list[Any]:
-    if type(v) is not list:
-        raise _expected("list", v, path)
-    if most is not None and len(v) > most:
-        raise WireProtocolError(f"{path}: {len(v)} items, at most {most}")
-    return v
-
-
-def _tuple_of(check: _Check, most: int | None = None) -> _Check:
-    def run(v: Any, path: str) -> tuple[Any, ...]:
-        return tuple(check(x, f"{path}[{i}]") for i, x in enumerate(_list(v, path, most)))
-    return run
-
-
-def _env_pair(v: Any, path: str) -> tuple[str, str]:
-    if type(v) is not list or len(v) != 2:
-        raise WireProtocolError(f"{path}: expected a [name, value] pair, got {_short.repr(v)}")
-    return _str(v[0], f"{path}[0]"), _str(v[1], f"{path}[1]")
-
-
-def _labels(v: Any, path: str) -> dict[str, str]:
-    d = _map(v, path)
-    if len(d) > MAX_LABELS:
-        raise WireProtocolError(f"{path}: {len(d)} labels, at most {MAX_LABELS}")
-    key, value = _bounded_str(MAX_NAME), _bounded_str(MAX_LABEL_VALUE)
-    for k, x in d.items():
-        key(k, f"{path} key {_short.repr(k)}")  # strict_map_key lets bytes keys through
-        value(x, f"{path}[{k!r}]")
-    return d
-
-
-def _log_tail(v: Any, path: str) -> tuple[str, ...]:
-    # An engine's dying words are useful but unbounded: keep the last lines, cut each one.
-    lines = _list(v, path)
-    skip = max(0, len(lines) - MAX_LOG_LINES)
-    return tuple(_str(x, f"{path}[{skip + i}]")[:MAX_LOG_LINE] for i, x in enumerate(lines[skip:]))
-
-
-def _state(v: Any, path: str) -> str:
-    if _str(v, path) not in ENGINE_STATES:
-        raise WireProtocolError(f"{path}: unknown engine state {_short.repr(v)}")
-    return v
-
-
-def _spec(v: Any, path: str) -> EngineSpec:
-    d = _map(v, path)
-    return EngineSpec(
-        replica=_field(d, path, "replica", _str), model=_field(d, path, "model", _str),
-        engine=_field(d, path, "engine", _str), model_path=_field(d, path, "model_path", _str),
-        simulate=_field(d, path, "simulate", _bool, False), binary=_field(d, path, "binary", _opt(_str), None),
-        args=_field(d, path, "args", _tuple_of(_str), ()), env=_field(d, path, "env", _tuple_of(_env_pair), ()),
-        gpu_indices=_field(d, path, "gpu_indices", _tuple_of(_int), ()),
-        health_timeout_s=_field(d, path, "health_timeout_s", _positive, 600.0),
-        generation=_field(d, path, "generation", _int, 0))
-
-
-def _report(v: Any, path: str) -> EngineReport:
-    d = _map(v, path)
-    return EngineReport(
-        replica=_field(d, path, "replica", _str), model=_field(d, path, "model", _str),
-        state=_field(d, path, "state", _state), spec_hash=_field(d, path, "spec_hash", _str, ""),
-        generation=_field(d, path, "generation", _int, 0), url=_field(d, path, "url", _opt(_str), None),
-        pid=_field(d, path, "pid", _opt(_int), None), restarts=_field(d, path, "restarts", _int, 0),
-        detail=_field(d, path, "detail", _str, ""), log_tail=_field(d, path, "log_tail", _log_tail, ()),
-        adopted=_field(d, path, "adopted", _bool, False))
-
-
-def _gpu(v: Any, path: str) -> GpuInfo:
-    d = _map(v, path)
-    return GpuInfo(index=_field(d, path, "index", _int), name=_field(d, path, "name", _str, ""),
-                   memory_mb=_field(d, path, "memory_mb", _int, 0))
-
-
-def _facts(v: Any, path: str) -> NodeFacts:
-    d = _map(v, path)
-    return NodeFacts(cpus=_field(d, path, "cpus", _int, 0), memory_mb=_field(d, path, "memory_mb", _int, 0),
-                     gpus=_field(d, path, "gpus", _tuple_of(_gpu), ()),
-                     hostname=_field(d, path, "hostname", _str, ""),
-                     agent_version=_field(d, path, "agent_version", _str, ""))
+# What an agent may list in its hello's `features`: what it understands beyond the first release.
+FEATURE_CREDENTIAL = "credential"  # keeps the node credential a welcome issues, presents it in hellos
+FEATURE_REPORT_REJECTED = "report_rejected"  # understands the report_rejected message
+AGENT_FEATURES = (FEATURE_CREDENTIAL, FEATURE_REPORT_REJECTED)
 
 
 # --------------------------------------------------------------------------- messages
@@ -239,26 +97,35 @@ class Hello:
     so the router tells a restarted agent from a reconnecting one."""
 
     TYPE: ClassVar[str] = "hello"
-    token: str
+    token: str  # the join token: admits a node that has no credential yet
     node: str
     agent_id: str
     versions: tuple[int, ...]  # protocol versions the agent speaks
     labels: dict[str, str]
     facts: NodeFacts
     engines: tuple[EngineReport, ...]
+    credential: str = ""  # the node's credential, issued by an earlier welcome; "" if it has none
+    features: tuple[str, ...] = ()  # AGENT_FEATURES it understands; absent from older agents
 
     def to_dict(self) -> dict[str, Any]:
         return {"token": self.token, "node": self.node, "agent_id": self.agent_id, "versions": list(self.versions),
                 "labels": dict(self.labels), "facts": self.facts.to_wire(),
-                "engines": [e.to_wire() for e in self.engines]}
+                "engines": [e.to_wire() for e in self.engines], "credential": self.credential,
+                "features": list(self.features)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Hello:
         p = cls.TYPE
-        return cls(token=_field(d, p, "token", _str), node=_field(d, p, "node", _node_name),
-                   agent_id=_field(d, p, "agent_id", _str), versions=_field(d, p, "versions", _tuple_of(_int)),
+        return cls(token=_field(d, p, "token", _bounded_str(MAX_SECRET)), node=_field(d, p, "node", _node_name),
+                   agent_id=_field(d, p, "agent_id", _bounded_str(MAX_ID)),
+                   versions=_field(d, p, "versions", _tuple_of(_int, MAX_FEATURES)),
                    labels=_field(d, p, "labels", _labels), facts=_field(d, p, "facts", _facts),
-                   engines=_field(d, p, "engines", _tuple_of(_report, MAX_ENGINES)))
+                   engines=_field(d, p, "engines", _tuple_of(_report, MAX_ENGINES)),
+                   credential=_field(d, p, "credential", _bounded_str(MAX_SECRET), ""),
+                   features=_field(d, p, "features", _tuple_of(_bounded_str(MAX_NAME), MAX_FEATURES), ()))
+
+    def has(self, feature: str) -> bool:
+        return feature in self.features
 
 
 @dataclass(frozen=True)
@@ -302,43 +169,68 @@ class Bye:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Bye:
-        return cls(reason=_field(d, cls.TYPE, "reason", _str))
+        return cls(reason=_field(d, cls.TYPE, "reason", _reason))
 
 
 @dataclass(frozen=True)
 class Welcome:
-    """router → agent, the answer to a good Hello: the version chosen and the heartbeat period."""
+    """router → agent, the answer to a good Hello: the version chosen and the heartbeat period.
+    `credential`, when not empty, is the node's new credential: the agent keeps it (before it
+    sends anything else) and presents it in every later hello."""
 
     TYPE: ClassVar[str] = "welcome"
     node: str
     router_id: str
     version: int
     heartbeat_s: float
+    credential: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "router_id": self.router_id, "version": self.version,
-                "heartbeat_s": self.heartbeat_s}
+                "heartbeat_s": self.heartbeat_s, "credential": self.credential}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Welcome:
         p = cls.TYPE
-        return cls(node=_field(d, p, "node", _node_name), router_id=_field(d, p, "router_id", _str),
-                   version=_field(d, p, "version", _int), heartbeat_s=_field(d, p, "heartbeat_s", _positive))
+        return cls(node=_field(d, p, "node", _node_name), router_id=_field(d, p, "router_id", _bounded_str(MAX_ID)),
+                   version=_field(d, p, "version", _int), heartbeat_s=_field(d, p, "heartbeat_s", _positive),
+                   credential=_field(d, p, "credential", _bounded_str(MAX_SECRET), ""))
 
 
 @dataclass(frozen=True)
 class Refused:
-    """router → agent, the answer to a bad Hello (token, version, node name taken ...); then close."""
+    """router → agent, the answer to a bad Hello (token, credential, version ...); then close.
+    `retry`: the cause is passing (the node's old connection has not timed out yet, the router
+    cannot write its store): the agent retries with its usual backoff, not its longest."""
 
     TYPE: ClassVar[str] = "refused"
     reason: str
+    retry: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reason": self.reason}
+        return {"reason": self.reason, "retry": self.retry}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Refused:
-        return cls(reason=_field(d, cls.TYPE, "reason", _str))
+        return cls(reason=_field(d, cls.TYPE, "reason", _reason), retry=_field(d, cls.TYPE, "retry", _bool, False))
+
+
+@dataclass(frozen=True)
+class ReportRejected:
+    """router → agent: one engine report was refused (its URL is malformed or not on the node's
+    own address); the router treats that engine as failed. The connection goes on."""
+
+    TYPE: ClassVar[str] = "report_rejected"
+    replica: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"replica": self.replica, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ReportRejected:
+        p = cls.TYPE
+        return cls(replica=_field(d, p, "replica", _str), reason=_field(d, p, "reason", _reason))
 
 
 @dataclass(frozen=True)
@@ -359,11 +251,12 @@ class Desired:
         return cls(rev=_field(d, p, "rev", _int), engines=_field(d, p, "engines", _tuple_of(_spec, MAX_ENGINES)))
 
 
-Message = Hello | Heartbeat | EngineUpdate | Bye | Welcome | Refused | Desired
+Message = Hello | Heartbeat | EngineUpdate | Bye | Welcome | Refused | Desired | ReportRejected
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    c.TYPE: c for c in (Hello, Heartbeat, EngineUpdate, Bye, Welcome, Refused, Desired)}
+    c.TYPE: c for c in (Hello, Heartbeat, EngineUpdate, Bye, Welcome, Refused, Desired, ReportRejected)}
 FROM_AGENT = frozenset({Hello.TYPE, Heartbeat.TYPE, EngineUpdate.TYPE, Bye.TYPE})  # what a router accepts
-FROM_ROUTER = frozenset({Welcome.TYPE, Refused.TYPE, Desired.TYPE, Heartbeat.TYPE})  # what an agent accepts
+FROM_ROUTER = frozenset({Welcome.TYPE, Refused.TYPE, Desired.TYPE, Heartbeat.TYPE,  # what an agent accepts
+                         ReportRejected.TYPE})
 
 
 # --------------------------------------------------------------------------- frames
@@ -404,6 +297,16 @@ class FrameDecoder:
         self._accept = frozenset(MESSAGE_TYPES if accept is None else accept)
         self._error: WireProtocolError | None = None
         self.last_seq = 0  # seq of the last message decoded; 0 before the first
+
+    @property
+    def max_frame(self) -> int:
+        return self._max_frame
+
+    @max_frame.setter
+    def max_frame(self, value: int) -> None:
+        """Change the frame cap, e.g. from the small pre-authentication one to the configured one
+        once a hello is accepted; it applies from the next frame header."""
+        self._max_frame = value
 
     @property
     def buffered(self) -> int:

@@ -6,6 +6,12 @@ jitter, and says hello again with everything it runs — the router needs no mem
 router that falls silent for three heartbeats is treated as gone (a half-open TCP connection
 would otherwise hide it). Engines keep running while the router is away; only an agent that is
 stopped stops them.
+
+Identity: the first welcome carries the node's credential; the agent saves it (credential.py)
+before it sends anything else, and presents it in every later hello. The join token is needed
+only until then. A refusal that will not fix itself (a wrong token or credential, a revoked node)
+is retried with the longest backoff; one marked `retry` (the node's old connection has not timed
+out on the router yet) with the usual one.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import socket
 import ssl
 import subprocess
 import uuid
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,13 +33,17 @@ from typing import Any
 import trio
 
 from llmgw.config import AgentConfig
+from llmgw.daemon.agent.credential import load_credential, save_credential
 from llmgw.daemon.agent.engines import EngineSupervisor
+from llmgw.daemon.agent.router_tls import RouterTls
 from llmgw.daemon.net.message_stream import MessageStream, StreamClosed, open_client
 from llmgw.fleet.facts import NVIDIA_SMI_QUERY, parse_meminfo_mb, parse_nvidia_smi
 from llmgw.fleet.lifecycle import RestartPolicy
 from llmgw.fleet.types import EngineReport, GpuInfo, NodeFacts
 from llmgw.fleet.wire import (
+    AGENT_FEATURES,
     FROM_ROUTER,
+    MAX_HELLO,
     SUPPORTED_VERSIONS,
     Bye,
     Desired,
@@ -40,8 +51,10 @@ from llmgw.fleet.wire import (
     Heartbeat,
     Hello,
     Refused,
+    ReportRejected,
     Welcome,
     WireProtocolError,
+    encode,
 )
 
 log = logging.getLogger("llmgw.agent")
@@ -52,7 +65,15 @@ WELCOME_TIMEOUT_S = 10.0
 
 
 class RouterRefused(Exception):
-    """The router refused this agent (wrong token, unsupported version)."""
+    """The router refused this agent (wrong token or credential, unsupported version ...)."""
+
+    def __init__(self, reason: str, retry: bool = False) -> None:
+        super().__init__(reason)
+        self.retry = retry
+
+
+class CredentialNotSaved(Exception):
+    """The credential the router issued could not be saved: the session ends before it is used."""
 
 
 # What ends a session (and is followed by a reconnect), as opposed to a bug.
@@ -86,13 +107,13 @@ async def gather_facts(acfg: AgentConfig) -> NodeFacts:
 
 
 class Agent:
-    def __init__(self, acfg: AgentConfig, *, router: str, token: str | None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, acfg: AgentConfig, *, router: str, token: str | None, tls: RouterTls | None = None) -> None:
         self.cfg = acfg
         host, _, port = router.rpartition(":")
         self.router_host, self.router_port = host.strip("[]"), int(port)
         self.token = token or ""
-        self.ssl_context = ssl_context
+        self.tls = tls
+        self.credential = load_credential(acfg.state_dir, acfg.node)
         self.agent_id = uuid.uuid4().hex[:12]
         self.facts = NodeFacts()
         self.connected = False
@@ -148,16 +169,23 @@ class Agent:
         while True:
             self.welcomed = False
             try:
-                ms = await open_client(self.router_host, self.router_port, ssl_context=self.ssl_context,
-                                       accept=FROM_ROUTER)
+                ms = await open_client(self.router_host, self.router_port,
+                                       ssl_context=self.tls.context if self.tls else None,
+                                       server_hostname=self.tls.server_name if self.tls else None, accept=FROM_ROUTER)
             except (OSError, ssl.SSLError, trio.BrokenResourceError) as e:
-                log.warning("cannot reach the router at %s:%d: %s", self.router_host, self.router_port, e)
+                log.warning("cannot reach the router at %s:%d: %s", self.router_host, self.router_port,
+                            _connect_error(e))
             else:
                 try:
                     await self._session(ms)
                 except RouterRefused as e:
-                    log.error("the router refused this agent: %s", e)
-                    delay = a.reconnect_max_s  # a wrong token will not fix itself quickly
+                    if e.retry:
+                        log.warning("the router refused this agent for now: %s", e)
+                    else:
+                        log.error("the router refused this agent: %s", e)
+                        delay = a.reconnect_max_s  # a wrong token or credential will not fix itself quickly
+                except CredentialNotSaved as e:
+                    log.error("%s", e)
                 except trio.TooSlowError:
                     log.warning("the router went silent (or sent no welcome); reconnecting")
                 except _SESSION_ERRORS as e:
@@ -180,15 +208,35 @@ class Agent:
             except trio.WouldBlock:
                 break
         self.connected = True
-        await ms.send(Hello(token=self.token, node=self.cfg.node, agent_id=self.agent_id,
-                            versions=tuple(sorted(SUPPORTED_VERSIONS)), labels=dict(self.cfg.labels),
-                            facts=self.facts, engines=tuple(sup.reports())))
+        reports = tuple(sup.reports())
+        hello = Hello(token=self.token, node=self.cfg.node, agent_id=self.agent_id,
+                      versions=tuple(sorted(SUPPORTED_VERSIONS)), labels=dict(self.cfg.labels), facts=self.facts,
+                      engines=reports, credential=self.credential, features=AGENT_FEATURES)
+        resend: tuple[EngineReport, ...] = ()
+        if len(encode(hello, 1)) > MAX_HELLO:
+            # The router caps a hello's size until it is accepted: send the reports without their
+            # log tails and details first, and whole right after the welcome.
+            hello = replace(hello, engines=tuple(replace(r, log_tail=(), detail=r.detail[:200]) for r in reports))
+            resend = tuple(r for r in reports if r.log_tail or len(r.detail) > 200)
+        await ms.send(hello)
         with trio.fail_after(WELCOME_TIMEOUT_S):
             msg = await ms.receive()
         if isinstance(msg, Refused):
-            raise RouterRefused(msg.reason)
+            raise RouterRefused(msg.reason, msg.retry)
         if not isinstance(msg, Welcome):
             raise WireProtocolError(f"expected welcome, got {type(msg).TYPE}")
+        if msg.credential:
+            # Saved before anything else is sent: the router takes our next message as proof that
+            # we have it, and from then on refuses this node without it.
+            try:
+                save_credential(self.cfg.state_dir, self.cfg.node, msg.credential)
+            except OSError as e:
+                raise CredentialNotSaved(f"cannot save the node credential the router issued in "
+                                         f"{self.cfg.state_dir}: {e.strerror or e}; reconnecting") from None
+            self.credential = msg.credential
+            log.info("node %s: joined the router; its credential is saved in the state directory", self.cfg.node)
+        for r in resend:
+            self._outbox_send.send_nowait(r)
         self.welcomed = True
         if msg.router_id != self.router_id:
             log.info("connected to router %s at %s:%d as node %s", msg.router_id, self.router_host,
@@ -223,6 +271,9 @@ class Agent:
                 msg = await ms.receive()
             if isinstance(msg, Desired):
                 sup.apply(list(msg.engines))
+            elif isinstance(msg, ReportRejected):
+                log.warning("the router refused the report of engine %s: %s (it treats the engine as failed)",
+                            msg.replica, msg.reason)
             elif not isinstance(msg, Heartbeat):
                 raise WireProtocolError(f"unexpected {type(msg).TYPE} from the router")
 
@@ -243,3 +294,14 @@ class Agent:
             with trio.move_on_after(hb) as cs:
                 report = await self._outbox.receive()
             await ms.send(Heartbeat() if cs.cancelled_caught else EngineUpdate(report))
+
+
+def _connect_error(e: BaseException) -> str:
+    """Why the connect failed, with what to do about a certificate the agent does not trust."""
+    cause = e.__cause__ if isinstance(e, trio.BrokenResourceError) and e.__cause__ else e
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return (f"{cause.verify_message or cause}: the router's certificate is not one this agent trusts; set "
+                "agent.tls_ca_pem (and tls_server_name) from `llmgw ctl join-info` on the router")
+    if isinstance(cause, ssl.SSLError):
+        return f"TLS failed ({cause.reason or cause}): does the router serve TLS? (agent.tls, control.tls)"
+    return str(e) or type(e).__name__

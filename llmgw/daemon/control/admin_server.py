@@ -32,6 +32,7 @@ from llmgw.admin.schema import (
     CacheSummary,
     EndpointStatus,
     HistoryEvent,
+    NodeRevoked,
     NodeView,
     Problem,
     RequestDecisions,
@@ -39,6 +40,7 @@ from llmgw.admin.schema import (
 from llmgw.admin.validate import Invalid, from_json, query_value
 from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
+from llmgw.daemon.control.node_identity import RotateError
 from llmgw.daemon.control.plane import ControlPlane, ModelError
 from llmgw.daemon.net.httpserver import (
     Request,
@@ -240,6 +242,30 @@ class AdminApp:
             raise _Fail(404, f"No node {name!r}.")
         self.control.remove_labels(name, call.body.keys)
         return self._node_view(name)
+
+    # -- node identity ------------------------------------------------------------------------------
+    @_handles("revoke_node")
+    async def _revoke_node(self, call: _Call) -> Any:
+        name = self._node_name(call)
+        agents = self.control.agents
+        if name not in self.control.nodes.nodes and name not in agents.identities.records:
+            raise _Fail(404, f"No node {name!r}.")
+        had, connected, withdrawn, store_error = agents.revoke(name)
+        return NodeRevoked(node=name, had_credential=had, was_connected=connected, replicas_withdrawn=withdrawn,
+                           persisted=store_error is None)
+
+    @_handles("get_join_info")
+    async def _join_info(self, call: _Call) -> Any:
+        return self.control.agents.join_info()
+
+    @_handles("rotate_join_token")
+    async def _rotate_join_token(self, call: _Call) -> Any:
+        try:
+            self.control.agents.join_token.rotate()
+        except RotateError as e:
+            raise _Fail(409, str(e)) from None
+        log.warning("join token rotated by an operator: the old one admits no new node from now on")
+        return self.control.agents.join_info()
 
     # -- models -------------------------------------------------------------------------------------
     @_handles("list_models")

@@ -1,31 +1,46 @@
 """The control plane's side of the agents' streams (docs/architecture.md has the protocol).
 
-An agent dials in and must say hello within HELLO_TIMEOUT_S; the hello is checked (the join
-token, in constant time; a common protocol version) and refused with a reason, or answered with
-a welcome. The hello carries the agent's whole state: what it does not mention, it does not run.
-A session then runs two loops until the stream ends, the agent says bye, falls silent, or a newer
-connection of the same node replaces it: a receiver (heartbeats, engine updates, bye) and a
-sender (the node's `desired` set whenever it changed, a heartbeat otherwise).
+An agent dials in and must say hello within `hello_timeout_s`. Until its hello is accepted a
+connection is an outsider: at most `max_pending_agents` wait at once (more are closed at once),
+and its frames are capped at `max_hello_bytes`; only an accepted hello lifts the cap to
+`max_message_bytes`. The hello is checked — a common protocol version, then the node's identity
+(node_identity.py, llmgw.fleet.identity): the node's credential, or the join token for a node that
+has none — and refused with a reason, or answered with a welcome (carrying a new credential at a
+first join). A node's live connection is never replaced by another identity.
+
+A session then runs two loops until the stream ends, the agent says bye, falls silent, its node is
+revoked, or a newer connection of the same node replaces it: a receiver (heartbeats, engine updates
+— each report's URL checked, report_check.py — bye) and a sender (the node's `desired` set whenever
+it changed, a heartbeat otherwise).
 
 What the agents say goes to the control plane (plane.py) through SessionHost: a node joined, was
 heard, reported an engine, left or disconnected; the plane answers each node's desired set."""
 
 from __future__ import annotations
 
-import hmac
 import logging
+import socket
 import ssl
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
 import trio
 
+from llmgw.admin.schema import JoinInfo
 from llmgw.config import ControlConfig
+from llmgw.daemon.control.control_tls import ControlTls, ca_fingerprint
+from llmgw.daemon.control.node_identity import IdentityStoreError, JoinToken, NodeIdentities, Verdict
+from llmgw.daemon.control.report_check import ReportChecker, peer_address, rejected_report
+from llmgw.daemon.control.store import Store
+from llmgw.daemon.control.stream_metrics import StreamStats
 from llmgw.daemon.net.message_stream import MessageStream, StreamClosed
+from llmgw.fleet.identity import LiveSession
 from llmgw.fleet.nodes import Node
+from llmgw.fleet.report_url import parse_networks
 from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.fleet.wire import (
+    FEATURE_REPORT_REJECTED,
     FROM_AGENT,
     PROTOCOL_VERSION,
     Bye,
@@ -33,22 +48,24 @@ from llmgw.fleet.wire import (
     EngineUpdate,
     Heartbeat,
     Hello,
-    WireProtocolError,
     Refused,
+    ReportRejected,
     Welcome,
+    WireProtocolError,
 )
 
 log = logging.getLogger("llmgw.control")
 
-__all__ = ["HELLO_TIMEOUT_S", "AgentSessions", "SessionHost"]
+__all__ = ["AgentSessions", "SessionHost"]
 
-HELLO_TIMEOUT_S = 10.0
+LOG_EVERY_S = 10.0  # a flood of bad connections is logged once per this, with a count
 
 
 class SessionHost(Protocol):
     """The control plane, as the agents' sessions see it (ControlPlane implements it)."""
 
     router_id: str
+    store: Store
 
     def agent_joined(self, hello: Hello, peer: str) -> Node:
         """A node's agent said hello (and was welcome): the node's record."""
@@ -68,6 +85,10 @@ class SessionHost(Protocol):
         """What `node` should run now."""
         ...
 
+    def node_revoked(self, node: str) -> list[str]:
+        """An operator revoked the node: forget it, withdraw its replicas (their ids)."""
+        ...
+
 
 @dataclass
 class _Conn:
@@ -75,10 +96,43 @@ class _Conn:
     agent_id: str
     stream: MessageStream
     peer: str
+    checker: ReportChecker
+    notify_rejects: bool  # the agent understands report_rejected
+    last_heard: float
+    credential_hash: str = ""
+    confirm_on_next: bool = False  # a credential issued in the welcome: the next message proves it kept
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     wake: trio.Event = field(default_factory=trio.Event)
     sent_rev: int = -1
     closing_reason: str = ""
+    replaced: bool = False
+
+
+def _ssl_cause(e: BaseException) -> ssl.SSLError | None:
+    seen: BaseException | None = e
+    for _ in range(4):  # StreamClosed <- trio.BrokenResourceError <- ssl.SSLError
+        if seen is None or isinstance(seen, ssl.SSLError):
+            break
+        seen = seen.__cause__
+    return seen if isinstance(seen, ssl.SSLError) else None
+
+
+class _Throttled:
+    """Warnings about outsiders, at most one per key every LOG_EVERY_S, with what was left out."""
+
+    def __init__(self) -> None:
+        self._next: dict[str, float] = {}
+        self._skipped: dict[str, int] = {}
+
+    def warning(self, key: str, msg: str, *args: Any) -> None:
+        now = trio.current_time()
+        if now < self._next.get(key, 0.0):
+            self._skipped[key] = self._skipped.get(key, 0) + 1
+            return
+        skipped = self._skipped.pop(key, 0)
+        self._next[key] = now + LOG_EVERY_S
+        log.warning(msg + (f" (and {skipped} more like it in the last {LOG_EVERY_S:.0f}s)" if skipped else ""),
+                    *args)
 
 
 class AgentSessions:
@@ -87,9 +141,40 @@ class AgentSessions:
     def __init__(self, host: SessionHost, cfg: ControlConfig, token: str | None) -> None:
         self.host = host
         self.cfg = cfg
-        self.token = token
+        if cfg.join_token_file:
+            self.join_token = JoinToken(token, path=cfg.join_token_file)
+        else:
+            self.join_token = JoinToken(token, generated=token is not None and not cfg.join_token)
+        self.identities = NodeIdentities(host.store, self.join_token)
+        self.networks = parse_networks(cfg.engine_networks)
         self.conns: dict[str, _Conn] = {}
+        self.stats = StreamStats()
         self._node_rev: dict[str, int] = {}  # per node, bumped when its desired set changes
+        self._throttled = _Throttled()
+        self.listener: tuple[str, int] | None = None  # (host, port) agents dial, once listening
+        self.tls: ControlTls | None = None
+
+    def set_listener(self, host: str, port: int, tls: ControlTls | None) -> None:
+        """Where the control listener is and its TLS (for join-info)."""
+        self.listener, self.tls = (host, port), tls
+
+    def join_info(self) -> JoinInfo:
+        router = None
+        if self.listener is not None:
+            host, port = self.listener
+            if host in ("", "0.0.0.0", "::"):
+                host = socket.gethostname()
+            router = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        tls = self.tls
+        ca = tls.ca_pem if tls is not None else None
+        return JoinInfo(router=router, join_token=self.join_token.current(), join_token_source=self.join_token.source,
+                        tls=tls is not None, ca_pem=ca, ca_sha256=ca_fingerprint(ca) if ca else None,
+                        server_name=tls.server_name if tls is not None else None)
+
+    @property
+    def stale_after_s(self) -> float:
+        """A node's connection silent this long may be replaced by the same node's new one."""
+        return max(2 * self.cfg.heartbeat_s, 1.0)
 
     def push(self, node: str) -> None:
         """The node's desired set changed: its session sends it now."""
@@ -98,88 +183,178 @@ class AgentSessions:
         if conn is not None:
             conn.wake.set()
 
+    # -- operator actions ----------------------------------------------------------------------------
+    def revoke(self, node: str) -> tuple[bool, bool, list[str], str | None]:
+        """Cut a node off: its credential refused from now on, its connection closed, the node
+        forgotten and its replicas withdrawn. (had a credential, was connected, replicas withdrawn,
+        why the store could not record it or None)."""
+        had, store_error = self.identities.revoke(node)
+        conn = self.conns.pop(node, None)
+        if conn is not None:
+            conn.closing_reason = "revoked by an operator"
+            conn.scope.cancel()
+        withdrawn = self.host.node_revoked(node)
+        self._node_rev.pop(node, None)
+        log.warning("node %s revoked by an operator%s; %d replicas withdrawn", node,
+                    " (its connection closed)" if conn is not None else "", len(withdrawn))
+        return had, conn is not None, withdrawn, store_error
+
+    # -- accepting a connection ----------------------------------------------------------------------
     async def serve_agent(self, raw: trio.SocketStream, ssl_context: ssl.SSLContext | None) -> None:
         """One accepted connection, from its hello to its end."""
         try:
             host, port = raw.socket.getpeername()[:2]
             peer = f"{host}:{port}"
         except OSError:
-            peer = "?"
+            host, peer = "", "?"
+        if self.stats.pending >= self.cfg.max_pending_agents:
+            self.stats.closed_before_hello["pending_cap"] += 1
+            self._throttled.warning("pending_cap", "agent connection from %s closed at once: %d connections are "
+                                    "already waiting for their hello (control.max_pending_agents)", peer,
+                                    self.stats.pending)
+            await trio.aclose_forcefully(raw)
+            return
+        self.stats.pending += 1
+        pending = True
         stream: trio.abc.Stream = raw
         if ssl_context is not None:
             stream = trio.SSLStream(raw, ssl_context, server_side=True)
-        ms = MessageStream(stream, max_frame=self.cfg.max_message_bytes, accept=FROM_AGENT)
+        ms = MessageStream(stream, max_frame=self.cfg.max_hello_bytes, accept=FROM_AGENT)
         try:
-            with trio.fail_after(HELLO_TIMEOUT_S):
-                hello = await ms.receive()
+            with trio.fail_after(self.cfg.hello_timeout_s):
+                hello = await ms.receive()  # the TLS handshake happens in here
             if not isinstance(hello, Hello):
                 raise WireProtocolError(f"expected hello first, got {type(hello).TYPE}")
-            why = self._refusal(hello)
-            if why is not None:
-                log.warning("refused agent %r from %s: %s", hello.node, peer, why)
-                with trio.move_on_after(2):
-                    await ms.send(Refused(why))
-                return
-            await self._session(hello, ms, peer)
+            self.stats.pending -= 1
+            pending = False
+            admitted = await self._admit(hello, ms, peer, host)
+            if admitted is not None:
+                await self._session(hello, *admitted)
         except trio.TooSlowError:
-            log.warning("agent connection from %s closed: no hello within %ss", peer, HELLO_TIMEOUT_S)
+            self._closed_before_hello("timeout", peer, f"no hello within {self.cfg.hello_timeout_s}s")
         except WireProtocolError as e:
-            log.warning("agent connection from %s closed: %s", peer, e)
-        except (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+            if pending:
+                self._closed_before_hello("oversize" if "exceeds" in str(e) else "protocol", peer, str(e))
+            else:
+                log.warning("agent connection from %s closed: %s", peer, e)
+        except (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+            if pending:
+                cause = _ssl_cause(e)
+                self._closed_before_hello("tls" if cause else "closed", peer,
+                                          f"TLS handshake failed ({cause.reason or cause}): an agent without TLS, "
+                                          "or one that does not trust this router's CA?" if cause
+                                          else f"{e or 'closed'} before its hello")
         finally:
+            if pending:
+                self.stats.pending -= 1
             with trio.move_on_after(1) as cs:
                 cs.shield = True
                 await ms.aclose()
 
-    def _refusal(self, hello: Hello) -> str | None:
-        if self.token is None or not hmac.compare_digest(hello.token.encode(), self.token.encode()):
-            return "wrong join token"  # never the token itself, neither here nor in the log
+    def _closed_before_hello(self, why: str, peer: str, detail: str) -> None:
+        self.stats.closed_before_hello[why] += 1
+        self._throttled.warning(why, "agent connection from %s closed: %s", peer, detail)
+
+    async def _admit(self, hello: Hello, ms: MessageStream, peer: str, host: str) -> tuple[_Conn, str] | None:
+        """Check the hello; refuse it (None) or register the node's connection — in one step with
+        the check, so two hellos for one node cannot both pass it — and give the credential to
+        issue in the welcome ("" for none)."""
+        node = hello.node
         if PROTOCOL_VERSION not in hello.versions:
-            return f"no common protocol version (router speaks {PROTOCOL_VERSION}, agent {list(hello.versions)})"
+            why = f"no common protocol version (router speaks {PROTOCOL_VERSION}, agent {list(hello.versions)})"
+            return await self._refuse(ms, node, peer, "version", why)
+        old = self.conns.get(node)
+        live = None if old is None else LiveSession(old.agent_id, trio.current_time() - old.last_heard, old.peer)
+        try:
+            verdict: Verdict = self.identities.check(hello, live, self.stale_after_s)
+        except IdentityStoreError as e:
+            log.error("%s", e)
+            return await self._refuse(ms, node, peer, "store", "the router cannot record a credential for "
+                                      "this node now (its store cannot write)", retry=True)
+        adm = verdict.admission
+        if not adm.ok:
+            return await self._refuse(ms, node, peer, adm.kind, adm.reason, retry=adm.retry)
+        if adm.confirm:
+            self.identities.confirm(node, verdict.presented_hash)
+        if old is not None:
+            log.warning("node %s: a new connection from %s replaces the one from %s (silent for %.1fs)", node, peer,
+                        old.peer, trio.current_time() - old.last_heard)
+            old.closing_reason = "replaced by a newer connection of the same node"
+            old.replaced = True
+            old.scope.cancel()
+        if adm.issue:
+            log.info("node %s from %s: joined with the join token; issued its credential", node, peer)
+        elif not verdict.presented_hash and not hello.credential:
+            log.warning("node %s from %s: its agent keeps no node credential (an older llmgw?): upgrade it; "
+                        "until then the join token alone admits this node name", node, peer)
+        ms.max_frame = self.cfg.max_message_bytes  # an accepted hello lifts the outsider's cap
+        conn = _Conn(node, hello.agent_id, ms, peer, ReportChecker(peer_address(host), self.networks),
+                     notify_rejects=hello.has(FEATURE_REPORT_REJECTED), last_heard=trio.current_time(),
+                     credential_hash=verdict.presented_hash, confirm_on_next=adm.issue)
+        self.conns[node] = conn
+        return conn, verdict.secret
+
+    async def _refuse(self, ms: MessageStream, node: str, peer: str, kind: str, why: str, *,
+                      retry: bool = False) -> None:
+        self.stats.refused[kind or "other"] += 1
+        # Throttled per kind, not per node name: an outsider chooses the names.
+        self._throttled.warning(f"refused:{kind}", "refused agent %r from %s: %s", node, peer, why)
+        with trio.move_on_after(2):
+            await ms.send(Refused(why, retry=retry))
         return None
 
-    async def _session(self, hello: Hello, ms: MessageStream, peer: str) -> None:
-        node = hello.node
-        conn = _Conn(node, hello.agent_id, ms, peer)
-        old = self.conns.get(node)
-        if old is not None:
-            log.warning("node %s: a new connection from %s replaces the one from %s", node, peer, old.peer)
-            old.closing_reason = "replaced by a newer connection"
-            old.scope.cancel()
-        self.conns[node] = conn
-        n = self.host.agent_joined(hello, peer)
-        self._node_rev[node] = self._node_rev.get(node, 0) + 1
+    # -- a session -----------------------------------------------------------------------------------
+    async def _checked(self, conn: _Conn, report: EngineReport) -> EngineReport:
+        why = await conn.checker.problem(report)
+        if why is None:
+            return report
+        self.stats.reports_rejected += 1
+        self._throttled.warning(f"report:{conn.node}", "node %s (from %s): refused the report of engine %s: %s",
+                                conn.node, conn.peer, report.replica, why)
+        if conn.notify_rejects:
+            await conn.stream.send(ReportRejected(report.replica, why))
+        return rejected_report(report, why)
+
+    async def _session(self, hello: Hello, conn: _Conn, secret: str) -> None:
+        node, ms = conn.node, conn.stream
         hb = self.cfg.heartbeat_s
-        await ms.send(Welcome(node=node, router_id=self.host.router_id, version=PROTOCOL_VERSION, heartbeat_s=hb))
         reason = "stream closed"
-
-        async def receive() -> None:
-            nonlocal reason
-            reason = await self._receiver(conn)
-
-        async def guarded(fn: Any) -> None:
-            # Failures end the session here, never as an exception group out of the nursery.
-            nonlocal reason
-            try:
-                await fn()
-            except WireProtocolError as e:
-                log.warning("node %s: closing its connection: %s", node, e)
-                reason = f"protocol error: {e}"
-            except (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-                reason = f"stream closed: {e}" if str(e) else "stream closed"
-            nursery.cancel_scope.cancel()
-
+        n: Node | None = None
         try:
             with conn.scope:
+                await ms.send(Welcome(node=node, router_id=self.host.router_id, version=PROTOCOL_VERSION,
+                                      heartbeat_s=hb, credential=secret))
+                engines = tuple([await self._checked(conn, r) for r in hello.engines])
+                n = self.host.agent_joined(replace(hello, engines=engines), conn.peer)
+                self._node_rev[node] = self._node_rev.get(node, 0) + 1
+
+                async def receive() -> None:
+                    nonlocal reason
+                    reason = await self._receiver(conn)
+
+                async def guarded(fn: Any) -> None:
+                    # Failures end the session here, never as an exception group out of the nursery.
+                    nonlocal reason
+                    try:
+                        await fn()
+                    except WireProtocolError as e:
+                        log.warning("node %s: closing its connection: %s", node, e)
+                        reason = f"protocol error: {e}"
+                    except (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                        reason = f"stream closed: {e}" if str(e) else "stream closed"
+                    nursery.cancel_scope.cancel()
+
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(guarded, partial(self._sender, conn, hb))
                     nursery.start_soon(guarded, receive)
+        except (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+            reason = f"stream closed: {e}" if str(e) else "stream closed"
         finally:
             reason = conn.closing_reason or reason
             if self.conns.get(node) is conn:
                 del self.conns[node]
-            self.host.agent_disconnected(n, conn.agent_id, reason)
+            if n is not None and not conn.replaced:  # replaced: the node's new connection is up
+                self.host.agent_disconnected(n, conn.agent_id, reason)
 
     async def _receiver(self, conn: _Conn) -> str:
         # A peer silent for this long is gone even if TCP has not noticed.
@@ -189,9 +364,13 @@ class AgentSessions:
                 msg = await conn.stream.receive()
             if cs.cancelled_caught:
                 return f"silent for {silence:.0f}s"
+            conn.last_heard = trio.current_time()
+            if conn.confirm_on_next:  # it saved the credential before sending this
+                conn.confirm_on_next = False
+                self.identities.confirm(conn.node, conn.credential_hash)
             self.host.agent_heard(conn.node, conn.agent_id)
             if isinstance(msg, EngineUpdate):
-                self.host.engine_reported(conn.node, msg.report)
+                self.host.engine_reported(conn.node, await self._checked(conn, msg.report))
             elif isinstance(msg, Bye):
                 self.host.agent_left(conn.node)
                 return f"agent left: {msg.reason}"

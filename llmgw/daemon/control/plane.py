@@ -178,6 +178,18 @@ class ControlPlane:
             log.info("node %s disconnected: %s", n.name, reason)
         self._wake.set()
 
+    def node_revoked(self, node: str) -> list[str]:
+        """An operator revoked the node (agent_sessions.py cut its connection): its replicas leave
+        routing now and are placed elsewhere at the next reconcile; the node is forgotten."""
+        mine = [a for a in self.assignments.values() if a.node == node]
+        for a in mine:
+            self._on_report(node, None, a)
+        self.nodes.forget(node)
+        self.store.delete_node(node)
+        self.store.record("node revoked", node=node, detail=f"{len(mine)} replicas withdrawn")
+        self._wake.set()
+        return sorted(a.replica for a in mine)
+
     def desired_for(self, node: str) -> list[EngineSpec]:
         """What `node` should run: its session sends this as the node's desired set."""
         return [a.spec for a in self.assignments.values() if a.node == node and a.desired in ("run", "drain")]

@@ -16,7 +16,8 @@ from typing import Any, Self
 
 from llmgw.fleet.types import EngineSpec
 
-__all__ = ["DESIRED_STATES", "SCHEMA_VERSION", "AssignmentRow", "HistoryRow", "NodeRow", "Store", "StoreError"]
+__all__ = ["DESIRED_STATES", "SCHEMA_VERSION", "AssignmentRow", "CredentialRow", "HistoryRow", "NodeRow", "Store",
+           "StoreError"]
 
 DESIRED_STATES: tuple[str, ...] = ("run", "drain", "stop")
 
@@ -45,6 +46,12 @@ MIGRATIONS: list[str] = [
     CREATE INDEX history_replica ON history (replica, ts);
     CREATE INDEX history_model ON history (model, ts);
     CREATE INDEX history_node ON history (node, ts);
+    """,
+    # 1 -> 2: node credentials (llmgw.fleet.identity). Only a hash of each secret is kept.
+    """
+    CREATE TABLE node_credentials (
+        node TEXT PRIMARY KEY, hash TEXT NOT NULL, issued_at REAL NOT NULL,
+        confirmed_at REAL, revoked_at REAL);
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -81,6 +88,16 @@ class AssignmentRow:
 
     def engine_spec(self) -> EngineSpec:
         return EngineSpec.from_wire(self.spec)
+
+
+@dataclass(frozen=True)
+class CredentialRow:
+    """A node's credential: the hash of the secret its agent keeps (llmgw.fleet.identity)."""
+    node: str
+    hash: str
+    issued_at: float
+    confirmed_at: float | None  # None: pending, the agent has not used it yet
+    revoked_at: float | None  # set: refused, kept so the agent is told why
 
 
 @dataclass(frozen=True)
@@ -401,3 +418,32 @@ class Store:
             return self._conn.execute(
                 "DELETE FROM history WHERE id IN "
                 "(SELECT id FROM history ORDER BY ts DESC, id DESC LIMIT -1 OFFSET ?)", (keep,)).rowcount
+
+    # -- node credentials (only their hashes)
+
+    def credentials(self) -> dict[str, CredentialRow]:
+        rows = self._conn.execute("SELECT node, hash, issued_at, confirmed_at, revoked_at FROM node_credentials "
+                                  "ORDER BY node")
+        return {r[0]: CredentialRow(*r) for r in rows}
+
+    def put_credential(self, node: str, hash_: str, *, issued_at: float) -> None:
+        """A new credential for `node`, pending until confirmed; it replaces any earlier one."""
+        _name(node, "node")
+        _name(hash_, "hash")
+        with self.transaction():
+            self._conn.execute(
+                "INSERT INTO node_credentials (node, hash, issued_at) VALUES (?, ?, ?) ON CONFLICT (node) DO UPDATE "
+                "SET hash = excluded.hash, issued_at = excluded.issued_at, confirmed_at = NULL, revoked_at = NULL",
+                (node, hash_, issued_at))
+
+    def confirm_credential(self, node: str, hash_: str, *, at: float) -> bool:
+        """Mark the credential confirmed if it is still the node's (and not revoked)."""
+        with self.transaction():
+            return self._conn.execute(
+                "UPDATE node_credentials SET confirmed_at = ? WHERE node = ? AND hash = ? AND revoked_at IS NULL "
+                "AND confirmed_at IS NULL", (at, _name(node, "node"), hash_)).rowcount > 0
+
+    def revoke_credential(self, node: str, *, at: float) -> bool:
+        with self.transaction():
+            return self._conn.execute("UPDATE node_credentials SET revoked_at = ? WHERE node = ? AND revoked_at IS NULL",
+                                      (at, _name(node, "node"))).rowcount > 0

@@ -44,6 +44,15 @@ class MessageStream(trio.abc.AsyncResource):
         self._send_broken = False
 
     @property
+    def max_frame(self) -> int:
+        """The largest frame `receive` accepts (the decoder's cap)."""
+        return self._decoder.max_frame
+
+    @max_frame.setter
+    def max_frame(self, value: int) -> None:
+        self._decoder.max_frame = value
+
+    @property
     def sent_seq(self) -> int:
         """Seq of the last message sent (0 before the first)."""
         return self._sent_seq
@@ -88,16 +97,17 @@ class MessageStream(trio.abc.AsyncResource):
 
 
 async def open_client(host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
-                      max_frame: int = MAX_FRAME, accept: Collection[str] | None = None) -> MessageStream:
-    """Dial the router; with `ssl_context`, TLS verified against `host`, handshake done here so a
-    bad certificate fails the connect, not the first message."""
+                      server_hostname: str | None = None, max_frame: int = MAX_FRAME,
+                      accept: Collection[str] | None = None) -> MessageStream:
+    """Dial the router; with `ssl_context`, TLS verified against `server_hostname` (default:
+    `host`), handshake done here so a bad certificate fails the connect, not the first message."""
     tcp = await trio.open_tcp_stream(host, port)
     stream: trio.abc.Stream = tcp
     try:
         # trio sets it already; said again because Nagle + delayed ACK would stall each small frame ~40 ms.
         tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
         if ssl_context is not None:
-            tls = trio.SSLStream(tcp, ssl_context, server_hostname=host)
+            tls = trio.SSLStream(tcp, ssl_context, server_hostname=server_hostname or host)
             await tls.do_handshake()
             stream = tls
     except BaseException:

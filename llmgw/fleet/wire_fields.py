@@ -1,0 +1,193 @@
+"""The field checks of the agent stream's messages (llmgw.fleet.wire): each turns a decoded msgpack
+value into the typed field, or raises :class:`WireProtocolError` naming the field's path
+(``hello.engines[2].state: expected str, got int``). Also the nested decoders of engine specs,
+engine reports and node facts, and the bounds they enforce."""
+
+from __future__ import annotations
+
+import reprlib
+from collections.abc import Callable
+from typing import Any
+
+from llmgw.fleet.types import ENGINE_STATES, EngineReport, EngineSpec, GpuInfo, NodeFacts
+
+MAX_NAME = 253  # a DNS name: node names and label keys
+MAX_LABEL_VALUE = 1024
+MAX_LABELS = 256
+MAX_ENGINES = 4096  # per message
+MAX_LOG_LINES = 50  # log_tail beyond these is cut on decode, not refused
+MAX_LOG_LINE = 500
+MAX_SECRET = 1024  # a join token or node credential, in chars
+MAX_ID = 256  # agent and router ids
+MAX_FEATURES = 32
+MAX_REASON = 4096  # refusals, rejections, bye reasons: read by people, so cut rather than refused
+
+
+class WireProtocolError(Exception):
+    """The peer broke the agent ↔ router stream's protocol (a malformed frame or message, a
+    message type not accepted here, a sequence gap): the connection is unusable after it.
+    Not HTTP's :class:`llmgw.http1.errors.ProtocolError`."""
+
+
+# A check is check(value, path) -> normalised value; `path` names the field for errors.
+
+_Check = Callable[[Any, str], Any]
+_REQUIRED: Any = object()
+
+_short = reprlib.Repr()  # attributes, not kwargs: Repr(**kw) is 3.12+
+_short.maxlevel, _short.maxlist, _short.maxdict, _short.maxstring, _short.maxother = 2, 4, 4, 40, 40
+
+
+def _expected(what: str, v: Any, path: str) -> WireProtocolError:
+    return WireProtocolError(f"{path}: expected {what}, got {type(v).__name__}")
+
+
+def _field(d: dict[str, Any], path: str, key: str, check: _Check, default: Any = _REQUIRED) -> Any:
+    try:
+        v = d[key]
+    except KeyError:
+        if default is _REQUIRED:
+            raise WireProtocolError(f"{path}.{key}: missing") from None
+        return default
+    return check(v, f"{path}.{key}")
+
+
+def _str(v: Any, path: str) -> str:
+    if type(v) is not str:
+        raise _expected("str", v, path)
+    return v
+
+
+def _bounded_str(most: int, *, empty: bool = True) -> _Check:
+    def check(v: Any, path: str) -> str:
+        if type(v) is not str:
+            raise _expected("str", v, path)
+        if len(v) > most:
+            raise WireProtocolError(f"{path}: {len(v)} chars, at most {most}")
+        if not v and not empty:
+            raise WireProtocolError(f"{path}: empty")
+        return v
+    return check
+
+
+_node_name = _bounded_str(MAX_NAME, empty=False)
+
+
+def _int(v: Any, path: str) -> int:
+    if type(v) is not int:  # bool is an int subclass but never a valid value here
+        raise _expected("int", v, path)
+    return v
+
+
+def _float(v: Any, path: str) -> float:
+    if type(v) is not float and type(v) is not int:
+        raise _expected("float", v, path)
+    return float(v)
+
+
+def _positive(v: Any, path: str) -> float:
+    f = _float(v, path)
+    if not f > 0:  # NaN too
+        raise WireProtocolError(f"{path}: {f} is not > 0")
+    return f
+
+
+def _bool(v: Any, path: str) -> bool:
+    if type(v) is not bool:
+        raise _expected("bool", v, path)
+    return v
+
+
+def _opt(check: _Check) -> _Check:
+    return lambda v, path: None if v is None else check(v, path)
+
+
+def _map(v: Any, path: str) -> dict[str, Any]:
+    if type(v) is not dict:
+        raise _expected("dict", v, path)
+    return v
+
+
+def _list(v: Any, path: str, most: int | None = None) -> list[Any]:
+    if type(v) is not list:
+        raise _expected("list", v, path)
+    if most is not None and len(v) > most:
+        raise WireProtocolError(f"{path}: {len(v)} items, at most {most}")
+    return v
+
+
+def _tuple_of(check: _Check, most: int | None = None) -> _Check:
+    def run(v: Any, path: str) -> tuple[Any, ...]:
+        return tuple(check(x, f"{path}[{i}]") for i, x in enumerate(_list(v, path, most)))
+    return run
+
+
+def _env_pair(v: Any, path: str) -> tuple[str, str]:
+    if type(v) is not list or len(v) != 2:
+        raise WireProtocolError(f"{path}: expected a [name, value] pair, got {_short.repr(v)}")
+    return _str(v[0], f"{path}[0]"), _str(v[1], f"{path}[1]")
+
+
+def _labels(v: Any, path: str) -> dict[str, str]:
+    d = _map(v, path)
+    if len(d) > MAX_LABELS:
+        raise WireProtocolError(f"{path}: {len(d)} labels, at most {MAX_LABELS}")
+    key, value = _bounded_str(MAX_NAME), _bounded_str(MAX_LABEL_VALUE)
+    for k, x in d.items():
+        key(k, f"{path} key {_short.repr(k)}")  # strict_map_key lets bytes keys through
+        value(x, f"{path}[{k!r}]")
+    return d
+
+
+def _log_tail(v: Any, path: str) -> tuple[str, ...]:
+    # An engine's dying words are useful but unbounded: keep the last lines, cut each one.
+    lines = _list(v, path)
+    skip = max(0, len(lines) - MAX_LOG_LINES)
+    return tuple(_str(x, f"{path}[{skip + i}]")[:MAX_LOG_LINE] for i, x in enumerate(lines[skip:]))
+
+
+def _reason(v: Any, path: str) -> str:
+    return _str(v, path)[:MAX_REASON]
+
+
+def _state(v: Any, path: str) -> str:
+    if _str(v, path) not in ENGINE_STATES:
+        raise WireProtocolError(f"{path}: unknown engine state {_short.repr(v)}")
+    return v
+
+
+def _spec(v: Any, path: str) -> EngineSpec:
+    d = _map(v, path)
+    return EngineSpec(
+        replica=_field(d, path, "replica", _str), model=_field(d, path, "model", _str),
+        engine=_field(d, path, "engine", _str), model_path=_field(d, path, "model_path", _str),
+        simulate=_field(d, path, "simulate", _bool, False), binary=_field(d, path, "binary", _opt(_str), None),
+        args=_field(d, path, "args", _tuple_of(_str), ()), env=_field(d, path, "env", _tuple_of(_env_pair), ()),
+        gpu_indices=_field(d, path, "gpu_indices", _tuple_of(_int), ()),
+        health_timeout_s=_field(d, path, "health_timeout_s", _positive, 600.0),
+        generation=_field(d, path, "generation", _int, 0))
+
+
+def _report(v: Any, path: str) -> EngineReport:
+    d = _map(v, path)
+    return EngineReport(
+        replica=_field(d, path, "replica", _str), model=_field(d, path, "model", _str),
+        state=_field(d, path, "state", _state), spec_hash=_field(d, path, "spec_hash", _str, ""),
+        generation=_field(d, path, "generation", _int, 0), url=_field(d, path, "url", _opt(_str), None),
+        pid=_field(d, path, "pid", _opt(_int), None), restarts=_field(d, path, "restarts", _int, 0),
+        detail=_field(d, path, "detail", _str, ""), log_tail=_field(d, path, "log_tail", _log_tail, ()),
+        adopted=_field(d, path, "adopted", _bool, False))
+
+
+def _gpu(v: Any, path: str) -> GpuInfo:
+    d = _map(v, path)
+    return GpuInfo(index=_field(d, path, "index", _int), name=_field(d, path, "name", _str, ""),
+                   memory_mb=_field(d, path, "memory_mb", _int, 0))
+
+
+def _facts(v: Any, path: str) -> NodeFacts:
+    d = _map(v, path)
+    return NodeFacts(cpus=_field(d, path, "cpus", _int, 0), memory_mb=_field(d, path, "memory_mb", _int, 0),
+                     gpus=_field(d, path, "gpus", _tuple_of(_gpu), ()),
+                     hostname=_field(d, path, "hostname", _str, ""),
+                     agent_version=_field(d, path, "agent_version", _str, ""))
