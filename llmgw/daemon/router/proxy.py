@@ -11,14 +11,17 @@ at once, so the engine aborts the sequence."""
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import logging
 import random
+import re
 import time
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import quote
 
 import trio
 
@@ -52,6 +55,13 @@ _JSON = "application/json"
 # Request ids: 32 random hex digits like uuid4().hex at a sixth of its cost (no getrandom()
 # syscall and UUID object a request); not a secret, only unique in practice.
 _rid_bits = random.Random().getrandbits
+# A client's request id is echoed in the answer, sent to the engine, logged and kept in the
+# decision ring: visible ASCII, at most 128 characters, or the router makes its own.
+_CLIENT_RID = re.compile(r"[\x21-\x7e]{1,128}")
+# An engine's Content-Type goes to the client only as a valid header value (visible ASCII with
+# inner spaces, bounded); anything else is replaced by what the answer must be.
+_CONTENT_TYPE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+_MAX_CONTENT_TYPE = 256
 
 
 def _error(e: ApiError, rid: str, rid_header: str) -> Response:
@@ -109,7 +119,9 @@ class Router:
 
     # -- HTTP entry ---------------------------------------------------------------------------
     async def handle(self, req: Request) -> Response:
-        rid = req.header(self.rid_header) or f"{_rid_bits(128):032x}"
+        rid = req.header(self.rid_header)
+        if rid is None or _CLIENT_RID.fullmatch(rid) is None:
+            rid = f"{_rid_bits(128):032x}"
         path = req.path
         try:
             if path == "/health":
@@ -208,8 +220,8 @@ class Router:
             self._finish(plan, a, UpstreamProtocolError(f"{rep.id} answered {resp.status}"), None,
                          resp.status)
             return None
-        out_headers = [("content-type", resp.header("content-type") or _JSON), (self.rid_header, rid),
-                       ("x-llmgw-endpoint", rep.view.id)]
+        out_headers = [("content-type", _content_type(resp, plan.stream)), (self.rid_header, rid),
+                       ("x-llmgw-endpoint", _header_value(rep.view.id))]
         if resp.status == 200 and plan.stream:
             out_headers.append(("cache-control", "no-cache"))
         return Response(resp.status, out_headers, _Relay(self, plan, a, resp))
@@ -253,6 +265,23 @@ class Router:
                             "status": status, "outcome": word,
                             "ttft_ms": None if first is None else round((first - plan.started) * 1e3, 2),
                             "latency_ms": round((now - plan.started) * 1e3, 2)})
+
+
+def _content_type(resp: UpstreamResponse, stream: bool) -> str:
+    """The engine's Content-Type if it is a valid header value, else what the answer must be."""
+    ct = resp.header("content-type")
+    if ct is not None and len(ct) <= _MAX_CONTENT_TYPE and _CONTENT_TYPE.fullmatch(ct) is not None:
+        return ct
+    if ct is not None:
+        log.debug("replaced an invalid content-type from %s: %r", resp.url, ct[:_MAX_CONTENT_TYPE])
+    return "text/event-stream" if stream and resp.status == 200 else _JSON
+
+
+@functools.lru_cache(maxsize=4096)
+def _header_value(text: str) -> str:
+    """A replica id as a header value: as it is when it can be one (nearly always), else
+    percent-encoded (a model name may be any text)."""
+    return text if _CONTENT_TYPE.fullmatch(text) is not None else quote(text, safe="/")
 
 
 def _log_alarm(on: bool) -> None:
