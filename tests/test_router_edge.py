@@ -101,3 +101,37 @@ def test_an_engine_content_type_that_cannot_be_a_header_is_replaced(procs: list[
     r = httpx.post(f"{d2.url}/v1/completions", json={"model": "m", "prompt": "x"})
     assert r.headers["content-type"] == "application/json; charset=utf-8"
     no_traceback(d)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:  # nothing listens there once closed
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_errors_to_clients_name_no_internal_address(procs: list[Any], tmp_path: Path) -> None:
+    port = free_port()
+    five = StubEngine(handler_of({"/v1/completions": b"HTTP/1.1 503 X\r\ncontent-length: 0\r\n\r\n"}))
+    procs.append(five)
+    d = Daemon(write_config(tmp_path, [{"name": "m", "replicas": [{"url": f"http://127.0.0.1:{port}"}]},
+                                       {"name": "f", "replicas": [{"url": five.url}]}]), log_level="info")
+    procs.append(d)
+    r = httpx.post(f"{d.url}/v1/completions", json={"model": "m", "prompt": "x"}, headers={"x-request-id": "r-1"})
+    assert r.status_code == 502
+    msg = r.json()["error"]["message"]
+    assert msg == "No replica could serve the request: replica m/0: connection failed"
+    r = httpx.post(f"{d.url}/v1/completions", json={"model": "f", "prompt": "x"})
+    assert r.status_code == 502 and r.json()["error"]["message"].endswith("replica f/0: answered 503")
+    assert "127.0.0.1" not in r.text
+    # the log keeps the address, tied to the answer by the request id
+    line = next(json.loads(x) for x in d.err if '"r-1"' in x)
+    assert f"127.0.0.1:{port}" in line["msg"] and line["endpoint"] == "m/0"
+
+
+def test_metrics_need_the_api_key_when_keys_are_set(procs: list[Any], tmp_path: Path) -> None:
+    d = start(procs, tmp_path, StubEngine(), server='api_keys = ["k1"]')
+    r = httpx.get(f"{d.url}/metrics")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = httpx.get(f"{d.url}/metrics", headers={"authorization": "Bearer k1"})
+    assert r.status_code == 200 and "llmgw_requests_total" in r.text
+    assert httpx.get(f"{d.url}/health").status_code == 200  # load balancers' probe stays open

@@ -126,10 +126,10 @@ class Router:
         try:
             if path == "/health":
                 return Response(200, [("content-type", _JSON)], b'{"status":"ok"}')
+            self._authorize(req)  # /metrics too: it names every model and replica
             if path == "/metrics":
                 return Response(200, [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
                                 self.metrics.render())
-            self._authorize(req)
             if path == "/v1/models":
                 if req.method != "GET":
                     raise ApiError(405, f"Method {req.method} not allowed on {path}")
@@ -217,8 +217,9 @@ class Router:
             raise
         if resp.status >= 500:
             resp.close()
-            self._finish(plan, a, UpstreamProtocolError(f"{rep.id} answered {resp.status}"), None,
-                         resp.status)
+            e = UpstreamProtocolError(f"{rep.id} answered {resp.status}", url=rep.view.url)
+            e.public = f"answered {resp.status}"
+            self._finish(plan, a, e, None, resp.status)
             return None
         out_headers = [("content-type", _content_type(resp, plan.stream)), (self.rid_header, rid),
                        ("x-llmgw-endpoint", _header_value(rep.view.id))]
@@ -238,8 +239,9 @@ class Router:
             outcome = e
             if plan.stream:
                 # Headers are gone: tell an SSE client in-band, as OpenAI does, then end cleanly.
-                msg = json.dumps({"error": {"message": f"upstream failed mid-stream: {e}", "type": "bad_gateway",
-                                            "param": None, "code": 502}})
+                msg = json.dumps({"error": {"message": f"upstream failed mid-stream: replica {a.replica.view.id}: "
+                                                       f"{e.public}", "type": "bad_gateway", "param": None,
+                                            "code": 502}})
                 if not sink.send_nowait(f"data: {msg}\n\n".encode()):
                     await sink.drain()
         finally:
@@ -248,7 +250,9 @@ class Router:
 
     def _finish(self, plan: Plan, a: Attempt, outcome: UpstreamError | str | None, first: float | None,
                 status: int | None) -> None:
-        """``outcome``: "ok", the upstream error, or None when the client went away."""
+        """``outcome``: "ok", the upstream error, or None when the client went away. The core
+        gets a ``detail`` a client may read (the replica's id, never its address); the log
+        line, tied to the client's answer by the request id, has the whole error and URL."""
         now = trio.current_time()
         if outcome == "ok":
             failure, detail = None, ""
@@ -256,11 +260,13 @@ class Router:
             failure, detail = FailureKind.CLIENT_CANCEL, ""
         else:
             failure = _failure_of(outcome)  # type: ignore[arg-type]
-            detail = outcome.phase if isinstance(outcome, UpstreamTimeout) else str(outcome)
+            detail = outcome.phase if isinstance(outcome, UpstreamTimeout) else \
+                f"replica {a.replica.view.id}: {outcome.public}"  # type: ignore[union-attr]
         self._wake(self.core.finish(plan, a, now, failure, first_byte_at=first, status=status, detail=detail))
         if log.isEnabledFor(logging.INFO):  # the access log: one JSON line per attempt
             word = "ok" if failure is None else "cancelled" if outcome is None else type(outcome).__name__
-            log.info("request %s", word if failure is None or outcome is None else f"failed: {outcome}",
+            log.info("request %s", word if failure is None or outcome is None
+                     else f"failed: {outcome} ({outcome.url or a.replica.view.url})",  # type: ignore[union-attr]
                      extra={"request_id": plan.info.request_id, "model": plan.model, "endpoint": a.replica.id,
                             "status": status, "outcome": word,
                             "ttft_ms": None if first is None else round((first - plan.started) * 1e3, 2),
