@@ -533,6 +533,26 @@ async def test_stream_not_matching_its_content_length_is_cut(caplog: pytest.LogC
         assert stats.handler_errors == 2 and stats.requests_served == 0
 
 
+async def test_a_body_that_aborts_ends_the_response_unfinished(caplog: pytest.LogCaptureFixture) -> None:
+    from llmgw.http1.sinks import BodyAborted
+
+    async def handler(req: Request) -> Response:
+        async def gen() -> AsyncIterator[bytes]:
+            yield b"half"
+            raise BodyAborted("the source broke off")
+        return Response(200, [], gen())
+
+    caplog.set_level(logging.ERROR, logger="llmgw.daemon.net.httpserver")
+    async with running(handler) as (_, port, stats):
+        out = await raw_exchange(port, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")  # the server closes
+        assert out.endswith(b"\r\n\r\n4\r\nhalf\r\n")  # no last chunk
+        with pytest.raises(trio.BrokenResourceError):  # HTTP/1.0: reset, not a clean end
+            await raw_exchange(port, b"GET / HTTP/1.0\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()
+        assert stats.responses_aborted == 2 and stats.handler_errors == 0 and stats.requests_served == 0
+    assert not caplog.records
+
+
 async def test_stream_that_produces_at_once_is_coalesced_and_complete() -> None:
     async def handler(req: Request) -> Response:
         async def gen() -> AsyncIterator[bytes]:

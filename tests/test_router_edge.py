@@ -135,3 +135,77 @@ def test_metrics_need_the_api_key_when_keys_are_set(procs: list[Any], tmp_path: 
     r = httpx.get(f"{d.url}/metrics", headers={"authorization": "Bearer k1"})
     assert r.status_code == 200 and "llmgw_requests_total" in r.text
     assert httpx.get(f"{d.url}/health").status_code == 200  # load balancers' probe stays open
+
+
+# -- an engine's answer that breaks off -----------------------------------------------------------
+def raw_post(port: int, body: bytes, version: str = "1.1") -> tuple[bytes, str]:
+    """POST /v1/completions on a fresh connection; (every byte received, how it ended: "eof" or
+    "reset")."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"POST /v1/completions HTTP/{version}\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        out = b""
+        while True:
+            try:
+                data = s.recv(65536)
+            except ConnectionResetError:
+                return out, "reset"
+            if not data:
+                return out, "eof"
+            out += data
+
+
+def metric_value(d: Daemon, name: str, **labels: str) -> float:
+    for line in httpx.get(f"{d.url}/metrics").text.splitlines():
+        key, _, value = line.rpartition(" ")
+        if key.split("{")[0] == name and all(f'{k}="{v}"' in key for k, v in labels.items()):
+            return float(value)
+    return 0.0
+
+
+TRUNCATED = {
+    "short of its length": b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\ncontent-type: application/json\r\n\r\n"
+                           b'{"partial":',
+    "no body at all": b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\ncontent-type: application/json\r\n\r\n",
+    "chunked without its end": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: application/json"
+                               b'\r\n\r\nb\r\n{"partial":\r\n',
+}
+
+
+@pytest.mark.parametrize("how", TRUNCATED)
+def test_a_truncated_engine_answer_is_never_a_complete_200(procs: list[Any], tmp_path: Path, how: str) -> None:
+    d = start(procs, tmp_path, StubEngine(handler_of({"/v1/completions": TRUNCATED[how]})))
+    out, end = raw_post(d.info["port"], b'{"model": "m", "prompt": "x"}')
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+    assert not body.endswith(b"0\r\n\r\n") and end == "eof"  # closed without the last chunk
+    if how != "no body at all":
+        assert body == b'b\r\n{"partial":\r\n'
+    with pytest.raises(httpx.RemoteProtocolError):  # what a client library makes of it
+        httpx.post(f"{d.url}/v1/completions", json={"model": "m", "prompt": "x"})
+    # counted: an upstream failure of the replica, and the requests as failed (once each)
+    assert metric_value(d, "llmgw_upstream_errors_total", endpoint="m/0", kind="reset") == 2
+    assert metric_value(d, "llmgw_requests_total", model="m", outcome="upstream_failed") == 2
+    assert metric_value(d, "llmgw_requests_total", model="m", outcome="ok") == 0
+    no_traceback(d)
+
+
+def test_a_truncated_answer_to_http10_is_a_reset(procs: list[Any], tmp_path: Path) -> None:
+    d = start(procs, tmp_path, StubEngine(handler_of({"/v1/completions": TRUNCATED["short of its length"]})))
+    out, end = raw_post(d.info["port"], b'{"model": "m", "prompt": "x"}', version="1.0")
+    assert end == "reset"  # a close-delimited body has no other way to say it is cut short
+    no_traceback(d)
+
+
+def test_a_stream_that_breaks_off_gets_an_error_event_then_no_end(procs: list[Any], tmp_path: Path) -> None:
+    sse = (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n\r\n"
+           b"10\r\ndata: {\"a\": 1}\n\n\r\n")
+    d = start(procs, tmp_path, StubEngine(handler_of({"/v1/completions": sse})))
+    out, end = raw_post(d.info["port"], b'{"model": "m", "prompt": "x", "stream": true}')
+    assert out.startswith(b"HTTP/1.1 200") and end == "eof" and not out.endswith(b"0\r\n\r\n")
+    assert b'data: {"a": 1}' in out
+    event = json.loads(out.split(b"data: ")[-1].split(b"\n\n")[0])
+    assert event["error"]["message"] == ("upstream failed mid-stream: replica m/0: "
+                                         "connection closed before the response was complete")
+    assert "127.0.0.1" not in out.decode()
+    no_traceback(d)

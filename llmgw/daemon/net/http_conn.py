@@ -63,6 +63,7 @@ class _Conn:
         "readers",
         "reading",
         "ready",
+        "reset",
         "scope",
         "timed_out",
     )
@@ -80,6 +81,7 @@ class _Conn:
         self.paused = False  # reader holds off: the parser has unconsumed pipelined bytes
         self.ready = False  # an edge came while paused: read when resumed
         self.discard = False  # lingering close: throw input away
+        self.reset = False  # close with a reset (an aborted close-delimited body)
         self.main: trio.lowlevel.Task | None = None  # request loop parked for input
         self.keep_alive = True  # the request being handled allows another one after it
         self.nursery: trio.Nursery | None = None  # the server's, for a flusher task

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import socket as _socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -58,9 +59,9 @@ from llmgw.daemon.net.inline_epoll import InlineEpoll
 from llmgw.daemon.net.unix_sockets import _peer_uid, _remove_stale_socket
 from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
 from llmgw.http1.fields import first_header
-from llmgw.http1.response_head import BODY_CHUNKED, BODY_LENGTH, BODY_NONE, serialize_response_head
+from llmgw.http1.response_head import BODY_CHUNKED, BODY_CLOSE, BODY_LENGTH, BODY_NONE, serialize_response_head
 from llmgw.http1.server import CONTINUE, RequestParser
-from llmgw.http1.sinks import RelayBody  # types Response.body
+from llmgw.http1.sinks import BodyAborted, RelayBody  # RelayBody types Response.body
 
 __all__ = ["ErrorBody", "Handler", "Request", "Response", "ServerOptions", "ServerStats", "json_response",
            "openai_error_body", "serve_listeners", "serve_tcp", "serve_unix", "text_response"]
@@ -72,6 +73,7 @@ _BYTES = (bytes, bytearray, memoryview)
 _wait_readable = trio.lowlevel.wait_readable
 _ACCEPT_CAPACITY = frozenset(getattr(errno, e) for e in ("EMFILE", "ENFILE", "ENOMEM", "ENOBUFS") if hasattr(errno, e))
 _CLOSE, _KEEP = 1, 2  # _Server.run: the response was sent; the connection closes / is kept
+_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 
 
 @dataclass(slots=True)
@@ -134,6 +136,7 @@ class ServerStats:
     requests_served: int = 0  # responses written completely
     client_disconnects: int = 0  # requests cut short because the peer left
     handler_errors: int = 0  # handler or streaming body raised
+    responses_aborted: int = 0  # bodies that could not be completed (BodyAborted): the connection was cut
 
 
 class ServerOptions(TypedDict, total=False):
@@ -257,6 +260,9 @@ class _Server:
             self.conns.discard(c)
             stats.connections_open -= 1
             trio.lowlevel.notify_closing(sock)  # a flusher task still writing stops
+            if c.reset:
+                with suppress(OSError):
+                    sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_LINGER, _RST)
             sock.close()
 
     async def request_loop(self, c: _Conn) -> None:
@@ -374,6 +380,15 @@ class _Server:
         except _GONE:
             c.eof = True  # the peer reset while we wrote: it left
             return 0
+        except BodyAborted:
+            # The body's source failed half-way (it booked that itself): the client must not
+            # take the bytes it got for the whole body.  Chunked: no last chunk before the
+            # close; close-delimited (HTTP/1.0): a reset, not a FIN, ends it.
+            self.stats.responses_aborted += 1
+            if c.pending:
+                c.send_now()
+            c.reset = framing == BODY_CLOSE
+            return 0
         except Exception:
             # Mid-stream the head is out already: closing without the last chunk is
             # how the client learns the body is truncated.
@@ -391,7 +406,12 @@ class _Server:
         else:
             sink = _Sink(c, framing == BODY_CHUNKED, length if framing == BODY_LENGTH else 0
                          if framing == BODY_NONE else -1)
-            await relay(sink)  # it cleans up after itself, whatever happens
+            try:
+                await relay(sink)  # it cleans up after itself, whatever happens
+            except BodyAborted:
+                with trio.move_on_after(_LINGER):
+                    await sink.drain()  # what it did send (e.g. an in-band error) goes first
+                raise
             await sink.drain()
             if sink.left > 0:
                 raise LocalProtocolError("the body is shorter than its content-length")

@@ -7,7 +7,8 @@ The body goes to the engine unchanged; the response streams back as it arrives (
 upstream read, done by the upstream pool's relay task without a task switch per chunk;
 backpressure from the client's socket). A retry on another replica happens only
 while nothing has been sent to the client; a client that leaves closes the upstream connection
-at once, so the engine aborts the sequence."""
+at once, so the engine aborts the sequence; an answer that breaks off mid-body ends the client's
+response unfinished (no last chunk), after an in-band error event on a stream."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from llmgw.daemon.net.upstream import (
 )
 from llmgw.daemon.router.metrics import RouterMetrics
 from llmgw.daemon.router.registry import Registry, Replica
-from llmgw.http1.sinks import BodySink
+from llmgw.http1.sinks import BodyAborted, BodySink
 from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
@@ -232,21 +233,28 @@ class Router:
         (the pool's relay task writes each read to the client's socket: no task switch a
         chunk); then the bookkeeping. Cancelled when the client leaves."""
         outcome: UpstreamError | str | None = None  # None: cancelled
+        head_at = trio.current_time()  # relay() sends the head first: the client's first byte
         try:
             await resp.relay(sink)
             outcome = "ok"
         except UpstreamError as e:
             outcome = e
             if plan.stream:
-                # Headers are gone: tell an SSE client in-band, as OpenAI does, then end cleanly.
+                # Headers are gone: tell an SSE client in-band, as OpenAI does.
                 msg = json.dumps({"error": {"message": f"upstream failed mid-stream: replica {a.replica.view.id}: "
                                                        f"{e.public}", "type": "bad_gateway", "param": None,
                                             "code": 502}})
                 if not sink.send_nowait(f"data: {msg}\n\n".encode()):
                     await sink.drain()
+            # ... and end the response unfinished (no last chunk): what the client got is not the
+            # whole body, and must not pass for it (a non-streamed JSON cut short is no answer).
+            raise BodyAborted(f"upstream failed mid-body: {e}") from None
         finally:
             resp.close()  # synchronous: a body not read to its end closes the upstream connection now
-            self._finish(plan, a, outcome, resp.first_byte_at, resp.status)
+            # A failed relay ends the request here (the head is out: no retry): counted as done.
+            first = resp.first_byte_at if resp.first_byte_at is not None or outcome == "ok" or outcome is None \
+                else head_at
+            self._finish(plan, a, outcome, first, resp.status)
 
     def _finish(self, plan: Plan, a: Attempt, outcome: UpstreamError | str | None, first: float | None,
                 status: int | None) -> None:
