@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any

@@ -27,7 +27,8 @@ from urllib.parse import quote
 import trio
 
 from llmgw.config import Config, ModelConfig
-from llmgw.daemon.net.httpserver import Request, Response
+from llmgw.daemon.net.fd_limit import RESERVE, connection_cap, nofile_limit
+from llmgw.daemon.net.httpserver import Request, Response, ServerOptions, ServerStats
 from llmgw.daemon.net.upstream import (
     UpstreamClosed,
     UpstreamConnectError,
@@ -89,7 +90,8 @@ class Router:
                                rng=random.Random(seed))
         self.registry.on_capacity = self.core.capacity_known
         self._wakers: dict[Ticket, trio.Event] = {}
-        self.metrics = RouterMetrics(self.core.counters, self.core)
+        self.http_stats = ServerStats()  # the OpenAI endpoint's connections (see server_options)
+        self.metrics = RouterMetrics(self.core.counters, self.core, registry=self.registry, http=self.http_stats)
         self.api_keys = set(cfg.server.api_keys)
         self.rid_header = cfg.server.request_id_header.lower()
 
@@ -101,6 +103,21 @@ class Router:
     @property
     def prefix(self) -> PrefixRouting:
         return self.core.prefix
+
+    def server_options(self) -> ServerOptions:
+        """The OpenAI endpoint's HTTP server options: its bounds (the connection cap from
+        ``[server] max_connections`` or else from the fd limit) and the counters it keeps."""
+        s = self.cfg.server
+        nofile = nofile_limit()
+        auto = connection_cap(nofile)
+        cap = s.max_connections or auto
+        if s.max_connections > auto:
+            log.warning("server.max_connections = %d is more than the file descriptor limit %d allows (%d: "
+                        "an upstream connection for each, and %d for the rest): expect accept() to fail "
+                        "(EMFILE) before the cap is reached", cap, nofile, auto, RESERVE)
+        log.info("OpenAI endpoint: at most %d connections (file descriptor limit %d)", cap, nofile)
+        return {"max_body_bytes": s.max_body_bytes, "max_connections": cap,
+                "first_request_timeout": s.first_request_timeout_s, "stats": self.http_stats}
 
     # -- replicas placed and withdrawn by the control plane ------------------------------------
     def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
