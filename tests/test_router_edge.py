@@ -209,3 +209,23 @@ def test_a_stream_that_breaks_off_gets_an_error_event_then_no_end(procs: list[An
                                          "connection closed before the response was complete")
     assert "127.0.0.1" not in out.decode()
     no_traceback(d)
+
+
+def test_an_https_replica_url_is_a_502_not_a_500(procs: list[Any], tmp_path: Path) -> None:
+    # The pool speaks plain http only: an https:// replica (which the config accepts) fails like
+    # a refused connection, and the breaker and the retry handle it.
+    d = Daemon(write_config(tmp_path, [{"name": "m", "replicas": [{"url": f"https://127.0.0.1:{free_port()}"}]}]))
+    procs.append(d)
+    r = httpx.post(f"{d.url}/v1/completions", json={"model": "m", "prompt": "x"})
+    assert r.status_code == 502 and r.json()["error"]["message"].endswith("replica m/0: connection failed")
+    no_traceback(d)
+
+
+def test_a_model_name_that_cannot_be_a_header_is_encoded_in_x_llmgw_endpoint(procs: list[Any], tmp_path: Path) -> None:
+    engine = StubEngine()
+    procs.append(engine)
+    d = Daemon(write_config(tmp_path, [{"name": "mödel", "replicas": [{"url": engine.url}]}]))
+    procs.append(d)
+    r = httpx.post(f"{d.url}/v1/completions", json={"model": "mödel", "prompt": "x"})
+    assert r.status_code == 200 and r.headers["x-llmgw-endpoint"] == "m%C3%B6del/0"
+    no_traceback(d)
