@@ -53,7 +53,7 @@ class _Waiter(Protocol):
 class ConnectionLimits:
     """Open connections against the cap; the connections waiting for a request, oldest first."""
 
-    __slots__ = ("_faults", "backoff", "cap", "evicting", "open", "refusal", "stats", "waiting")
+    __slots__ = ("_faults", "backoff", "cap", "evicting", "failing", "open", "refusal", "stats", "waiting")
 
     def __init__(self, cap: int, stats: Any, refusal: bytes) -> None:
         self.cap = cap  # 0: no cap
@@ -65,6 +65,7 @@ class ConnectionLimits:
         # they began waiting (the request loop adds and removes them: a dict as an ordered set).
         self.waiting: dict[_Waiter, None] = {}
         self.backoff = _BACKOFF_MIN
+        self.failing = False  # accept() failed last time
         self._faults = LogLimiter(_LOG_EVERY)
 
     def admit(self, sock: _socket.socket) -> bool:
@@ -100,6 +101,8 @@ class ConnectionLimits:
             self.waiting.pop(c, None)
 
     def accepted(self) -> None:
+        """accept() works again after failing."""
+        self.failing = False
         self.backoff = _BACKOFF_MIN
         if (n := self._faults.clear("accept", trio.current_time())) is not None:
             logger.warning("accepting connections again%s", repeats(n))
@@ -108,6 +111,7 @@ class ConnectionLimits:
         """accept() raised: the seconds to wait before the next try (raises what is fatal)."""
         if exc.errno in _FATAL:
             raise exc
+        self.failing = True
         self.stats.accept_errors += 1
         if exc.errno not in _CAPACITY:
             # One connection's trouble (ECONNABORTED, EPROTO, EPERM from a firewall): the next

@@ -78,7 +78,6 @@ __all__ = ["ErrorBody", "Handler", "Request", "Response", "ServerOptions", "Serv
 logger = logging.getLogger(__name__)
 
 _LINGER = 1.0  # s: drain a rejected request so our close doesn't RST away the 4xx
-_NO_BACKOFF = 0.05  # ConnectionLimits.backoff when accept() has not been failing
 _BYTES = (bytes, bytearray, memoryview)
 _wait_readable = trio.lowlevel.wait_readable
 _CLOSE, _KEEP = 1, 2  # _Server.run: the response was sent; the connection closes / is kept
@@ -152,7 +151,7 @@ class _Server:
                 except OSError as exc:  # EMFILE...: close the longest waiting, pause, log (limited)
                     await trio.sleep(limits.accept_failed(exc, where))
                     continue
-                if limits.backoff != _NO_BACKOFF:
+                if limits.failing:
                     limits.accepted()
                 if limits.admit(sock):
                     nursery.start_soon(self.connection, sock, addr)
