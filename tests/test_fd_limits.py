@@ -113,8 +113,7 @@ def start(procs: list[Any], tmp: Path, server: str = "") -> LimitedDaemon:
 def test_2000_idle_connections_at_a_1024_fd_limit_do_not_stop_service(
         procs: list[Any], tmp_path: Path, room_for_idle_connections: None) -> None:
     d = start(procs, tmp_path)
-    log = "".join(d.err)
-    assert "file descriptors: limit 1024" in log and "at most 384 connections" in log
+    wait_for(lambda: "file descriptors: limit 1024" in (log := "".join(d.err)) and "at most 384 connections" in log)
     idle = open_idle(d.info["port"], IDLE)
     try:
         for _ in range(20):
@@ -134,7 +133,7 @@ def test_accept_failing_at_the_fd_limit_pauses_logs_once_and_recovers(
         procs: list[Any], tmp_path: Path, room_for_idle_connections: None) -> None:
     # A cap above what the limit allows: accept() itself meets EMFILE.
     d = start(procs, tmp_path, server="max_connections = 5000")
-    assert "server.max_connections = 5000 is more than" in "".join(d.err)
+    wait_for(lambda: "server.max_connections = 5000 is more than" in "".join(d.err))  # stderr is read by a thread
     idle = open_idle(d.info["port"], IDLE)
     try:
         wait_for(lambda: metric_value(d, "llmgw_http_accept_errors_total") >= 1)  # type: ignore[arg-type]
