@@ -33,6 +33,8 @@ class ServerConfig:
     api_keys: tuple[str, ...] = opt((), items=nonempty)  # empty = no auth
     max_body_bytes: int = opt(8 * 1024 * 1024, check=in_range(1))
     request_id_header: str = opt("x-request-id", check=header_name)
+    max_connections: int = opt(0, check=in_range(0))  # 0 = from the fd limit: (limit - 256) / 2
+    first_request_timeout_s: float = opt(10.0, check=positive)  # a new connection's first byte, at most
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,8 @@ port = 8000
 api_keys = []                    # accepted bearer tokens; empty = no authentication
 max_body_bytes = 8388608         # 8 MiB; larger request bodies are refused
 request_id_header = "x-request-id"
+max_connections = 0              # open connections at most; 0 = from the fd limit: (limit - 256) / 2
+first_request_timeout_s = 10.0   # a new connection that sends nothing this long is closed
 
 [admin]
 # Unix socket of the admin API. Default: $XDG_RUNTIME_DIR/llmgw-<uid>/admin.sock,

@@ -533,6 +533,26 @@ async def test_stream_not_matching_its_content_length_is_cut(caplog: pytest.LogC
         assert stats.handler_errors == 2 and stats.requests_served == 0
 
 
+async def test_a_body_that_aborts_ends_the_response_unfinished(caplog: pytest.LogCaptureFixture) -> None:
+    from llmgw.http1.sinks import BodyAborted
+
+    async def handler(req: Request) -> Response:
+        async def gen() -> AsyncIterator[bytes]:
+            yield b"half"
+            raise BodyAborted("the source broke off")
+        return Response(200, [], gen())
+
+    caplog.set_level(logging.ERROR, logger="llmgw.daemon.net.httpserver")
+    async with running(handler) as (_, port, stats):
+        out = await raw_exchange(port, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")  # the server closes
+        assert out.endswith(b"\r\n\r\n4\r\nhalf\r\n")  # no last chunk
+        with pytest.raises(trio.BrokenResourceError):  # HTTP/1.0: reset, not a clean end
+            await raw_exchange(port, b"GET / HTTP/1.0\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()
+        assert stats.responses_aborted == 2 and stats.handler_errors == 0 and stats.requests_served == 0
+    assert not caplog.records
+
+
 async def test_stream_that_produces_at_once_is_coalesced_and_complete() -> None:
     async def handler(req: Request) -> Response:
         async def gen() -> AsyncIterator[bytes]:
@@ -761,3 +781,75 @@ async def test_half_close_right_after_the_request_counts_as_leaving() -> None:
                         await cleaned_up.wait()
         await trio.testing.wait_all_tasks_blocked()
         assert stats.requests_active == 0 and stats.connections_open == 0 and stats.requests_served == 0
+
+
+# -- connection bounds (llmgw.daemon.net.http_limits) ---------------------------------------------
+async def wait_until(pred, timeout: float = 5.0) -> None:
+    with trio.fail_after(timeout):
+        while not pred():
+            await trio.sleep(0.005)
+
+
+async def read_to_eof(stream: trio.SocketStream) -> bytes:
+    out = b""
+    with trio.fail_after(5):
+        try:
+            while chunk := await stream.receive_some(65536):
+                out += chunk
+        except trio.BrokenResourceError:
+            pass
+    return out
+
+
+async def test_at_the_cap_the_connection_waiting_longest_makes_room() -> None:
+    async with running(echo, max_connections=3) as (_, port, stats):
+        idle = []
+        for _ in range(3):
+            idle.append(await trio.open_tcp_stream("127.0.0.1", port))
+            await wait_until(lambda: stats.connections_open == len(idle))
+        await idle[2].send_all(b"GET /a HTTP/1.1\r\nhost: x\r\n")  # a request under way: waits too
+        async with client(f"http://127.0.0.1:{port}") as c:
+            r = await c.get("/served")  # the 4th connection: the oldest idle one is closed for it
+            assert r.status_code == 200 and r.json()["path"] == "/served"
+            assert await read_to_eof(idle[0]) == b""  # closed without a word: it had asked nothing
+            r = await c.get("/again")  # the same keep-alive connection: no room needed
+            assert r.status_code == 200
+        assert stats.connections_evicted == 1 and stats.connections_refused == 0
+        await idle[1].send_all(b"GET /b HTTP/1.1\r\nhost: x\r\n\r\n")  # not closed: still served
+        assert (await idle[1].receive_some(65536)).startswith(b"HTTP/1.1 200")
+        for s in idle:
+            await s.aclose()
+
+
+async def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503() -> None:
+    release = trio.Event()
+
+    async def slow(req: Request) -> Response:
+        await release.wait()
+        return text_response(200, "done")
+
+    async with running(slow, max_connections=2) as (_, port, stats), trio.open_nursery() as nursery:
+        busy = []
+
+        async def hold() -> None:
+            async with client(f"http://127.0.0.1:{port}") as c:
+                busy.append((await c.get("/")).status_code)
+
+        nursery.start_soon(hold)
+        nursery.start_soon(hold)
+        await wait_until(lambda: stats.requests_active == 2)
+        out = await raw_exchange(port, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        head, _, body = out.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head
+        assert "connection limit" in json.loads(body)["error"]["message"]
+        assert stats.connections_refused == 1 and stats.connections_evicted == 0
+        release.set()
+        await wait_until(lambda: busy == [200, 200])
+
+
+async def test_a_new_connection_must_send_its_first_byte_in_time() -> None:
+    async with running(echo, first_request_timeout=0.2) as (_, port, stats):
+        assert await raw_exchange(port, b"") == b""  # closed by the server, without a word
+        assert stats.connections_idle_closed == 1
+        async with client(f"http://127.0.0.1:{port}") as c:  # one that asks in time is served
+            assert (await c.get("/")).status_code == 200

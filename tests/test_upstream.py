@@ -521,12 +521,24 @@ async def test_connect_refused() -> None:
 async def test_bad_requests_raise_value_error_before_connecting() -> None:
     async with UpstreamPool() as pool:
         with pytest.raises(ValueError):
-            await pool.request("https://127.0.0.1:1", "GET", "/")
-        with pytest.raises(ValueError):
             await pool.request("http://127.0.0.1:1", "GET", "/", [("x", "a\r\nb: c")])
     assert pool.stats.connects == 0
     with pytest.raises(RuntimeError, match="async with"):
         pool.stream("http://127.0.0.1:1", "GET", "/")
+
+
+@pytest.mark.parametrize("url", ["https://127.0.0.1:1", "ftp://x", "http://[::1", "http://", "http://h:99999"])
+async def test_an_unusable_url_is_a_connect_error(url: str) -> None:
+    # An engine's URL comes from outside (an agent's report): one that cannot be dialled fails
+    # like a refused connection, which the router's retry and breaker handle, not as a bug.
+    async with UpstreamPool() as pool:
+        with pytest.raises(UpstreamConnectError, match="unusable upstream URL") as ei:
+            await pool.request(url, "GET", "/")
+        with pytest.raises(UpstreamConnectError):
+            async with pool.stream(url, "POST", "/v1/completions", body=b"{}"):
+                pass
+    assert ei.value.received is False and ei.value.url == url and ei.value.public == "connection failed"
+    assert pool.stats.connects == 0 and pool.stats.connect_errors == 2
 
 
 # ------------------------------------------------------------------------------ timeouts (MockClock)
@@ -949,3 +961,19 @@ def test_relay_idle_timeout() -> None:
             assert pool.stats.timeouts == 1 and not pool._active
 
     run_mock(main)
+
+
+async def test_a_declared_length_over_the_limit_is_refused_before_reading() -> None:
+    sent = trio.Event()
+
+    async def handler(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\n\r\n" + b"x" * 100)
+        sent.set()
+        await peer.wait_eof()  # nothing more is asked of it: the pool closes at once
+
+    async with raw_server(handler) as srv, UpstreamPool() as pool:
+        with trio.fail_after(TIMEOUT):
+            with pytest.raises(UpstreamProtocolError, match="of 1000000 bytes exceeds 1000"):
+                await pool.request(srv.url, "GET", "/", max_body_bytes=1000)
+    assert pool.stats.aborted == 1 and pool.idle_count() == 0

@@ -67,6 +67,10 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
+    if "router" in roles:  # thousands of connections need thousands of descriptors
+        from llmgw.daemon.net.fd_limit import raise_nofile_limit
+
+        raise_nofile_limit()
     server = cfg.server
     if ns.host is not None or ns.port is not None:
         server = replace(server, host=ns.host or server.host, port=server.port if ns.port is None else ns.port)
@@ -261,7 +265,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None,
                     info["admin_tcp"] = admin["tcp"]
                 port = await inner.start(lambda task_status: serve_tcp(
                     router.handle, cfg.server.host, cfg.server.port, task_status=task_status,
-                    max_body_bytes=cfg.server.max_body_bytes))
+                    **router.server_options()))
                 url = f"http://{cfg.server.host}:{port}"
                 info.update({"url": url, "port": port, "models": [m.name for m in cfg.models]})
                 log.info("router listening on %s", url)

@@ -125,6 +125,11 @@ class ResponseParser:
         """Bytes held back waiting for the rest of a line (never body bytes)."""
         return len(self._buf)
 
+    @property
+    def length_left(self) -> int | None:
+        """Body bytes still to come of a Content-Length body; None for any other framing."""
+        return self._remaining if self._state == _LENGTH else None
+
     # -- input -------------------------------------------------------------------------------
     def feed(self, data: bytes) -> list[Event]:
         """Parse the next bytes from the connection; return the events they complete.

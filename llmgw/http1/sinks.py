@@ -6,14 +6,25 @@ a response with its framing; the upstream client (``llmgw.daemon.net.upstream``)
 provides the relaying body, writing each upstream read into the sink without waking the
 request's task.  Both sides import them from here, neither from the other.
 
-Pure: typing Protocols only, no I/O.
+A body that cannot be completed (its source failed half-way) raises :class:`BodyAborted`:
+the server then ends the response unfinished, so that the client knows it is truncated.
+
+Pure: typing Protocols and that exception only, no I/O.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["BodySink", "RelayBody"]
+__all__ = ["BodyAborted", "BodySink", "RelayBody"]
+
+
+class BodyAborted(Exception):
+    """Raised by a streaming body (a RelayBody's ``relay``, or an async iterator) that cannot be
+    completed, after it has cleaned up and booked the failure itself: the server writes what
+    the body did send, then closes the connection without the body's end (no last chunk; a
+    close-delimited body is reset), never passing a truncated body off as complete.  Expected,
+    so not logged as an error."""
 
 
 class BodySink(Protocol):

@@ -2,7 +2,12 @@
 
 The body is forwarded to the engine unchanged (unknown fields included: clients send new ones
 before engines know them); the router only needs the model, whether it streams, a session key
-and a size estimate of the prompt."""
+and a size estimate of the prompt.
+
+A body is untrusted: anything that is not a JSON object of the expected shape is a 400 naming
+the problem, never an exception out of here. Nesting is bounded (:data:`MAX_DEPTH` levels),
+so that nothing the router does with the body later (the request head, canonical JSON) can
+run out of stack."""
 
 from __future__ import annotations
 
@@ -10,7 +15,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RoutedBody", "ApiError", "parse_body", "error_body"]
+__all__ = ["MAX_DEPTH", "RoutedBody", "ApiError", "parse_body", "error_body"]
+
+MAX_DEPTH = 128  # nesting levels of a request body (tool schemas rarely pass 30)
 
 
 class ApiError(Exception):
@@ -45,8 +52,14 @@ def parse_body(raw: bytes, *, kind: str) -> RoutedBody:
     """kind: 'chat' | 'completions' | 'embeddings'."""
     try:
         obj = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except RecursionError:
+        raise ApiError(400, f"Request body is nested too deeply (more than {MAX_DEPTH} levels).") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
         raise ApiError(400, f"Request body is not valid JSON: {e}") from None
+    # More brackets than MAX_DEPTH is the only way to be nested deeper: one C-speed count each
+    # spares the walk for nearly every body.
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _deeper_than(obj, MAX_DEPTH):
+        raise ApiError(400, f"Request body is nested too deeply (more than {MAX_DEPTH} levels).")
     if not isinstance(obj, dict):
         raise ApiError(400, "Request body must be a JSON object.")
     model = obj.get("model")
@@ -78,3 +91,17 @@ def parse_body(raw: bytes, *, kind: str) -> RoutedBody:
     user = obj.get("user")
     session = user if isinstance(user, str) and user else None
     return RoutedBody(model, stream, session, chars, obj)
+
+
+def _deeper_than(obj: Any, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` levels in ``obj`` (iterative: no recursion)."""
+    if not isinstance(obj, (dict, list)):
+        return False
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        o, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = o.values() if isinstance(o, dict) else o
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False

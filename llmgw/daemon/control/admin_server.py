@@ -477,7 +477,8 @@ async def serve_admin(cfg: AdminConfig, app: AdminApp, *,
         raise AdminSetupError("admin.tcp requires admin.token: no token, no TCP listener")
     path = os.path.abspath(cfg.socket)
     _private_dir(os.path.dirname(path))
-    options: dict[str, Any] = {"error_body": admin_error_body, "max_body_bytes": 1 << 20}
+    options: dict[str, Any] = {"error_body": admin_error_body, "max_body_bytes": 1 << 20,
+                               "max_connections": 128}  # each listener: within the fd limit's reserve
     async with trio.open_nursery() as nursery:
         await nursery.start(partial(serve_unix, app.handle, path, peer_uid=os.getuid(), **options))
         tcp = None

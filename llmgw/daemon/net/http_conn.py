@@ -49,6 +49,7 @@ class _Conn:
         "deadline",
         "discard",
         "eof",
+        "evicted",
         "fd",
         "fed",
         "flushing",
@@ -63,6 +64,7 @@ class _Conn:
         "readers",
         "reading",
         "ready",
+        "reset",
         "scope",
         "timed_out",
     )
@@ -80,6 +82,8 @@ class _Conn:
         self.paused = False  # reader holds off: the parser has unconsumed pipelined bytes
         self.ready = False  # an edge came while paused: read when resumed
         self.discard = False  # lingering close: throw input away
+        self.reset = False  # close with a reset (an aborted close-delimited body)
+        self.evicted = False  # closed to make room for a new connection (http_limits)
         self.main: trio.lowlevel.Task | None = None  # request loop parked for input
         self.keep_alive = True  # the request being handled allows another one after it
         self.nursery: trio.Nursery | None = None  # the server's, for a flusher task
@@ -188,6 +192,10 @@ class _Conn:
             self._wake_main()
         else:
             self.scope.cancel()  # a handler or a response under way: stop it now
+
+    def evict(self) -> None:
+        """Close to make room for a new connection (it waits for a request: nothing is lost)."""
+        self.scope.cancel()
 
     def _wake_main(self) -> None:
         if self.main is not None:

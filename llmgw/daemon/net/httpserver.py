@@ -21,28 +21,27 @@ The protocol itself (request parsing, response framing) is the pure codec in
 llmgw.http1.server and llmgw.http1.response_head; this module only moves its bytes.  It replaced h11, which cost
 several times more a request (header validation, event objects, its state machine).
 
-Where things live: here, what handlers use (Request, Response, the *_response helpers,
-ServerStats, ServerOptions) and the server itself (``_Server``: accepting, the request
+Where things live: here, the server itself (``_Server``: accepting, the request
 loop, reading a request, running the handler and sending its response; serve_listeners,
-serve_tcp, serve_unix).  A connection's state, its reader callback and its write paths
-(the RelayBody sink, streamed bodies) are in :mod:`llmgw.daemon.net.http_conn`; the
-Unix-socket checks in :mod:`llmgw.daemon.net.unix_sockets`; the BodySink/RelayBody
-protocols in :mod:`llmgw.http1.sinks`.
+serve_tcp, serve_unix).  What handlers use (Request, Response, the *_response helpers,
+ServerStats, ServerOptions) is in :mod:`llmgw.daemon.net.http_types`, re-exported here;
+the bounds on connections (the cap, accept failures) in :mod:`llmgw.daemon.net.http_limits`;
+a connection's state, its reader callback and its write paths (the RelayBody sink, streamed
+bodies) in :mod:`llmgw.daemon.net.http_conn`; the Unix-socket checks in
+:mod:`llmgw.daemon.net.unix_sockets`; the BodySink/RelayBody protocols in
+:mod:`llmgw.http1.sinks`.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
 import socket as _socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+import struct
 from contextlib import suppress
-from dataclasses import dataclass, field
 from math import inf
-from typing import Any, NoReturn, TypedDict, Unpack
-from urllib.parse import parse_qsl
+from typing import Any, NoReturn, Unpack
 
 import trio
 
@@ -54,13 +53,24 @@ from llmgw.daemon.net.http_conn import (
     close_body,
     stream_body,
 )
+from llmgw.daemon.net.http_limits import ConnectionLimits, refusal
+from llmgw.daemon.net.http_types import (
+    ErrorBody,
+    Handler,
+    Request,
+    Response,
+    ServerOptions,
+    ServerStats,
+    json_response,
+    openai_error_body,
+    text_response,
+)
 from llmgw.daemon.net.inline_epoll import InlineEpoll
 from llmgw.daemon.net.unix_sockets import _peer_uid, _remove_stale_socket
 from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
-from llmgw.http1.fields import first_header
-from llmgw.http1.response_head import BODY_CHUNKED, BODY_LENGTH, BODY_NONE, serialize_response_head
+from llmgw.http1.response_head import BODY_CHUNKED, BODY_CLOSE, BODY_LENGTH, BODY_NONE, serialize_response_head
 from llmgw.http1.server import CONTINUE, RequestParser
-from llmgw.http1.sinks import RelayBody  # types Response.body
+from llmgw.http1.sinks import BodyAborted, RelayBody
 
 __all__ = ["ErrorBody", "Handler", "Request", "Response", "ServerOptions", "ServerStats", "json_response",
            "openai_error_body", "serve_listeners", "serve_tcp", "serve_unix", "text_response"]
@@ -70,95 +80,30 @@ logger = logging.getLogger(__name__)
 _LINGER = 1.0  # s: drain a rejected request so our close doesn't RST away the 4xx
 _BYTES = (bytes, bytearray, memoryview)
 _wait_readable = trio.lowlevel.wait_readable
-_ACCEPT_CAPACITY = frozenset(getattr(errno, e) for e in ("EMFILE", "ENFILE", "ENOMEM", "ENOBUFS") if hasattr(errno, e))
 _CLOSE, _KEEP = 1, 2  # _Server.run: the response was sent; the connection closes / is kept
-
-
-@dataclass(slots=True)
-class Request:
-    method: str
-    target: str  # raw request-target, e.g. "/v1/models?x=1"
-    path: str  # target before "?", not percent-decoded
-    query: str  # target after "?", raw
-    headers: list[tuple[str, str]]  # names lowercased, in arrival order
-    body: bytes
-    client: tuple[str, int] | None  # None on Unix sockets
-    http_version: str = "1.1"
-
-    def header(self, name: str) -> str | None:
-        """First value of header ``name`` (case-insensitive), or None."""
-        return first_header(self.headers, name.lower())
-
-    def query_params(self) -> dict[str, str]:
-        """Decoded query parameters; the last of repeated keys wins."""
-        return dict(parse_qsl(self.query, keep_blank_values=True))
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-@dataclass(slots=True)
-class Response:
-    status: int
-    headers: list[tuple[str, str]] = field(default_factory=list)  # str names and values
-    # bytes -> Content-Length; async iterator -> chunked (HTTP/1.1), one write per chunk;
-    # a RelayBody -> chunked, written by the body itself.
-    body: bytes | AsyncIterator[bytes] | RelayBody = b""
-
-
-Handler = Callable[[Request], Awaitable[Response]]
-ErrorBody = Callable[[int, str, str], Any]  # (status, message, type) -> JSON-able object
-
-
-def json_response(status: int, obj: Any, headers: Iterable[tuple[str, str]] = ()) -> Response:
-    body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-    return Response(status, [("content-type", "application/json"), *headers], body)
-
-
-def text_response(status: int, text: str, headers: Iterable[tuple[str, str]] = (),
-                  content_type: str = "text/plain; charset=utf-8") -> Response:
-    return Response(status, [("content-type", content_type), *headers], text.encode())
-
-
-def openai_error_body(status: int, message: str, err_type: str) -> Any:
-    """OpenAI's error envelope: the default for errors the server itself produces."""
-    return {"error": {"message": message, "type": err_type, "param": None, "code": status}}
-
-
-@dataclass(slots=True)
-class ServerStats:
-    """Plain counters bumped inline; read them from the same trio run."""
-    connections_open: int = 0
-    connections_total: int = 0
-    requests_active: int = 0
-    requests_served: int = 0  # responses written completely
-    client_disconnects: int = 0  # requests cut short because the peer left
-    handler_errors: int = 0  # handler or streaming body raised
-
-
-class ServerOptions(TypedDict, total=False):
-    max_body_bytes: int  # larger request bodies get 413 (default 16 MiB)
-    max_head_bytes: int  # request line + headers; larger gets 431 (default 64 KiB)
-    keepalive_timeout: float  # idle wait for a request's first byte (default 60 s)
-    request_timeout: float  # first byte -> whole head + body, anti-slowloris (default 30 s)
-    error_body: ErrorBody  # envelope of server-made errors (default: openai_error_body)
-    stats: ServerStats  # pass one in to read the counters
-    peer_uid: int  # Unix sockets: other users' connections get 403 (SO_PEERCRED; where the OS has it)
+_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 
 
 class _Server:
     def __init__(self, handler: Handler, *, max_body_bytes: int = 16 << 20,
                  max_head_bytes: int = 64 << 10, keepalive_timeout: float = 60.0,
-                 request_timeout: float = 30.0, error_body: ErrorBody = openai_error_body,
-                 stats: ServerStats | None = None, peer_uid: int | None = None) -> None:
+                 first_request_timeout: float = 10.0, request_timeout: float = 30.0,
+                 error_body: ErrorBody = openai_error_body, stats: ServerStats | None = None,
+                 peer_uid: int | None = None, max_connections: int = 0) -> None:
         self.handler, self.error_body = handler, error_body
         self.peer_uid = peer_uid
         self.max_body, self.max_head = max_body_bytes, max_head_bytes
         self.keepalive_timeout, self.request_timeout = keepalive_timeout, request_timeout
+        self.first_timeout = min(first_request_timeout, keepalive_timeout)
         self.stats = stats if stats is not None else ServerStats()
+        self.stats.max_connections = max_connections
         self.too_large = f"Request body exceeds the limit of {max_body_bytes} bytes"
         self.conns: set[_Conn] = set()
-        self.tick = max(0.01, min(1.0, keepalive_timeout / 4, request_timeout / 4))
+        busy = json.dumps(error_body(503, "The server is at its connection limit; retry shortly.",
+                                     "server_error")).encode()
+        self.limits = ConnectionLimits(max_connections, self.stats, refusal(busy))
+        self.waiting = self.limits.waiting  # the request loop keeps it (see read_request)
+        self.tick = max(0.01, min(1.0, keepalive_timeout / 4, self.first_timeout / 4, request_timeout / 4))
         self.nursery: trio.Nursery | None = None  # the connections' tasks (and flushers)
         # The read side of all connections: each socket registered once, edge-triggered,
         # read in place by _Conn.on_readable when ready (no reader task per connection,
@@ -193,6 +138,8 @@ class _Server:
             lsock.setblocking(False)
             nursery = self.nursery
             assert nursery is not None
+            limits = self.limits
+            where = str(listener.socket.getsockname())
             accepted = 0
             while True:
                 try:
@@ -201,13 +148,13 @@ class _Server:
                     accepted = 0
                     await _wait_readable(lsock)
                     continue
-                except OSError as exc:
-                    if exc.errno not in _ACCEPT_CAPACITY:
-                        raise
-                    logger.error("accept failed (%s): retrying in 0.1 s", exc)
-                    await trio.sleep(0.1)
+                except OSError as exc:  # EMFILE...: close the longest waiting, pause, log (limited)
+                    await trio.sleep(limits.accept_failed(exc, where))
                     continue
-                nursery.start_soon(self.connection, sock, addr)
+                if limits.failing:
+                    limits.accepted()
+                if limits.admit(sock):
+                    nursery.start_soon(self.connection, sock, addr)
                 accepted += 1
                 if not accepted % 64:
                     await trio.lowlevel.checkpoint()  # a flood of connections: let them run too
@@ -227,6 +174,7 @@ class _Server:
                 client = tuple(addr[:2])
         except OSError:
             sock.close()
+            self.limits.closed(None)
             return  # already gone
         readers = self.readers
         assert readers is not None
@@ -248,20 +196,29 @@ class _Server:
             else:
                 with c.scope, suppress(*_GONE):  # _GONE: the peer vanished as we wrote
                     await self.request_loop(c)
-                if c.timed_out and c.reading and not c.eof:
-                    await self.reject(c, 408, "Timed out reading the request")
+                if c.timed_out and not c.eof:
+                    if c.reading:
+                        await self.reject(c, 408, "Timed out reading the request")
+                    else:
+                        stats.connections_idle_closed += 1
         except Exception:  # Cancelled (shutdown) passes; nothing else may kill the server
             logger.exception("HTTP connection from %s failed", client)
         finally:
             readers.forget(c.fd, c.on_readable)
             self.conns.discard(c)
+            self.limits.closed(c)
             stats.connections_open -= 1
             trio.lowlevel.notify_closing(sock)  # a flusher task still writing stops
+            if c.reset:
+                with suppress(OSError):
+                    sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_LINGER, _RST)
             sock.close()
 
     async def request_loop(self, c: _Conn) -> None:
         stats = self.stats
-        while (req := await self.read_request(c)) is not None:
+        first = True
+        while (req := await self.read_request(c, first)) is not None:
+            first = False
             c.deadline = inf  # handling has no time limit; a disconnect ends it
             if c.paused and not c.parser.buffered:
                 c.resume_reader()  # pipelined input consumed: watch this request again
@@ -279,14 +236,19 @@ class _Server:
             if served != _KEEP:
                 return  # error, or HTTP/1.0 / "connection: close" / a close-delimited body
 
-    async def read_request(self, c: _Conn) -> Request | None:
+    async def read_request(self, c: _Conn, first: bool) -> Request | None:
         p = c.parser
-        # Idle keep-alive wait until the first byte, then one deadline for the whole
-        # head + body: per-read timeouts would let a slowloris trickle forever.
+        # Idle keep-alive wait until the first byte (shorter on a new connection), then one
+        # deadline for the whole head + body: per-read timeouts would let a slowloris trickle
+        # forever.  Meanwhile the connection is among those waiting, which the connection cap
+        # closes first, oldest first (http_limits).
         c.reading = bool(p.buffered)  # pipelined bytes already buffered
         if c.reading:
             await trio.lowlevel.checkpoint()  # no wait for input this cycle: yield here
-        c.deadline = trio.current_time() + (self.request_timeout if c.reading else self.keepalive_timeout)
+        c.deadline = trio.current_time() + (self.request_timeout if c.reading else
+                                            self.first_timeout if first else self.keepalive_timeout)
+        waiting = self.waiting
+        waiting[c] = None
         try:
             while (r := p.next_request()) is None:
                 if p.expect_continue:
@@ -299,8 +261,11 @@ class _Server:
                     c.reading = True
                     c.deadline = trio.current_time() + self.request_timeout
         except RemoteProtocolError as exc:
+            waiting.pop(c, None)
             await self.reject(c, exc.status, self.too_large if exc.status == 413 else f"Malformed HTTP request: {exc}")
             return None
+        finally:
+            waiting.pop(c, None)
         c.reading = False
         target = r.target
         path, _, query = target.partition("?")
@@ -374,6 +339,15 @@ class _Server:
         except _GONE:
             c.eof = True  # the peer reset while we wrote: it left
             return 0
+        except BodyAborted:
+            # The body's source failed half-way (it booked that itself): the client must not
+            # take the bytes it got for the whole body.  Chunked: no last chunk before the
+            # close; close-delimited (HTTP/1.0): a reset, not a FIN, ends it.
+            self.stats.responses_aborted += 1
+            if c.pending:
+                c.send_now()
+            c.reset = framing == BODY_CLOSE
+            return 0
         except Exception:
             # Mid-stream the head is out already: closing without the last chunk is
             # how the client learns the body is truncated.
@@ -391,7 +365,12 @@ class _Server:
         else:
             sink = _Sink(c, framing == BODY_CHUNKED, length if framing == BODY_LENGTH else 0
                          if framing == BODY_NONE else -1)
-            await relay(sink)  # it cleans up after itself, whatever happens
+            try:
+                await relay(sink)  # it cleans up after itself, whatever happens
+            except BodyAborted:
+                with trio.move_on_after(_LINGER):
+                    await sink.drain()  # what it did send (e.g. an in-band error) goes first
+                raise
             await sink.drain()
             if sink.left > 0:
                 raise LocalProtocolError("the body is shorter than its content-length")

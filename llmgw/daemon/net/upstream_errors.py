@@ -3,6 +3,8 @@
 Every failure of a request to an upstream is an :class:`UpstreamError` with a ``received``
 flag (any response byte had arrived: the router may retry another replica while it is
 False and nothing went to its client) and the ``url``; the subclass says what happened.
+The message may name the upstream's address (for the log); ``public`` says what happened
+without it, for clients.
 ``_Stale`` is internal: a reused connection found dead before any response byte, which the
 exchange resends once on a fresh one.
 """
@@ -20,6 +22,8 @@ Phase = Literal["connect", "first_byte", "idle"]
 class UpstreamError(Exception):
     """A request to an upstream failed.  ``received``: any response byte had arrived."""
 
+    public = "upstream request failed"  # what happened, without addresses (for clients)
+
     def __init__(self, message: str, *, received: bool = False, url: str | None = None) -> None:
         super().__init__(message)
         self.received = received
@@ -27,7 +31,9 @@ class UpstreamError(Exception):
 
 
 class UpstreamConnectError(UpstreamError):
-    """Could not connect (refused, unreachable, DNS failure).  Nothing was sent."""
+    """Could not connect (refused, unreachable, DNS failure, an unusable URL).  Nothing was sent."""
+
+    public = "connection failed"
 
 
 class UpstreamTimeout(UpstreamError):
@@ -38,14 +44,19 @@ class UpstreamTimeout(UpstreamError):
                  url: str | None = None) -> None:
         super().__init__(message or f"upstream {phase.replace('_', '-')} timeout", received=received, url=url)
         self.phase = phase
+        self.public = f"{phase.replace('_', '-')} timeout"
 
 
 class UpstreamProtocolError(UpstreamError):
     """The upstream sent something that is not valid HTTP/1.1 (or too large)."""
 
+    public = "invalid response"
+
 
 class UpstreamClosed(UpstreamError):
     """The connection was reset or closed before the response was complete."""
+
+    public = "connection closed before the response was complete"
 
 
 class _Stale(Exception):

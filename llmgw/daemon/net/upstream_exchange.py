@@ -22,7 +22,14 @@ from urllib.parse import urlsplit
 
 import trio
 
-from llmgw.daemon.net.upstream_errors import Phase, UpstreamClosed, UpstreamProtocolError, UpstreamTimeout, _Stale
+from llmgw.daemon.net.upstream_errors import (
+    Phase,
+    UpstreamClosed,
+    UpstreamConnectError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    _Stale,
+)
 from llmgw.daemon.net.upstream_relay import _RECV, _Conn, _PoolSide
 from llmgw.daemon.net.upstream_response import UpstreamResponse
 from llmgw.http1.client import Data, ResponseParser, serialize_request
@@ -40,13 +47,13 @@ _current_time = trio.current_time
 @functools.lru_cache(maxsize=4096)
 def _parse_base(base_url: str) -> tuple[tuple[str, int], str, str]:
     """base_url -> ((host, port), Host header, path prefix)."""
-    parts = urlsplit(base_url)
+    parts = urlsplit(base_url)  # raises ValueError itself, e.g. for "http://[::1"
     if parts.scheme != "http":
         raise ValueError(f"unsupported upstream URL (plain http:// only): {base_url!r}")
     host = parts.hostname
     if not host:
         raise ValueError(f"no host in upstream URL {base_url!r}")
-    port = parts.port or 80
+    port = parts.port or 80  # raises ValueError for a port out of range
     host_header = parts.netloc.rpartition("@")[2]
     return (host, port), host_header, parts.path.rstrip("/")
 
@@ -78,7 +85,11 @@ class _Exchange:
 
     async def __aenter__(self) -> UpstreamResponse:
         pool, url = self.pool, self.base_url
-        key, host, prefix = _parse_base(url)
+        try:
+            key, host, prefix = _parse_base(url)
+        except ValueError as exc:  # an engine's URL is input like any other: a failed connect
+            pool.stats.connect_errors += 1
+            raise UpstreamConnectError(f"unusable upstream URL: {exc}", url=url) from None
         try:
             data = serialize_request(self.method, prefix + self.target if prefix else self.target, self.headers,
                                      self.body, host=host)

@@ -182,19 +182,25 @@ class UpstreamResponse:
         raise error
 
     async def read(self, max_bytes: int = 64 << 20) -> bytes:
-        """The rest of the body, whole.  More than ``max_bytes`` raises UpstreamProtocolError."""
-        pieces = []
-        size = 0
+        """The rest of the body, whole.  More than ``max_bytes`` raises UpstreamProtocolError
+        and closes the connection: at once when a Content-Length says so (nothing is read),
+        else as soon as the bytes read pass the limit (never more than that is held)."""
+        declared = self._parser.length_left if self._parser is not None and self._conn is not None else None
+        if declared is not None and (declared := declared + len(self._pending)) > max_bytes:
+            self._pending = b""
+            self._fail(UpstreamProtocolError(f"upstream response body of {declared} bytes exceeds {max_bytes} bytes",
+                                             received=True, url=self.url), self._conn)  # type: ignore[arg-type]
+        buf = bytearray()
         async for piece in self:
-            size += len(piece)
-            if size > max_bytes:
+            if len(buf) + len(piece) > max_bytes:
+                del buf[:]  # freed now, not when the caller's exception is gone
                 if self._conn is not None:
                     self._fail(UpstreamProtocolError(f"upstream response body exceeds {max_bytes} bytes",
                                                      received=True, url=self.url), self._conn)
                 raise UpstreamProtocolError(f"upstream response body exceeds {max_bytes} bytes", received=True,
                                             url=self.url)
-            pieces.append(piece)
-        return b"".join(pieces)
+            buf += piece
+        return bytes(buf)
 
     def close(self) -> None:
         """Give up the rest of the body: closes the connection unless the body was read to its

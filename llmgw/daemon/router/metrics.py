@@ -25,6 +25,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from llmgw.daemon.net.httpserver import ServerStats
+from llmgw.daemon.router.registry import Registry
 from llmgw.route.counters import DECIDE_BUCKETS, LATENCY_BUCKETS, Hist, RouterCounters
 from llmgw.route.replicas import Replica
 
@@ -73,9 +75,12 @@ class RouterMetrics(Collector):
     """The router's Prometheus exposition: the core's counters and, computed at scrape time,
     the state gauges read from a :class:`MetricsSource`."""
 
-    def __init__(self, counters: RouterCounters, source: MetricsSource) -> None:
+    def __init__(self, counters: RouterCounters, source: MetricsSource, *, registry: Registry | None = None,
+                 http: ServerStats | None = None) -> None:
         self.counters = counters
         self.source = source
+        self.replicas = registry  # its failed reads of engines' /v1/models and /slots
+        self.http = http  # the OpenAI endpoint's connection counters
         self.registry = r = CollectorRegistry(auto_describe=False)
         r.register(self)
 
@@ -104,8 +109,41 @@ class RouterMetrics(Collector):
         yield _counter_family("llmgw_poison_requests", "Requests two replicas answered 5xx: the request's "
                               "fault, counted on no breaker.", ["model"], c.poison)
 
+    def _edge_families(self) -> Iterable[Metric]:
+        """The OpenAI endpoint's connections, and what engines answered that could not be used."""
+        h = self.http
+        if h is not None:
+            for name, doc, value in (
+                    ("llmgw_http_connections_open", "Open client connections.", h.connections_open),
+                    ("llmgw_http_connections_max", "The cap on open client connections (0: none).",
+                     h.max_connections)):
+                g = GaugeMetricFamily(name, doc)
+                g.add_metric([], float(value))
+                yield g
+            for name, doc, value in (
+                    ("llmgw_http_connections_refused", "Connections refused at the cap (503).",
+                     h.connections_refused),
+                    ("llmgw_http_connections_evicted", "Connections closed at the cap to make room: the longest "
+                     "waiting for a request.", h.connections_evicted),
+                    ("llmgw_http_connections_idle_closed", "Connections closed for sending no request in time.",
+                     h.connections_idle_closed),
+                    ("llmgw_http_accept_errors", "accept() failures (EMFILE...): accepting paused.",
+                     h.accept_errors),
+                    ("llmgw_http_responses_aborted", "Responses cut off because the engine's answer broke off.",
+                     h.responses_aborted)):
+                c = CounterMetricFamily(name, doc)
+                c.add_metric([], float(value))
+                yield c
+        if self.replicas is not None:
+            c = CounterMetricFamily("llmgw_engine_answer_errors", "Unusable /v1/models and /slots answers "
+                                    "(too large, malformed, failed).", labels=["endpoint", "path"])
+            for (rid, path), n in self.replicas.answer_errors.items():
+                c.add_metric([rid, path], float(n))
+            yield c
+
     def collect(self) -> Iterable[Metric]:
         yield from self._request_families()
+        yield from self._edge_families()
         src = self.source
         reps = list(src.all_replicas())
         now = trio.current_time()

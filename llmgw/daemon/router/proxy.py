@@ -7,23 +7,28 @@ The body goes to the engine unchanged; the response streams back as it arrives (
 upstream read, done by the upstream pool's relay task without a task switch per chunk;
 backpressure from the client's socket). A retry on another replica happens only
 while nothing has been sent to the client; a client that leaves closes the upstream connection
-at once, so the engine aborts the sequence."""
+at once, so the engine aborts the sequence; an answer that breaks off mid-body ends the client's
+response unfinished (no last chunk), after an in-band error event on a stream."""
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import logging
 import random
+import re
 import time
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import quote
 
 import trio
 
 from llmgw.config import Config, ModelConfig
-from llmgw.daemon.net.httpserver import Request, Response
+from llmgw.daemon.net.fd_limit import RESERVE, connection_cap, nofile_limit
+from llmgw.daemon.net.httpserver import Request, Response, ServerOptions, ServerStats
 from llmgw.daemon.net.upstream import (
     UpstreamClosed,
     UpstreamConnectError,
@@ -35,7 +40,7 @@ from llmgw.daemon.net.upstream import (
 )
 from llmgw.daemon.router.metrics import RouterMetrics
 from llmgw.daemon.router.registry import Registry, Replica
-from llmgw.http1.sinks import BodySink
+from llmgw.http1.sinks import BodyAborted, BodySink
 from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
@@ -52,6 +57,13 @@ _JSON = "application/json"
 # Request ids: 32 random hex digits like uuid4().hex at a sixth of its cost (no getrandom()
 # syscall and UUID object a request); not a secret, only unique in practice.
 _rid_bits = random.Random().getrandbits
+# A client's request id is echoed in the answer, sent to the engine, logged and kept in the
+# decision ring: visible ASCII, at most 128 characters, or the router makes its own.
+_CLIENT_RID = re.compile(r"[\x21-\x7e]{1,128}")
+# An engine's Content-Type goes to the client only as a valid header value (visible ASCII with
+# inner spaces, bounded); anything else is replaced by what the answer must be.
+_CONTENT_TYPE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+_MAX_CONTENT_TYPE = 256
 
 
 def _error(e: ApiError, rid: str, rid_header: str) -> Response:
@@ -78,7 +90,8 @@ class Router:
                                rng=random.Random(seed))
         self.registry.on_capacity = self.core.capacity_known
         self._wakers: dict[Ticket, trio.Event] = {}
-        self.metrics = RouterMetrics(self.core.counters, self.core)
+        self.http_stats = ServerStats()  # the OpenAI endpoint's connections (see server_options)
+        self.metrics = RouterMetrics(self.core.counters, self.core, registry=self.registry, http=self.http_stats)
         self.api_keys = set(cfg.server.api_keys)
         self.rid_header = cfg.server.request_id_header.lower()
 
@@ -90,6 +103,21 @@ class Router:
     @property
     def prefix(self) -> PrefixRouting:
         return self.core.prefix
+
+    def server_options(self) -> ServerOptions:
+        """The OpenAI endpoint's HTTP server options: its bounds (the connection cap from
+        ``[server] max_connections`` or else from the fd limit) and the counters it keeps."""
+        s = self.cfg.server
+        nofile = nofile_limit()
+        auto = connection_cap(nofile)
+        cap = s.max_connections or auto
+        if s.max_connections > auto:
+            log.warning("server.max_connections = %d is more than the file descriptor limit %d allows (%d: "
+                        "an upstream connection for each, and %d for the rest): expect accept() to fail "
+                        "(EMFILE) before the cap is reached", cap, nofile, auto, RESERVE)
+        log.info("OpenAI endpoint: at most %d connections (file descriptor limit %d)", cap, nofile)
+        return {"max_body_bytes": s.max_body_bytes, "max_connections": cap,
+                "first_request_timeout": s.first_request_timeout_s, "stats": self.http_stats}
 
     # -- replicas placed and withdrawn by the control plane ------------------------------------
     def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
@@ -109,15 +137,17 @@ class Router:
 
     # -- HTTP entry ---------------------------------------------------------------------------
     async def handle(self, req: Request) -> Response:
-        rid = req.header(self.rid_header) or f"{_rid_bits(128):032x}"
+        rid = req.header(self.rid_header)
+        if rid is None or _CLIENT_RID.fullmatch(rid) is None:
+            rid = f"{_rid_bits(128):032x}"
         path = req.path
         try:
             if path == "/health":
                 return Response(200, [("content-type", _JSON)], b'{"status":"ok"}')
+            self._authorize(req)  # /metrics too: it names every model and replica
             if path == "/metrics":
                 return Response(200, [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
                                 self.metrics.render())
-            self._authorize(req)
             if path == "/v1/models":
                 if req.method != "GET":
                     raise ApiError(405, f"Method {req.method} not allowed on {path}")
@@ -206,11 +236,12 @@ class Router:
             raise
         if resp.status >= 500 and plan.retry_5xx:  # else it is relayed: the engine's own error
             resp.close()
-            self._finish(plan, a, UpstreamProtocolError(f"{rep.id} answered {resp.status}"), None,
-                         resp.status)
+            e = UpstreamProtocolError(f"{rep.id} answered {resp.status}", url=rep.view.url)
+            e.public = f"answered {resp.status}"
+            self._finish(plan, a, e, None, resp.status)
             return None
-        out_headers = [("content-type", resp.header("content-type") or _JSON), (self.rid_header, rid),
-                       ("x-llmgw-endpoint", rep.view.id)]
+        out_headers = [("content-type", _content_type(resp, plan.stream)), (self.rid_header, rid),
+                       ("x-llmgw-endpoint", _header_value(rep.view.id))]
         if resp.status == 200 and plan.stream:
             out_headers.append(("cache-control", "no-cache"))
         return Response(resp.status, out_headers, _Relay(self, plan, a, resp))
@@ -220,24 +251,34 @@ class Router:
         (the pool's relay task writes each read to the client's socket: no task switch a
         chunk); then the bookkeeping. Cancelled when the client leaves."""
         outcome: UpstreamError | str | None = None  # None: cancelled
+        head_at = trio.current_time()  # relay() sends the head first: the client's first byte
         try:
             await resp.relay(sink)
             outcome = "ok"
         except UpstreamError as e:
             outcome = e
             if plan.stream:
-                # Headers are gone: tell an SSE client in-band, as OpenAI does, then end cleanly.
-                msg = json.dumps({"error": {"message": f"upstream failed mid-stream: {e}", "type": "bad_gateway",
-                                            "param": None, "code": 502}})
+                # Headers are gone: tell an SSE client in-band, as OpenAI does.
+                msg = json.dumps({"error": {"message": f"upstream failed mid-stream: replica {a.replica.view.id}: "
+                                                       f"{e.public}", "type": "bad_gateway", "param": None,
+                                            "code": 502}})
                 if not sink.send_nowait(f"data: {msg}\n\n".encode()):
                     await sink.drain()
+            # ... and end the response unfinished (no last chunk): what the client got is not the
+            # whole body, and must not pass for it (a non-streamed JSON cut short is no answer).
+            raise BodyAborted(f"upstream failed mid-body: {e}") from None
         finally:
             resp.close()  # synchronous: a body not read to its end closes the upstream connection now
-            self._finish(plan, a, outcome, resp.first_byte_at, resp.status)
+            # A failed relay ends the request here (the head is out: no retry): counted as done.
+            first = resp.first_byte_at if resp.first_byte_at is not None or outcome == "ok" or outcome is None \
+                else head_at
+            self._finish(plan, a, outcome, first, resp.status)
 
     def _finish(self, plan: Plan, a: Attempt, outcome: UpstreamError | str | None, first: float | None,
                 status: int | None) -> None:
-        """``outcome``: "ok", the upstream error, or None when the client went away."""
+        """``outcome``: "ok", the upstream error, or None when the client went away. The core
+        gets a ``detail`` a client may read (the replica's id, never its address); the log
+        line, tied to the client's answer by the request id, has the whole error and URL."""
         now = trio.current_time()
         if outcome == "ok":
             failure, detail = None, ""
@@ -245,15 +286,34 @@ class Router:
             failure, detail = FailureKind.CLIENT_CANCEL, ""
         else:
             failure = _failure_of(outcome)  # type: ignore[arg-type]
-            detail = outcome.phase if isinstance(outcome, UpstreamTimeout) else str(outcome)
+            detail = outcome.phase if isinstance(outcome, UpstreamTimeout) else \
+                f"replica {a.replica.view.id}: {outcome.public}"  # type: ignore[union-attr]
         self._wake(self.core.finish(plan, a, now, failure, first_byte_at=first, status=status, detail=detail))
         if log.isEnabledFor(logging.INFO):  # the access log: one JSON line per attempt
             word = "ok" if failure is None else "cancelled" if outcome is None else type(outcome).__name__
-            log.info("request %s", word if failure is None or outcome is None else f"failed: {outcome}",
+            log.info("request %s", word if failure is None or outcome is None
+                     else f"failed: {outcome} ({outcome.url or a.replica.view.url})",  # type: ignore[union-attr]
                      extra={"request_id": plan.info.request_id, "model": plan.model, "endpoint": a.replica.id,
                             "status": status, "outcome": word,
                             "ttft_ms": None if first is None else round((first - plan.started) * 1e3, 2),
                             "latency_ms": round((now - plan.started) * 1e3, 2)})
+
+
+def _content_type(resp: UpstreamResponse, stream: bool) -> str:
+    """The engine's Content-Type if it is a valid header value, else what the answer must be."""
+    ct = resp.header("content-type")
+    if ct is not None and len(ct) <= _MAX_CONTENT_TYPE and _CONTENT_TYPE.fullmatch(ct) is not None:
+        return ct
+    if ct is not None:
+        log.debug("replaced an invalid content-type from %s: %r", resp.url, ct[:_MAX_CONTENT_TYPE])
+    return "text/event-stream" if stream and resp.status == 200 else _JSON
+
+
+@functools.lru_cache(maxsize=4096)
+def _header_value(text: str) -> str:
+    """A replica id as a header value: as it is when it can be one (nearly always), else
+    percent-encoded (a model name may be any text)."""
+    return text if _CONTENT_TYPE.fullmatch(text) is not None else quote(text, safe="/")
 
 
 def _log_alarm(on: bool) -> None:

@@ -3,11 +3,17 @@ its breaker, the last scrape against its engine's metric contract, staleness and
 and the scrape loop that keeps it fresh.
 
 A failed scrape only marks the metrics stale (and counts a scrape error): it never trips the
-breaker, since the engine may be serving fine while its /metrics is slow."""
+breaker, since the engine may be serving fine while its /metrics is slow.
+
+What an engine answers is untrusted input: each answer is read under its own small cap
+(:mod:`llmgw.route.engine_answers`; an answer over it is dropped as it arrives, its connection
+closed), parsed by code that names what is wrong instead of raising, and no exception from a
+replica's URL or answer leaves :meth:`Registry.scrape_one`: the replica is marked (its
+``scrape_error``), the failure counted, and logged when it starts, then at most once a minute
+(with the URL, and how often it failed meanwhile)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
@@ -15,14 +21,26 @@ from typing import Any
 import trio
 
 from llmgw.config import Config
+from llmgw.daemon.net.log_limit import LogLimiter, repeats
 from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool
 from llmgw.route.cache_stats import CacheStats
 from llmgw.route.contract import scrape
+from llmgw.route.engine_answers import (
+    MAX_METRICS_BYTES,
+    MAX_MODELS_BYTES,
+    MAX_SLOTS_BYTES,
+    BadAnswer,
+    adapters_of,
+    slot_count_of,
+)
 from llmgw.route.replicas import ModelEntry, Replica, ReplicaTable
 
 log = logging.getLogger("llmgw.router")
 
 __all__ = ["Replica", "ModelEntry", "Registry"]  # the first two: llmgw.route.replicas
+
+_PATHS = ("/metrics", "/v1/models", "/slots")
+_EXPECTED = (UpstreamError, trio.TooSlowError, OSError, BadAnswer)  # logged without a traceback
 
 
 class Registry(ReplicaTable):
@@ -33,6 +51,9 @@ class Registry(ReplicaTable):
         super().__init__(cfg)
         self.on_capacity: Any = None  # called with a replica when its cache capacity changes
         self.cache_stats = CacheStats()  # prefix decisions (the router's) and engine hit rates (scraped)
+        # failed reads of /v1/models and /slots by (replica id, path); /metrics: Replica.scrape_errors
+        self.answer_errors: dict[tuple[str, str], int] = {}
+        self._faults = LogLimiter(60.0)
 
     # -- scraping ---------------------------------------------------------------------------
     async def scrape_loop(self, pool: UpstreamPool) -> None:
@@ -42,25 +63,70 @@ class Registry(ReplicaTable):
             async with trio.open_nursery() as nursery:
                 for rep in list(self.replicas.values()):
                     nursery.start_soon(self.scrape_one, pool, rep, tick % 10 == 0)
+            self._forget_gone()
             tick += 1
             await trio.sleep(interval)
 
+    def _forget_gone(self) -> None:
+        ids = self.replicas
+        self._faults.keep({(rid, p) for rid in ids for p in _PATHS})
+        for key in [k for k in self.answer_errors if k[0] not in ids]:
+            del self.answer_errors[key]
+
     async def scrape_one(self, pool: UpstreamPool, rep: Replica, models_too: bool = False) -> None:
-        v = rep.view
-        timeout = max(0.5, self.cfg.router.scrape_interval_s * 2)
-        inflight_before = v.inflight
+        """Scrape one replica (and, with ``models_too``, learn its adapters and slots).
+        Never raises but Cancelled: whatever its URL or answers do is caught here."""
         try:
-            with trio.fail_after(timeout):
-                reply = await pool.request(v.url, "GET", "/metrics", connect_timeout=timeout,
-                                           first_byte_timeout=timeout, idle_timeout=timeout,
-                                           max_body_bytes=8 << 20)
-            if reply.status != 200:
-                raise UpstreamError(f"/metrics answered {reply.status}")
-            result = scrape(v.engine, rep.metric_overrides, reply.body)
-        except (UpstreamError, trio.TooSlowError, OSError) as e:
-            rep.scrape_errors += 1
-            rep.scrape_error = f"scrape failed: {e or type(e).__name__}"
+            await self._scrape_metrics(pool, rep)
+        except Exception as e:  # noqa: BLE001 — an engine's URL and answers are untrusted input
+            self._failed(rep, "/metrics", e)
             return
+        if (n := self._faults.clear((rep.id, "/metrics"), trio.current_time())) is not None:
+            log.info("replica %s: /metrics answers again%s", rep.id, repeats(n), extra={"endpoint": rep.id})
+        if not models_too:
+            return
+        try:
+            await self._learn_models(pool, rep)
+        except Exception as e:  # noqa: BLE001 — a bad /v1/models never harms routing
+            self._failed(rep, "/v1/models", e)
+        if rep.view.engine == "llamacpp" and rep.slots is None:  # -np is fixed for the engine's life
+            try:
+                await self._learn_slots(pool, rep)
+            except Exception as e:  # noqa: BLE001 — /slots may be off (--no-slots): keep the default
+                self._failed(rep, "/slots", e)
+
+    def _failed(self, rep: Replica, path: str, e: Exception) -> None:
+        text = str(e) or type(e).__name__
+        if path == "/metrics":
+            rep.scrape_errors += 1
+            rep.scrape_error = f"scrape failed: {text}"
+        else:
+            key = (rep.id, path)
+            self.answer_errors[key] = self.answer_errors.get(key, 0) + 1
+        n = self._faults.hit((rep.id, path), trio.current_time())
+        if n is not None:
+            log.warning("replica %s: %s from %s failed: %s%s", rep.id, path, rep.view.url, text, repeats(n),
+                        exc_info=None if isinstance(e, _EXPECTED) else e, extra={"endpoint": rep.id})
+
+    async def _get(self, pool: UpstreamPool, rep: Replica, path: str, timeout: float, cap: int) -> bytes | None:
+        """GET ``path`` from the replica: its body (at most ``cap`` bytes), None when the engine
+        has no such route (404, 501: e.g. llama.cpp's --no-slots), or raise."""
+        with trio.fail_after(timeout):
+            reply = await pool.request(rep.view.url, "GET", path, connect_timeout=timeout,
+                                       first_byte_timeout=timeout, idle_timeout=timeout, max_body_bytes=cap)
+        if reply.status in (404, 501) and path != "/metrics":
+            return None
+        if reply.status != 200:
+            raise UpstreamError(f"{path} answered {reply.status}")
+        return reply.body
+
+    async def _scrape_metrics(self, pool: UpstreamPool, rep: Replica) -> None:
+        v = rep.view
+        inflight_before = v.inflight
+        body = await self._get(pool, rep, "/metrics", max(0.5, self.cfg.router.scrape_interval_s * 2),
+                               MAX_METRICS_BYTES)
+        result = scrape(v.engine, rep.metric_overrides, body or b"")
+        del body
         now = trio.current_time()
         prev = rep.last_scrape
         rep.last_scrape = result
@@ -78,33 +144,25 @@ class Registry(ReplicaTable):
         total = result.finished_total if result.finished_total is not None else rep.completed
         rep.drain.observe(now, total)
         v.drain_rate = rep.drain.rate(now)
-        if models_too:
-            await self._learn_models(pool, rep)
 
     async def _learn_models(self, pool: UpstreamPool, rep: Replica) -> None:
         """Adapters come and go at runtime (vLLM's load_lora_adapter): learn them from /v1/models."""
-        try:
-            with trio.fail_after(2):
-                reply = await pool.request(rep.view.url, "GET", "/v1/models", connect_timeout=2,
-                                           first_byte_timeout=2, idle_timeout=2)
-            data = json.loads(reply.body).get("data", [])
-        except Exception:  # noqa: BLE001 — a bad /v1/models never harms routing
+        body = await self._get(pool, rep, "/v1/models", 2, MAX_MODELS_BYTES)
+        if body is None:
             return
-        if rep.view.engine == "llamacpp":
-            await self._learn_slots(pool, rep)
+        adapters = adapters_of(body)
         if rep.view.model in self.models:
-            self.set_adapters(rep, {d["id"] for d in data if isinstance(d, dict) and d.get("parent")})
+            self.set_adapters(rep, adapters)
+        self._faults.clear((rep.id, "/v1/models"), trio.current_time())
 
     async def _learn_slots(self, pool: UpstreamPool, rep: Replica) -> None:
-        try:
-            with trio.fail_after(2):
-                reply = await pool.request(rep.view.url, "GET", "/slots", connect_timeout=2,
-                                           first_byte_timeout=2, idle_timeout=2)
-            slots = json.loads(reply.body) if reply.status == 200 else None
-        except Exception:  # noqa: BLE001 — /slots may be disabled (--no-slots): keep the default
+        body = await self._get(pool, rep, "/slots", 2, MAX_SLOTS_BYTES)
+        if body is None:
             return
-        if isinstance(slots, list) and slots and len(slots) != rep.slots:
-            rep.slots = len(slots)
+        n = slot_count_of(body)
+        self._faults.clear((rep.id, "/slots"), trio.current_time())
+        if n != rep.slots:
+            rep.slots = n
             if self.on_capacity:
                 self.on_capacity(rep)
 

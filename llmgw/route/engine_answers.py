@@ -1,0 +1,63 @@
+"""What the router reads of an engine's answers besides /metrics (:mod:`.contract` reads that):
+the LoRA adapters it serves (``/v1/models``) and llama.cpp's slot count (``/slots``). Pure.
+
+An engine's answer is input like a client's: the size of each is capped where it is read
+(``MAX_*_BYTES``, the shell's read limit), and anything of the wrong shape is a
+:class:`BadAnswer` naming what is wrong, never another exception. What is kept is bounded
+too: at most ``MAX_ADAPTERS`` adapter names of at most ``MAX_NAME`` characters."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["MAX_ADAPTERS", "MAX_METRICS_BYTES", "MAX_MODELS_BYTES", "MAX_NAME", "MAX_SLOTS_BYTES", "BadAnswer",
+           "adapters_of", "slot_count_of"]
+
+# Read limits, one per answer: far above what a real engine sends (vLLM's /metrics is ~100 KB,
+# /v1/models ~300 bytes a model or adapter; llama.cpp's /slots carries each slot's prompt).
+MAX_METRICS_BYTES = 4 << 20
+MAX_MODELS_BYTES = 1 << 20
+MAX_SLOTS_BYTES = 4 << 20
+MAX_ADAPTERS = 1024  # per replica
+MAX_NAME = 256  # characters of an adapter's name
+
+
+class BadAnswer(ValueError):
+    """An engine's answer that cannot be used; the message says why."""
+
+
+def _json(body: bytes, what: str) -> Any:
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise BadAnswer(f"{what}: JSON nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an over-long integer
+        raise BadAnswer(f"{what}: not JSON ({e})") from None
+
+
+def adapters_of(body: bytes) -> set[str]:
+    """The LoRA adapters in a ``/v1/models`` answer: the ids of entries with a ``parent``."""
+    obj = _json(body, "/v1/models")
+    data = obj.get("data") if isinstance(obj, dict) else None
+    if not isinstance(data, list):
+        raise BadAnswer("/v1/models: no \"data\" list")
+    out: set[str] = set()
+    for d in data:
+        if not isinstance(d, dict) or not d.get("parent"):
+            continue
+        name = d.get("id")
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+            raise BadAnswer(f"/v1/models: an adapter's \"id\" is not a name of 1 to {MAX_NAME} characters")
+        out.add(name)
+        if len(out) > MAX_ADAPTERS:
+            raise BadAnswer(f"/v1/models: more than {MAX_ADAPTERS} adapters")
+    return out
+
+
+def slot_count_of(body: bytes) -> int:
+    """The number of slots in a llama.cpp ``/slots`` answer (a list, one entry a slot)."""
+    obj = _json(body, "/slots")
+    if not isinstance(obj, list) or not obj:
+        raise BadAnswer("/slots: not a list of slots")
+    return len(obj)
