@@ -89,7 +89,10 @@ def _lock_store(path: str) -> Any:
     """One router per store: two control planes writing one store would undo each other."""
     import fcntl
 
-    f = open(path + ".lock", "a+")  # noqa: SIM115 — held open for the process's lifetime
+    from llmgw.daemon.private_files import open_private
+
+    # held open for the process's lifetime; 0600 like the store beside it
+    f = os.fdopen(open_private(path + ".lock", os.O_RDWR | os.O_APPEND, "control.store"), "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -5,6 +5,7 @@ reconcile at a time, so a thread would buy nothing but locking."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -14,9 +15,13 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
+from llmgw.daemon.private_files import PRIVATE_FILE, private_dir, tighten_file
 from llmgw.fleet.types import EngineSpec
 
-__all__ = ["DESIRED_STATES", "SCHEMA_VERSION", "AssignmentRow", "HistoryRow", "NodeRow", "Store", "StoreError"]
+log = logging.getLogger("llmgw.control")
+
+__all__ = ["DESIRED_STATES", "SCHEMA_VERSION", "AssignmentRow", "HistoryRow", "NodeRow", "Store", "StoreError",
+           "private_store_files"]
 
 DESIRED_STATES: tuple[str, ...] = ("run", "drain", "stop")
 
@@ -142,6 +147,25 @@ def _statements(script: str) -> Iterator[str]:
         raise AssertionError(f"incomplete SQL at end of migration: {buf + tail!r}")
 
 
+def private_store_files(path: str) -> None:
+    """The store, its WAL, shared-memory and lock files 0600, in a directory closed to others.
+
+    A new store file is created empty and 0600 before SQLite opens it (an empty file is an empty
+    database), so SQLite creates its -wal and -shm files 0600 too: it gives them the database
+    file's mode. Existing files found looser are tightened with a warning. The directory is
+    created 0700; an existing one is tightened only when it is llmgw's own (its name says llmgw,
+    as the default and the documented /var/lib/llmgw do) — a configured path may sit in a shared
+    directory such as /var/lib, which is warned about, never chmod-ed."""
+    parent = os.path.dirname(os.path.abspath(path))
+    private_dir(parent, "control.store", dedicated="llmgw" in os.path.basename(parent), log=log)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE))
+    except FileExistsError:
+        pass
+    for suffix in ("", "-wal", "-shm", ".lock"):
+        tighten_file(path + suffix, "control.store", log=log)
+
+
 class Store:
     """Use `Store.open(path)` or `Store.memory()`. Each write method commits on its own unless it
     runs inside `transaction()`."""
@@ -154,9 +178,7 @@ class Store:
     @classmethod
     def open(cls, path: str) -> Store:
         if path != ":memory:":
-            parent = os.path.dirname(path)
-            if parent and not os.path.isdir(parent):
-                os.makedirs(parent, mode=0o700, exist_ok=True)
+            private_store_files(path)
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves instead of the module guessing.
             conn = sqlite3.connect(path, isolation_level=None)
