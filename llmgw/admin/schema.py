@@ -45,6 +45,7 @@ __all__ = [
     "ScrapedMetrics",
     "SnapshotEvent",
     "Status",
+    "StoreStatus",
     "UpdateEvent",
 ]
 
@@ -320,6 +321,22 @@ class HistoryEvent:
 
 # -- status -----------------------------------------------------------------------------------------
 @dataclass(slots=True)
+class StoreStatus:
+    """The router's store. `degraded` while it cannot write: the router keeps running (and routing)
+    from memory, admin changes that must persist answer 503, and the whole state is written back
+    once the store can write again."""
+    state: Literal["ok", "degraded"]
+    path: str = prop("the store file")
+    reason: str | None = prop("why it cannot write, in a few words: disk full, read-only, I/O error, "
+                              "locked, corrupted")
+    detail: str | None = prop("SQLite's own message")
+    since_s: float | None = prop("how long it has been degraded")
+    errors: int = prop("store operations that failed since the daemon started")
+    pending_history: int = prop("history events kept in memory until the store can write")
+    history_dropped: int = prop("history events lost to long faults (the oldest go first)")
+
+
+@dataclass(slots=True)
 class Status:
     version: str = prop("llmgw's version")
     router_id: str
@@ -328,6 +345,7 @@ class Status:
     partition_suspected: bool = prop("too many nodes silent at once: no node is declared lost meanwhile")
     control_port: int | None = prop("the agents' control listener, if it runs")
     unplaceable: dict[str, str] = prop("model → why its replicas cannot all be placed")
+    store: StoreStatus
 
 
 # -- the event stream (NDJSON, one of these per line) ------------------------------------------------
@@ -342,6 +360,7 @@ class SnapshotEvent:
     endpoints: list[EndpointStatus]
     decisions: list[DecisionView] = prop("the last 50, oldest first")
     cache: CacheSummary
+    store: StoreStatus
 
 
 @dataclass(slots=True)
@@ -362,6 +381,7 @@ class UpdateEvent:
     replicas: list[ReplicaView] | None = None
     endpoints: list[EndpointStatus] | None = None
     cache: CacheSummary | None = None
+    store: StoreStatus | None = None
 
 
 @dataclass(slots=True)

@@ -209,28 +209,53 @@ async def _run(cfg: Config, roles: set[str]) -> None:
         nursery.cancel_scope.cancel()
 
 
+def _open_store(path: str) -> Any:
+    """The store. One that cannot be opened or read stops the daemon here with one line saying
+    what to do."""
+    from llmgw.daemon.control.store import Store, StoreCorrupt, StoreError
+    from llmgw.daemon.control.store_faults import FAULT_ENV, FaultInjectingConnection
+    from llmgw.daemon.control.store_state import CORRUPT_ADVICE
+
+    if path == ":memory:":
+        return Store.memory()
+    try:
+        store = Store.open(path)
+    except StoreCorrupt as e:
+        raise _StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
+    except (StoreError, OSError) as e:
+        raise _StartupError(f"control.store: {e}") from None
+    if flag := os.environ.get(FAULT_ENV):
+        log.warning("test hook %s is set: store writes fail while %s exists", FAULT_ENV, flag)
+        store.wrap_connection(lambda conn: FaultInjectingConnection(conn, flag))
+    return store
+
+
 async def _router_role(cfg: Config, token: str | None, settle_s: float | None,
                        task_status: trio.TaskStatus[dict[str, Any]]) -> None:
     from llmgw.daemon.control.admin_server import AdminApp, AdminSetupError, serve_admin
     from llmgw.daemon.control.plane import ControlPlane
+    from llmgw.daemon.control.store import StoreCorrupt
+    from llmgw.daemon.control.store_guard import StoreMetrics
+    from llmgw.daemon.control.store_state import CORRUPT_ADVICE
     from llmgw.daemon.net.httpserver import serve_tcp
+    from llmgw.daemon.net.upstream import UpstreamPool
     from llmgw.daemon.router.control_port import RouterAdapter
     from llmgw.daemon.router.proxy import Router
-    from llmgw.daemon.control.store import Store, StoreError
-    from llmgw.daemon.net.upstream import UpstreamPool
 
-    try:
-        store = Store.memory() if cfg.control.store == ":memory:" else Store.open(cfg.control.store)
-    except (StoreError, OSError) as e:
-        raise _StartupError(f"control.store: {e}") from None
+    store = _open_store(cfg.control.store)
     lock = contextlib.nullcontext() if cfg.control.store == ":memory:" else _lock_store(cfg.control.store)
     with store, lock:
         async with UpstreamPool() as pool:
             router = Router(cfg, pool)
             router_port = RouterAdapter(router)  # all the control plane and the admin API may do to the router
-            control = ControlPlane(cfg, store, router_port, token=token, settle_s=settle_s)
+            try:
+                control = ControlPlane(cfg, store, router_port, token=token, settle_s=settle_s)
+            except StoreCorrupt as e:
+                raise _StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
+            router.metrics.registry.register(StoreMetrics(control.guard))
             async with trio.open_nursery() as inner:
                 inner.start_soon(router.registry.scrape_loop, pool)
+                inner.start_soon(control.guard.run)
                 info: dict[str, Any] = {}
                 if token is not None:
                     host, _, port = cfg.control.listen.rpartition(":")

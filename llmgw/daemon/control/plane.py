@@ -7,6 +7,11 @@ plan, writes it to the store, pushes each changed node its desired set, and move
 out of the scheduler (through the router's control port) as their engines report ready or stop.
 Draining replicas take no new requests and stop when their last request ends (or at
 `drain_timeout_s`).
+
+Every store call goes through a StoreGuard (store_guard.py): a store that cannot write leaves the
+plane running from memory, and the whole state is written back when it can. The plane loads its
+state from the store at start (store_state.py: a store it cannot read stops the daemon there with
+what to do).
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ import trio
 
 from llmgw import __version__
 from llmgw.admin.schema import ModelView, NodeView, ReplicaView, Status
-from llmgw.admin.views import node_facts_view
 from llmgw.config import (
     Config,
     ConfigError,
@@ -33,9 +37,12 @@ from llmgw.config import (
     model_to_dict,
 )
 from llmgw.daemon.control.agent_sessions import AgentSessions
+from llmgw.daemon.control.plane_views import model_views, node_views, replica_views
 from llmgw.daemon.control.store import AssignmentRow, Store
+from llmgw.daemon.control.store_guard import StoreGuard
+from llmgw.daemon.control.store_state import read_state, write_state
 from llmgw.daemon.router.control_port import RouterPort
-from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition, location
+from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts
@@ -69,6 +76,9 @@ class ControlPlane:
         self.cfg = cfg
         c = cfg.control
         self.store = store
+        self.guard = StoreGuard(store)  # every store call goes through it
+        self._seen_wall: dict[str, float] = {}  # node -> wall time of its last hello in this run
+        self._unloadable: dict[str, dict[str, Any]] = {}  # stored models this llmgw cannot load, as stored
         self.router = router
         self.router_id = uuid.uuid4().hex[:12]
         self.nodes = NodeRegistry(NodeTimeouts(c.not_ready_after_s, c.lost_after_s, c.max_lost_fraction),
@@ -87,40 +97,49 @@ class ControlPlane:
         self._settle_until = self._started + (c.settle_s if settle_s is None else settle_s)
         self._reconciles = 0
         self._load()
+        self.guard.rewrite = self._rewrite
         self._from_store = {n for n, node in self.nodes.nodes.items() if not node.connected}
 
     # -- startup ------------------------------------------------------------------------------
     def _load(self) -> None:
-        st = self.store
-        stored = st.models()
+        """The state from the store (read_state raises StoreCorrupt for one it cannot read); the
+        config file's models are written back to it (if it can write: else at its recovery)."""
+        stored = read_state(self.store)
         config_names = {m.name for m in self.cfg.models}
-        with st.transaction():
+        records = {name: rec for name, rec in stored.models.items()
+                   if not (rec.get("source") == "config" and name not in config_names)}
+        with self.guard.transaction("load"):
             for m in self.cfg.models:  # the config file is authoritative for the models it names
-                st.put_model(m.name, {"source": "config", "model": model_to_dict(m)})
-            for name, rec in stored.items():
-                if rec.get("source") == "config" and name not in config_names:
-                    st.delete_model(name)
-                    st.record("model removed", model=name, detail="no longer in the config file")
-        for name, rec in st.models().items():
+                records[m.name] = {"source": "config", "model": model_to_dict(m)}
+                self.guard.write("put_model", m.name, records[m.name])
+            for name in stored.models.keys() - records.keys():
+                self.guard.write("delete_model", name)
+                self.guard.record("model removed", model=name, detail="no longer in the config file")
+        for name, rec in sorted(records.items()):
             try:
                 m = model_from_dict(rec["model"], f"store model {name}", pools=self.cfg.pools)
-            except (ConfigError, KeyError) as e:
+            except (ConfigError, KeyError, TypeError) as e:
                 log.error("model %s in the store is invalid and is ignored: %s", name, e)
+                self._unloadable[name] = rec  # kept as it is: a store re-write must not lose it
                 continue
             self._set_model(m, rec.get("source", "api"))
         now = trio.current_time()
-        for name, row in st.nodes().items():
+        for name, row in stored.nodes.items():
             self.nodes.remember(name, agent_labels=row.agent_labels, operator_labels=row.operator_labels,
-                                facts=NodeFacts.from_wire(row.facts), now=now)
-        for rid, row in st.assignments().items():
-            spec = EngineSpec.from_wire(row.spec)
-            demand = Demand.from_wire(row.spec.get("demand") or {})
-            self.assignments[rid] = Assignment(rid, row.model, row.node, spec, demand, desired=row.desired,
+                                facts=row.facts, now=now)
+        for rid, row in stored.assignments.items():
+            self.assignments[rid] = Assignment(rid, row.model, row.node, row.spec, row.demand, desired=row.desired,
                                                created_at=row.created_at,
                                                drain_since=now if row.desired == "drain" else None)
         if self.assignments:
             log.info("store: %d models, %d nodes, %d assignments; waiting for agents to reconnect",
                      len(self.models), len(self.nodes.nodes), len(self.assignments))
+
+    def _rewrite(self, st: Store) -> None:
+        """The whole state from memory into `st` (the StoreGuard's recovery, in one transaction)."""
+        models = {n: {"source": self.sources.get(n, "api"), "model": model_to_dict(m)} for n, m in self.models.items()}
+        write_state(st, models={**self._unloadable, **models}, nodes=self.nodes.nodes, seen_wall=self._seen_wall,
+                    assignments={rid: self._row(a) for rid, a in self.assignments.items()})
 
     def _set_model(self, m: ModelConfig, source: str) -> None:
         self.models[m.name] = m
@@ -150,7 +169,9 @@ class ControlPlane:
         self._transitions(self.nodes.connected(node, hello.agent_id, labels=hello.labels, facts=hello.facts,
                                                now=now))
         n = self.nodes.nodes[node]
-        self.store.upsert_node(node, agent_labels=hello.labels, facts=hello.facts.to_wire(), seen_at=time.time())
+        self._seen_wall[node] = time.time()
+        self.guard.write("upsert_node", node, agent_labels=hello.labels, facts=hello.facts.to_wire(),
+                         seen_at=self._seen_wall[node])
         log.info("node %s joined from %s (agent %s, %d engines)", node, peer, hello.agent_id, len(hello.engines))
         # The hello is the agent's whole truth: what it does not mention, it does not run.
         reported = {r.replica for r in hello.engines}
@@ -197,7 +218,7 @@ class ControlPlane:
             level = logging.WARNING if new in ("crashed", "failed", "crashloop") else logging.INFO
             log.log(level, "replica %s on %s: %s → %s%s", a.replica, node, old, new,
                     f" ({detail})" if detail else "")
-            self.store.record(f"engine {new}", replica=a.replica, model=a.model, node=node, detail=detail)
+            self.guard.record(f"engine {new}", replica=a.replica, model=a.model, node=node, detail=detail)
         self._route(a)
         if a.desired == "stop" and (report is None or report.state == "stopped"):
             self._forget(a, "stopped")
@@ -221,8 +242,8 @@ class ControlPlane:
     def _forget(self, a: Assignment, why: str) -> None:
         self.assignments.pop(a.replica, None)
         self.router.withdraw_replica(a.replica)
-        self.store.delete_assignment(a.replica)
-        self.store.record("replica removed", replica=a.replica, model=a.model, node=a.node, detail=why)
+        self.guard.write("delete_assignment", a.replica)
+        self.guard.record("replica removed", replica=a.replica, model=a.model, node=a.node, detail=why)
         if a.model not in self.models and not any(x.model == a.model for x in self.assignments.values()):
             self.router.forget_model(a.model)
 
@@ -231,7 +252,7 @@ class ControlPlane:
         for t in ts:
             level = logging.WARNING if t.new == "lost" else logging.INFO
             log.log(level, "node %s: %s → %s (%s)", t.node, t.old or "new", t.new, t.reason)
-            self.store.record(f"node {t.new}", node=t.node, detail=t.reason)
+            self.guard.record(f"node {t.new}", node=t.node, detail=t.reason)
             # Not ready changes no routing: the data path to its engines does not go through the agent.
             if t.new == "lost" or t.old == "lost":
                 self._wake.set()
@@ -266,7 +287,7 @@ class ControlPlane:
         plan = reconcile(self.deploys, self.nodes.nodes, list(self.assignments.values()),
                          new_id=self._new_id, now_wall=time.time())
         drain_timeout = self.cfg.control.drain_timeout_s
-        with self.store.transaction():
+        with self.guard.transaction("reconcile"):
             for rid, why in plan.lost:
                 a = self.assignments.get(rid)
                 if a is not None:
@@ -274,23 +295,23 @@ class ControlPlane:
                     self._forget(a, f"lost: {why}")
             for a in plan.create:
                 self.assignments[a.replica] = a
-                self.store.put_assignment(self._row(a))
-                self.store.record("replica placed", replica=a.replica, model=a.model, node=a.node,
+                self.guard.write("put_assignment", self._row(a))
+                self.guard.record("replica placed", replica=a.replica, model=a.model, node=a.node,
                                   detail=f"gpus {list(a.spec.gpu_indices)}" if a.spec.gpu_indices else "")
                 log.info("replica %s of %s placed on %s", a.replica, a.model, a.node)
                 self.agents.push(a.node)
             for rid, why in plan.drain:
                 a = self.assignments[rid]
                 a.desired, a.drain_since, a.reason = "drain", now, why
-                self.store.set_desired(rid, "drain")
-                self.store.record("replica draining", replica=rid, model=a.model, node=a.node, detail=why)
+                self.guard.write("set_desired", rid, "drain")
+                self.guard.record("replica draining", replica=rid, model=a.model, node=a.node, detail=why)
                 self._route(a)
             for a in [a for a in self.assignments.values() if a.desired == "drain"]:
                 st = self.router.replica_state(a.replica)
                 idle = st is None or st.inflight == 0
                 if idle or now - (a.drain_since or now) >= drain_timeout:
                     a.desired = "stop"
-                    self.store.set_desired(a.replica, "stop")
+                    self.guard.write("set_desired", a.replica, "stop")
                     self.router.withdraw_replica(a.replica)
                     self.agents.push(a.node)
             for a in [a for a in self.assignments.values() if a.desired == "stop"]:
@@ -299,13 +320,13 @@ class ControlPlane:
                     self._forget(a, a.reason or "stopped")
         self._reconciles += 1
         if self._reconciles % 3600 == 0:
-            self.store.prune_history()
+            self.guard.write("prune_history")
         # Until the agents had a chance to reconnect, "cannot be placed" is only noise.
         settled = now - self._started >= max(self.cfg.control.not_ready_after_s, self.cfg.control.settle_s)
         for name, why in plan.unplaceable.items():
             if settled and self.unplaceable.get(name) != why:
                 log.warning("model %s: %s", name, why)
-                self.store.record("unplaceable", model=name, detail=why)
+                self.guard.record("unplaceable", model=name, detail=why)
         self.unplaceable = plan.unplaceable if settled else {}
 
     def _new_id(self, model: str) -> str:
@@ -343,8 +364,9 @@ class ControlPlane:
         return scaled
 
     def _save_model(self, m: ModelConfig, source: str) -> None:
-        self.store.put_model(m.name, {"source": source, "model": model_to_dict(m)})
-        self.store.record("model saved", model=m.name, detail=source)
+        # Written first: a store that cannot write raises StoreUnavailable and nothing changes.
+        self.guard.must_write("put_model", m.name, {"source": source, "model": model_to_dict(m)})
+        self.guard.record("model saved", model=m.name, detail=source)
         self._set_model(m, source)
         self._wake.set()
 
@@ -353,8 +375,8 @@ class ControlPlane:
             raise KeyError(name)
         if self.sources.get(name) == "config":
             raise ModelError(f"model {name} is defined in the config file; remove it there")
-        self.store.delete_model(name)
-        self.store.record("model deleted", model=name)
+        self.guard.must_write("delete_model", name)
+        self.guard.record("model deleted", model=name)
         del self.models[name]
         self.sources.pop(name, None)
         self.deploys.pop(name, None)
@@ -364,71 +386,37 @@ class ControlPlane:
         """Restart an engine (also how an operator clears a crash loop)."""
         a = self.assignments[rid]
         a.spec = replace(a.spec, generation=a.spec.generation + 1)
-        self.store.put_assignment(self._row(a))
-        self.store.record("replica restart requested", replica=rid, model=a.model, node=a.node)
+        # An action, not configuration: done even while the store cannot write (written back after).
+        self.guard.write("put_assignment", self._row(a))
+        self.guard.record("replica restart requested", replica=rid, model=a.model, node=a.node)
         self.agents.push(a.node)
 
     def set_labels(self, node: str, labels: dict[str, str]) -> None:
-        self.store.set_node_labels(node, labels)
-        row = self.store.nodes()[node]
-        if node not in self.nodes.nodes:
-            self.nodes.remember(node, agent_labels={}, operator_labels=row.operator_labels, facts=NodeFacts(),
+        self.guard.must_write("set_node_labels", node, labels)  # first: nothing changes if it cannot
+        n = self.nodes.nodes.get(node)
+        merged = {**(n.operator_labels if n else {}), **labels}
+        if n is None:
+            self.nodes.remember(node, agent_labels={}, operator_labels=merged, facts=NodeFacts(),
                                 now=trio.current_time())
-        self.nodes.set_operator_labels(node, row.operator_labels)
+        self.nodes.set_operator_labels(node, merged)
         self._wake.set()
 
     def remove_labels(self, node: str, keys: list[str]) -> None:
-        self.store.remove_node_labels(node, keys)
-        row = self.store.nodes().get(node)
-        self.nodes.set_operator_labels(node, row.operator_labels if row else {})
+        self.guard.must_write("remove_node_labels", node, keys)
+        n = self.nodes.nodes.get(node)
+        if n is not None:
+            self.nodes.set_operator_labels(node, {k: v for k, v in n.operator_labels.items() if k not in set(keys)})
         self._wake.set()
 
-    # -- views ---------------------------------------------------------------------------------
+    # -- views (plane_views.py) -------------------------------------------------------------------
     def node_views(self) -> list[NodeView]:
-        now = trio.current_time()
-        out = []
-        for n in sorted(self.nodes.nodes.values(), key=lambda n: n.name):
-            engines = [a for a in self.assignments.values() if a.node == n.name]
-            out.append(NodeView(
-                name=n.name, state=n.state, since_s=round(now - n.since, 3), reason=n.reason,
-                connected=n.connected, agent_id=n.agent_id,
-                last_seen_s=None if n.last_seen is None else round(now - n.last_seen, 3),
-                labels=n.labels, agent_labels=n.agent_labels, operator_labels=n.operator_labels,
-                location=location(n.labels), facts=node_facts_view(n.facts),
-                replicas=sorted(a.replica for a in engines),
-            ))
-        return out
+        return node_views(self.nodes.nodes.values(), self.assignments.values(), trio.current_time())
 
     def replica_views(self) -> list[ReplicaView]:
-        out = []
-        for a in sorted(self.assignments.values(), key=lambda a: a.replica):
-            r = a.report
-            st = self.router.replica_state(a.replica)
-            out.append(ReplicaView(
-                replica=a.replica, model=a.model, node=a.node, desired=a.desired,
-                state=a.engine_state, url=r.url if r else None, pid=r.pid if r else None,
-                restarts=r.restarts if r else 0, detail=r.detail if r else "",
-                log_tail=list(r.log_tail) if r else [], adopted=r.adopted if r else False,
-                gpus=list(a.spec.gpu_indices), generation=a.spec.generation, reason=a.reason,
-                routable=st is not None and st.routable,
-                inflight=st.inflight if st else 0, created_at=a.created_at,
-            ))
-        return out
+        return replica_views(self.assignments.values(), self.router)
 
     def model_views(self) -> list[ModelView]:
-        out = []
-        for name in sorted(self.models):
-            m = self.models[name]
-            mine = [a for a in self.assignments.values() if a.model == name]
-            out.append(ModelView(
-                name=name, engine=m.engine, source=self.sources.get(name, "api"),
-                desired_replicas=m.deploy.count if m.deploy else None,
-                replicas=len([a for a in mine if a.desired == "run"]),
-                ready=len([a for a in mine if a.engine_state == "ready" and a.desired == "run"]),
-                static_replicas=len(m.replicas), unplaceable=self.unplaceable.get(name),
-                definition=model_to_dict(m),
-            ))
-        return out
+        return model_views(self.models, self.sources, self.assignments.values(), self.unplaceable)
 
     def summary(self) -> Status:
         states: dict[str, int] = {}
@@ -436,4 +424,4 @@ class ControlPlane:
             states[n.state] = states.get(n.state, 0) + 1
         return Status(version=__version__, router_id=self.router_id, nodes=states,
                       assignments=len(self.assignments), partition_suspected=self.nodes.partition_suspected,
-                      control_port=self.port, unplaceable=dict(self.unplaceable))
+                      control_port=self.port, unplaceable=dict(self.unplaceable), store=self.guard.status())

@@ -20,8 +20,8 @@ from llmgw.fleet.types import EngineSpec
 
 log = logging.getLogger("llmgw.control")
 
-__all__ = ["DESIRED_STATES", "SCHEMA_VERSION", "AssignmentRow", "HistoryRow", "NodeRow", "Store", "StoreError",
-           "private_store_files"]
+__all__ = ["DESIRED_STATES", "SCHEMA_VERSION", "AssignmentRow", "HistoryRow", "NodeRow", "Store", "StoreCorrupt",
+           "StoreError", "describe", "private_store_files"]
 
 DESIRED_STATES: tuple[str, ...] = ("run", "drain", "stop")
 
@@ -57,6 +57,33 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 class StoreError(Exception):
     """The store file cannot be used: not SQLite, not ours, or from a newer llmgw."""
+
+
+class StoreCorrupt(StoreError):
+    """The store file is damaged: SQLite reports corruption, or a row cannot be decoded."""
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(f"store {path} is corrupted ({' '.join(what.split())})")  # one line
+        self.path = path
+
+
+# SQLite's primary result codes (sqlite_errorname), and the message fragments when there is none.
+_KINDS = (("SQLITE_FULL", "is full", "disk full"), ("SQLITE_READONLY", "readonly", "read-only"),
+          ("SQLITE_IOERR", "I/O error", "I/O error"), ("SQLITE_CORRUPT", "malformed", "corrupted"),
+          ("SQLITE_NOTADB", "not a database", "corrupted"), ("SQLITE_BUSY", "locked", "locked"),
+          ("SQLITE_LOCKED", "is locked", "locked"), ("SQLITE_CANTOPEN", "unable to open", "cannot open"),
+          ("SQLITE_PERM", "access permission", "permission denied"))
+
+
+def describe(e: BaseException) -> str:
+    """A store error in a few words an operator acts on: "disk full", "read-only", "I/O error",
+    "corrupted", "locked"... (SQLite's message says the rest)."""
+    name = getattr(e, "sqlite_errorname", "") or ""
+    text = str(e)
+    for code, fragment, kind in _KINDS:
+        if name == code or name.startswith(code + "_") or fragment in text:
+            return kind
+    return text.split(":")[0][:60] or type(e).__name__
 
 
 @dataclass
@@ -191,9 +218,13 @@ class Store:
             conn.execute("PRAGMA synchronous=NORMAL")  # never corrupt; a power cut may lose the latest commits
             conn.execute("PRAGMA foreign_keys=ON")
             store._migrate()
+            if path != ":memory:":
+                store._check()
         except sqlite3.DatabaseError as e:
             conn.close()
-            raise StoreError(f"store {path} is not a usable SQLite database: {e}") from e
+            if describe(e) == "corrupted":
+                raise StoreCorrupt(path, str(e)) from None
+            raise StoreError(f"store {path} cannot be used ({describe(e)}): {e}") from None
         except BaseException:
             conn.close()
             raise
@@ -205,6 +236,10 @@ class Store:
 
     def close(self) -> None:
         self._conn.close()
+
+    def wrap_connection(self, wrap: Any) -> None:
+        """Put `wrap(connection)` between the store and SQLite (a test hook: store_faults.py)."""
+        self._conn = wrap(self._conn)
 
     def __enter__(self) -> Self:
         return self
@@ -242,6 +277,13 @@ class Store:
                     self._conn.execute(stmt)
             self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
                                (str(SCHEMA_VERSION),))
+
+    def _check(self) -> None:
+        """A damaged page anywhere is found now, at open, not by the first read or write that meets
+        it (a few ms for a store of 100,000 history events)."""
+        problems = [r[0] for r in self._conn.execute("PRAGMA quick_check(3)")]
+        if problems != ["ok"]:
+            raise sqlite3.DatabaseError("database disk image is malformed: " + "; ".join(map(str, problems)))
 
     # -- transactions
 
