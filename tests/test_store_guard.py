@@ -215,3 +215,11 @@ def test_a_row_llmgw_cannot_decode_is_corruption(tmp_path: Path) -> None:
         with pytest.raises(StoreCorrupt, match="models"):
             read_state(st)
 
+
+def test_the_url_of_an_assignment_round_trips_without_a_schema_change(tmp_path: Path) -> None:
+    with Store.open(str(tmp_path / "r.db")) as st:
+        st.put_assignment(AssignmentRow("m/1", "m", "n", {"replica": "m/1"}, url="http://127.0.0.1:9"))
+        st.put_assignment(AssignmentRow("m/2", "m", "n", {"replica": "m/2"}))
+        rows = st.assignments()
+        assert rows["m/1"].url == "http://127.0.0.1:9" and rows["m/1"].spec == {"replica": "m/1"}
+        assert rows["m/2"].url is None

@@ -256,6 +256,8 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None,
             async with trio.open_nursery() as inner:
                 inner.start_soon(router.registry.scrape_loop, pool)
                 inner.start_soon(control.guard.run)
+                # before the listeners open: the first request after the start finds them
+                await control.restore_routing(pool)
                 info: dict[str, Any] = {}
                 if token is not None:
                     host, _, port = cfg.control.listen.rpartition(":")

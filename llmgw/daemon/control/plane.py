@@ -11,7 +11,8 @@ Draining replicas take no new requests and stop when their last request ends (or
 Every store call goes through a StoreGuard (store_guard.py): a store that cannot write leaves the
 plane running from memory, and the whole state is written back when it can. The plane loads its
 state from the store at start (store_state.py: a store it cannot read stops the daemon there with
-what to do).
+what to do), routes the replicas whose engines still answer before their agents are back
+(`restore_routing`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import ssl
 import time
 import uuid
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -38,6 +39,7 @@ from llmgw.config import (
 )
 from llmgw.daemon.control.agent_sessions import AgentSessions
 from llmgw.daemon.control.plane_views import model_views, node_views, replica_views
+from llmgw.daemon.control.restore import restore_routing
 from llmgw.daemon.control.store import AssignmentRow, Store
 from llmgw.daemon.control.store_guard import StoreGuard
 from llmgw.daemon.control.store_state import read_state, write_state
@@ -47,6 +49,9 @@ from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts
 from llmgw.fleet.wire import Hello
+
+if TYPE_CHECKING:
+    from llmgw.daemon.net.upstream import UpstreamPool
 
 log = logging.getLogger("llmgw.control")
 
@@ -77,6 +82,7 @@ class ControlPlane:
         c = cfg.control
         self.store = store
         self.guard = StoreGuard(store)  # every store call goes through it
+        self.urls: dict[str, str] = {}  # replica -> where its engine last answered ready (kept in the store)
         self._seen_wall: dict[str, float] = {}  # node -> wall time of its last hello in this run
         self._unloadable: dict[str, dict[str, Any]] = {}  # stored models this llmgw cannot load, as stored
         self.router = router
@@ -131,6 +137,8 @@ class ControlPlane:
             self.assignments[rid] = Assignment(rid, row.model, row.node, row.spec, row.demand, desired=row.desired,
                                                created_at=row.created_at,
                                                drain_since=now if row.desired == "drain" else None)
+            if row.url:
+                self.urls[rid] = row.url
         if self.assignments:
             log.info("store: %d models, %d nodes, %d assignments; waiting for agents to reconnect",
                      len(self.models), len(self.nodes.nodes), len(self.assignments))
@@ -150,6 +158,11 @@ class ControlPlane:
         else:
             self.deploys[m.name] = dep
         self.router.define_model(m)
+
+    async def restore_routing(self, pool: UpstreamPool) -> int:
+        """Route the stored replicas whose engines still serve, before any agent is back (restore.py);
+        call it before the control listener opens. Answers how many were routed."""
+        return await restore_routing(pool, self.assignments, self.urls, lambda a, r: self._on_report(a.node, r))
 
     # -- serving agents ------------------------------------------------------------------------
     async def serve(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
@@ -219,6 +232,9 @@ class ControlPlane:
             log.log(level, "replica %s on %s: %s → %s%s", a.replica, node, old, new,
                     f" ({detail})" if detail else "")
             self.guard.record(f"engine {new}", replica=a.replica, model=a.model, node=node, detail=detail)
+        if report is not None and report.state == "ready" and report.url and self.urls.get(a.replica) != report.url:
+            self.urls[a.replica] = report.url  # where a restarted router finds it (restore_routing)
+            self.guard.write("put_assignment", self._row(a))
         self._route(a)
         if a.desired == "stop" and (report is None or report.state == "stopped"):
             self._forget(a, "stopped")
@@ -241,6 +257,7 @@ class ControlPlane:
 
     def _forget(self, a: Assignment, why: str) -> None:
         self.assignments.pop(a.replica, None)
+        self.urls.pop(a.replica, None)
         self.router.withdraw_replica(a.replica)
         self.guard.write("delete_assignment", a.replica)
         self.guard.record("replica removed", replica=a.replica, model=a.model, node=a.node, detail=why)
@@ -335,12 +352,11 @@ class ControlPlane:
             if rid not in self.assignments:
                 return rid
 
-    @staticmethod
-    def _row(a: Assignment) -> AssignmentRow:
+    def _row(self, a: Assignment) -> AssignmentRow:
         spec = a.spec.to_wire()
         spec["demand"] = a.demand.to_wire()
         return AssignmentRow(replica=a.replica, model=a.model, node=a.node, spec=spec, desired=a.desired,
-                             created_at=a.created_at, updated_at=time.time())
+                             created_at=a.created_at, updated_at=time.time(), url=self.urls.get(a.replica))
 
     # -- operator actions (the admin API calls these) -------------------------------------------
     def put_model(self, data: Any, *, source: str = "api") -> ModelConfig:

@@ -110,6 +110,9 @@ class AssignmentRow:
     desired: str = "run"  # one of DESIRED_STATES
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
+    # Where its engine last answered as ready: a restarted router probes it and routes there at
+    # once, before the agent reconnects. Kept in the spec's JSON (as "url"), so no schema change.
+    url: str | None = None
 
     def engine_spec(self) -> EngineSpec:
         return EngineSpec.from_wire(self.spec)
@@ -396,6 +399,8 @@ class Store:
         for key in ("replica", "model"):
             if key in spec and spec[key] != getattr(row, key):
                 raise ValueError(f"assignment {row.replica}: spec {key} {spec[key]!r} != {getattr(row, key)!r}")
+        if row.url is not None:
+            spec = {**spec, "url": _name(row.url, "url")}
         with self.transaction():
             self._conn.execute(
                 "INSERT INTO assignments (replica, model, node, spec, desired, created_at, updated_at) "
@@ -423,7 +428,12 @@ class Store:
     def assignments(self) -> dict[str, AssignmentRow]:
         rows = self._conn.execute("SELECT replica, model, node, spec, desired, created_at, updated_at "
                                   "FROM assignments ORDER BY replica")
-        return {r: AssignmentRow(r, m, n, json.loads(s), d, c, u) for r, m, n, s, d, c, u in rows}
+        out = {}
+        for r, m, n, s, d, c, u in rows:
+            spec = json.loads(s)
+            url = spec.pop("url", None) if isinstance(spec, dict) else None
+            out[r] = AssignmentRow(r, m, n, spec, d, c, u, url if isinstance(url, str) else None)
+        return out
 
     # -- history
 

@@ -40,6 +40,7 @@ class StoredAssignment:
     demand: Demand
     desired: str
     created_at: float
+    url: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,7 @@ def read_state(st: Store) -> StoredState:
             where = f"assignment {rid}"
             assignments[rid] = StoredAssignment(row.model, row.node, EngineSpec.from_wire(row.spec),
                                                 Demand.from_wire(row.spec.get("demand") or {}), row.desired,
-                                                float(row.created_at))
+                                                float(row.created_at), row.url)
     except sqlite3.DatabaseError as e:
         raise StoreCorrupt(st.path, f"{where}: {e}") from None
     except (ValueError, TypeError, KeyError, AttributeError) as e:
@@ -100,6 +101,6 @@ def write_state(st: Store, *, models: Mapping[str, dict[str, Any]], nodes: Mappi
         st.delete_assignment(rid)
     for rid, row in assignments.items():
         old = stored.get(rid)
-        if old is None or (old.model, old.node, old.spec, old.desired) != (row.model, row.node, row.spec,
-                                                                           row.desired):
+        if old is None or (old.model, old.node, old.spec, old.desired, old.url) != (row.model, row.node, row.spec,
+                                                                                   row.desired, row.url):
             st.put_assignment(row)
