@@ -270,6 +270,10 @@ def _status_text(d: dict[str, Any]) -> str:
     for k, v in d.items():
         if k == "store":
             lines.append(f"{k:20s} {store_line(v)}")
+        elif k == "unknown_engines" and v:
+            for node, engines in sorted(v.items()):
+                lines.append(f"{'unknown engines':20s} {node}: {', '.join(engines)} — left running, not routed; "
+                             "restart the router with --adopt to adopt them")
         else:
             lines.append(f"{k:20s} {json.dumps(v)}")
     return "\n".join(lines)

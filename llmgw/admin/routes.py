@@ -114,7 +114,7 @@ _MODEL_LINKS = tuple(Link(op, "name", "name") for op in ("get_model", "put_model
 ROUTES: tuple[Route, ...] = (
     Route("GET", f"{PREFIX}/status", "get_status", "Daemon status", Status, tag="status",
           description="The control plane's summary and llmgw's version, the store's health (`store.state` "
-                      "is `degraded` while it cannot write)."),
+                      "is `degraded` while it cannot write) and engines the store does not know."),
     # nodes
     Route("GET", f"{PREFIX}/nodes", "list_nodes", "List nodes", list[NodeView], tag="nodes"),
     Route("GET", f"{PREFIX}/nodes/{{name}}", "get_node", "Show a node", NodeView, tag="nodes"),

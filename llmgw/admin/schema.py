@@ -140,7 +140,8 @@ ModelDefinition = Annotated[dict[str, Any], Shape(
 class ModelView:
     name: str
     engine: str = prop("vllm or llamacpp")
-    source: str = prop("config (the config file owns it) or api")
+    source: str = prop("config (the config file owns it), api, or adopted (rebuilt from an engine's spec by "
+                       "`llmgw daemon --adopt`; an edit makes it api)")
     desired_replicas: int | None = prop("the deploy profile's count; null: static replicas only")
     replicas: int = prop("placed replicas meant to run")
     ready: int = prop("of those, how many are ready")
@@ -346,6 +347,10 @@ class Status:
     control_port: int | None = prop("the agents' control listener, if it runs")
     unplaceable: dict[str, str] = prop("model → why its replicas cannot all be placed")
     store: StoreStatus
+    unknown_engines: dict[str, list[str]] = prop(
+        "node → engines it runs that the store does not know (a deleted or replaced store): left running, "
+        "not routed, and nothing new is placed on the node; `llmgw daemon --adopt` adopts them")
+    adopt: bool = prop("started with --adopt: engines the store does not know are adopted as replicas")
 
 
 # -- the event stream (NDJSON, one of these per line) ------------------------------------------------

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import trio
@@ -144,7 +144,9 @@ class EngineSupervisor:
                 self._launch(eng)
 
     def reports(self) -> list[EngineReport]:
-        return [self._report(e) for e in self._engines.values()]
+        """Every engine's report, with its whole spec (the hello's: a router that lost its store
+        keeps or adopts the engines by it)."""
+        return [replace(self._report(e), spec=e.spec) for e in self._engines.values()]
 
     async def stop_all(self) -> None:
         """Stop every engine (TERM the group, grace_s, KILL) and remove their records. Shielded: it

@@ -12,7 +12,8 @@ Every store call goes through a StoreGuard (store_guard.py): a store that cannot
 plane running from memory, and the whole state is written back when it can. The plane loads its
 state from the store at start (store_state.py: a store it cannot read stops the daemon there with
 what to do), routes the replicas whose engines still answer before their agents are back
-(`restore_routing`).
+(`restore_routing`), and keeps engines the store does not know running (unknown_engines.py) —
+or adopts them, with `--adopt`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from llmgw.daemon.control.restore import restore_routing
 from llmgw.daemon.control.store import AssignmentRow, Store
 from llmgw.daemon.control.store_guard import StoreGuard
 from llmgw.daemon.control.store_state import read_state, write_state
+from llmgw.daemon.control.unknown_engines import KEPT_STATES, MAX_PER_NODE, UnknownEngines, adopted_model
 from llmgw.daemon.router.control_port import RouterPort
 from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.placement import Demand
@@ -77,11 +79,16 @@ def deploy_of(m: ModelConfig) -> ModelDeploy | None:
 
 class ControlPlane:
     def __init__(self, cfg: Config, store: Store, router: RouterPort, *, token: str | None,
-                 settle_s: float | None = None) -> None:
+                 settle_s: float | None = None, adopt: bool = False, fresh_store: bool = False) -> None:
+        """`adopt`: engines the store does not know are adopted (`llmgw daemon --adopt`);
+        `fresh_store`: the store was created at this start (said in the warnings about them)."""
         self.cfg = cfg
         c = cfg.control
         self.store = store
         self.guard = StoreGuard(store)  # every store call goes through it
+        self.adopt = adopt
+        self.fresh_store = fresh_store
+        self.unknown = UnknownEngines(self.guard)
         self.urls: dict[str, str] = {}  # replica -> where its engine last answered ready (kept in the store)
         self._seen_wall: dict[str, float] = {}  # node -> wall time of its last hello in this run
         self._unloadable: dict[str, dict[str, Any]] = {}  # stored models this llmgw cannot load, as stored
@@ -90,7 +97,7 @@ class ControlPlane:
         self.nodes = NodeRegistry(NodeTimeouts(c.not_ready_after_s, c.lost_after_s, c.max_lost_fraction),
                                   trio.current_time())
         self.models: dict[str, ModelConfig] = {}
-        self.sources: dict[str, str] = {}  # model -> "config" | "api"
+        self.sources: dict[str, str] = {}  # model -> "config" | "api" | "adopted"
         self.deploys: dict[str, ModelDeploy] = {}
         self.assignments: dict[str, Assignment] = {}
         self.unplaceable: dict[str, str] = {}
@@ -190,8 +197,10 @@ class ControlPlane:
         reported = {r.replica for r in hello.engines}
         for a in [a for a in self.assignments.values() if a.node == node and a.replica not in reported]:
             self._on_report(node, None, a)
+        self.unknown.node_gone(node, keep=reported)
         for r in hello.engines:
             self._on_report(node, r)
+        self.unknown.warn(node, self.fresh_store)
         return n
 
     def agent_heard(self, node: str, agent_id: str) -> None:
@@ -205,6 +214,7 @@ class ControlPlane:
         # A leaving agent stops its engines: out of routing now, not after failed requests.
         for a in [a for a in self.assignments.values() if a.node == node]:
             self._on_report(node, None, a)
+        self.unknown.node_gone(node)
 
     def agent_disconnected(self, n: Node, agent_id: str, reason: str) -> None:
         self._transitions(self.nodes.disconnected(n.name, agent_id, reason, trio.current_time()))
@@ -213,15 +223,24 @@ class ControlPlane:
         self._wake.set()
 
     def desired_for(self, node: str) -> list[EngineSpec]:
-        """What `node` should run: its session sends this as the node's desired set."""
-        return [a.spec for a in self.assignments.values() if a.node == node and a.desired in ("run", "drain")]
+        """What `node` should run: its session sends this as the node's desired set. Engines the
+        store does not know are in it too, so that the agent leaves them running."""
+        mine = [a.spec for a in self.assignments.values() if a.node == node and a.desired in ("run", "drain")]
+        return mine + self.unknown.specs_for(node)
 
     # -- engine reports → scheduler ------------------------------------------------------------
     def _on_report(self, node: str, report: EngineReport | None, a: Assignment | None = None) -> None:
         if a is None:
             assert report is not None
             a = self.assignments.get(report.replica)
-            if a is None or a.node != node:
+            if a is None:
+                if self.adopt and self._adopt(node, report):
+                    return
+                new = report.replica not in self.unknown.engines
+                if self.unknown.report(node, report) and new:
+                    self.agents.push(node)  # kept: in the node's desired set from now on
+                return  # removed by the router: its absence from `desired` makes the agent stop it
+            if a.node != node:
                 return  # not ours (any more): its absence from `desired` makes the agent stop it
         old = a.engine_state
         a.report = report
@@ -238,6 +257,46 @@ class ControlPlane:
         self._route(a)
         if a.desired == "stop" and (report is None or report.state == "stopped"):
             self._forget(a, "stopped")
+
+    def _adopt(self, node: str, report: EngineReport) -> bool:
+        """`--adopt`: an engine the store does not know becomes an assignment (its model from the
+        config or the store, or rebuilt from its spec). False if it cannot be (it is then kept or
+        stopped as without --adopt)."""
+        spec = report.spec
+        if spec is None or report.state not in KEPT_STATES or (spec.replica, spec.model) != (report.replica,
+                                                                                             report.model):
+            return False
+        if self.unknown.was_removed(report.replica):
+            return False
+        if sum(1 for a in self.assignments.values() if a.node == node) >= MAX_PER_NODE:
+            log.warning("node %s: engine %s not adopted: the node has %d replicas already", node, report.replica,
+                        MAX_PER_NODE)
+            return False
+        m = self.models.get(spec.model)
+        if m is None or self.sources.get(spec.model) == "adopted":
+            count = 1 + sum(1 for a in self.assignments.values() if a.model == spec.model and a.desired == "run")
+            rebuilt = adopted_model(spec, count, self.cfg.pools)
+            if rebuilt is None:
+                return False
+            self._set_model(rebuilt, "adopted")
+            self.guard.write("put_model", rebuilt.name, {"source": "adopted", "model": model_to_dict(rebuilt)})
+            m = rebuilt
+        dep = self.deploys.get(m.name)
+        demand = dep.demand if dep is not None else Demand(gpus=len(spec.gpu_indices))
+        a = Assignment(spec.replica, spec.model, node, spec, demand, created_at=time.time())
+        self.assignments[a.replica] = a
+        self.unknown.engines.pop(a.replica, None)
+        if report.url:
+            self.urls[a.replica] = report.url
+        self.guard.write("put_assignment", self._row(a))
+        self.guard.record("replica adopted", replica=a.replica, model=a.model, node=node,
+                          detail=f"{report.state} at {report.url or '?'} (pid {report.pid})")
+        log.warning("adopted engine %s of model %s on %s (%s; pid %s) as a replica", a.replica, a.model, node,
+                    report.state, report.pid)
+        self._on_report(node, report, a)
+        self.agents.push(node)
+        self._wake.set()
+        return True
 
     def _route(self, a: Assignment) -> None:
         r = a.report
@@ -258,6 +317,7 @@ class ControlPlane:
     def _forget(self, a: Assignment, why: str) -> None:
         self.assignments.pop(a.replica, None)
         self.urls.pop(a.replica, None)
+        self.unknown.removed(a.replica)
         self.router.withdraw_replica(a.replica)
         self.guard.write("delete_assignment", a.replica)
         self.guard.record("replica removed", replica=a.replica, model=a.model, node=a.node, detail=why)
@@ -270,6 +330,8 @@ class ControlPlane:
             level = logging.WARNING if t.new == "lost" else logging.INFO
             log.log(level, "node %s: %s → %s (%s)", t.node, t.old or "new", t.new, t.reason)
             self.guard.record(f"node {t.new}", node=t.node, detail=t.reason)
+            if t.new == "lost":
+                self.unknown.node_gone(t.node)
             # Not ready changes no routing: the data path to its engines does not go through the agent.
             if t.new == "lost" or t.old == "lost":
                 self._wake.set()
@@ -301,7 +363,12 @@ class ControlPlane:
             if not known or not all(n.connected for n in known):
                 return
             self._settle_until = now  # every node we knew is back: no reason to wait longer
-        plan = reconcile(self.deploys, self.nodes.nodes, list(self.assignments.values()),
+        nodes = self.nodes.nodes
+        held = self.unknown.held_nodes()
+        if held:  # engines outside placement's books run there: place nothing new on them
+            nodes = {name: replace(n, state="not_ready") if name in held and n.state == "ready" else n
+                     for name, n in nodes.items()}
+        plan = reconcile(self.deploys, nodes, list(self.assignments.values()),
                          new_id=self._new_id, now_wall=time.time())
         drain_timeout = self.cfg.control.drain_timeout_s
         with self.guard.transaction("reconcile"):
@@ -340,6 +407,10 @@ class ControlPlane:
             self.guard.write("prune_history")
         # Until the agents had a chance to reconnect, "cannot be placed" is only noise.
         settled = now - self._started >= max(self.cfg.control.not_ready_after_s, self.cfg.control.settle_s)
+        if held:
+            note = (f"; {len(held)} node{'s' if len(held) > 1 else ''} held (running engines the store does not "
+                    "know; see llmgw ctl status)")
+            plan.unplaceable = {name: why + note for name, why in plan.unplaceable.items()}
         for name, why in plan.unplaceable.items():
             if settled and self.unplaceable.get(name) != why:
                 log.warning("model %s: %s", name, why)
@@ -440,4 +511,5 @@ class ControlPlane:
             states[n.state] = states.get(n.state, 0) + 1
         return Status(version=__version__, router_id=self.router_id, nodes=states,
                       assignments=len(self.assignments), partition_suspected=self.nodes.partition_suspected,
-                      control_port=self.port, unplaceable=dict(self.unplaceable), store=self.guard.status())
+                      control_port=self.port, unplaceable=dict(self.unplaceable), store=self.guard.status(),
+                      unknown_engines=self.unknown.by_node(), adopt=self.adopt)
