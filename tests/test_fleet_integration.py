@@ -234,7 +234,8 @@ def test_router_restart_restarts_no_engine_and_loses_nothing(fleet_factory: Any)
     before = {r["replica"]: (r["node"], r["pid"]) for r in f.ready("m")}
     f.stop_router()
     f.start_router()
-    wait_for(lambda: len(f.ready("m")) == 2, 20)
+    # ready at once (their engines answered the restarted router's probe), confirmed by the agents
+    wait_for(lambda: len(f.ready("m")) == 2 and all(r["pid"] for r in f.ready("m")), 20)
     after = {r["replica"]: (r["node"], r["pid"]) for r in f.ready("m")}
     assert after == before
     assert all(r["restarts"] == 0 for r in f.ready("m"))

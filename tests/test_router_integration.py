@@ -26,9 +26,10 @@ SLOW = ["--sim-decode-ms-per-token", "20", "--sim-prefill-ms-per-token", "0"]
 
 
 class Daemon:
-    def __init__(self, config: Path, timeout: float = 30.0, role: str = "router", log_level: str = "warning") -> None:
+    def __init__(self, config: Path, timeout: float = 30.0, role: str = "router", log_level: str = "warning",
+                 extra: tuple[str, ...] = ()) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "llmgw", "daemon", "--role", role, "--config", str(config),
-                                      "--port", "0", "--log-level", log_level],
+                                      "--port", "0", "--log-level", log_level, *extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         self.err: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()

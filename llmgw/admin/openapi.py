@@ -23,7 +23,9 @@ _JSON, _NDJSON = "application/json", "application/x-ndjson"
 _REASONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No Content", 400: "Invalid input: the error "
             "names each bad field or parameter", 401: "Missing or wrong token (TCP listener only)",
             403: "Refused: the Unix socket's peer is another user", 404: "No such route or resource",
-            409: "Conflicts with the current state (e.g. a model the config file owns)"}
+            409: "Conflicts with the current state (e.g. a model the config file owns)",
+            503: "The router's store cannot write (or read), e.g. a full disk: nothing was changed; the "
+                 "message names the reason, Retry-After says when to try again"}
 _PRIMITIVES = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}
 _INFO = ("The llmgw daemon's admin API: nodes, models, replicas, routing decisions, cache hits and a live "
          "event stream. Served on a Unix socket (owner only, no token) and, when configured, on TCP with "

@@ -105,21 +105,27 @@ _DECISION_FILTERS = (
     QueryParam("limit", int, "at most this many, the newest", default=100, minimum=1, maximum=MAX_LIMIT),
 )
 
+# Changes that must persist are refused while the store cannot write, rather than kept in memory:
+# a 2xx means the change survives a restart.
+_STORE_503 = (" 503 (with Retry-After) while the router's store cannot write, e.g. on a full disk: the "
+              "change is not made, and the message says why.")
+
 _NODE_LINKS = tuple(Link(op, "name", "name") for op in ("get_node", "set_node_labels", "remove_node_labels"))
 _MODEL_LINKS = tuple(Link(op, "name", "name") for op in ("get_model", "put_model", "delete_model", "scale_model"))
 
 ROUTES: tuple[Route, ...] = (
     Route("GET", f"{PREFIX}/status", "get_status", "Daemon status", Status, tag="status",
-          description="The control plane's summary and llmgw's version."),
+          description="The control plane's summary and llmgw's version, the store's health (`store.state` "
+                      "is `degraded` while it cannot write) and engines the store does not know."),
     # nodes
     Route("GET", f"{PREFIX}/nodes", "list_nodes", "List nodes", list[NodeView], tag="nodes"),
     Route("GET", f"{PREFIX}/nodes/{{name}}", "get_node", "Show a node", NodeView, tag="nodes"),
     Route("PUT", f"{PREFIX}/nodes/{{name}}/labels", "set_node_labels", "Set operator labels", NodeView,
-          body=LabelsBody, tag="nodes", links=_NODE_LINKS,
+          body=LabelsBody, tag="nodes", links=_NODE_LINKS, errors=(503,),
           description="Merged into the node's operator labels, which override the agent's own. A node may "
-                      "be labelled before its agent first connects."),
+                      "be labelled before its agent first connects." + _STORE_503),
     Route("DELETE", f"{PREFIX}/nodes/{{name}}/labels", "remove_node_labels", "Remove operator labels", NodeView,
-          body=LabelKeysBody, tag="nodes", links=_NODE_LINKS),
+          body=LabelKeysBody, tag="nodes", links=_NODE_LINKS, errors=(503,), description=_STORE_503.strip()),
     Route("POST", f"{PREFIX}/nodes/{{name}}/revoke", "revoke_node", "Revoke a node", NodeRevoked, tag="nodes",
           description="Cuts the node off: its credential is refused from now on, its agent's connection is "
                       "closed, its replicas leave routing at once and are placed elsewhere, and the node is "
@@ -137,22 +143,22 @@ ROUTES: tuple[Route, ...] = (
     # models
     Route("GET", f"{PREFIX}/models", "list_models", "List models", list[ModelView], tag="models"),
     Route("POST", f"{PREFIX}/models", "create_model", "Create a model", ModelDefinition, status=201,
-          body=ModelDefinition, errors=(409,), tag="models", links=_MODEL_LINKS,
-          description="409 if a model of that name exists (PUT replaces one)."),
+          body=ModelDefinition, errors=(409, 503), tag="models", links=_MODEL_LINKS,
+          description="409 if a model of that name exists (PUT replaces one)." + _STORE_503),
     Route("GET", f"{PREFIX}/models/{{name}}", "get_model", "A model's definition in force", ModelDefinition,
           tag="models", greedy=frozenset({"name"}),
           description="The whole definition, defaults included, as a PUT would take it back."),
     Route("PUT", f"{PREFIX}/models/{{name}}", "put_model", "Create or replace a model", ModelDefinition,
-          body=ModelDefinition, errors=(409,), tag="models", greedy=frozenset({"name"}), links=_MODEL_LINKS,
+          body=ModelDefinition, errors=(409, 503), tag="models", greedy=frozenset({"name"}), links=_MODEL_LINKS,
           description="The whole definition: its `name` must equal the path's. 409 for a "
-                      "model the config file defines (change it there)."),
+                      "model the config file defines (change it there)." + _STORE_503),
     Route("DELETE", f"{PREFIX}/models/{{name}}", "delete_model", "Delete a model", None, status=204,
-          errors=(409,), tag="models", greedy=frozenset({"name"}),
-          description="Its placed replicas drain and stop. 409 for a model the config file defines."),
+          errors=(409, 503), tag="models", greedy=frozenset({"name"}),
+          description="Its placed replicas drain and stop. 409 for a model the config file defines." + _STORE_503),
     Route("POST", f"{PREFIX}/models/{{name}}/scale", "scale_model", "Scale a model", ModelDefinition,
-          body=ScaleBody, errors=(409,), tag="models", greedy=frozenset({"name"}),
+          body=ScaleBody, errors=(409, 503), tag="models", greedy=frozenset({"name"}),
           description="Sets its deploy profile's count (409 if it has none: static replicas do not scale). "
-                      "A config-file model may be scaled: the count is an operator override."),
+                      "A config-file model may be scaled: the count is an operator override." + _STORE_503),
     # replicas and endpoints
     Route("GET", f"{PREFIX}/replicas", "list_replicas", "List placed replicas", list[ReplicaView], tag="replicas",
           query=(QueryParam("model", str, "only this model's"), QueryParam("node", str, "only this node's"))),
@@ -178,8 +184,9 @@ ROUTES: tuple[Route, ...] = (
           query=(QueryParam("model", str, "only this model's"), QueryParam("node", str, "only this node's"),
                  QueryParam("replica", str, "only this replica's"),
                  QueryParam("limit", int, "at most this many, the newest", default=100, minimum=1,
-                            maximum=MAX_LIMIT)),
-          description="Newest first: what the control plane did and saw, as kept in its store."),
+                            maximum=MAX_LIMIT)), errors=(503,),
+          description="Newest first: what the control plane did and saw, as kept in its store (503 if it "
+                      "cannot be read; events of a time the store could not write join it once it can)."),
     # the console's feed, and this document
     Route("GET", f"{PREFIX}/events", "events", "Live event stream", Event, tag="events", stream=True,
           description="NDJSON: a snapshot line, then decision lines as they happen and update lines with "

@@ -47,6 +47,7 @@ __all__ = [
     "JoinInfo",
     "NodeRevoked",
     "Status",
+    "StoreStatus",
     "UpdateEvent",
 ]
 
@@ -141,7 +142,8 @@ ModelDefinition = Annotated[dict[str, Any], Shape(
 class ModelView:
     name: str
     engine: str = prop("vllm or llamacpp")
-    source: str = prop("config (the config file owns it) or api")
+    source: str = prop("config (the config file owns it), api, or adopted (rebuilt from an engine's spec by "
+                       "`llmgw daemon --adopt`; an edit makes it api)")
     desired_replicas: int | None = prop("the deploy profile's count; null: static replicas only")
     replicas: int = prop("placed replicas meant to run")
     ready: int = prop("of those, how many are ready")
@@ -322,6 +324,22 @@ class HistoryEvent:
 
 # -- status -----------------------------------------------------------------------------------------
 @dataclass(slots=True)
+class StoreStatus:
+    """The router's store. `degraded` while it cannot write: the router keeps running (and routing)
+    from memory, admin changes that must persist answer 503, and the whole state is written back
+    once the store can write again."""
+    state: Literal["ok", "degraded"]
+    path: str = prop("the store file")
+    reason: str | None = prop("why it cannot write, in a few words: disk full, read-only, I/O error, "
+                              "locked, corrupted")
+    detail: str | None = prop("SQLite's own message")
+    since_s: float | None = prop("how long it has been degraded")
+    errors: int = prop("store operations that failed since the daemon started")
+    pending_history: int = prop("history events kept in memory until the store can write")
+    history_dropped: int = prop("history events lost to long faults (the oldest go first)")
+
+
+@dataclass(slots=True)
 class Status:
     version: str = prop("llmgw's version")
     router_id: str
@@ -330,6 +348,11 @@ class Status:
     partition_suspected: bool = prop("too many nodes silent at once: no node is declared lost meanwhile")
     control_port: int | None = prop("the agents' control listener, if it runs")
     unplaceable: dict[str, str] = prop("model → why its replicas cannot all be placed")
+    store: StoreStatus
+    unknown_engines: dict[str, list[str]] = prop(
+        "node → engines it runs that the store does not know (a deleted or replaced store): left running, "
+        "not routed, and nothing new is placed on the node; `llmgw daemon --adopt` adopts them")
+    adopt: bool = prop("started with --adopt: engines the store does not know are adopted as replicas")
 
 
 # -- node identity ----------------------------------------------------------------------------------
@@ -372,6 +395,7 @@ class SnapshotEvent:
     endpoints: list[EndpointStatus]
     decisions: list[DecisionView] = prop("the last 50, oldest first")
     cache: CacheSummary
+    store: StoreStatus
 
 
 @dataclass(slots=True)
@@ -392,6 +416,7 @@ class UpdateEvent:
     replicas: list[ReplicaView] | None = None
     endpoints: list[EndpointStatus] | None = None
     cache: CacheSummary | None = None
+    store: StoreStatus | None = None
 
 
 @dataclass(slots=True)

@@ -54,6 +54,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--host", help="override server.host")
     p.add_argument("--port", type=int, help="override server.port (0 = ephemeral)")
     p.add_argument("--log-level", default=os.environ.get("LLMGW_LOG_LEVEL", "info"))
+    p.add_argument("--adopt", action="store_true",
+                   help="router: adopt engines that agents run and the store does not know (after the store "
+                        "was lost or replaced) as replicas, instead of leaving them running unrouted")
     ns = p.parse_args(argv)
     roles = {r.strip() for r in ns.role.split(",") if r.strip()}
     if not roles or not roles <= set(ROLES):
@@ -75,8 +78,11 @@ def main(argv: list[str]) -> int:
     if ns.host is not None or ns.port is not None:
         server = replace(server, host=ns.host or server.host, port=server.port if ns.port is None else ns.port)
         cfg = replace(cfg, server=server)
+    if ns.adopt and "router" not in roles:
+        print("llmgw daemon: --adopt is for a router (--role router or router,agent)", file=sys.stderr)
+        return 2
     try:
-        trio.run(_run, cfg, roles)
+        trio.run(_run, cfg, roles, ns.adopt)
     except KeyboardInterrupt:
         pass
     except BaseException as e:  # startup errors come wrapped in the nurseries' exception groups
@@ -92,7 +98,10 @@ def _lock_store(path: str) -> Any:
     """One router per store: two control planes writing one store would undo each other."""
     import fcntl
 
-    f = open(path + ".lock", "a+")  # noqa: SIM115 — held open for the process's lifetime
+    from llmgw.daemon.private_files import open_private
+
+    # held open for the process's lifetime; 0600 like the store beside it
+    f = os.fdopen(open_private(path + ".lock", os.O_RDWR | os.O_APPEND, "control.store"), "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -161,7 +170,7 @@ def _client_tls(cfg: Config) -> Any:
         raise _StartupError(str(e)) from None
 
 
-async def _run(cfg: Config, roles: set[str]) -> None:
+async def _run(cfg: Config, roles: set[str], adopt: bool = False) -> None:
     ready: dict[str, Any] = {"ready": True, "role": ",".join(r for r in ROLES if r in roles), "pid": os.getpid()}
     token: str | None = None
     control_addr: str | None = None
@@ -175,7 +184,7 @@ async def _run(cfg: Config, roles: set[str]) -> None:
             if token is None and "agent" in roles:
                 token = secrets.token_urlsafe(24)  # this process's own agent is the only one that joins
                 settle = 0.0  # ... so there is no fleet to wait for
-            info = await nursery.start(_router_role, cfg, token, settle)
+            info = await nursery.start(_router_role, cfg, token, settle, adopt)
             control_tls = info.pop("_control_tls", None)
             ready.update(info)
             control_addr = info.get("control")
@@ -214,28 +223,65 @@ async def _run(cfg: Config, roles: set[str]) -> None:
         nursery.cancel_scope.cancel()
 
 
-async def _router_role(cfg: Config, token: str | None, settle_s: float | None,
+def _open_store(path: str) -> tuple[Any, bool]:
+    """The store, and whether it was created now. A store that cannot be opened or read stops the
+    daemon here with one line saying what to do; a missing one where a router has run before (its
+    lock file is still there) is warned about: the fleet's engines are then kept, not stopped."""
+    from llmgw.daemon.control.store import Store, StoreCorrupt, StoreError
+    from llmgw.daemon.control.store_faults import FAULT_ENV, FaultInjectingConnection
+    from llmgw.daemon.control.store_state import CORRUPT_ADVICE
+
+    if path == ":memory:":
+        return Store.memory(), True
+    fresh = not os.path.exists(path)
+    if fresh and os.path.exists(path + ".lock"):
+        log.warning("control.store: %s does not exist, but a router has run with it here (%s.lock is left): "
+                    "if it was deleted or moved, restore it, or start with --adopt to rebuild it from what the "
+                    "agents report; engines the agents run and this new store does not know are left running, "
+                    "unrouted, meanwhile", path, path)
+    try:
+        store = Store.open(path)
+    except StoreCorrupt as e:
+        raise _StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
+    except (StoreError, OSError) as e:
+        raise _StartupError(f"control.store: {e}") from None
+    if flag := os.environ.get(FAULT_ENV):
+        log.warning("test hook %s is set: store writes fail while %s exists", FAULT_ENV, flag)
+        store.wrap_connection(lambda conn: FaultInjectingConnection(conn, flag))
+    return store, fresh
+
+
+async def _router_role(cfg: Config, token: str | None, settle_s: float | None, adopt: bool,
                        task_status: trio.TaskStatus[dict[str, Any]]) -> None:
     from llmgw.daemon.control.admin_server import AdminApp, AdminSetupError, serve_admin
     from llmgw.daemon.control.plane import ControlPlane
+    from llmgw.daemon.control.store import StoreCorrupt
+    from llmgw.daemon.control.store_guard import StoreMetrics
+    from llmgw.daemon.control.store_state import CORRUPT_ADVICE
     from llmgw.daemon.net.httpserver import serve_tcp
+    from llmgw.daemon.net.upstream import UpstreamPool
     from llmgw.daemon.router.control_port import RouterAdapter
     from llmgw.daemon.router.proxy import Router
-    from llmgw.daemon.control.store import Store, StoreError
-    from llmgw.daemon.net.upstream import UpstreamPool
 
-    try:
-        store = Store.memory() if cfg.control.store == ":memory:" else Store.open(cfg.control.store)
-    except (StoreError, OSError) as e:
-        raise _StartupError(f"control.store: {e}") from None
+    store, fresh = _open_store(cfg.control.store)
     lock = contextlib.nullcontext() if cfg.control.store == ":memory:" else _lock_store(cfg.control.store)
     with store, lock:
         async with UpstreamPool() as pool:
             router = Router(cfg, pool)
             router_port = RouterAdapter(router)  # all the control plane and the admin API may do to the router
-            control = ControlPlane(cfg, store, router_port, token=token, settle_s=settle_s)
+            try:
+                control = ControlPlane(cfg, store, router_port, token=token, settle_s=settle_s, adopt=adopt,
+                                       fresh_store=fresh and cfg.control.store != ":memory:")
+            except StoreCorrupt as e:
+                raise _StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
+            if adopt:
+                log.warning("--adopt: engines that agents run and the store does not know are adopted as replicas")
+            router.metrics.registry.register(StoreMetrics(control.guard))
             async with trio.open_nursery() as inner:
                 inner.start_soon(router.registry.scrape_loop, pool)
+                inner.start_soon(control.guard.run)
+                # before the listeners open: the first request after the start finds them
+                await control.restore_routing(pool)
                 info: dict[str, Any] = {}
                 if token is not None:
                     host, _, port = cfg.control.listen.rpartition(":")

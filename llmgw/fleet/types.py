@@ -72,10 +72,17 @@ class EngineReport:
     detail: str = ""  # why: exit status, health deadline, crash loop ...
     log_tail: tuple[str, ...] = ()  # the engine's last output lines when it failed or crashed
     adopted: bool = False  # found running from an earlier agent run and kept
+    # The engine's whole spec, in the hello only: a router whose store does not know the engine
+    # (deleted, replaced) can keep it running, or adopt it, instead of having it stopped.
+    spec: EngineSpec | None = None
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
         d["log_tail"] = list(self.log_tail)
+        if self.spec is None:
+            del d["spec"]
+        else:
+            d["spec"] = self.spec.to_wire()
         return d
 
     @classmethod
@@ -83,7 +90,8 @@ class EngineReport:
         return cls(replica=d["replica"], model=d["model"], state=d["state"], spec_hash=d.get("spec_hash", ""),
                    generation=int(d.get("generation", 0)), url=d.get("url"), pid=d.get("pid"),
                    restarts=int(d.get("restarts", 0)), detail=d.get("detail", ""),
-                   log_tail=tuple(d.get("log_tail", ())), adopted=bool(d.get("adopted", False)))
+                   log_tail=tuple(d.get("log_tail", ())), adopted=bool(d.get("adopted", False)),
+                   spec=EngineSpec.from_wire(d["spec"]) if isinstance(d.get("spec"), dict) else None)
 
 
 @dataclass(frozen=True)

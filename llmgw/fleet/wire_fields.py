@@ -176,7 +176,7 @@ def _report(v: Any, path: str) -> EngineReport:
         generation=_field(d, path, "generation", _int, 0), url=_field(d, path, "url", _opt(_str), None),
         pid=_field(d, path, "pid", _opt(_int), None), restarts=_field(d, path, "restarts", _int, 0),
         detail=_field(d, path, "detail", _str, ""), log_tail=_field(d, path, "log_tail", _log_tail, ()),
-        adopted=_field(d, path, "adopted", _bool, False))
+        adopted=_field(d, path, "adopted", _bool, False), spec=_field(d, path, "spec", _opt(_spec), None))
 
 
 def _gpu(v: Any, path: str) -> GpuInfo:

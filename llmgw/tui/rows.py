@@ -412,4 +412,6 @@ def status_line(state: ConsoleState, where: str) -> str:
     parts = [head, f"nodes {ready_nodes}/{len(state.nodes)} ready", f"models {len(state.models)}",
              f"replicas {ready_reps}/{len(state.replicas)} ready", f"endpoints {len(state.endpoints)}",
              f"decisions {len(state.decisions)}"]
+    if state.store.get("state") == "degraded":  # the router runs from memory: an operator must know
+        parts.insert(1, f"store: degraded ({state.store.get('reason') or 'unknown'})")
     return "  ·  ".join(parts)

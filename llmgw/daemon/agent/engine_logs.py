@@ -2,7 +2,7 @@
 it (a file, not a pipe, so the engine survives an agent crash without a SIGPIPE), it is rotated
 once when it grows past LOG_ROTATE_BYTES, and the agent tails it from its end: each complete line
 goes to the agent's logger (DEBUG, with the replica) and to a ring of the last LOG_TAIL_LINES,
-which a crash report carries."""
+which a crash report carries. Logs are 0600 in a 0700 directory: an engine may log prompts."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 import trio
+
+from llmgw.daemon.private_files import open_private, private_dir
 
 __all__ = ["LOG_ROTATE_BYTES", "LOG_TAIL_LINES", "EngineLog"]
 
@@ -37,10 +39,11 @@ class EngineLog:
         """The file for appending (rotated first when too big), with a start line naming `cmd`;
         the tail follows it from its end."""
         path = self.path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent, "agent.state_dir", log=self._log)
         if path.exists() and path.stat().st_size > LOG_ROTATE_BYTES:
-            os.replace(path, path.with_suffix(".log.1"))
-        out = open(path, "ab")  # noqa: SIM115 — the caller closes it once the child holds its own fd
+            os.replace(path, path.with_suffix(".log.1"))  # keeps its 0600
+        # the caller closes it once the child holds its own fd
+        out = os.fdopen(open_private(path, os.O_WRONLY | os.O_APPEND, "engine log", log=self._log), "ab")
         out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start: {' '.join(cmd)}\n".encode())
         out.flush()
         self.follow()

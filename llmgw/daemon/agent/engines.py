@@ -5,6 +5,8 @@ Each engine runs in its own session (its own process group, so its workers are s
 with stdout+stderr appended to `state_dir/logs/<id>.log` (engine_logs.py: a file, not a pipe, so the
 engine survives an agent crash). A state record `state_dir/engines/<id>.json` (llmgw.fleet.engine_record)
 exists while we own a live engine process; the /proc checks that recognise it later are in processes.py.
+The state_dir, engines/ and logs/ are 0700 and every file in them 0600 (private_files.py): a record
+holds its engine's `env`, secrets included, and a log may hold prompts.
 
 Agent crash vs agent stop: engines survive an agent crash (SIGKILL, or `run` cancelled without
 `stop_all`). The next agent run calls `adopt_leftovers` first: an engine whose recorded pid is alive,
@@ -32,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import trio
@@ -48,6 +50,7 @@ from llmgw.daemon.agent.processes import (
     process_starttime,
     signal_group,
 )
+from llmgw.daemon.private_files import private_dir, tighten_file, write_private
 from llmgw.fleet.engine_cmd import build_command, build_env, health_path
 from llmgw.fleet.engine_record import EngineRecord
 from llmgw.fleet.lifecycle import RestartPolicy
@@ -141,7 +144,9 @@ class EngineSupervisor:
                 self._launch(eng)
 
     def reports(self) -> list[EngineReport]:
-        return [self._report(e) for e in self._engines.values()]
+        """Every engine's report, with its whole spec (the hello's: a router that lost its store
+        keeps or adopts the engines by it)."""
+        return [replace(self._report(e), spec=e.spec) for e in self._engines.values()]
 
     async def stop_all(self) -> None:
         """Stop every engine (TERM the group, grace_s, KILL) and remove their records. Shielded: it
@@ -168,9 +173,9 @@ class EngineSupervisor:
         rest. Call before the first apply()."""
         adopted: list[EngineReport] = []
         rec_dir = self._state_dir / "engines"
-        if not rec_dir.is_dir():
-            return adopted
+        self._private_dirs()
         for path in sorted(rec_dir.glob("*.json")):
+            tighten_file(path, "agent engine record", log=self._log)
             try:
                 rec = EngineRecord.from_wire(json.loads(path.read_text()))
             except (OSError, ValueError, KeyError, TypeError) as e:
@@ -459,6 +464,14 @@ class EngineSupervisor:
                             restarts=eng.restarts, detail=eng.detail, log_tail=eng.log_tail,
                             adopted=eng.adopted)
 
+    def _private_dirs(self) -> None:
+        """state_dir, engines/ and logs/ 0700; files an older llmgw left open to others become 0600."""
+        private_dir(self._state_dir, "agent.state_dir", log=self._log)
+        private_dir(self._state_dir / "engines", "agent.state_dir", log=self._log)
+        private_dir(self._state_dir / "logs", "agent.state_dir", log=self._log)
+        for path in sorted((self._state_dir / "logs").glob("*.log*")):
+            tighten_file(path, "engine log", log=self._log)
+
     def _logfile(self, replica: str) -> EngineLog:
         return EngineLog(self._state_dir / "logs" / f"{safe_id(replica)}.log", replica, self._log)
 
@@ -470,7 +483,6 @@ class EngineSupervisor:
         rec = EngineRecord(spec=eng.spec, pid=eng.pid, pgid=eng.pgid, port=eng.port, cmd=cmd, url=self._url(eng),
                            started_at=time.time(), starttime=process_starttime(eng.pid))
         path = self._state_dir / "engines" / f"{safe_id(eng.spec.replica)}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec.to_wire()))
-        os.replace(tmp, path)  # atomic: a crash mid-write leaves no half record
+        private_dir(path.parent, "agent.state_dir", log=self._log)
+        # 0600 from the first byte (the record holds the engine's env); atomic: never half a record
+        write_private(path, json.dumps(rec.to_wire()).encode(), "agent engine record", log=self._log)

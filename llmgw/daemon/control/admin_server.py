@@ -8,7 +8,8 @@ learns nothing of the routes either. Requests tell the two apart by ``Request.cl
 None on a Unix socket.
 
 Dispatch is by the route table (llmgw.admin.routes): 404 for an unknown path, 405 with Allow for a
-known path and another method, 400 naming the field or parameter for invalid input. Handlers
+known path and another method, 400 naming the field or parameter for invalid input, 503 naming the
+reason when a change must persist and the store cannot write (the change is not made). Handlers
 register by the table's names; AdminApp refuses to start if one is missing or left over."""
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
 from llmgw.daemon.control.node_identity import RotateError
 from llmgw.daemon.control.plane import ControlPlane, ModelError
+from llmgw.daemon.control.store_guard import StoreUnavailable
 from llmgw.daemon.net.httpserver import (
     Request,
     Response,
@@ -60,9 +62,10 @@ _NDJSON = "application/x-ndjson"
 SNAPSHOT_DECISIONS = 50
 _CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
           405: "method_not_allowed", 408: "request_timeout", 409: "conflict", 413: "payload_too_large",
-          431: "headers_too_large", 500: "internal_error"}
+          431: "headers_too_large", 500: "internal_error", 503: "store_unavailable"}
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "method_not_allowed", 409: "conflict_error"}
+          404: "not_found_error", 405: "method_not_allowed", 409: "conflict_error", 503: "service_unavailable"}
+STORE_RETRY_AFTER_S = 5
 
 
 class AdminSetupError(Exception):
@@ -131,7 +134,12 @@ class AdminApp:
     # -- the entry point ----------------------------------------------------------------------------
     async def handle(self, req: Request) -> Response:
         try:
-            resp = await self._dispatch(req)
+            try:
+                resp = await self._dispatch(req)
+            except StoreUnavailable as e:
+                raise _Fail(503, f"The router's store cannot write ({e.reason}: {e.detail}), so this change was not "
+                                 "made. The router keeps running from memory; retry once `llmgw ctl status` shows "
+                                 "the store ok.", headers=[("retry-after", str(STORE_RETRY_AFTER_S))]) from None
         except _Fail as e:
             body = {"error": {"message": e.message, "type": _TYPES.get(e.status, "server_error"), "param": e.param,
                               "code": e.code}}
@@ -383,7 +391,12 @@ class AdminApp:
     @_handles("list_history")
     async def _history(self, call: _Call) -> Any:
         q = call.query
-        rows = self.control.store.history(limit=q["limit"], replica=q["replica"], model=q["model"], node=q["node"])
+        try:
+            rows = self.control.guard.read("history", lambda st: st.history(
+                limit=q["limit"], replica=q["replica"], model=q["model"], node=q["node"]))
+        except StoreUnavailable as e:
+            raise _Fail(503, f"The router's store cannot be read ({e.reason}: {e.detail}).",
+                        headers=[("retry-after", str(STORE_RETRY_AFTER_S))]) from None
         return [HistoryEvent(id=r.id, ts=r.ts, event=r.event, replica=r.replica, model=r.model, node=r.node,
                              detail=r.detail) for r in rows]
 
@@ -395,7 +408,7 @@ class AdminApp:
     def _sections(self) -> dict[str, Any]:
         c = self.control
         return {"nodes": c.node_views(), "models": c.model_views(), "replicas": c.replica_views(),
-                "endpoints": self._endpoints(), "cache": self._cache()}
+                "endpoints": self._endpoints(), "cache": self._cache(), "store": c.guard.status()}
 
     def _new_decisions(self, seen: Decision | None) -> list[Decision]:
         ring = self.router.decisions()

@@ -7,6 +7,13 @@ plan, writes it to the store, pushes each changed node its desired set, and move
 out of the scheduler (through the router's control port) as their engines report ready or stop.
 Draining replicas take no new requests and stop when their last request ends (or at
 `drain_timeout_s`).
+
+Every store call goes through a StoreGuard (store_guard.py): a store that cannot write leaves the
+plane running from memory, and the whole state is written back when it can. The plane loads its
+state from the store at start (store_state.py: a store it cannot read stops the daemon there with
+what to do), routes the replicas whose engines still answer before their agents are back
+(`restore_routing`), and keeps engines the store does not know running (unknown_engines.py) —
+or adopts them, with `--adopt`.
 """
 
 from __future__ import annotations
@@ -17,13 +24,12 @@ import ssl
 import time
 import uuid
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from llmgw import __version__
 from llmgw.admin.schema import ModelView, NodeView, ReplicaView, Status
-from llmgw.admin.views import node_facts_view
 from llmgw.config import (
     Config,
     ConfigError,
@@ -33,13 +39,21 @@ from llmgw.config import (
     model_to_dict,
 )
 from llmgw.daemon.control.agent_sessions import AgentSessions
+from llmgw.daemon.control.plane_views import model_views, node_views, replica_views
+from llmgw.daemon.control.restore import restore_routing
 from llmgw.daemon.control.store import AssignmentRow, Store
+from llmgw.daemon.control.store_guard import StoreGuard
+from llmgw.daemon.control.store_state import read_state, write_state
+from llmgw.daemon.control.unknown_engines import KEPT_STATES, MAX_PER_NODE, UnknownEngines, adopted_model
 from llmgw.daemon.router.control_port import RouterPort
-from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition, location
+from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts
 from llmgw.fleet.wire import Hello
+
+if TYPE_CHECKING:
+    from llmgw.daemon.net.upstream import UpstreamPool
 
 log = logging.getLogger("llmgw.control")
 
@@ -65,16 +79,25 @@ def deploy_of(m: ModelConfig) -> ModelDeploy | None:
 
 class ControlPlane:
     def __init__(self, cfg: Config, store: Store, router: RouterPort, *, token: str | None,
-                 settle_s: float | None = None) -> None:
+                 settle_s: float | None = None, adopt: bool = False, fresh_store: bool = False) -> None:
+        """`adopt`: engines the store does not know are adopted (`llmgw daemon --adopt`);
+        `fresh_store`: the store was created at this start (said in the warnings about them)."""
         self.cfg = cfg
         c = cfg.control
         self.store = store
+        self.guard = StoreGuard(store)  # every store call goes through it
+        self.adopt = adopt
+        self.fresh_store = fresh_store
+        self.unknown = UnknownEngines(self.guard)
+        self.urls: dict[str, str] = {}  # replica -> where its engine last answered ready (kept in the store)
+        self._seen_wall: dict[str, float] = {}  # node -> wall time of its last hello in this run
+        self._unloadable: dict[str, dict[str, Any]] = {}  # stored models this llmgw cannot load, as stored
         self.router = router
         self.router_id = uuid.uuid4().hex[:12]
         self.nodes = NodeRegistry(NodeTimeouts(c.not_ready_after_s, c.lost_after_s, c.max_lost_fraction),
                                   trio.current_time())
         self.models: dict[str, ModelConfig] = {}
-        self.sources: dict[str, str] = {}  # model -> "config" | "api"
+        self.sources: dict[str, str] = {}  # model -> "config" | "api" | "adopted"
         self.deploys: dict[str, ModelDeploy] = {}
         self.assignments: dict[str, Assignment] = {}
         self.unplaceable: dict[str, str] = {}
@@ -87,40 +110,51 @@ class ControlPlane:
         self._settle_until = self._started + (c.settle_s if settle_s is None else settle_s)
         self._reconciles = 0
         self._load()
+        self.guard.rewrite = self._rewrite
         self._from_store = {n for n, node in self.nodes.nodes.items() if not node.connected}
 
     # -- startup ------------------------------------------------------------------------------
     def _load(self) -> None:
-        st = self.store
-        stored = st.models()
+        """The state from the store (read_state raises StoreCorrupt for one it cannot read); the
+        config file's models are written back to it (if it can write: else at its recovery)."""
+        stored = read_state(self.store)
         config_names = {m.name for m in self.cfg.models}
-        with st.transaction():
+        records = {name: rec for name, rec in stored.models.items()
+                   if not (rec.get("source") == "config" and name not in config_names)}
+        with self.guard.transaction("load"):
             for m in self.cfg.models:  # the config file is authoritative for the models it names
-                st.put_model(m.name, {"source": "config", "model": model_to_dict(m)})
-            for name, rec in stored.items():
-                if rec.get("source") == "config" and name not in config_names:
-                    st.delete_model(name)
-                    st.record("model removed", model=name, detail="no longer in the config file")
-        for name, rec in st.models().items():
+                records[m.name] = {"source": "config", "model": model_to_dict(m)}
+                self.guard.write("put_model", m.name, records[m.name])
+            for name in stored.models.keys() - records.keys():
+                self.guard.write("delete_model", name)
+                self.guard.record("model removed", model=name, detail="no longer in the config file")
+        for name, rec in sorted(records.items()):
             try:
                 m = model_from_dict(rec["model"], f"store model {name}", pools=self.cfg.pools)
-            except (ConfigError, KeyError) as e:
+            except (ConfigError, KeyError, TypeError) as e:
                 log.error("model %s in the store is invalid and is ignored: %s", name, e)
+                self._unloadable[name] = rec  # kept as it is: a store re-write must not lose it
                 continue
             self._set_model(m, rec.get("source", "api"))
         now = trio.current_time()
-        for name, row in st.nodes().items():
+        for name, row in stored.nodes.items():
             self.nodes.remember(name, agent_labels=row.agent_labels, operator_labels=row.operator_labels,
-                                facts=NodeFacts.from_wire(row.facts), now=now)
-        for rid, row in st.assignments().items():
-            spec = EngineSpec.from_wire(row.spec)
-            demand = Demand.from_wire(row.spec.get("demand") or {})
-            self.assignments[rid] = Assignment(rid, row.model, row.node, spec, demand, desired=row.desired,
+                                facts=row.facts, now=now)
+        for rid, row in stored.assignments.items():
+            self.assignments[rid] = Assignment(rid, row.model, row.node, row.spec, row.demand, desired=row.desired,
                                                created_at=row.created_at,
                                                drain_since=now if row.desired == "drain" else None)
+            if row.url:
+                self.urls[rid] = row.url
         if self.assignments:
             log.info("store: %d models, %d nodes, %d assignments; waiting for agents to reconnect",
                      len(self.models), len(self.nodes.nodes), len(self.assignments))
+
+    def _rewrite(self, st: Store) -> None:
+        """The whole state from memory into `st` (the StoreGuard's recovery, in one transaction)."""
+        models = {n: {"source": self.sources.get(n, "api"), "model": model_to_dict(m)} for n, m in self.models.items()}
+        write_state(st, models={**self._unloadable, **models}, nodes=self.nodes.nodes, seen_wall=self._seen_wall,
+                    assignments={rid: self._row(a) for rid, a in self.assignments.items()})
 
     def _set_model(self, m: ModelConfig, source: str) -> None:
         self.models[m.name] = m
@@ -131,6 +165,11 @@ class ControlPlane:
         else:
             self.deploys[m.name] = dep
         self.router.define_model(m)
+
+    async def restore_routing(self, pool: UpstreamPool) -> int:
+        """Route the stored replicas whose engines still serve, before any agent is back (restore.py);
+        call it before the control listener opens. Answers how many were routed."""
+        return await restore_routing(pool, self.assignments, self.urls, lambda a, r: self._on_report(a.node, r))
 
     # -- serving agents ------------------------------------------------------------------------
     async def serve(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
@@ -150,14 +189,18 @@ class ControlPlane:
         self._transitions(self.nodes.connected(node, hello.agent_id, labels=hello.labels, facts=hello.facts,
                                                now=now))
         n = self.nodes.nodes[node]
-        self.store.upsert_node(node, agent_labels=hello.labels, facts=hello.facts.to_wire(), seen_at=time.time())
+        self._seen_wall[node] = time.time()
+        self.guard.write("upsert_node", node, agent_labels=hello.labels, facts=hello.facts.to_wire(),
+                         seen_at=self._seen_wall[node])
         log.info("node %s joined from %s (agent %s, %d engines)", node, peer, hello.agent_id, len(hello.engines))
         # The hello is the agent's whole truth: what it does not mention, it does not run.
         reported = {r.replica for r in hello.engines}
         for a in [a for a in self.assignments.values() if a.node == node and a.replica not in reported]:
             self._on_report(node, None, a)
+        self.unknown.node_gone(node, keep=reported)
         for r in hello.engines:
             self._on_report(node, r)
+        self.unknown.warn(node, self.fresh_store)
         return n
 
     def agent_heard(self, node: str, agent_id: str) -> None:
@@ -171,6 +214,7 @@ class ControlPlane:
         # A leaving agent stops its engines: out of routing now, not after failed requests.
         for a in [a for a in self.assignments.values() if a.node == node]:
             self._on_report(node, None, a)
+        self.unknown.node_gone(node)
 
     def agent_disconnected(self, n: Node, agent_id: str, reason: str) -> None:
         self._transitions(self.nodes.disconnected(n.name, agent_id, reason, trio.current_time()))
@@ -191,15 +235,24 @@ class ControlPlane:
         return sorted(a.replica for a in mine)
 
     def desired_for(self, node: str) -> list[EngineSpec]:
-        """What `node` should run: its session sends this as the node's desired set."""
-        return [a.spec for a in self.assignments.values() if a.node == node and a.desired in ("run", "drain")]
+        """What `node` should run: its session sends this as the node's desired set. Engines the
+        store does not know are in it too, so that the agent leaves them running."""
+        mine = [a.spec for a in self.assignments.values() if a.node == node and a.desired in ("run", "drain")]
+        return mine + self.unknown.specs_for(node)
 
     # -- engine reports → scheduler ------------------------------------------------------------
     def _on_report(self, node: str, report: EngineReport | None, a: Assignment | None = None) -> None:
         if a is None:
             assert report is not None
             a = self.assignments.get(report.replica)
-            if a is None or a.node != node:
+            if a is None:
+                if self.adopt and self._adopt(node, report):
+                    return
+                new = report.replica not in self.unknown.engines
+                if self.unknown.report(node, report) and new:
+                    self.agents.push(node)  # kept: in the node's desired set from now on
+                return  # removed by the router: its absence from `desired` makes the agent stop it
+            if a.node != node:
                 return  # not ours (any more): its absence from `desired` makes the agent stop it
         old = a.engine_state
         a.report = report
@@ -209,10 +262,53 @@ class ControlPlane:
             level = logging.WARNING if new in ("crashed", "failed", "crashloop") else logging.INFO
             log.log(level, "replica %s on %s: %s → %s%s", a.replica, node, old, new,
                     f" ({detail})" if detail else "")
-            self.store.record(f"engine {new}", replica=a.replica, model=a.model, node=node, detail=detail)
+            self.guard.record(f"engine {new}", replica=a.replica, model=a.model, node=node, detail=detail)
+        if report is not None and report.state == "ready" and report.url and self.urls.get(a.replica) != report.url:
+            self.urls[a.replica] = report.url  # where a restarted router finds it (restore_routing)
+            self.guard.write("put_assignment", self._row(a))
         self._route(a)
         if a.desired == "stop" and (report is None or report.state == "stopped"):
             self._forget(a, "stopped")
+
+    def _adopt(self, node: str, report: EngineReport) -> bool:
+        """`--adopt`: an engine the store does not know becomes an assignment (its model from the
+        config or the store, or rebuilt from its spec). False if it cannot be (it is then kept or
+        stopped as without --adopt)."""
+        spec = report.spec
+        if spec is None or report.state not in KEPT_STATES or (spec.replica, spec.model) != (report.replica,
+                                                                                             report.model):
+            return False
+        if self.unknown.was_removed(report.replica):
+            return False
+        if sum(1 for a in self.assignments.values() if a.node == node) >= MAX_PER_NODE:
+            log.warning("node %s: engine %s not adopted: the node has %d replicas already", node, report.replica,
+                        MAX_PER_NODE)
+            return False
+        m = self.models.get(spec.model)
+        if m is None or self.sources.get(spec.model) == "adopted":
+            count = 1 + sum(1 for a in self.assignments.values() if a.model == spec.model and a.desired == "run")
+            rebuilt = adopted_model(spec, count, self.cfg.pools)
+            if rebuilt is None:
+                return False
+            self._set_model(rebuilt, "adopted")
+            self.guard.write("put_model", rebuilt.name, {"source": "adopted", "model": model_to_dict(rebuilt)})
+            m = rebuilt
+        dep = self.deploys.get(m.name)
+        demand = dep.demand if dep is not None else Demand(gpus=len(spec.gpu_indices))
+        a = Assignment(spec.replica, spec.model, node, spec, demand, created_at=time.time())
+        self.assignments[a.replica] = a
+        self.unknown.engines.pop(a.replica, None)
+        if report.url:
+            self.urls[a.replica] = report.url
+        self.guard.write("put_assignment", self._row(a))
+        self.guard.record("replica adopted", replica=a.replica, model=a.model, node=node,
+                          detail=f"{report.state} at {report.url or '?'} (pid {report.pid})")
+        log.warning("adopted engine %s of model %s on %s (%s; pid %s) as a replica", a.replica, a.model, node,
+                    report.state, report.pid)
+        self._on_report(node, report, a)
+        self.agents.push(node)
+        self._wake.set()
+        return True
 
     def _route(self, a: Assignment) -> None:
         r = a.report
@@ -232,9 +328,11 @@ class ControlPlane:
 
     def _forget(self, a: Assignment, why: str) -> None:
         self.assignments.pop(a.replica, None)
+        self.urls.pop(a.replica, None)
+        self.unknown.removed(a.replica)
         self.router.withdraw_replica(a.replica)
-        self.store.delete_assignment(a.replica)
-        self.store.record("replica removed", replica=a.replica, model=a.model, node=a.node, detail=why)
+        self.guard.write("delete_assignment", a.replica)
+        self.guard.record("replica removed", replica=a.replica, model=a.model, node=a.node, detail=why)
         if a.model not in self.models and not any(x.model == a.model for x in self.assignments.values()):
             self.router.forget_model(a.model)
 
@@ -243,7 +341,9 @@ class ControlPlane:
         for t in ts:
             level = logging.WARNING if t.new == "lost" else logging.INFO
             log.log(level, "node %s: %s → %s (%s)", t.node, t.old or "new", t.new, t.reason)
-            self.store.record(f"node {t.new}", node=t.node, detail=t.reason)
+            self.guard.record(f"node {t.new}", node=t.node, detail=t.reason)
+            if t.new == "lost":
+                self.unknown.node_gone(t.node)
             # Not ready changes no routing: the data path to its engines does not go through the agent.
             if t.new == "lost" or t.old == "lost":
                 self._wake.set()
@@ -275,10 +375,15 @@ class ControlPlane:
             if not known or not all(n.connected for n in known):
                 return
             self._settle_until = now  # every node we knew is back: no reason to wait longer
-        plan = reconcile(self.deploys, self.nodes.nodes, list(self.assignments.values()),
+        nodes = self.nodes.nodes
+        held = self.unknown.held_nodes()
+        if held:  # engines outside placement's books run there: place nothing new on them
+            nodes = {name: replace(n, state="not_ready") if name in held and n.state == "ready" else n
+                     for name, n in nodes.items()}
+        plan = reconcile(self.deploys, nodes, list(self.assignments.values()),
                          new_id=self._new_id, now_wall=time.time())
         drain_timeout = self.cfg.control.drain_timeout_s
-        with self.store.transaction():
+        with self.guard.transaction("reconcile"):
             for rid, why in plan.lost:
                 a = self.assignments.get(rid)
                 if a is not None:
@@ -286,23 +391,23 @@ class ControlPlane:
                     self._forget(a, f"lost: {why}")
             for a in plan.create:
                 self.assignments[a.replica] = a
-                self.store.put_assignment(self._row(a))
-                self.store.record("replica placed", replica=a.replica, model=a.model, node=a.node,
+                self.guard.write("put_assignment", self._row(a))
+                self.guard.record("replica placed", replica=a.replica, model=a.model, node=a.node,
                                   detail=f"gpus {list(a.spec.gpu_indices)}" if a.spec.gpu_indices else "")
                 log.info("replica %s of %s placed on %s", a.replica, a.model, a.node)
                 self.agents.push(a.node)
             for rid, why in plan.drain:
                 a = self.assignments[rid]
                 a.desired, a.drain_since, a.reason = "drain", now, why
-                self.store.set_desired(rid, "drain")
-                self.store.record("replica draining", replica=rid, model=a.model, node=a.node, detail=why)
+                self.guard.write("set_desired", rid, "drain")
+                self.guard.record("replica draining", replica=rid, model=a.model, node=a.node, detail=why)
                 self._route(a)
             for a in [a for a in self.assignments.values() if a.desired == "drain"]:
                 st = self.router.replica_state(a.replica)
                 idle = st is None or st.inflight == 0
                 if idle or now - (a.drain_since or now) >= drain_timeout:
                     a.desired = "stop"
-                    self.store.set_desired(a.replica, "stop")
+                    self.guard.write("set_desired", a.replica, "stop")
                     self.router.withdraw_replica(a.replica)
                     self.agents.push(a.node)
             for a in [a for a in self.assignments.values() if a.desired == "stop"]:
@@ -311,13 +416,17 @@ class ControlPlane:
                     self._forget(a, a.reason or "stopped")
         self._reconciles += 1
         if self._reconciles % 3600 == 0:
-            self.store.prune_history()
+            self.guard.write("prune_history")
         # Until the agents had a chance to reconnect, "cannot be placed" is only noise.
         settled = now - self._started >= max(self.cfg.control.not_ready_after_s, self.cfg.control.settle_s)
+        if held:
+            note = (f"; {len(held)} node{'s' if len(held) > 1 else ''} held (running engines the store does not "
+                    "know; see llmgw ctl status)")
+            plan.unplaceable = {name: why + note for name, why in plan.unplaceable.items()}
         for name, why in plan.unplaceable.items():
             if settled and self.unplaceable.get(name) != why:
                 log.warning("model %s: %s", name, why)
-                self.store.record("unplaceable", model=name, detail=why)
+                self.guard.record("unplaceable", model=name, detail=why)
         self.unplaceable = plan.unplaceable if settled else {}
 
     def _new_id(self, model: str) -> str:
@@ -326,12 +435,11 @@ class ControlPlane:
             if rid not in self.assignments:
                 return rid
 
-    @staticmethod
-    def _row(a: Assignment) -> AssignmentRow:
+    def _row(self, a: Assignment) -> AssignmentRow:
         spec = a.spec.to_wire()
         spec["demand"] = a.demand.to_wire()
         return AssignmentRow(replica=a.replica, model=a.model, node=a.node, spec=spec, desired=a.desired,
-                             created_at=a.created_at, updated_at=time.time())
+                             created_at=a.created_at, updated_at=time.time(), url=self.urls.get(a.replica))
 
     # -- operator actions (the admin API calls these) -------------------------------------------
     def put_model(self, data: Any, *, source: str = "api") -> ModelConfig:
@@ -355,8 +463,9 @@ class ControlPlane:
         return scaled
 
     def _save_model(self, m: ModelConfig, source: str) -> None:
-        self.store.put_model(m.name, {"source": source, "model": model_to_dict(m)})
-        self.store.record("model saved", model=m.name, detail=source)
+        # Written first: a store that cannot write raises StoreUnavailable and nothing changes.
+        self.guard.must_write("put_model", m.name, {"source": source, "model": model_to_dict(m)})
+        self.guard.record("model saved", model=m.name, detail=source)
         self._set_model(m, source)
         self._wake.set()
 
@@ -365,8 +474,8 @@ class ControlPlane:
             raise KeyError(name)
         if self.sources.get(name) == "config":
             raise ModelError(f"model {name} is defined in the config file; remove it there")
-        self.store.delete_model(name)
-        self.store.record("model deleted", model=name)
+        self.guard.must_write("delete_model", name)
+        self.guard.record("model deleted", model=name)
         del self.models[name]
         self.sources.pop(name, None)
         self.deploys.pop(name, None)
@@ -376,71 +485,37 @@ class ControlPlane:
         """Restart an engine (also how an operator clears a crash loop)."""
         a = self.assignments[rid]
         a.spec = replace(a.spec, generation=a.spec.generation + 1)
-        self.store.put_assignment(self._row(a))
-        self.store.record("replica restart requested", replica=rid, model=a.model, node=a.node)
+        # An action, not configuration: done even while the store cannot write (written back after).
+        self.guard.write("put_assignment", self._row(a))
+        self.guard.record("replica restart requested", replica=rid, model=a.model, node=a.node)
         self.agents.push(a.node)
 
     def set_labels(self, node: str, labels: dict[str, str]) -> None:
-        self.store.set_node_labels(node, labels)
-        row = self.store.nodes()[node]
-        if node not in self.nodes.nodes:
-            self.nodes.remember(node, agent_labels={}, operator_labels=row.operator_labels, facts=NodeFacts(),
+        self.guard.must_write("set_node_labels", node, labels)  # first: nothing changes if it cannot
+        n = self.nodes.nodes.get(node)
+        merged = {**(n.operator_labels if n else {}), **labels}
+        if n is None:
+            self.nodes.remember(node, agent_labels={}, operator_labels=merged, facts=NodeFacts(),
                                 now=trio.current_time())
-        self.nodes.set_operator_labels(node, row.operator_labels)
+        self.nodes.set_operator_labels(node, merged)
         self._wake.set()
 
     def remove_labels(self, node: str, keys: list[str]) -> None:
-        self.store.remove_node_labels(node, keys)
-        row = self.store.nodes().get(node)
-        self.nodes.set_operator_labels(node, row.operator_labels if row else {})
+        self.guard.must_write("remove_node_labels", node, keys)
+        n = self.nodes.nodes.get(node)
+        if n is not None:
+            self.nodes.set_operator_labels(node, {k: v for k, v in n.operator_labels.items() if k not in set(keys)})
         self._wake.set()
 
-    # -- views ---------------------------------------------------------------------------------
+    # -- views (plane_views.py) -------------------------------------------------------------------
     def node_views(self) -> list[NodeView]:
-        now = trio.current_time()
-        out = []
-        for n in sorted(self.nodes.nodes.values(), key=lambda n: n.name):
-            engines = [a for a in self.assignments.values() if a.node == n.name]
-            out.append(NodeView(
-                name=n.name, state=n.state, since_s=round(now - n.since, 3), reason=n.reason,
-                connected=n.connected, agent_id=n.agent_id,
-                last_seen_s=None if n.last_seen is None else round(now - n.last_seen, 3),
-                labels=n.labels, agent_labels=n.agent_labels, operator_labels=n.operator_labels,
-                location=location(n.labels), facts=node_facts_view(n.facts),
-                replicas=sorted(a.replica for a in engines),
-            ))
-        return out
+        return node_views(self.nodes.nodes.values(), self.assignments.values(), trio.current_time())
 
     def replica_views(self) -> list[ReplicaView]:
-        out = []
-        for a in sorted(self.assignments.values(), key=lambda a: a.replica):
-            r = a.report
-            st = self.router.replica_state(a.replica)
-            out.append(ReplicaView(
-                replica=a.replica, model=a.model, node=a.node, desired=a.desired,
-                state=a.engine_state, url=r.url if r else None, pid=r.pid if r else None,
-                restarts=r.restarts if r else 0, detail=r.detail if r else "",
-                log_tail=list(r.log_tail) if r else [], adopted=r.adopted if r else False,
-                gpus=list(a.spec.gpu_indices), generation=a.spec.generation, reason=a.reason,
-                routable=st is not None and st.routable,
-                inflight=st.inflight if st else 0, created_at=a.created_at,
-            ))
-        return out
+        return replica_views(self.assignments.values(), self.router)
 
     def model_views(self) -> list[ModelView]:
-        out = []
-        for name in sorted(self.models):
-            m = self.models[name]
-            mine = [a for a in self.assignments.values() if a.model == name]
-            out.append(ModelView(
-                name=name, engine=m.engine, source=self.sources.get(name, "api"),
-                desired_replicas=m.deploy.count if m.deploy else None,
-                replicas=len([a for a in mine if a.desired == "run"]),
-                ready=len([a for a in mine if a.engine_state == "ready" and a.desired == "run"]),
-                static_replicas=len(m.replicas), unplaceable=self.unplaceable.get(name),
-                definition=model_to_dict(m),
-            ))
-        return out
+        return model_views(self.models, self.sources, self.assignments.values(), self.unplaceable)
 
     def summary(self) -> Status:
         states: dict[str, int] = {}
@@ -448,4 +523,5 @@ class ControlPlane:
             states[n.state] = states.get(n.state, 0) + 1
         return Status(version=__version__, router_id=self.router_id, nodes=states,
                       assignments=len(self.assignments), partition_suspected=self.nodes.partition_suspected,
-                      control_port=self.port, unplaceable=dict(self.unplaceable))
+                      control_port=self.port, unplaceable=dict(self.unplaceable), store=self.guard.status(),
+                      unknown_engines=self.unknown.by_node(), adopt=self.adopt)
