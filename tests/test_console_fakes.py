@@ -176,9 +176,13 @@ CACHE = {
 }
 
 
+STORE = {"state": "ok", "path": "/var/lib/llmgw/router.db", "reason": None, "detail": None, "since_s": None,
+         "errors": 0, "pending_history": 0, "history_dropped": 0}
+
+
 def snapshot(rev: int = 1) -> dict[str, Any]:
     return {"type": "snapshot", "rev": rev, "nodes": NODES, "models": MODELS, "replicas": REPLICAS,
-            "endpoints": ENDPOINTS, "decisions": DECISIONS, "cache": CACHE}
+            "endpoints": ENDPOINTS, "decisions": DECISIONS, "cache": CACHE, "store": STORE}
 
 
 def stream() -> list[dict[str, Any]]:
