@@ -35,8 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import Conn, Latencies, build_request, proc_cpu_seconds  # noqa: E402
 from procs import spawn, stop  # noqa: E402
 
+# "default" is what a model gets with no strategy configured: no header, the shipped preset and
+# the shipped load guard. The others are [[strategies]] sent by header.
 STRATEGIES = {
+    "default": {},
     "round-robin": {"picker": "round-robin", "weights": {"load": 1.0}},
+    # the default before it was cache-aware (the chat preset until 2026-12)
+    "old-default": {"picker": "max-score", "weights": {"load": 0.35, "queue": 0.15, "kv": 0.15, "inflight": 0.10,
+                                                       "session": 0.25}},
     "load-only": {"picker": "max-score", "weights": {"load": 0.6, "queue": 0.2, "inflight": 0.2}},
     "prefix": {"picker": "max-score", "weights": {"prefix": 0.6, "load": 0.25, "queue": 0.15}},
     # the same weights with the other load guard: a spill gate against the fleet mean
@@ -98,7 +104,7 @@ async def replay(port: int, convs: list[dict], rate: float, seed: int, strategy:
         c = await Conn.open("127.0.0.1", port)
         t0 = time.perf_counter()
         await c.stream.send_all(build_request("POST", "/v1/chat/completions", body,
-                                              headers={"x-llmgw-strategy": strategy}))
+                                              headers={} if strategy == "default" else {"x-llmgw-strategy": strategy}))
         end = await c._until(b"\r\n\r\n")
         head = bytes(c.buf[:end]).decode("latin-1").lower()
         del c.buf[: end + 4]
@@ -224,6 +230,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--slo", type=float, default=2.0, help="goodput: requests done within this many seconds")
     ap.add_argument("--saturation", action="store_true", help="also ramp the rate to saturation")
+    ap.add_argument("--ramp", default="2,4,8",
+                    help="--saturation: the offered rates, as multiples of --rate (a stepped ramp past the knee)")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--engine", choices=["sim", "llamacpp-real"], default="sim",
@@ -251,6 +259,8 @@ def main() -> None:
         lines = ['[server]', 'host = "127.0.0.1"', '[router]', 'scrape_interval_s = 0.25', 'queue_size = 4096',
                  'saturation_load = 100000.0']
         for name, st in STRATEGIES.items():
+            if not st:
+                continue
             w = ", ".join(f"{k} = {v}" for k, v in st["weights"].items())  # type: ignore[union-attr]
             lines += ["[[strategies]]", f'name = "{name}"', f'picker = "{st["picker"]}"', f"weights = {{ {w} }}"]
         lines += ["[[models]]", 'name = "m"', f'engine = "{"vllm" if real is None else "llamacpp"}"']
@@ -258,9 +268,12 @@ def main() -> None:
         cfg.write_text("\n".join(lines) + "\n")
         def start_router(name: str) -> tuple[subprocess.Popen[bytes], dict]:
             # A fresh router per strategy: no run inherits another's prefix index.
-            guard = STRATEGIES[name].get("guard", "imbalance")
-            path = cfg.with_name(f"bench-{guard}.toml")
-            path.write_text(cfg.read_text().replace("[router]\n", f"[router]\nprefix = {{ guard = \"{guard}\" }}\n", 1))
+            guard = STRATEGIES[name].get("guard", "imbalance" if STRATEGIES[name] else None)
+            path = cfg.with_name(f"bench-{guard or 'default'}.toml")
+            text = cfg.read_text()
+            if guard is not None:
+                text = text.replace("[router]\n", f"[router]\nprefix = {{ guard = \"{guard}\" }}\n", 1)
+            path.write_text(text)
             rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(path), "--port", "0",
                                "--log-level", "warning"])
             procs.append(rp)
@@ -307,8 +320,8 @@ def main() -> None:
                   f"{dict(outcomes) if name.startswith('prefix') else ''}")
             stop_router(rp)
         if a.saturation:
-            print("saturation ramp: goodput (share of requests done within the SLO) by rate")
-            for rate in (a.rate * 2, a.rate * 4, a.rate * 8):
+            print("saturation ramp: goodput (requests/s done within the SLO, and their share) by offered rate")
+            for rate in (a.rate * float(x) for x in a.ramp.split(",")):
                 row = []
                 for name in a.strategies.split(","):
                     for u in sims:
@@ -316,7 +329,7 @@ def main() -> None:
                     rp, rinfo = start_router(name)
                     _, _, good = trio.run(replay, rinfo["port"], convs, rate, a.seed, name, a.slo)
                     stop_router(rp)
-                    row.append(f"{name} {good / n_req:.0%}")
+                    row.append(f"{name} {rate * good / n_req:5.1f}/s ({good / n_req:.0%})")
                     results.setdefault("saturation", {}).setdefault(str(rate), {})[name] = good / n_req
                 print(f"  {rate:6.0f}/s  " + "  ".join(row))
         if a.json:

@@ -123,7 +123,7 @@ class BreakerConfig:
 @dataclass(frozen=True, kw_only=True)
 class PrefixRoutingConfig:
     """Cache-aware routing, tier 1 (the `prefix` scorer; a strategy gives it its weight)."""
-    guard: str = opt("imbalance", check=one_of("imbalance", "spill", "none"))
+    guard: str = opt("spill", check=one_of("imbalance", "spill", "none"))
     abs_gap: float = opt(8.0, check=in_range(0))  # imbalance: holder load - least load > this ...
     rel_gap: float = opt(1.5, check=in_range(1))  # ... and holder load > this × least load
     spill_factor: float = opt(1.5, check=in_range(1))  # spill: holder load > factor × mean + slack

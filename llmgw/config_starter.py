@@ -52,7 +52,7 @@ max_cooldown_s = 120.0
 half_open_probes = 1
 
 [router.prefix]
-guard = "imbalance"              # "imbalance", "spill" or "none": how load overrides prefix affinity
+guard = "spill"                  # "spill", "imbalance" or "none": how load overrides prefix affinity
 abs_gap = 8.0                    # imbalance: a holder loses affinity when its load exceeds the least
 rel_gap = 1.5                    #   loaded candidate's by abs_gap requests AND by a factor rel_gap
 spill_factor = 1.5               # spill: ... when its load > spill_factor x mean + spill_slack
@@ -80,7 +80,7 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # [[models]]
 # name = "llama-3-8b"
 # engine = "vllm"                # "vllm" or "llamacpp"
-# strategy = "chat"              # "chat", "batch" or "long-context"
+# strategy = "chat"              # "chat" (cache-aware), "batch", "long-context" or "load-balance"
 # pools = ["default", "burst"]
 # metrics = { kv_usage = "vllm:kv_cache_usage_perc" }   # optional metric name overrides
 #

@@ -436,12 +436,17 @@ def test_round_robin_cycles_per_key():
 # --------------------------------------------------------------------------- strategies
 
 def test_presets_are_normalised_and_valid():
-    assert set(PRESETS) == {"chat", "batch", "long-context"}
+    assert set(PRESETS) == {"chat", "batch", "long-context", "load-balance"}
     for s in PRESETS.values():
         assert math.isclose(sum(s.weights.values()), 1.0)
         assert set(s.weights) <= set(SCORERS) and s.picker in PICKERS
     assert PRESETS["batch"].picker == "power-of-two"
-    assert "session" in PRESETS["chat"].weights
+    # cache-aware by default: the default preset's largest weight is the prefix vote, and its kv
+    # term keeps the KV ceiling's veto; only load-balance has no affinity at all
+    chat = PRESETS["chat"].weights
+    assert chat["prefix"] == max(chat.values()) and "kv" in chat
+    assert all("prefix" in PRESETS[p].weights for p in ("chat", "batch", "long-context"))
+    assert not {"prefix", "session"} & set(PRESETS["load-balance"].weights)
     lc = PRESETS["long-context"].weights
     assert lc["kv"] == max(lc.values())
 
@@ -560,12 +565,14 @@ def test_custom_scorer_plugs_in():
     def prefer_r2(ctx: ScoreContext) -> Scores:
         return Scores([1.0 if e.id == "m/r2" else 0.0 for e in ctx.endpoints])
 
-    sched = Scheduler(scorers={"prefix": prefer_r2})
-    strat = resolve("chat", {"prefix": 5.0}, scorers=sched.scorers)
+    sched = Scheduler(scorers={"r2": prefer_r2})
+    strat = resolve("chat", {"r2": 5.0}, scorers=sched.scorers)
     d = decide([ep(i) for i in range(4)], sched=sched, strategy=strat)
-    assert d.chosen == "m/r2" and d.candidates[0].scores["prefix"] == 1.0
-    with pytest.raises(StrategyError, match="unknown scorer 'prefix'"):
+    assert d.chosen == "m/r2" and d.candidates[0].scores["r2"] == 1.0
+    with pytest.raises(StrategyError, match="unknown scorer 'r2'"):
         decide([ep(0)], strategy=strat)  # a scheduler without it
+    # a bare scheduler has a neutral stand-in for the prefix index: the presets still decide
+    assert decide([ep(i) for i in range(4)], strategy=PRESETS["chat"]).candidates[0].scores["prefix"] == 0.0
 
 
 @pytest.mark.parametrize("strategy", [*PRESETS, Strategy("load-only", {"load": 1.0})],

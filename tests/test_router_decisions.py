@@ -26,7 +26,7 @@ def test_decision_ring_is_bounded_and_explains_each_pick() -> None:
         router = Router(parse_config(CFG), pool=None, seed=1)  # type: ignore[arg-type]
         core = router.core
         router.registry.replicas["m/0"].view.inflight = 5  # busy: the other one should win
-        body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+        body = b'{"model": "m", "messages": [{"role": "system", "content": "%s"}]}' % (b"be brief. " * 20)
         for i in range(5):
             now = trio.current_time()
             plan = core.plan("chat", body, f"r{i}", strategy=None, session=None, now=now)
@@ -38,8 +38,9 @@ def test_decision_ring_is_bounded_and_explains_each_pick() -> None:
         last = ring[-1].to_json()
         assert last["chosen"] == "m/1" and last["strategy"] == "chat" and last["picker"] == "max-score"
         scores = {c["endpoint"]: c["scores"] for c in last["candidates"]}
-        assert scores["m/1"]["inflight"] > scores["m/0"]["inflight"]
-        assert set(last["weights"]) == {"load", "queue", "kv", "inflight", "session"}
+        assert scores["m/1"]["load"] > scores["m/0"]["load"]
+        assert set(last["weights"]) == {"prefix", "load", "queue", "kv"}  # cache-aware by default
+        assert "prefix hit" in last["note"]  # the same prompt each time: m/1 holds it
         assert last["decide_us"] > 0
 
     trio.run(main)

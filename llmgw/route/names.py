@@ -17,6 +17,6 @@ __all__ = ["SCORER_NAMES", "PICKER_NAMES", "PRESET_NAMES", "DEFAULT_PICKER"]
 
 SCORER_NAMES = ("load", "queue", "kv", "inflight", "weight", "session", "prefix")
 PICKER_NAMES = ("max-score", "power-of-two", "softmax", "round-robin")
-PRESET_NAMES = ("chat", "batch", "long-context")
+PRESET_NAMES = ("chat", "batch", "long-context", "load-balance")
 
 DEFAULT_PICKER = "max-score"  # a strategy that names no picker

@@ -59,7 +59,7 @@ MATCH_BUCKETS = (0, 64, 256, 1024, 4096, 16384, 65536, 262144)
 
 @dataclass(frozen=True, slots=True)
 class PrefixScorerConfig:
-    guard: str = "imbalance"  # "imbalance" | "spill" | "none"
+    guard: str = "spill"  # "imbalance" | "spill" | "none"
     abs_gap: float = 8.0  # imbalance: holder load - min load must exceed this (requests) ...
     rel_gap: float = 1.5  # ... AND holder load must exceed rel_gap × min load
     spill_factor: float = 1.5  # spill: holder load > spill_factor × mean load + spill_slack

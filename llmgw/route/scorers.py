@@ -262,7 +262,15 @@ def score_session(ctx: ScoreContext) -> Scores:
     return Scores({i: 1.0})
 
 
+def score_no_prefix(ctx: ScoreContext) -> Scores:
+    """The ``prefix`` scorer where no prefix index is wired in (a bare Scheduler, as in tools and
+    tests): every candidate scores the same. The router registers the real one
+    (:class:`~.prefix_scorer.PrefixRouting`) under this name."""
+    return Scores.constant(0.0)
+
+
 SCORERS: dict[str, Scorer] = {
+    "prefix": score_no_prefix,
     "load": score_load,
     "queue": score_queue,
     "kv": score_kv,

@@ -60,18 +60,25 @@ class Strategy:
                            {k: w / total for k, w in self.weights.items() if w > 0})
 
 
-_CHAT, _BATCH, _LONG_CONTEXT = PRESET_NAMES  # one preset per name in names.PRESET_NAMES
+_CHAT, _BATCH, _LONG_CONTEXT, _LOAD_BALANCE = PRESET_NAMES  # one preset per name in names.PRESET_NAMES
 
 PRESETS: dict[str, Strategy] = {
     s.name: s for s in (
-        # Latency: go where a request starts soonest, keep a conversation's prefix cache warm.
-        Strategy(_CHAT, {"load": 0.35, "queue": 0.15, "kv": 0.15, "inflight": 0.10,
-                         "session": 0.25}),
-        # Throughput: fill KV and drain queues evenly; power-of-two spreads without herding.
-        Strategy(_BATCH, {"kv": 0.40, "queue": 0.35, "load": 0.15, "weight": 0.10},
+        # Latency, and the default: send a request where its prompt's head is cached (a cache hit
+        # skips the head's prefill), balanced by load and queue — the prefix guard withdraws the
+        # affinity of a replica that is too busy — and never into a full KV cache (the kv veto).
+        # docs/prefix-routing.md has the figures.
+        Strategy(_CHAT, {"prefix": 0.55, "load": 0.20, "queue": 0.15, "kv": 0.10}),
+        # Throughput: fill KV and drain queues evenly; power-of-two spreads without herding;
+        # still a vote for where the prompt is cached.
+        Strategy(_BATCH, {"kv": 0.35, "queue": 0.30, "load": 0.10, "weight": 0.05, "prefix": 0.20},
                  picker="power-of-two"),
-        # Long prompts need KV room most: a full cache means preemption and recompute.
-        Strategy(_LONG_CONTEXT, {"kv": 0.60, "queue": 0.20, "load": 0.20}),
+        # Long prompts need KV room most: a full cache means preemption and recompute; a cached
+        # head saves the most prefill here.
+        Strategy(_LONG_CONTEXT, {"kv": 0.50, "queue": 0.15, "load": 0.15, "prefix": 0.20}),
+        # No affinity at all: where a request starts soonest.
+        Strategy(_LOAD_BALANCE, {"load": 0.40, "queue": 0.20, "kv": 0.20, "inflight": 0.10,
+                                 "weight": 0.10}),
     )
 }
 
