@@ -100,30 +100,34 @@ def completion_parser() -> argparse.ArgumentParser:
     return p
 
 
-def completion_contexts() -> dict[str, Any]:
-    """Every context of the `llmgw` command line (llmgw.completion), from each command's parser."""
-    from llmgw.completion import Context, Option, add_parser, captured_parser
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each command's argparse parser, by the words that lead to it. `llmgw sim` reads vLLM's flags,
+    or llama.cpp's after --engine llamacpp. The parsers of daemon and sim fleet are built inside
+    their main functions and caught there at their first parse (nothing else of those runs)."""
+    from llmgw.completion import captured_parser
     from llmgw.ctl import parser as ctl_parser
     from llmgw.daemon.main import main as daemon_main
     from llmgw.daemon.sim.main import fleet_main
     from llmgw.sim.args import build_llamacpp_parser, build_vllm_parser
     from llmgw.tui.main import _parser as console_parser
 
+    return {"daemon": captured_parser(daemon_main), "ctl": ctl_parser(), "console": console_parser(),
+            "config": config_parser(), "completion": completion_parser(), "sim": build_vllm_parser(),
+            "sim fleet": captured_parser(fleet_main), "sim --engine=llamacpp": build_llamacpp_parser()}
+
+
+def completion_contexts() -> dict[str, Any]:
+    """Every context of the `llmgw` command line (llmgw.completion), from each command's parser."""
+    from llmgw.completion import Context, Option, add_parser
+
     out: dict[str, Context] = {}
     out[""] = Context(subcommands=dict(COMMANDS), options=[Option(("-h", "--help"), False, (), "show the commands"),
                                                            Option(("-V", "--version"), False, (), "print the version")])
-    add_parser(out, "daemon", captured_parser(daemon_main))
-    add_parser(out, "ctl", ctl_parser())
-    add_parser(out, "console", console_parser())
-    add_parser(out, "config", config_parser())
-    add_parser(out, "completion", completion_parser())
-    # `llmgw sim` reads vLLM's flags, or llama.cpp's after --engine llamacpp; `sim fleet` its own.
+    for key, parser in parsers().items():
+        add_parser(out, key, parser)
+    out["sim"].subcommands["fleet"] = "run N simulated replicas, one process each"
     engine = Option(("--engine",), True, ("vllm", "llamacpp"), "the engine to simulate (default: vllm)")
-    sim = add_parser(out, "sim", build_vllm_parser())
-    sim.subcommands["fleet"] = "run N simulated replicas, one process each"
-    add_parser(out, "sim fleet", captured_parser(fleet_main))
-    llama = add_parser(out, "sim --engine=llamacpp", build_llamacpp_parser())
-    for ctx in (sim, llama):
+    for ctx in (out["sim"], out["sim --engine=llamacpp"]):
         ctx.options.insert(0, engine)
         ctx.switches = {("--engine", "vllm"): "sim", ("--engine", "llamacpp"): "sim --engine=llamacpp"}
     return out
