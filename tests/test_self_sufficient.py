@@ -28,3 +28,9 @@ def test_no_test_reads_outside_the_repository() -> None:
                  if outside.search(line) and not line.lstrip().startswith("#")]
     assert offenders == []
 
+
+def test_scripts_need_nothing_outside_the_repository() -> None:
+    for script in sorted((ROOT / "scripts").iterdir()):
+        if script.is_file():
+            assert "../shared" not in script.read_text(), script.name
+    assert "scripts/build-llama-server" in (ROOT / "scripts" / "test").read_text()
