@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 USAGE = """\
 usage: llmgw <command> [args]
@@ -24,9 +25,20 @@ commands:
                                               run N simulated replicas (demos, benchmarks)
   config init [PATH] [--force]                write a starter config file
   config check PATH                           validate a config file, listing every problem
+  completion bash|zsh|fish                    print a shell completion script for llmgw
 
 `llmgw sim --engine vllm --help` lists vLLM's flags, and the --sim-* flags of the simulator.
 """
+
+# The commands, with the one-line help that shell completion shows beside them.
+COMMANDS = {
+    "daemon": "run the router and/or the agent",
+    "ctl": "operate a running daemon",
+    "console": "the live operator console (a terminal UI)",
+    "sim": "run simulated engine replicas",
+    "config": "write or check a config file",
+    "completion": "print a shell completion script",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,8 +70,75 @@ def main(argv: Sequence[str] | None = None) -> int:
         from llmgw.tui.main import main as console_main
 
         return console_main(rest)
+    if cmd == "completion":
+        return _completion(rest)
     print(f"llmgw: unknown command {cmd!r}\n\n{USAGE}", end="", file=sys.stderr)
     return 2
+
+
+def config_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llmgw config", description="Write a starter config file, or check one.")
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    init = sub.add_parser("init", help="write a starter config", description="Write a starter config file.")
+    init.add_argument("path", nargs="?", default="llmgw.toml", help="where to write it (default: %(default)s)")
+    init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    check = sub.add_parser("check", help="validate a config file",
+                           description="Validate a config file, listing every problem.")
+    check.add_argument("path", help="the config file to check")
+    return p
+
+
+def completion_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llmgw completion", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Print a completion script for llmgw's commands, options and choices.",
+        epilog="install it once (and again after an upgrade):\n"
+               "  bash: llmgw completion bash > ~/.local/share/bash-completion/completions/llmgw\n"
+               "  zsh:  llmgw completion zsh > \"${fpath[1]}/_llmgw\"   (any folder on $fpath)\n"
+               "  fish: llmgw completion fish > ~/.config/fish/completions/llmgw.fish")
+    p.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell to complete in")
+    return p
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each command's argparse parser, by the words that lead to it. `llmgw sim` reads vLLM's flags,
+    or llama.cpp's after --engine llamacpp. The parsers of daemon and sim fleet are built inside
+    their main functions and caught there at their first parse (nothing else of those runs)."""
+    from llmgw.completion import captured_parser
+    from llmgw.ctl import parser as ctl_parser
+    from llmgw.daemon.main import main as daemon_main
+    from llmgw.daemon.sim.main import fleet_main
+    from llmgw.sim.args import build_llamacpp_parser, build_vllm_parser
+    from llmgw.tui.main import _parser as console_parser
+
+    return {"daemon": captured_parser(daemon_main), "ctl": ctl_parser(), "console": console_parser(),
+            "config": config_parser(), "completion": completion_parser(), "sim": build_vllm_parser(),
+            "sim fleet": captured_parser(fleet_main), "sim --engine=llamacpp": build_llamacpp_parser()}
+
+
+def completion_contexts() -> dict[str, Any]:
+    """Every context of the `llmgw` command line (llmgw.completion), from each command's parser."""
+    from llmgw.completion import Context, Option, add_parser
+
+    out: dict[str, Context] = {}
+    out[""] = Context(subcommands=dict(COMMANDS), options=[Option(("-h", "--help"), False, (), "show the commands"),
+                                                           Option(("-V", "--version"), False, (), "print the version")])
+    for key, parser in parsers().items():
+        add_parser(out, key, parser)
+    out["sim"].subcommands["fleet"] = "run N simulated replicas, one process each"
+    engine = Option(("--engine",), True, ("vllm", "llamacpp"), "the engine to simulate (default: vllm)")
+    for ctx in (out["sim"], out["sim --engine=llamacpp"]):
+        ctx.options.insert(0, engine)
+        ctx.switches = {("--engine", "vllm"): "sim", ("--engine", "llamacpp"): "sim --engine=llamacpp"}
+    return out
+
+
+def _completion(argv: list[str]) -> int:
+    from llmgw.completion_scripts import script
+
+    ns = completion_parser().parse_args(argv)
+    sys.stdout.write(script(ns.shell, completion_contexts()))
+    return 0
 
 
 def _config(argv: list[str]) -> int:
@@ -67,14 +146,7 @@ def _config(argv: list[str]) -> int:
 
     from llmgw.config import ConfigError, init_config_text, load_config
 
-    p = argparse.ArgumentParser(prog="llmgw config")
-    sub = p.add_subparsers(dest="action", required=True)
-    init = sub.add_parser("init", help="write a starter config")
-    init.add_argument("path", nargs="?", default="llmgw.toml")
-    init.add_argument("--force", action="store_true", help="overwrite an existing file")
-    check = sub.add_parser("check", help="validate a config file")
-    check.add_argument("path")
-    ns = p.parse_args(argv)
+    ns = config_parser().parse_args(argv)
     if ns.action == "init":
         path = Path(ns.path)
         if path.exists() and not ns.force:

@@ -359,9 +359,11 @@ def _common(top: bool) -> argparse.ArgumentParser:
         return value if top else argparse.SUPPRESS
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-o", "--output", choices=("table", "json"), default=d("table"))
+    common.add_argument("-o", "--output", choices=("table", "json"), default=d("table"),
+                        help="table for people, json for scripts (default: table)")
     add_target_arguments(common, default=d(None))
-    common.add_argument("--timeout", type=float, default=d(10.0))
+    common.add_argument("--timeout", type=float, default=d(10.0),
+                        help="seconds to wait for the daemon's answer (default: 10)")
     return common
 
 
@@ -379,7 +381,8 @@ def parser() -> argparse.ArgumentParser:
     sp = add("status", cmd_status, "the daemon's summary")
     sp = add("nodes", cmd_nodes, "nodes with their state and location (or one node, by name); `nodes revoke NODE` "
                                  "cuts a node off")
-    sp.add_argument("name", nargs="?", metavar="NAME | revoke")
+    sp.add_argument("name", nargs="?", metavar="NAME | revoke",
+                    help="one node's name: show it alone, in detail; or `revoke`, with the NODE to cut off")
     sp.add_argument("target", nargs="?", metavar="NODE", help="with revoke: the node to cut off")
     sp.add_argument("--domain", help="only nodes in a facility domain: rack=r12, site=fra, or a location "
                                      "prefix like fra/hall-1")
@@ -387,28 +390,29 @@ def parser() -> argparse.ArgumentParser:
                                          "[agent] section; holds the join token")
     sp.add_argument("--router", help="the address agents dial, if not the one the router reports (NAT, DNS name)")
     sp = add("join-token", cmd_join_token, "rotate the join token (it must come from control.join_token_file)")
-    sp.add_argument("action", choices=["rotate"])
+    sp.add_argument("action", choices=["rotate"], help="rotate: a new random join token, in force at once")
     sp = add("label", cmd_label, "set (key=value) or remove (key-) operator labels on a node")
-    sp.add_argument("node")
-    sp.add_argument("labels", nargs="+", metavar="key=value|key-")
+    sp.add_argument("node", help="the node's name")
+    sp.add_argument("labels", nargs="+", metavar="key=value|key-", help="set key to value, or remove key")
     sp = add("models", cmd_models, "models and their replicas' readiness (or one model's definition)")
-    sp.add_argument("name", nargs="?")
+    sp.add_argument("name", nargs="?", help="one model's name: show its definition")
     sp = add("scale", cmd_scale, "set a model's replica count")
-    sp.add_argument("model")
-    sp.add_argument("replicas", type=int)
+    sp.add_argument("model", help="the model's name")
+    sp.add_argument("replicas", type=int, help="the number of replicas it should have (0 stops them all)")
     sp = add("replicas", cmd_replicas, "replicas placed on agents, with their engine state")
-    sp.add_argument("--model")
-    sp.add_argument("--node")
+    sp.add_argument("--model", help="only this model's replicas")
+    sp.add_argument("--node", help="only the replicas on this node")
     sp = add("restart", cmd_restart, "restart a replica's engine (clears a crash loop)")
-    sp.add_argument("replica")
+    sp.add_argument("replica", help="the replica's id, as `llmgw ctl replicas` shows it")
     sp = add("endpoints", cmd_endpoints, "the router's endpoints: breaker, scraped metrics, inflight")
-    sp.add_argument("--model")
+    sp.add_argument("--model", help="only this model's endpoints")
     sp = add("decisions", cmd_decisions, "recent routing decisions")
-    sp.add_argument("--model")
-    sp.add_argument("--replica")
-    sp.add_argument("--limit", type=int, default=20)
+    sp.add_argument("--model", help="only decisions for this model")
+    sp.add_argument("--replica", help="only decisions that chose this replica")
+    sp.add_argument("--limit", type=int, default=20, help="at most this many, newest first (default: 20)")
     sp = add("explain", cmd_explain, "why a request went where it did: candidates × scorers, and the drops")
-    sp.add_argument("request_id")
+    sp.add_argument("request_id", help="the request's id: its x-request-id, which every response carries "
+                                       "(`llmgw ctl decisions` lists recent ones)")
     return p
 
 

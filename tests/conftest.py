@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -15,7 +16,14 @@ from typing import Any
 
 import pytest
 
-SHARED_SPECS = Path(__file__).resolve().parents[2] / "shared" / "specs"
+# vLLM's golden vectors: facts computed with vLLM's own code, kept in the repository (tests/data/README.md).
+GOLDEN_PATH = Path(__file__).resolve().parent / "data" / "vllm-golden.json"
+
+
+@functools.cache
+def load_golden() -> dict[str, Any]:
+    """The golden vectors, read once per session (callers must not change them)."""
+    return json.loads(GOLDEN_PATH.read_text())
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,11 +44,8 @@ def _isolated_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def golden() -> dict[str, Any]:
-    """vLLM's golden vectors from ../shared/specs (skips cleanly where shared/ is absent)."""
-    path = SHARED_SPECS / "vllm-golden.json"
-    if not path.exists():
-        pytest.skip(f"golden vectors not found at {path}")
-    return json.loads(path.read_text())
+    """vLLM's golden vectors (tests/data/vllm-golden.json)."""
+    return load_golden()
 
 
 @pytest.fixture

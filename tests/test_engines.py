@@ -18,6 +18,7 @@ import httpx
 import pytest
 import trio
 
+from llmgw.daemon.agent import processes
 from llmgw.daemon.agent.engines import EngineSupervisor, safe_id
 from llmgw.fleet.lifecycle import RestartPolicy
 from llmgw.fleet.types import EngineReport, EngineSpec
@@ -325,6 +326,43 @@ async def test_stop_all_without_run_stops_adopted_engines(tmp_path, groups):
             await b.sup.stop_all()
     assert group_gone(first.pid) and b.sup.reports() == []
     assert list((tmp_path / "engines").iterdir()) == []
+
+
+def test_a_just_spawned_engine_is_recognised(tmp_path):
+    """Adoption right after a spawn (what the test above does): the kernel tells the spawner that
+    exec succeeded before it lays out the new program's arguments, so /proc/<pid>/cmdline is empty
+    for a moment. The identity check must not take that for another process, which adoption would
+    then leave running unsupervised. Each spawn is checked at once, as adopt_leftovers would."""
+    script = tmp_path / "engine.py"
+    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+    script.chmod(0o755)
+    cmd = [str(script), "-m", "x.gguf", "--port", "1"]
+    for _ in range(150):
+        proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            starttime = processes.process_starttime(proc.pid)
+            assert processes.is_same_process(proc.pid, proc.pid, cmd, starttime)
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def test_an_empty_cmdline_is_ours_only_with_a_matching_start_time(tmp_path, monkeypatch):
+    """The rule above, without the race: a live process caught inside exec (no argv yet) is the
+    recorded engine when pid, group and start time match, and is never taken for it on the pid alone."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        starttime = processes.process_starttime(proc.pid)
+        monkeypatch.setattr(processes, "read_cmdline", lambda pid: [])
+        assert processes.is_same_process(proc.pid, proc.pid, ["sleep", "60"], starttime)
+        assert not processes.is_same_process(proc.pid, proc.pid, ["sleep", "60"], None)
+        assert not processes.is_same_process(proc.pid, proc.pid, ["sleep", "60"], (starttime or 0) + 1)
+        monkeypatch.setattr(processes, "read_cmdline", lambda pid: ["other", "60"])
+        assert not processes.is_same_process(proc.pid, proc.pid, ["sleep", "60"], starttime)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 async def test_stop_all_after_run_was_cancelled(tmp_path, groups):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -21,10 +19,9 @@ from llmgw.kv.events import (
 )
 from llmgw.kv.hashing import HashContext, LoRA, VllmVersion, as_version, event_extra_keys, event_hash
 
-GOLDEN_PATH = Path(__file__).resolve().parents[2] / "shared" / "specs" / "vllm-golden.json"
-if not GOLDEN_PATH.is_file():
-    pytest.skip(f"golden vectors not found at {GOLDEN_PATH}", allow_module_level=True)
-GOLDEN = json.loads(GOLDEN_PATH.read_text())
+from .conftest import load_golden
+
+GOLDEN = load_golden()
 VERSIONS = GOLDEN["versions"]
 GOLDEN_VERSIONS = list(VERSIONS)  # 0.33.0, 0.23.0, 0.11.0
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import pickle
-from pathlib import Path
 from typing import Any
 
 import cbor2
@@ -18,10 +16,9 @@ from llmgw.kv.hashing import (
     supported_algos, to_event_extra_keys,
 )
 
-GOLDEN_PATH = Path(__file__).resolve().parents[2] / "shared" / "specs" / "vllm-golden.json"
-if not GOLDEN_PATH.is_file():
-    pytest.skip(f"golden vectors not found at {GOLDEN_PATH}", allow_module_level=True)
-GOLDEN = json.loads(GOLDEN_PATH.read_text())
+from .conftest import load_golden
+
+GOLDEN = load_golden()
 VERSIONS = GOLDEN["versions"]
 
 CASES = [

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
 import pytest
 import trio
@@ -19,7 +17,8 @@ from llmgw.daemon.sim.kv_publisher import (
 )
 from llmgw.daemon.net.zmqio import AsyncSocket
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "specs" / "vllm-golden.json"
+from .conftest import load_golden
+
 TOPIC = "kv@test"
 TIMEOUT = 10  # a hang guard only, never used for synchronisation
 
@@ -46,9 +45,7 @@ def seq8(n: int) -> bytes:
 
 
 def golden_zmq(version: str) -> dict:
-    if not GOLDEN.exists():
-        pytest.skip("vllm-golden.json not available")
-    return json.loads(GOLDEN.read_text())["versions"][version]["zmq"]
+    return load_golden()["versions"][version]["zmq"]
 
 
 def sub_socket(ctx, endpoint: str, prefix: bytes = b"", *, bind: bool = False) -> AsyncSocket:

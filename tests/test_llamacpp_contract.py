@@ -1,7 +1,7 @@
 """One contract, two targets: the llama.cpp simulator and a real llama-server.
 
 The real target needs LLMGW_LLAMA_SERVER=/path/to/bin/llama-server with tiny.gguf and tiny-lora.gguf
-beside its bin/ directory (../shared/tools/build-llama-server.sh makes all three); without it those
+beside its bin/ directory (scripts/build-llama-server makes all three; scripts/test runs it); without it those
 cases skip. Assertions are on structure, counts and cache fields, never on generated text: the real
 tiny model emits random-weight gibberish.
 """
@@ -112,7 +112,7 @@ def real_paths() -> tuple[Path, Path, Path]:
     model, lora = root / "tiny.gguf", root / "tiny-lora.gguf"
     for p in (b, model, lora):
         if not p.exists():
-            pytest.skip(f"{p} is missing (see shared/tools/build-llama-server.sh)")
+            pytest.skip(f"{p} is missing (scripts/build-llama-server makes it)")
     return b, model, lora
 
 

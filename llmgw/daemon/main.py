@@ -53,7 +53,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--config", help="TOML config file (default: built-in defaults, a simulated fleet)")
     p.add_argument("--host", help="override server.host")
     p.add_argument("--port", type=int, help="override server.port (0 = ephemeral)")
-    p.add_argument("--log-level", default=os.environ.get("LLMGW_LOG_LEVEL", "info"))
+    p.add_argument("--log-level", default=os.environ.get("LLMGW_LOG_LEVEL", "info"),
+                   help="debug, info, warning or error (default: $LLMGW_LOG_LEVEL, else info)")
     p.add_argument("--adopt", action="store_true",
                    help="router: adopt engines that agents run and the store does not know (after the store "
                         "was lost or replaced) as replicas, instead of leaving them running unrouted")

@@ -91,45 +91,57 @@ class _BoolPair(argparse.Action):
 def build_vllm_parser(prog: str = "llmgw sim --engine vllm") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Simulated vLLM OpenAI server (vllm serve flags).")
     p.add_argument("model_tag", nargs="?", help="model name or path (as `vllm serve MODEL`)")
-    p.add_argument("--model", dest="model_flag", default=None)
-    p.add_argument("--host", default=None)
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", nargs="+", default=None)
-    p.add_argument("--block-size", type=_positive_int, default=None)
+    p.add_argument("--model", dest="model_flag", default=None, help="the same as MODEL")
+    p.add_argument("--host", default=None, help="the address to listen on (default: all interfaces)")
+    p.add_argument("--port", type=int, default=8000, help="the port to listen on (default: 8000; 0: any free port)")
+    p.add_argument("--served-model-name", nargs="+", default=None, help="the model ids the API serves (default: MODEL)")
+    p.add_argument("--block-size", type=_positive_int, default=None, help="tokens per KV cache block (default: 16)")
     p.add_argument("--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-prefix-caching",
-                   dest="enable_prefix_caching", action=_BoolPair, nargs=0, default=True)
+                   dest="enable_prefix_caching", action=_BoolPair, nargs=0, default=True,
+                   help="automatic prefix caching (default: on)")
     p.add_argument("--prefix-caching-hash-algo", default="sha256",
-                   choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
+                   choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"],
+                   help="how KV blocks are hashed, as KV events carry them (default: sha256)")
     p.add_argument("--kv-events-config", default=None, help="KVEventsConfig as JSON")
     p.add_argument("--enable-lora", "--no-enable-lora", "--disable-lora", dest="enable_lora",
-                   action=_BoolPair, nargs=0, default=False)
-    p.add_argument("--max-loras", type=_positive_int, default=1)
-    p.add_argument("--max-lora-rank", type=_positive_int, default=16)
-    p.add_argument("--max-cpu-loras", type=_positive_int, default=None)
-    p.add_argument("--lora-modules", nargs="+", default=[])
-    p.add_argument("--max-num-seqs", type=_positive_int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
-    p.add_argument("--max-model-len", type=_positive_int, default=4096)
+                   action=_BoolPair, nargs=0, default=False, help="serve LoRA adapters (default: off)")
+    p.add_argument("--max-loras", type=_positive_int, default=1, help="adapters in one batch at most (default: 1)")
+    p.add_argument("--max-lora-rank", type=_positive_int, default=16, help="the highest adapter rank (default: 16)")
+    p.add_argument("--max-cpu-loras", type=_positive_int, default=None,
+                   help="adapters kept loaded at most (default: --max-loras)")
+    p.add_argument("--lora-modules", nargs="+", default=[],
+                   help='adapters to load at start: NAME=PATH, or JSON {"name", "path", "base_model_name"}')
+    p.add_argument("--max-num-seqs", type=_positive_int, default=256,
+                   help="sequences in a batch at most (default: 256)")
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
+                   help="tokens in one scheduler step at most (default: 8192)")
+    p.add_argument("--max-model-len", type=_positive_int, default=4096,
+                   help="prompt plus output in tokens at most (default: 4096)")
     p.add_argument("--runner", choices=["auto", "generate", "pooling"], default="auto",
                    help="pooling serves /v1/embeddings (an embedding model) instead of generation")
     p.add_argument("--task", default=None, help="older spelling: embed = --runner pooling")
-    p.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=float, default=0.92)
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--enable-prompt-tokens-details", action="store_true")
-    p.add_argument("--enable-force-include-usage", action="store_true")
-    p.add_argument("--enable-server-load-tracking", action="store_true")
-    p.add_argument("--show-hidden-metrics-for-version", default=None)
+    p.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=float, default=0.92,
+                   help="sizes the KV cache when --sim-kv-blocks is not given (default: 0.92)")
+    p.add_argument("--api-key", default=None, help="require this bearer token on the API")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="report cached prompt tokens in usage.prompt_tokens_details")
+    p.add_argument("--enable-force-include-usage", action="store_true", help="include usage in every response")
+    p.add_argument("--enable-server-load-tracking", action="store_true", help="as vLLM's (GET /load)")
+    p.add_argument("--show-hidden-metrics-for-version", default=None,
+                   help="also expose the metrics hidden since this version")
     # Accepted so that launch lines written for real vLLM run unchanged; they change nothing here.
+    compat = p.add_argument_group("accepted as `vllm serve` accepts them, without effect in the simulator")
     for flag in ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--data-parallel-size",
                  "-dp", "--dtype", "--seed", "--swap-space", "--quantization", "-q", "--kv-cache-dtype",
                  "--download-dir", "--chat-template", "--generation-config", "--uvicorn-log-level",
                  "--max-logprobs", "--tokenizer", "--revision", "--load-format", "--distributed-executor-backend",
                  "--cpu-offload-gb", "--compilation-config", "-O", "--tool-call-parser", "--reasoning-parser"):
-        p.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), default=None)
+        compat.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), default=None, help="ignored")
     for flag in ("--trust-remote-code", "--enforce-eager", "--disable-log-requests", "--disable-log-stats",
                  "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--enable-auto-tool-choice",
                  "--disable-frontend-multiprocessing", "--enable-log-requests"):
-        p.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), action="store_true")
+        compat.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), action="store_true",
+                            help="ignored")
     add_sim_flags(p)
     return p
 
@@ -232,27 +244,36 @@ def parse_lora_args(items: list[tuple[str, str]]) -> list[tuple[str, float]]:
 
 def build_llamacpp_parser(prog: str = "llmgw sim --engine llamacpp") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Simulated llama.cpp llama-server.")
-    p.add_argument("-m", "--model", default="models/sim.gguf")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("-c", "--ctx-size", type=int, default=4096)
-    p.add_argument("-np", "--parallel", type=_positive_int, default=1)
-    p.add_argument("-b", "--batch-size", type=_positive_int, default=2048)
-    p.add_argument("--metrics", action="store_true")
-    p.add_argument("--slots", "--no-slots", dest="slots", action=_BoolPair, nargs=0, default=True)
+    p.add_argument("-m", "--model", default="models/sim.gguf",
+                   help="the model file (nothing is read from it); its path is the model's id without --alias")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="the port to listen on (default: 8080; 0: any free port)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096,
+                   help="context in tokens, shared by the slots (default: 4096)")
+    p.add_argument("-np", "--parallel", type=_positive_int, default=1,
+                   help="slots: requests served at once (default: 1)")
+    p.add_argument("-b", "--batch-size", type=_positive_int, default=2048,
+                   help="prompt tokens in one batch at most (default: 2048)")
+    p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics on /metrics")
+    p.add_argument("--slots", "--no-slots", dest="slots", action=_BoolPair, nargs=0, default=True,
+                   help="the /slots endpoint (default: on)")
     # One list in command-line order: adapter ids follow the order of --lora/--lora-scaled together.
     p.add_argument("--lora", dest="lora_args", action=_Tagged, default=[], help="FILE[,FILE...] at scale 1")
     p.add_argument("--lora-scaled", dest="lora_args", action=_Tagged, default=[], help="FILE:SCALE[,...]")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("-a", "--alias", default=None)
-    p.add_argument("--cache-ram", "-cram", type=int, default=8192)
-    p.add_argument("--slot-prompt-similarity", "-sps", type=float, default=0.1)
+    p.add_argument("--api-key", default=None, help="require this bearer token on the API")
+    p.add_argument("-a", "--alias", default=None, help="the model's id in the API (default: the --model path)")
+    p.add_argument("--cache-ram", "-cram", type=int, default=8192,
+                   help="MiB for prompts cached outside the slots (default: 8192; 0: none; -1: no limit)")
+    p.add_argument("--slot-prompt-similarity", "-sps", type=float, default=0.1,
+                   help="how much of a slot's prompt a new one must share to be given that slot (default: 0.1)")
     p.add_argument("--slot-save-path", default=None, help="directory for POST /slots/ID?action=save|restore")
-    p.add_argument("--jinja", "--no-jinja", dest="jinja", action=_BoolPair, nargs=0, default=True)
+    p.add_argument("--jinja", "--no-jinja", dest="jinja", action=_BoolPair, nargs=0, default=True,
+                   help="apply the chat template with Jinja (default: on)")
+    compat = p.add_argument_group("accepted as llama-server accepts them, without effect in the simulator")
     for flag in ("-t", "--threads", "-ngl", "--n-gpu-layers", "--chat-template", "--chat-template-file",
                  "-fa", "--flash-attn", "-ub", "--ubatch-size", "--seed", "-s",
                  "-ctk", "--cache-type-k", "-ctv", "--cache-type-v", "--timeout", "-to"):
-        p.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), default=None)
+        compat.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), default=None, help="ignored")
     p.add_argument("--sim-kv-bytes-per-token", type=_positive_int, default=131072,
                    help="KV state size of one token, for the --cache-ram limit (default 128 KiB: an 8B GQA "
                         "model at f16)")
@@ -261,6 +282,7 @@ def build_llamacpp_parser(prog: str = "llmgw sim --engine llamacpp") -> argparse
                         "client only after 1 s without results for any request)")
     for flag in ("--cont-batching", "--no-cont-batching", "--mlock", "--no-mmap", "--lora-init-without-apply",
                  "--no-webui", "--verbose", "-v", "--log-disable"):
-        p.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), action="store_true")
+        compat.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), action="store_true",
+                            help="ignored")
     add_sim_flags(p)
     return p

@@ -8,7 +8,7 @@ import os
 import socket
 
 __all__ = ["dial_host", "free_port", "group_exists", "host_port", "is_same_process", "pid_alive",
-           "process_starttime", "signal_group"]
+           "process_starttime", "read_cmdline", "signal_group"]
 
 
 # ---- process groups and /proc --------------------------------------------------------------------
@@ -58,14 +58,20 @@ def process_starttime(pid: int) -> int | None:
     return int(fields[19]) if fields and len(fields) > 19 else None
 
 
-def _cmdline_matches(pid: int, cmd: list[str]) -> bool:
-    """/proc/<pid>/cmdline is `cmd`, allowing for a #! script, which the kernel runs as
-    [interpreter, (arg), /path/to/script, args...]."""
+def read_cmdline(pid: int) -> list[str] | None:
+    """/proc/<pid>/cmdline as a list; None when it cannot be read. Empty for a moment after a
+    spawn returns: the kernel closes the close-on-exec descriptors (which is what tells the
+    spawner that exec succeeded) before it lays out the new program's arguments."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+            return [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
     except OSError:
-        return False
+        return None
+
+
+def _cmdline_matches(argv: list[str], cmd: list[str]) -> bool:
+    """`argv` is `cmd`, allowing for a #! script, which the kernel runs as
+    [interpreter, (arg), /path/to/script, args...]."""
     if argv == cmd:
         return True
     n = len(cmd) - 1
@@ -85,7 +91,14 @@ def is_same_process(pid: int, pgid: int, cmd: list[str], starttime: int | None) 
         return False
     if starttime is not None and process_starttime(pid) != starttime:
         return False
-    return _cmdline_matches(pid, cmd)
+    argv = read_cmdline(pid)
+    if argv is None:
+        return False
+    if not argv:
+        # Still inside exec (see read_cmdline): pid, group and start time already say it is the
+        # process we started; without a start time there is nothing else to go by.
+        return starttime is not None
+    return _cmdline_matches(argv, cmd)
 
 
 # ---- ports and hosts -----------------------------------------------------------------------------

@@ -94,10 +94,11 @@ def fleet_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="llmgw sim fleet",
                                 description="Start N simulated replicas, one process each; Ctrl-C stops them all.")
     p.add_argument("n", type=int, help="number of replicas")
-    p.add_argument("--engine", choices=["vllm", "llamacpp"], default="vllm")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--engine", choices=["vllm", "llamacpp"], default="vllm",
+                   help="the engine to simulate (default: vllm)")
+    p.add_argument("--host", default="127.0.0.1", help="the address the replicas listen on (default: 127.0.0.1)")
     p.add_argument("--base-port", type=int, default=0, help="replica i listens on base+i (default: ephemeral)")
-    p.add_argument("--model", default="sim-model")
+    p.add_argument("--model", default="sim-model", help="the model name the replicas serve (default: sim-model)")
     own, _, engine_args = _partition(argv)
     ns = p.parse_args(own)
     if ns.n < 1:
