@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from llmgw.daemon.control.store import MIGRATIONS, SCHEMA_VERSION, CredentialRow, Store, _statements
+from llmgw.daemon.control.store import MIGRATIONS, SCHEMA_VERSION, CredentialRow, Store
+from llmgw.daemon.control.store_rows import sql_statements
 
 
 def test_issue_confirm_revoke_and_reissue() -> None:
@@ -28,7 +29,7 @@ def test_issue_confirm_revoke_and_reissue() -> None:
 def test_an_older_store_gains_the_table_and_keeps_its_data(tmp_path) -> None:
     path = str(tmp_path / "router.db")
     conn = sqlite3.connect(path, isolation_level=None)
-    for stmt in _statements(MIGRATIONS[0]):
+    for stmt in sql_statements(MIGRATIONS[0]):
         conn.execute(stmt)
     conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '1')")
     conn.execute("INSERT INTO nodes (name) VALUES ('gpu-1')")

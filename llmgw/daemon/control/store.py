@@ -6,24 +6,36 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
-from llmgw.daemon.private_files import PRIVATE_FILE, private_dir, tighten_file
-from llmgw.fleet.types import EngineSpec
+from llmgw.daemon.control.store_rows import (
+    DESIRED_STATES,
+    AssignmentRow,
+    CredentialRow,
+    HistoryRow,
+    NodeRow,
+    StoreCorrupt,
+    StoreError,
+    check_desired,
+    check_labels,
+    check_name,
+    check_obj,
+    describe,
+    dumps_json,
+    private_store_files,
+    sql_statements,
+)
 
 log = logging.getLogger("llmgw.control")
 
 __all__ = ["DESIRED_STATES", "SCHEMA_VERSION", "AssignmentRow", "CredentialRow", "HistoryRow", "NodeRow", "Store",
            "StoreCorrupt", "StoreError", "describe", "private_store_files"]
 
-DESIRED_STATES: tuple[str, ...] = ("run", "drain", "stop")
 
 # MIGRATIONS[v] takes a store from schema v to v + 1; append, never edit a released entry.
 MIGRATIONS: list[str] = [
@@ -59,157 +71,6 @@ MIGRATIONS: list[str] = [
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
-
-
-class StoreError(Exception):
-    """The store file cannot be used: not SQLite, not ours, or from a newer llmgw."""
-
-
-class StoreCorrupt(StoreError):
-    """The store file is damaged: SQLite reports corruption, or a row cannot be decoded."""
-
-    def __init__(self, path: str, what: str) -> None:
-        super().__init__(f"store {path} is corrupted ({' '.join(what.split())})")  # one line
-        self.path = path
-
-
-# SQLite's primary result codes (sqlite_errorname), and the message fragments when there is none.
-_KINDS = (("SQLITE_FULL", "is full", "disk full"), ("SQLITE_READONLY", "readonly", "read-only"),
-          ("SQLITE_IOERR", "I/O error", "I/O error"), ("SQLITE_CORRUPT", "malformed", "corrupted"),
-          ("SQLITE_NOTADB", "not a database", "corrupted"), ("SQLITE_BUSY", "locked", "locked"),
-          ("SQLITE_LOCKED", "is locked", "locked"), ("SQLITE_CANTOPEN", "unable to open", "cannot open"),
-          ("SQLITE_PERM", "access permission", "permission denied"))
-
-
-def describe(e: BaseException) -> str:
-    """A store error in a few words an operator acts on: "disk full", "read-only", "I/O error",
-    "corrupted", "locked"... (SQLite's message says the rest)."""
-    name = getattr(e, "sqlite_errorname", "") or ""
-    text = str(e)
-    for code, fragment, kind in _KINDS:
-        if name == code or name.startswith(code + "_") or fragment in text:
-            return kind
-    return text.split(":")[0][:60] or type(e).__name__
-
-
-@dataclass
-class NodeRow:
-    name: str
-    agent_labels: dict[str, str]
-    operator_labels: dict[str, str]
-    facts: dict[str, Any]
-    first_seen: float | None  # None: labelled by an operator, never seen from an agent
-    last_seen: float | None
-
-    @property
-    def labels(self) -> dict[str, str]:
-        """Effective labels: the operator overrides what the agent reports."""
-        return {**self.agent_labels, **self.operator_labels}
-
-
-@dataclass
-class AssignmentRow:
-    replica: str
-    model: str
-    node: str
-    spec: dict[str, Any]  # EngineSpec.to_wire(), with "demand": Demand.to_wire() (llmgw.fleet.placement)
-    desired: str = "run"  # one of DESIRED_STATES
-    created_at: float = field(default_factory=time.time)
-    updated_at: float = field(default_factory=time.time)
-    # Where its engine last answered as ready: a restarted router probes it and routes there at
-    # once, before the agent reconnects. Kept in the spec's JSON (as "url"), so no schema change.
-    url: str | None = None
-
-    def engine_spec(self) -> EngineSpec:
-        return EngineSpec.from_wire(self.spec)
-
-
-@dataclass(frozen=True)
-class CredentialRow:
-    """A node's credential: the hash of the secret its agent keeps (llmgw.fleet.identity)."""
-    node: str
-    hash: str
-    issued_at: float
-    confirmed_at: float | None  # None: pending, the agent has not used it yet
-    revoked_at: float | None  # set: refused, kept so the agent is told why
-
-
-@dataclass(frozen=True)
-class HistoryRow:
-    id: int
-    ts: float
-    event: str
-    replica: str | None
-    model: str | None
-    node: str | None
-    detail: str
-
-
-def _name(value: object, what: str = "name") -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a string, got {type(value).__name__}")
-    if not value:
-        raise ValueError(f"{what} must not be empty")
-    return value
-
-
-def _labels(labels: object) -> dict[str, str]:
-    if not isinstance(labels, dict):
-        raise TypeError(f"labels must be a dict, got {type(labels).__name__}")
-    for k, v in labels.items():
-        _name(k, "label key")
-        if not isinstance(v, str):
-            raise TypeError(f"label {k!r} must have a string value, got {v!r}")
-    return labels
-
-
-def _obj(value: object, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise TypeError(f"{what} must be a dict, got {type(value).__name__}")
-    return value
-
-
-def _desired(value: object) -> str:
-    if value not in DESIRED_STATES:
-        raise ValueError(f"desired must be one of {', '.join(DESIRED_STATES)}, got {value!r}")
-    return str(value)
-
-
-def _dumps(value: Any) -> str:
-    # Sorted and NaN-free so equal data is equal text and any JSON reader can load it.
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def _statements(script: str) -> Iterator[str]:
-    """Split a script into statements: executescript() would commit our open transaction."""
-    *parts, tail = script.split(";")
-    buf = ""
-    for part in parts:
-        buf += part + ";"
-        if sqlite3.complete_statement(buf):  # a ';' inside a string or trigger body does not end it
-            yield buf
-            buf = ""
-    if (buf + tail).strip():
-        raise AssertionError(f"incomplete SQL at end of migration: {buf + tail!r}")
-
-
-def private_store_files(path: str) -> None:
-    """The store, its WAL, shared-memory and lock files 0600, in a directory closed to others.
-
-    A new store file is created empty and 0600 before SQLite opens it (an empty file is an empty
-    database), so SQLite creates its -wal and -shm files 0600 too: it gives them the database
-    file's mode. Existing files found looser are tightened with a warning. The directory is
-    created 0700; an existing one is tightened only when it is llmgw's own (its name says llmgw,
-    as the default and the documented /var/lib/llmgw do) — a configured path may sit in a shared
-    directory such as /var/lib, which is warned about, never chmod-ed."""
-    parent = os.path.dirname(os.path.abspath(path))
-    private_dir(parent, "control.store", dedicated="llmgw" in os.path.basename(parent), log=log)
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE))
-    except FileExistsError:
-        pass
-    for suffix in ("", "-wal", "-shm", ".lock"):
-        tighten_file(path + suffix, "control.store", log=log)
 
 
 class Store:
@@ -292,7 +153,7 @@ class Store:
         with self.transaction():
             version = self._version()  # again under the lock: another process may have migrated
             for script in MIGRATIONS[version:]:
-                for stmt in _statements(script):
+                for stmt in sql_statements(script):
                     self._conn.execute(stmt)
             self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
                                (str(SCHEMA_VERSION),))
@@ -334,8 +195,8 @@ class Store:
     # -- models
 
     def put_model(self, name: str, spec: dict[str, Any], *, now: float | None = None) -> None:
-        _name(name)
-        text = _dumps(_obj(spec, "spec"))
+        check_name(name)
+        text = dumps_json(check_obj(spec, "spec"))
         ts = time.time() if now is None else now
         with self.transaction():
             self._conn.execute(
@@ -345,13 +206,13 @@ class Store:
 
     def delete_model(self, name: str) -> bool:
         with self.transaction():
-            return self._conn.execute("DELETE FROM models WHERE name = ?", (_name(name),)).rowcount > 0
+            return self._conn.execute("DELETE FROM models WHERE name = ?", (check_name(name),)).rowcount > 0
 
     def models(self) -> dict[str, dict[str, Any]]:
         return {n: json.loads(s) for n, s in self._conn.execute("SELECT name, spec FROM models ORDER BY name")}
 
     def model(self, name: str) -> dict[str, Any] | None:
-        row = self._conn.execute("SELECT spec FROM models WHERE name = ?", (_name(name),)).fetchone()
+        row = self._conn.execute("SELECT spec FROM models WHERE name = ?", (check_name(name),)).fetchone()
         return None if row is None else json.loads(row[0])
 
     # -- nodes
@@ -359,8 +220,8 @@ class Store:
     def upsert_node(self, name: str, *, agent_labels: dict[str, str], facts: dict[str, Any],
                     seen_at: float) -> None:
         """What an agent reports replaces the agent's labels and facts; operator labels stay."""
-        _name(name)
-        labels, fact_text = _dumps(_labels(agent_labels)), _dumps(_obj(facts, "facts"))
+        check_name(name)
+        labels, fact_text = dumps_json(check_labels(agent_labels)), dumps_json(check_obj(facts, "facts"))
         with self.transaction():
             self._conn.execute(
                 "INSERT INTO nodes (name, agent_labels, facts, first_seen, last_seen) VALUES (?, ?, ?, ?, ?) "
@@ -370,17 +231,17 @@ class Store:
 
     def set_node_labels(self, name: str, labels: dict[str, str]) -> None:
         """Merge operator labels into the node's (a node can be labelled before its agent connects)."""
-        _name(name)
-        _labels(labels)
+        check_name(name)
+        check_labels(labels)
         with self.transaction():
             merged = {**self._operator_labels(name), **labels}
             self._conn.execute(
                 "INSERT INTO nodes (name, operator_labels) VALUES (?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET operator_labels = excluded.operator_labels",
-                (name, _dumps(merged)))
+                (name, dumps_json(merged)))
 
     def remove_node_labels(self, name: str, keys: list[str]) -> None:
-        _name(name)
+        check_name(name)
         if isinstance(keys, str):  # a bare string would remove its letters one by one
             raise TypeError("keys must be a list of label keys, not a string")
         with self.transaction():
@@ -388,7 +249,7 @@ class Store:
             current = self._operator_labels(name)
             kept = {k: v for k, v in current.items() if k not in drop}
             if kept != current:
-                self._conn.execute("UPDATE nodes SET operator_labels = ? WHERE name = ?", (_dumps(kept), name))
+                self._conn.execute("UPDATE nodes SET operator_labels = ? WHERE name = ?", (dumps_json(kept), name))
 
     def _operator_labels(self, name: str) -> dict[str, str]:
         row = self._conn.execute("SELECT operator_labels FROM nodes WHERE name = ?", (name,)).fetchone()
@@ -401,34 +262,34 @@ class Store:
 
     def delete_node(self, name: str) -> bool:
         with self.transaction():
-            return self._conn.execute("DELETE FROM nodes WHERE name = ?", (_name(name),)).rowcount > 0
+            return self._conn.execute("DELETE FROM nodes WHERE name = ?", (check_name(name),)).rowcount > 0
 
     # -- assignments
 
     def put_assignment(self, row: AssignmentRow) -> None:
         """Insert or replace a replica's assignment; the first created_at is kept."""
-        _name(row.replica, "replica")
-        _name(row.model, "model")
-        _name(row.node, "node")
-        _desired(row.desired)
-        spec = _obj(row.spec, "spec")
+        check_name(row.replica, "replica")
+        check_name(row.model, "model")
+        check_name(row.node, "node")
+        check_desired(row.desired)
+        spec = check_obj(row.spec, "spec")
         for key in ("replica", "model"):
             if key in spec and spec[key] != getattr(row, key):
                 raise ValueError(f"assignment {row.replica}: spec {key} {spec[key]!r} != {getattr(row, key)!r}")
         if row.url is not None:
-            spec = {**spec, "url": _name(row.url, "url")}
+            spec = {**spec, "url": check_name(row.url, "url")}
         with self.transaction():
             self._conn.execute(
                 "INSERT INTO assignments (replica, model, node, spec, desired, created_at, updated_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (replica) DO UPDATE SET model = excluded.model, "
                 "node = excluded.node, spec = excluded.spec, desired = excluded.desired, "
                 "updated_at = excluded.updated_at",
-                (row.replica, row.model, row.node, _dumps(spec), row.desired, row.created_at, row.updated_at))
+                (row.replica, row.model, row.node, dumps_json(spec), row.desired, row.created_at, row.updated_at))
 
     def set_desired(self, replica: str, desired: str, *, now: float | None = None) -> None:
         """Raises KeyError for an unknown replica: a silent no-op would hide a reconcile bug."""
-        _name(replica, "replica")
-        _desired(desired)
+        check_name(replica, "replica")
+        check_desired(desired)
         ts = time.time() if now is None else now
         with self.transaction():
             cur = self._conn.execute("UPDATE assignments SET desired = ?, updated_at = ? WHERE replica = ?",
@@ -438,7 +299,7 @@ class Store:
 
     def delete_assignment(self, replica: str) -> bool:
         with self.transaction():
-            cur = self._conn.execute("DELETE FROM assignments WHERE replica = ?", (_name(replica, "replica"),))
+            cur = self._conn.execute("DELETE FROM assignments WHERE replica = ?", (check_name(replica, "replica"),))
             return cur.rowcount > 0
 
     def assignments(self) -> dict[str, AssignmentRow]:
@@ -455,10 +316,10 @@ class Store:
 
     def record(self, event: str, *, replica: str | None = None, model: str | None = None,
                node: str | None = None, detail: str = "", ts: float | None = None) -> None:
-        _name(event, "event")
+        check_name(event, "event")
         for what, value in (("replica", replica), ("model", model), ("node", node)):
             if value is not None:
-                _name(value, what)
+                check_name(value, what)
         if not isinstance(detail, str):
             raise TypeError(f"detail must be a string, got {type(detail).__name__}")
         with self.transaction():
@@ -501,8 +362,8 @@ class Store:
 
     def put_credential(self, node: str, hash_: str, *, issued_at: float) -> None:
         """A new credential for `node`, pending until confirmed; it replaces any earlier one."""
-        _name(node, "node")
-        _name(hash_, "hash")
+        check_name(node, "node")
+        check_name(hash_, "hash")
         with self.transaction():
             self._conn.execute(
                 "INSERT INTO node_credentials (node, hash, issued_at) VALUES (?, ?, ?) ON CONFLICT (node) DO UPDATE "
@@ -514,9 +375,9 @@ class Store:
         with self.transaction():
             return self._conn.execute(
                 "UPDATE node_credentials SET confirmed_at = ? WHERE node = ? AND hash = ? AND revoked_at IS NULL "
-                "AND confirmed_at IS NULL", (at, _name(node, "node"), hash_)).rowcount > 0
+                "AND confirmed_at IS NULL", (at, check_name(node, "node"), hash_)).rowcount > 0
 
     def revoke_credential(self, node: str, *, at: float) -> bool:
         with self.transaction():
             return self._conn.execute("UPDATE node_credentials SET revoked_at = ? WHERE node = ? AND revoked_at IS NULL",
-                                      (at, _name(node, "node"))).rowcount > 0
+                                      (at, check_name(node, "node"))).rowcount > 0
