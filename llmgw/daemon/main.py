@@ -27,23 +27,20 @@ from llmgw.config import (
     load_config,
 )
 
+from llmgw.daemon.logs import (
+    FORMAT_ENV,
+    FORMATS,
+    LEVEL_ENV,
+    LEVELS,
+    LogSetupError,
+    env_format,
+    env_level,
+    setup_logging,
+)
+
 log = logging.getLogger("llmgw.daemon")
 
 ROLES = ("router", "agent")
-
-
-class _JsonFormatter(logging.Formatter):
-    """One JSON object per line: structured logs that carry the request id where there is one."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname.lower(),
-                               "logger": record.name, "msg": record.getMessage()}
-        for key in ("request_id", "model", "endpoint", "status", "outcome", "ttft_ms", "latency_ms", "replica"):
-            if hasattr(record, key):
-                out[key] = getattr(record, key)
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
 
 
 def main(argv: list[str]) -> int:
@@ -53,8 +50,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--config", help="TOML config file (default: built-in defaults, a simulated fleet)")
     p.add_argument("--host", help="override server.host")
     p.add_argument("--port", type=int, help="override server.port (0 = ephemeral)")
-    p.add_argument("--log-level", default=os.environ.get("LLMGW_LOG_LEVEL", "info"),
-                   help="debug, info, warning or error (default: $LLMGW_LOG_LEVEL, else info)")
+    p.add_argument("--log-level", type=str.lower, choices=LEVELS, default=None,
+                   help=f"the least severe messages logged (default: ${LEVEL_ENV}, else info)")
+    p.add_argument("--log-format", type=str.lower, choices=FORMATS, default=None,
+                   help=f"log lines as text (for people) or json (one object a line, for machines); auto: "
+                        f"text when stderr is a terminal, else json (default: ${FORMAT_ENV}, else auto)")
     p.add_argument("--adopt", action="store_true",
                    help="router: adopt engines that agents run and the store does not know (after the store "
                         "was lost or replaced) as replicas, instead of leaving them running unrouted")
@@ -63,9 +63,13 @@ def main(argv: list[str]) -> int:
     if not roles or not roles <= set(ROLES):
         print(f"llmgw daemon: --role {ns.role!r}: expected router, agent or router,agent", file=sys.stderr)
         return 2
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter())
-    logging.basicConfig(level=ns.log_level.upper(), handlers=[handler])
+    try:
+        level = ns.log_level or env_level(os.environ, "info")
+        fmt = ns.log_format or env_format(os.environ)
+    except LogSetupError as e:
+        print(f"llmgw daemon: {e}", file=sys.stderr)
+        return 2
+    setup_logging(level, fmt, sys.stderr)
     try:
         cfg = load_config(ns.config) if ns.config else default_config()
     except ConfigError as e:
