@@ -320,4 +320,8 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 url = f"http://{cfg.server.host}:{port}"
                 info.update({"url": url, "port": port, "models": [m.name for m in cfg.models]})
                 log.info("router listening on %s", url)
+                from llmgw.daemon.router.ready import announce_when_ready
+                from llmgw.route.readiness import readiness
+
+                inner.start_soon(lambda: announce_when_ready(lambda: readiness(router.registry), url))
                 task_status.started(info)
