@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.admin_client.target import SOCKET_ENV, TOKEN_ENV, URL_ENV, AdminTarget, TargetError, resolve_target
 from llmgw import config_discovery
+from llmgw.admin_client.target import (
+    SOCKET_ENV,
+    TOKEN_ENV,
+    URL_ENV,
+    AdminTarget,
+    TargetError,
+    resolve_target,
+)
 from llmgw.config import AdminConfig, default_admin_socket, load_config
 from llmgw.config_discovery import CONFIG_ENV, ConfigSource
 from llmgw.ctl import Admin, CtlError, parser

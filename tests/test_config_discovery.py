@@ -64,7 +64,8 @@ def test_a_directory_named_llmgw_toml_is_not_a_config(places: dict[str, Path]) -
 
 
 def _llmgw(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "llmgw", *args], cwd=cwd, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "llmgw", *args], cwd=cwd, env=env, check=False, capture_output=True,
+                          text=True,
                           timeout=30)
 
 

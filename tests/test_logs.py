@@ -93,16 +93,16 @@ def _daemon_cmd(config: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("argv, env, message", [
-    (["--log-level", "loud"], {}, "argument --log-level: invalid choice: 'loud' (choose from 'debug', 'info', "
-                                  "'warning', 'error')"),
+    (["--log-level", "loud"], {}, ("argument --log-level: invalid choice: 'loud' (choose from 'debug', 'info', "
+                                   "'warning', 'error')")),
     ([], {"LLMGW_LOG_LEVEL": "loud"}, "$LLMGW_LOG_LEVEL='loud': expected one of debug, info, warning, error"),
     (["--log-format", "xml"], {}, "argument --log-format: invalid choice: 'xml'"),
 ])
 def test_invalid_level_is_a_usage_error_not_a_traceback(tmp_path: Path, argv: list[str], env: dict[str, str],
                                                         message: str) -> None:
     cfg = write_config(tmp_path, [])
-    r = subprocess.run(_daemon_cmd(cfg, *argv), capture_output=True, text=True, timeout=30,
-                       env={**os.environ, **env})
+    r = subprocess.run(_daemon_cmd(cfg, *argv), check=False, capture_output=True, text=True,
+                       timeout=30, env={**os.environ, **env})
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 

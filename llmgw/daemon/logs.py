@@ -15,13 +15,22 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-__all__ = ["LEVELS", "FORMATS", "LEVEL_ENV", "LogSetupError", "JsonFormatter", "TextFormatter",
-           "env_format", "env_level", "pick_format", "setup_logging"]
+__all__ = [
+    "FORMATS",
+    "LEVELS",
+    "LEVEL_ENV",
+    "JsonFormatter",
+    "LogSetupError",
+    "TextFormatter",
+    "env_format",
+    "env_level",
+    "pick_format",
+    "setup_logging",
+]
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("auto", "text", "json")

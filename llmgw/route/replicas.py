@@ -18,7 +18,7 @@ from .breaker import Breaker, BreakerConfig
 from .contract import DrainRate, ScrapeResult
 from .types import EndpointView
 
-__all__ = ["Replica", "ModelEntry", "ReplicaTable", "wanted_replicas"]
+__all__ = ["ModelEntry", "Replica", "ReplicaTable", "wanted_replicas"]
 
 
 @dataclass

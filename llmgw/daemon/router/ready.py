@@ -15,7 +15,7 @@ import trio
 
 from llmgw.route.readiness import Readiness
 
-__all__ = ["announce_when_ready", "WARN_EVERY_S", "POLL_S"]
+__all__ = ["POLL_S", "WARN_EVERY_S", "announce_when_ready"]
 
 log = logging.getLogger("llmgw.daemon")
 
