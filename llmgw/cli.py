@@ -148,9 +148,13 @@ def _how_the_daemon_finds(path: Any) -> str:
     """What `llmgw config init` tells: whether `llmgw daemon` here will read the file it wrote."""
     import os
 
+    from llmgw.config import ConfigError
     from llmgw.config_discovery import CONFIG_ENV, find_config
 
-    found = find_config(None)
+    try:
+        found = find_config(None)
+    except ConfigError as e:
+        return f"but `llmgw daemon` here would refuse what it finds: {e}"
     if found.path is not None and os.path.abspath(found.path) == os.path.abspath(path):
         return "`llmgw daemon` run in this directory reads it"
     if found.path is not None and found.explicit:
@@ -159,6 +163,7 @@ def _how_the_daemon_finds(path: Any) -> str:
 
 
 def _config(argv: list[str]) -> int:
+    import os
     from pathlib import Path
 
     from llmgw.config import ConfigError, init_config_text, load_config
@@ -169,13 +174,19 @@ def _config(argv: list[str]) -> int:
         if path.exists() and not ns.force:
             print(f"llmgw config init: {path} exists; pass --force to overwrite it", file=sys.stderr)
             return 1
-        path.write_text(init_config_text())
+        # 0600: the file will hold tokens; an existing file (--force) keeps its mode
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(init_config_text())
         print(f"wrote {path}; {_how_the_daemon_finds(path)}")
         return 0
     if ns.path is None:
         from llmgw.config_discovery import find_config, search_list_words
 
-        found = find_config(None)
+        try:
+            found = find_config(None)
+        except ConfigError as e:
+            print(e, file=sys.stderr)
+            return 1
         if found.path is None:
             print("llmgw config check: no config file found (looked for " + ", ".join(search_list_words()[1:])
                   + "): name one", file=sys.stderr)

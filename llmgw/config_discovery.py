@@ -11,7 +11,10 @@ The first of these that gives a file:
 
 A file named by 1 or 2 is used even when it does not exist (reading it then fails with a message
 naming it): a typo must not fall through to another file. 3–5 count only when they are regular
-files. A file found but unreadable or invalid is an error, not skipped.
+files. A file found but unreadable or invalid is an error, not skipped; so is one found by looking
+that another user could have put there — owned by neither the caller nor root, or writable by
+every user — since a config file decides which programs the agent runs (ConfigError: name
+the file with --config to use it anyway).
 
 Pure but for its defaults: the environment, the working directory and the file test are
 parameters."""
@@ -19,9 +22,12 @@ parameters."""
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from llmgw.config import ConfigError, ConfigProblem
 
 __all__ = ["CONFIG_ENV", "FILE_NAME", "SYSTEM_DIR", "ConfigSource", "find_config", "search_list"]
 
@@ -66,8 +72,10 @@ def search_list_words() -> list[str]:
 
 
 def find_config(flag: str | None = None, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
-                is_file: Callable[[str], bool] = os.path.isfile, system_dir: str | None = None) -> ConfigSource:
-    """The config file to use (see the module's docstring)."""
+                is_file: Callable[[str], bool] = os.path.isfile, system_dir: str | None = None,
+                stat_of: Callable[[str], os.stat_result] = os.stat, uid: int | None = None) -> ConfigSource:
+    """The config file to use (see the module's docstring); ConfigError for a found file another
+    user could have written."""
     env = os.environ if env is None else env
     system_dir = SYSTEM_DIR if system_dir is None else system_dir
     if flag:
@@ -76,5 +84,17 @@ def find_config(flag: str | None = None, *, env: Mapping[str, str] | None = None
         return ConfigSource(named, f"${CONFIG_ENV}")
     for origin, path in search_list(env, os.getcwd() if cwd is None else cwd, system_dir):
         if is_file(path):
+            _check_owner(path, origin, stat_of(path), os.getuid() if uid is None else uid)
             return ConfigSource(path, origin)
     return ConfigSource(None, "default")
+
+
+def _check_owner(path: str, origin: str, st: os.stat_result, uid: int) -> None:
+    if st.st_uid not in (uid, 0):
+        why = f"is owned by uid {st.st_uid}, not by you or root"
+    elif st.st_mode & stat.S_IWOTH:
+        why = f"is writable by every user (mode {st.st_mode & 0o777:04o})"
+    else:
+        return
+    raise ConfigError([ConfigProblem(path, "", None, f"found as {origin}, but it {why}: another user could have "
+                                     "put it there; fix its owner or mode, or name it with --config to use it")])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.config import ConfigError
 from llmgw.config_discovery import CONFIG_ENV, ConfigSource, find_config
 
 
@@ -115,3 +116,30 @@ store = {json.dumps(str(tmp / "router.db"))}
         _, err = proc.communicate(timeout=10)
     logs = [json.loads(x) for x in err.decode().splitlines() if x.startswith("{")]
     assert any(x["msg"] == f"config: {tmp / 'llmgw.toml'} (./llmgw.toml)" for x in logs), err.decode()[-2000:]
+
+
+def test_a_found_file_another_user_could_have_written_is_refused(places: dict[str, Path]) -> None:
+    cfg = Path(_put(places["cwd"] / "llmgw.toml"))
+
+    def find(**kw: object) -> ConfigSource:
+        return find_config(env={}, cwd=str(places["cwd"]), system_dir=str(places["etc"]), **kw)  # type: ignore[arg-type]
+
+    cfg.chmod(0o664)
+    assert find().path == str(cfg)  # group-writable is fine (a user-private group)
+    cfg.chmod(0o666)
+    with pytest.raises(ConfigError, match=r"llmgw\.toml: found as \./llmgw\.toml, but it is writable by every user "
+                                          r"\(mode 0666\).*--config"):
+        find()
+    cfg.chmod(0o644)
+    with pytest.raises(ConfigError, match="is owned by uid 4242, not by you or root"):
+        find(uid=1000, stat_of=lambda p: os.stat_result((0o100644, 0, 0, 1, 4242, 0, 0, 0, 0, 0)))
+    assert find(uid=1000, stat_of=lambda p: os.stat_result((0o100644, 0, 0, 1, 0, 0, 0, 0, 0, 0))).path == str(cfg)
+    cfg.chmod(0o666)  # named explicitly: the operator's choice
+    assert find_config(str(cfg), env={}).path == str(cfg)
+    assert find_config(env={CONFIG_ENV: str(cfg)}).path == str(cfg)
+
+
+def test_config_init_writes_a_private_file(places: dict[str, Path]) -> None:
+    r = _llmgw(["config", "init"], places["cwd"], _clean_env(places))
+    assert r.returncode == 0, r.stderr
+    assert (places["cwd"] / "llmgw.toml").stat().st_mode & 0o777 == 0o600

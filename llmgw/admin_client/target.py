@@ -91,7 +91,10 @@ def resolve_target(*, url: str | None = None, socket: str | None = None, token: 
     def config_admin() -> AdminConfig | None:
         nonlocal admin, name
         if admin is None and not config:
-            found = discover(env)
+            try:
+                found = discover(env)
+            except ConfigError as e:
+                raise TargetError(str(e), usage=False) from None
             if found.path is not None:
                 try:
                     admin = read_config(found.path)

@@ -73,11 +73,13 @@ def main(argv: list[str]) -> int:
         print(f"llmgw daemon: {e}", file=sys.stderr)
         return 2
     setup_logging(level, fmt, sys.stderr)
-    source = find_config(ns.config)
+    source = None
     try:
+        source = find_config(ns.config)
         cfg = load_config(source.path) if source.path else default_config()
     except ConfigError as e:
-        where = "" if source.explicit else f" (found as {source.origin}; pass --config to use another)"
+        where = "" if source is None or source.explicit else \
+            f" (found as {source.origin}; pass --config to use another)"
         print(f"{e}{where}", file=sys.stderr)
         return 2
     log.info("config: %s", source.describe())
