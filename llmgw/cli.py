@@ -24,7 +24,8 @@ commands:
   sim fleet N [--engine E] [--base-port P] [-- engine flags]
                                               run N simulated replicas (demos, benchmarks)
   config init [PATH] [--force]                write a starter config file
-  config check PATH                           validate a config file, listing every problem
+  config check [PATH]                         validate a config file (default: the daemon's), listing
+                                              every problem
   completion bash|zsh|fish                    print a shell completion script for llmgw
 
 `llmgw sim --engine vllm --help` lists vLLM's flags, and the --sim-* flags of the simulator.
@@ -84,7 +85,9 @@ def config_parser() -> argparse.ArgumentParser:
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     check = sub.add_parser("check", help="validate a config file",
                            description="Validate a config file, listing every problem.")
-    check.add_argument("path", help="the config file to check")
+    check.add_argument("path", nargs="?", help="the config file to check (default: the one `llmgw daemon` "
+                                               "finds: $LLMGW_CONFIG, ./llmgw.toml, "
+                                               "$XDG_CONFIG_HOME/llmgw/llmgw.toml, /etc/llmgw/llmgw.toml)")
     return p
 
 
@@ -141,7 +144,26 @@ def _completion(argv: list[str]) -> int:
     return 0
 
 
+def _how_the_daemon_finds(path: Any) -> str:
+    """What `llmgw config init` tells: whether `llmgw daemon` here will read the file it wrote."""
+    import os
+
+    from llmgw.config import ConfigError
+    from llmgw.config_discovery import CONFIG_ENV, find_config
+
+    try:
+        found = find_config(None)
+    except ConfigError as e:
+        return f"but `llmgw daemon` here would refuse what it finds: {e}"
+    if found.path is not None and os.path.abspath(found.path) == os.path.abspath(path):
+        return "`llmgw daemon` run in this directory reads it"
+    if found.path is not None and found.explicit:
+        return f"`llmgw daemon` reads ${CONFIG_ENV} ({found.path}) instead: pass --config {path}"
+    return f"run `llmgw daemon --config {path}` (or set ${CONFIG_ENV}={os.path.abspath(path)})"
+
+
 def _config(argv: list[str]) -> int:
+    import os
     from pathlib import Path
 
     from llmgw.config import ConfigError, init_config_text, load_config
@@ -152,9 +174,24 @@ def _config(argv: list[str]) -> int:
         if path.exists() and not ns.force:
             print(f"llmgw config init: {path} exists; pass --force to overwrite it", file=sys.stderr)
             return 1
-        path.write_text(init_config_text())
-        print(f"wrote {path}")
+        # 0600: the file will hold tokens; an existing file (--force) keeps its mode
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(init_config_text())
+        print(f"wrote {path}; {_how_the_daemon_finds(path)}")
         return 0
+    if ns.path is None:
+        from llmgw.config_discovery import find_config, search_list_words
+
+        try:
+            found = find_config(None)
+        except ConfigError as e:
+            print(e, file=sys.stderr)
+            return 1
+        if found.path is None:
+            print("llmgw config check: no config file found (looked for " + ", ".join(search_list_words()[1:])
+                  + "): name one", file=sys.stderr)
+            return 1
+        ns.path = found.path
     try:
         load_config(ns.path)
     except ConfigError as e:

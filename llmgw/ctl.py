@@ -40,6 +40,7 @@ class Admin:
         except TargetError as e:
             raise CtlError(str(e)) from None
         headers = {"accept": "application/json"}
+        self.origin = target.origin
         if target.url:
             url = target.url
             headers["authorization"] = f"Bearer {target.token}"
@@ -348,7 +349,10 @@ def _status_text(d: dict[str, Any]) -> str:
 
 
 def cmd_status(api: Admin, ns: argparse.Namespace) -> None:
-    emit(ns, api.call("GET", "/status"), _status_text)
+    data = api.call("GET", "/status")
+    if ns.output != "json":  # which daemon answered: the socket or URL, and what chose it
+        print(f"{'admin API':20s} {api.where} ({api.origin})")
+    emit(ns, data, _status_text)
 
 
 # -- argument parsing -------------------------------------------------------------------------

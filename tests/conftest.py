@@ -29,11 +29,14 @@ def load_golden() -> dict[str, Any]:
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Daemons started by tests keep their store, agent state and admin socket under a temporary
-    directory, never in the user's own (the defaults follow XDG_STATE_HOME / XDG_RUNTIME_DIR)."""
+    directory, never in the user's own (the defaults follow XDG_STATE_HOME / XDG_RUNTIME_DIR), and
+    find no config file of the user's (XDG_CONFIG_HOME, LLMGW_CONFIG: llmgw.config_discovery)."""
     base = tmp_path_factory.mktemp("xdg")
-    saved = {k: os.environ.get(k) for k in ("XDG_STATE_HOME", "XDG_RUNTIME_DIR")}
+    saved = {k: os.environ.get(k) for k in ("XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "LLMGW_CONFIG")}
     os.environ["XDG_STATE_HOME"] = str(base / "state")
     os.environ["XDG_RUNTIME_DIR"] = str(base / "run")
+    os.environ["XDG_CONFIG_HOME"] = str(base / "config")  # no config file of the user's is found
+    os.environ.pop("LLMGW_CONFIG", None)
     yield
     for k, v in saved.items():
         if v is None:

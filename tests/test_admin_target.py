@@ -3,13 +3,23 @@ config file's [admin] section, then the default socket — the same answer from 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from llmgw.admin_client.target import SOCKET_ENV, TOKEN_ENV, URL_ENV, AdminTarget, TargetError, resolve_target
+from llmgw import config_discovery
+from llmgw.admin_client.target import (
+    SOCKET_ENV,
+    TOKEN_ENV,
+    URL_ENV,
+    AdminTarget,
+    TargetError,
+    resolve_target,
+)
 from llmgw.config import AdminConfig, default_admin_socket, load_config
+from llmgw.config_discovery import CONFIG_ENV, ConfigSource
 from llmgw.ctl import Admin, CtlError, parser
 from llmgw.tui.main import UsageError, client_from_args
 
@@ -22,8 +32,9 @@ def configs(**by_path: AdminConfig) -> Callable[[str], AdminConfig]:
     return read
 
 
-def resolve(env: dict[str, str] | None = None, **flags: str) -> AdminTarget:
-    return resolve_target(**flags, env=env or {}, read_config=configs(cfg=CFG), default_socket=lambda: "/default.sock")
+def resolve(env: dict[str, str] | None = None, found: str | None = None, **flags: str) -> AdminTarget:
+    return resolve_target(**flags, env=env or {}, read_config=configs(cfg=CFG), default_socket=lambda: "/default.sock",
+                          discover=lambda env: ConfigSource(found, "./llmgw.toml" if found else "default"))
 
 
 # -- the resolution ---------------------------------------------------------------------------------------
@@ -63,12 +74,41 @@ def test_what_cannot_work_says_so() -> None:
     assert resolve({URL_ENV: "", SOCKET_ENV: "", TOKEN_ENV: ""}).socket == "/default.sock"  # empty = unset
 
 
+def test_a_config_file_found_by_looking_is_level_three() -> None:
+    assert resolve(found="cfg") == AdminTarget(socket="/cfg/admin.sock", origin="[admin] socket of cfg (./llmgw.toml)")
+    assert resolve({URL_ENV: "http://h:1"}, found="cfg").token == "cfg-token"
+    assert resolve({SOCKET_ENV: "/env.sock"}, found="missing.toml").socket == "/env.sock"  # not needed: not read
+    with pytest.raises(TargetError, match=r"cannot read.*\(found as \./llmgw\.toml"):
+        resolve(found="missing.toml")
+
+
+def test_both_commands_find_the_config_the_daemon_finds(place: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for target in (ctl_target, console_target):
+        assert target([]) == (default_admin_socket(), None)  # nothing to find
+        monkeypatch.setenv(CONFIG_ENV, str(place / "llmgw.toml"))
+        assert target([]) == (f"{place}/cfg.sock", None)
+        monkeypatch.delenv(CONFIG_ENV)
+        xdg = place / "xdg-config" / "llmgw"
+        xdg.mkdir(parents=True, exist_ok=True)
+        (xdg / "llmgw.toml").write_text(f'[admin]\nsocket = "{place}/env.sock"\n')
+        assert target([]) == (f"{place}/env.sock", None)
+        (place / "cwd" / "llmgw.toml").write_text(f'[admin]\nsocket = "{place}/flag.sock"\n')
+        assert target([]) == (f"{place}/flag.sock", None)  # ./llmgw.toml comes before $XDG_CONFIG_HOME
+        (place / "cwd" / "llmgw.toml").unlink()
+        (xdg / "llmgw.toml").unlink()
+
+
 # -- both commands, end to end (no daemon: ctl only checks that a socket path exists) ----------------------
 @pytest.fixture()
 def place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for var in (URL_ENV, SOCKET_ENV, TOKEN_ENV):
+    for var in (URL_ENV, SOCKET_ENV, TOKEN_ENV, CONFIG_ENV):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    # the config file the commands would find by looking: none, and never the real ~ or /etc
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.setattr(config_discovery, "SYSTEM_DIR", str(tmp_path / "etc"))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
     for sock in (Path(default_admin_socket()), tmp_path / "cfg.sock", tmp_path / "env.sock", tmp_path / "flag.sock"):
         sock.parent.mkdir(parents=True, exist_ok=True)
         sock.touch()
@@ -122,3 +162,17 @@ def test_ctl_takes_the_options_after_the_command_too(place: Path) -> None:
     assert api.where == "http://h:1" and api.client.headers["authorization"] == "Bearer t"
     with pytest.raises(CtlError, match=r"no llmgw admin socket at .*nope\.sock \(--socket\)"):
         Admin(parser().parse_args(["status", "--socket", str(place / "nope.sock")]))
+
+
+def test_ctl_status_names_the_socket_it_used(place: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from llmgw.ctl import cmd_status
+
+    ns = parser().parse_args(["status"])
+    api = Admin(ns)
+    api.call = lambda method, path, **kw: {"role": "router,agent"}  # type: ignore[method-assign]
+    cmd_status(api, ns)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"{'admin API':20s} {default_admin_socket()} (the default socket)"
+    ns = parser().parse_args(["status", "-o", "json"])
+    cmd_status(api, ns)
+    assert json.loads(capsys.readouterr().out) == {"role": "router,agent"}  # JSON stays the daemon's answer

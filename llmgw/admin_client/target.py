@@ -4,7 +4,9 @@ Each setting comes from the first of these that gives it:
 
 1. the command line: ``--url URL`` or ``--socket PATH``, and ``--token TOKEN``;
 2. the environment: ``LLMGW_ADMIN_URL`` or ``LLMGW_ADMIN_SOCKET``, and ``LLMGW_ADMIN_TOKEN``;
-3. the config file named by ``--config FILE``: its ``[admin] socket`` and ``[admin] token``;
+3. the daemon's config file: its ``[admin] socket`` and ``[admin] token`` — ``--config FILE``, else
+   the file the daemon itself would find (``$LLMGW_CONFIG``, ``./llmgw.toml``,
+   ``$XDG_CONFIG_HOME/llmgw/llmgw.toml``, ``/etc/llmgw/llmgw.toml``: llmgw.config_discovery);
 4. the default: the local daemon's socket, ``$XDG_RUNTIME_DIR/llmgw-<uid>/admin.sock``.
 
 Where to connect is decided as a whole, by the first level that names a place: ``--socket`` wins
@@ -13,7 +15,8 @@ URL and a socket is an error. The token is looked up on its own, so ``--url`` ca
 from the environment or the config file. A URL needs a token (the TCP admin API always asks for
 one); over the socket none is sent (the daemon checks the caller's uid instead). The config's
 ``[admin] tcp`` is the daemon's listen address, not a URL, and is not used here. A ``--config`` file
-that cannot be read or is invalid is an error even when a higher level decides everything.
+that cannot be read or is invalid is an error even when a higher level decides everything; a file
+found by looking is read only when it decides something, and is an error then.
 
 Pure but for its defaults: the environment and the config reader are parameters.
 """
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmgw.config import ConfigError, default_admin_socket, load_config
+from llmgw.config_discovery import ConfigSource, find_config
 
 if TYPE_CHECKING:
     from llmgw.config import AdminConfig
@@ -63,23 +67,47 @@ def _admin_section(path: str) -> AdminConfig:
     return load_config(path).admin
 
 
+def _discover(env: Mapping[str, str]) -> ConfigSource:
+    return find_config(None, env=env)
+
+
 def resolve_target(*, url: str | None = None, socket: str | None = None, token: str | None = None,
                    config: str | None = None, env: Mapping[str, str] | None = None,
                    read_config: Callable[[str], AdminConfig] = _admin_section,
-                   default_socket: Callable[[], str] = default_admin_socket) -> AdminTarget:
+                   default_socket: Callable[[], str] = default_admin_socket,
+                   discover: Callable[[Mapping[str, str]], ConfigSource] = _discover) -> AdminTarget:
     """The target the flags (``url``, ``socket``, ``token``, ``config``) ask for, filled in from
-    ``env`` (default: the process's) and the config file; TargetError when there is none."""
+    ``env`` (default: the process's) and the config file (``config``, else the one ``discover``
+    finds); TargetError when there is none."""
     env = os.environ if env is None else env
-    admin = None
+    admin: AdminConfig | None = None
+    name = config
     if config:
         try:
             admin = read_config(config)
         except ConfigError as e:
             raise TargetError(str(e), usage=False) from None
+
+    def config_admin() -> AdminConfig | None:
+        nonlocal admin, name
+        if admin is None and not config:
+            try:
+                found = discover(env)
+            except ConfigError as e:
+                raise TargetError(str(e), usage=False) from None
+            if found.path is not None:
+                try:
+                    admin = read_config(found.path)
+                except ConfigError as e:
+                    raise TargetError(f"{e} (found as {found.origin}; pass --config or --socket to choose)",
+                                      usage=False) from None
+                name = f"{found.path} ({found.origin})"
+        return admin
+
     if url and socket:
         raise TargetError("--url and --socket name two daemons: give one of them", usage=True)
     env_url, env_socket = env.get(URL_ENV) or None, env.get(SOCKET_ENV) or None
-    token = token or env.get(TOKEN_ENV) or (admin.token if admin else None) or None
+    token = token or env.get(TOKEN_ENV) or None
     if url or socket:  # 1. flags
         origin = "--url" if url else "--socket"
     elif env_url or env_socket:  # 2. environment
@@ -87,12 +115,14 @@ def resolve_target(*, url: str | None = None, socket: str | None = None, token: 
             raise TargetError(f"${URL_ENV} and ${SOCKET_ENV} are both set: unset one, or choose with --url "
                               "or --socket", usage=True)
         url, socket, origin = env_url, env_socket, f"${URL_ENV}" if env_url else f"${SOCKET_ENV}"
-    elif admin is not None:  # 3. the config file
-        return AdminTarget(socket=admin.socket, origin=f"[admin] socket of {config}")
+    elif (found := config_admin()) is not None:  # 3. the config file
+        return AdminTarget(socket=found.socket, origin=f"[admin] socket of {name}")
     else:  # 4. the default
         return AdminTarget(socket=default_socket(), origin="the default socket")
     if socket:
         return AdminTarget(socket=socket, origin=origin)
+    if not token and (found := config_admin()) is not None:
+        token = found.token or None
     if not token:
         raise TargetError(f"{origin} needs a token: pass --token, set ${TOKEN_ENV}, or give --config the "
                           f"daemon's config file with its [admin] token (the TCP admin API at {url} always "
@@ -106,7 +136,8 @@ HELP = {
     "url": f"the admin API over TCP, e.g. http://10.0.0.5:7071, with a token (default: ${URL_ENV})",
     "token": f"the bearer token for a URL (default: ${TOKEN_ENV}, else the config's [admin] token)",
     "config": "the daemon's config file, for its [admin] socket and token (flags and environment "
-              "variables come first)",
+              "variables come first; default: the file the daemon finds: $LLMGW_CONFIG, ./llmgw.toml, "
+              "$XDG_CONFIG_HOME/llmgw/llmgw.toml, /etc/llmgw/llmgw.toml)",
 }
 
 

@@ -26,35 +26,38 @@ from llmgw.config import (
     default_config,
     load_config,
 )
+from llmgw.config_discovery import CONFIG_ENV, FILE_NAME, SYSTEM_DIR, find_config
+from llmgw.daemon.logs import (
+    FORMAT_ENV,
+    FORMATS,
+    LEVEL_ENV,
+    LEVELS,
+    LogSetupError,
+    env_format,
+    env_level,
+    setup_logging,
+)
 
 log = logging.getLogger("llmgw.daemon")
 
 ROLES = ("router", "agent")
 
 
-class _JsonFormatter(logging.Formatter):
-    """One JSON object per line: structured logs that carry the request id where there is one."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname.lower(),
-                               "logger": record.name, "msg": record.getMessage()}
-        for key in ("request_id", "model", "endpoint", "status", "outcome", "ttft_ms", "latency_ms", "replica"):
-            if hasattr(record, key):
-                out[key] = getattr(record, key)
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="llmgw daemon", description="Run the llmgw router, agent, or both.")
     p.add_argument("--role", default="router,agent",
                    help="router, agent, or router,agent (default: both in one process, the embedded default)")
-    p.add_argument("--config", help="TOML config file (default: built-in defaults, a simulated fleet)")
+    p.add_argument("--config", metavar="FILE",
+                   help=f"TOML config file (default: ${CONFIG_ENV}, else ./{FILE_NAME}, else "
+                        f"$XDG_CONFIG_HOME/llmgw/{FILE_NAME}, else {SYSTEM_DIR}/{FILE_NAME}, else the embedded "
+                        "default: a simulated fleet on this machine)")
     p.add_argument("--host", help="override server.host")
     p.add_argument("--port", type=int, help="override server.port (0 = ephemeral)")
-    p.add_argument("--log-level", default=os.environ.get("LLMGW_LOG_LEVEL", "info"),
-                   help="debug, info, warning or error (default: $LLMGW_LOG_LEVEL, else info)")
+    p.add_argument("--log-level", type=str.lower, choices=LEVELS, default=None,
+                   help=f"the least severe messages logged (default: ${LEVEL_ENV}, else info)")
+    p.add_argument("--log-format", type=str.lower, choices=FORMATS, default=None,
+                   help=f"log lines as text (for people) or json (one object a line, for machines); auto: "
+                        f"text when stderr is a terminal, else json (default: ${FORMAT_ENV}, else auto)")
     p.add_argument("--adopt", action="store_true",
                    help="router: adopt engines that agents run and the store does not know (after the store "
                         "was lost or replaced) as replicas, instead of leaving them running unrouted")
@@ -63,14 +66,23 @@ def main(argv: list[str]) -> int:
     if not roles or not roles <= set(ROLES):
         print(f"llmgw daemon: --role {ns.role!r}: expected router, agent or router,agent", file=sys.stderr)
         return 2
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter())
-    logging.basicConfig(level=ns.log_level.upper(), handlers=[handler])
     try:
-        cfg = load_config(ns.config) if ns.config else default_config()
-    except ConfigError as e:
-        print(e, file=sys.stderr)
+        level = ns.log_level or env_level(os.environ, "info")
+        fmt = ns.log_format or env_format(os.environ)
+    except LogSetupError as e:
+        print(f"llmgw daemon: {e}", file=sys.stderr)
         return 2
+    setup_logging(level, fmt, sys.stderr)
+    source = None
+    try:
+        source = find_config(ns.config)
+        cfg = load_config(source.path) if source.path else default_config()
+    except ConfigError as e:
+        where = "" if source is None or source.explicit else \
+            f" (found as {source.origin}; pass --config to use another)"
+        print(f"{e}{where}", file=sys.stderr)
+        return 2
+    log.info("config: %s", source.describe())
     if "router" in roles:  # thousands of connections need thousands of descriptors
         from llmgw.daemon.net.fd_limit import raise_nofile_limit
 
@@ -83,7 +95,7 @@ def main(argv: list[str]) -> int:
         print("llmgw daemon: --adopt is for a router (--role router or router,agent)", file=sys.stderr)
         return 2
     try:
-        trio.run(_run, cfg, roles, ns.adopt)
+        trio.run(_run, cfg, roles, ns.adopt, source.path)
     except KeyboardInterrupt:
         pass
     except BaseException as e:  # startup errors come wrapped in the nurseries' exception groups
@@ -171,8 +183,11 @@ def _client_tls(cfg: Config) -> Any:
         raise _StartupError(str(e)) from None
 
 
-async def _run(cfg: Config, roles: set[str], adopt: bool = False) -> None:
-    ready: dict[str, Any] = {"ready": True, "role": ",".join(r for r in ROLES if r in roles), "pid": os.getpid()}
+async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: str | None = None) -> None:
+    # The machine-readable line on stdout: printed as soon as the listeners are open (tests and
+    # benchmarks read the ports from it); the human "serving …" line waits for replicas (ready.py).
+    ready: dict[str, Any] = {"ready": True, "role": ",".join(r for r in ROLES if r in roles), "pid": os.getpid(),
+                             "config": config_path}
     token: str | None = None
     control_addr: str | None = None
     control_tls: Any = None
@@ -263,6 +278,8 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
     from llmgw.daemon.net.upstream import UpstreamPool
     from llmgw.daemon.router.control_port import RouterAdapter
     from llmgw.daemon.router.proxy import Router
+    from llmgw.daemon.router.ready import announce_when_ready
+    from llmgw.route.readiness import readiness
 
     store, fresh = _open_store(cfg.control.store)
     lock = contextlib.nullcontext() if cfg.control.store == ":memory:" else _lock_store(cfg.control.store)
@@ -316,4 +333,5 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 url = f"http://{cfg.server.host}:{port}"
                 info.update({"url": url, "port": port, "models": [m.name for m in cfg.models]})
                 log.info("router listening on %s", url)
+                inner.start_soon(lambda: announce_when_ready(lambda: readiness(router.registry), url))
                 task_status.started(info)

@@ -18,7 +18,7 @@ from .breaker import Breaker, BreakerConfig
 from .contract import DrainRate, ScrapeResult
 from .types import EndpointView
 
-__all__ = ["Replica", "ModelEntry", "ReplicaTable"]
+__all__ = ["ModelEntry", "Replica", "ReplicaTable", "wanted_replicas"]
 
 
 @dataclass
@@ -56,6 +56,12 @@ class ModelEntry:
     strategy: str
     replicas: list[Replica]
     adapters: dict[str, set[str]] = field(default_factory=dict)  # adapter -> replica ids
+    wanted: int = 0  # replicas the config asks for (static ones + [models.deploy] count): see readiness.py
+
+
+def wanted_replicas(m: ModelConfig) -> int:
+    """How many replicas a model's config asks for: its static endpoints and its deploy count."""
+    return len(m.replicas) + (m.deploy.count if m.deploy is not None else 0)
 
 
 class ReplicaTable:
@@ -77,9 +83,9 @@ class ReplicaTable:
     def add_model(self, m: ModelConfig) -> ModelEntry:
         if m.name in self.models:  # a redefinition keeps the live replicas
             old = self.models[m.name]
-            old.engine, old.strategy = m.engine, m.strategy
+            old.engine, old.strategy, old.wanted = m.engine, m.strategy, wanted_replicas(m)
             return old
-        entry = ModelEntry(m.name, m.engine, m.strategy, [])
+        entry = ModelEntry(m.name, m.engine, m.strategy, [], wanted=wanted_replicas(m))
         self.models[m.name] = entry
         for i, r in enumerate(m.replicas):
             self.add_replica(m, f"{m.name}/{i}", r.url, r.pool, r.weight)

@@ -47,6 +47,7 @@ from llmgw.route.breaker import FailureKind
 from llmgw.route.dispatch import KINDS, STRATEGY_HEADER, Plan, RouterCore
 from llmgw.route.openai_req import ApiError
 from llmgw.route.prefix_scorer import PrefixRouting
+from llmgw.route.readiness import readiness
 from llmgw.route.types import Decision
 
 log = logging.getLogger("llmgw.router")
@@ -144,6 +145,8 @@ class Router:
         try:
             if path == "/health":
                 return Response(200, [("content-type", _JSON)], b'{"status":"ok"}')
+            if path == "/ready":  # like /health, open to load balancers and orchestrators
+                return self._ready(req)
             self._authorize(req)  # /metrics too: it names every model and replica
             if path == "/metrics":
                 return Response(200, [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
@@ -162,6 +165,18 @@ class Router:
             if e.status not in (401, 404, 405) and not e.counted:
                 self.core.counters.request_done("-", "rejected", e.status, None, None)
             return _error(e, rid, self.rid_header)
+
+    def _ready(self, req: Request) -> Response:
+        """200 once every model that should have replicas has one that can serve, else 503; the
+        body says which (llmgw.route.readiness) — to a caller with an API key when keys are set,
+        since it names the models; without one, only the status."""
+        r = readiness(self.registry)
+        body = r.to_dict()
+        try:
+            self._authorize(req)
+        except ApiError:
+            body = {"status": body["status"]}
+        return Response(200 if r.ready else 503, [("content-type", _JSON)], json.dumps(body).encode())
 
     def _authorize(self, req: Request) -> None:
         if not self.api_keys:

@@ -36,8 +36,13 @@ def _split_engine(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(level=os.environ.get("LLMGW_LOG_LEVEL", "WARNING").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from llmgw.daemon.logs import LogSetupError, env_format, env_level, setup_logging
+
+    try:  # no flags of its own (they are the engine's): the environment only
+        setup_logging(env_level(os.environ, "warning"), env_format(os.environ), sys.stderr)
+    except LogSetupError as e:
+        print(f"llmgw sim: {e}", file=sys.stderr)
+        return 2
     if argv and argv[0] == "fleet":
         return fleet_main(argv[1:])
     engine, rest = _split_engine(argv)
