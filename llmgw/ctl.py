@@ -22,8 +22,9 @@ import httpx
 
 from llmgw.admin_client.rationale import rationale_lines, text_table
 from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
+from llmgw.ctl_views import model_text, status_text, store_line
 
-__all__ = ["CtlError", "main"]
+__all__ = ["CtlError", "main", "store_line"]
 
 FACILITY = ("site", "room", "row", "rack", "pdu")
 
@@ -247,8 +248,12 @@ def cmd_label(api: Admin, ns: argparse.Namespace) -> None:
 
 def cmd_models(api: Admin, ns: argparse.Namespace) -> None:
     if ns.name:
-        emit(ns, api.call("GET", f"/models/{quote(ns.name, safe='')}"),
-             lambda d: json.dumps(d, indent=2, sort_keys=True))
+        definition = api.call("GET", f"/models/{quote(ns.name, safe='')}")
+        if ns.output == "json":
+            emit(ns, definition, str)
+            return
+        view = next((m for m in api.call("GET", "/models") if m.get("name") == ns.name), None)
+        emit(ns, definition, lambda d: model_text(d, view))
         return
 
     def render(models: list[dict[str, Any]]) -> str:
@@ -315,40 +320,8 @@ def cmd_explain(api: Admin, ns: argparse.Namespace) -> None:
     emit(ns, data, lambda _: "\n\n".join("\n".join(rationale_lines(d)) for d in decisions))
 
 
-def store_line(store: Any) -> str:
-    """`ok`, or `degraded (disk full) for 42s: …` — as `ctl status` and the console show it."""
-    if not isinstance(store, dict):
-        return "?"
-    if store.get("state") != "degraded":
-        return str(store.get("state", "?"))
-    since = store.get("since_s")
-    out = f"degraded ({store.get('reason') or 'unknown'})"
-    if isinstance(since, (int, float)):
-        out += f" for {since:.0f}s"
-    out += f": {store.get('detail') or ''}; running from memory, admin changes refused until it can write"
-    if store.get("pending_history"):
-        out += f"; {store['pending_history']} history events waiting"
-    if store.get("history_dropped"):
-        out += f", {store['history_dropped']} dropped"
-    return out
-
-
-def _status_text(d: dict[str, Any]) -> str:
-    lines = []
-    for k, v in d.items():
-        if k == "store":
-            lines.append(f"{k:20s} {store_line(v)}")
-        elif k == "unknown_engines" and v:
-            for node, engines in sorted(v.items()):
-                lines.append(f"{'unknown engines':20s} {node}: {', '.join(engines)} — left running, not routed; "
-                             "restart the router with --adopt to adopt them")
-        else:
-            lines.append(f"{k:20s} {json.dumps(v)}")
-    return "\n".join(lines)
-
-
 def cmd_status(api: Admin, ns: argparse.Namespace) -> None:
-    emit(ns, api.call("GET", "/status"), _status_text)
+    emit(ns, api.call("GET", "/status"), status_text)
 
 
 # -- argument parsing -------------------------------------------------------------------------

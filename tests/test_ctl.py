@@ -75,6 +75,17 @@ def test_nodes_table_and_json_with_location(daemon: dict[str, Any]) -> None:
     assert "box-1" in ctl("--socket", daemon["socket"], "nodes", "--domain", "lab").stdout
 
 
+def test_status_readable_and_json(daemon: dict[str, Any]) -> None:
+    r = ctl("--socket", daemon["socket"], "status")
+    assert r.returncode == 0, r.stderr
+    assert '"' not in r.stdout and "{" not in r.stdout
+    kv = {ln[:20].strip(): ln[21:] for ln in r.stdout.splitlines() if ln[:20].strip()}
+    assert kv["nodes"] == "1 ready" and kv["partition suspected"] == "no" and kv["unknown engines"] == "none"
+    assert kv["store"].startswith("ok (") and kv["version"] and kv["router"]
+    j = json.loads(ctl("--socket", daemon["socket"], "status", "-o", "json").stdout)
+    assert j["nodes"] == {"ready": 1} and j["store"]["state"] == "ok" and j["partition_suspected"] is False
+
+
 def test_label_sets_and_removes(daemon: dict[str, Any]) -> None:
     r = ctl("--socket", daemon["socket"], "label", "box-1", "llmgw.io/pdu=p9", "team=infer")
     assert r.returncode == 0, r.stderr
@@ -92,6 +103,11 @@ def test_models_replicas_endpoints(daemon: dict[str, Any]) -> None:
     assert "sim-model" in out and "2/2" in out
     defn = json.loads(ctl(*s, "models", "sim-model", "-o", "json").stdout)
     assert defn["name"] == "sim-model" and defn["deploy"]["count"] == 2
+    one = ctl(*s, "models", "sim-model")
+    assert one.returncode == 0, one.stderr
+    assert not one.stdout.startswith("{") and '"' not in one.stdout
+    assert f"{'model':20s} sim-model" in one.stdout and f"{'ready':20s} 2/2 replicas" in one.stdout
+    assert "\n  deploy.count" in one.stdout and "\n  engine " in one.stdout
     reps = json.loads(ctl(*s, "replicas", "-o", "json").stdout)
     assert {r["state"] for r in reps} == {"ready"} and {r["node"] for r in reps} == {"box-1"}
     assert ctl(*s, "replicas").stdout.splitlines()[0].split()[:3] == ["REPLICA", "NODE", "STATE"]
