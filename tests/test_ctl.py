@@ -147,6 +147,31 @@ def test_scale_through_ctl(daemon: dict[str, Any]) -> None:
                          for r in json.loads(ctl(*s, "replicas", "-o", "json").stdout)) == 2, 30)
 
 
+def test_help_reads_well() -> None:
+    """Every option and argument of every command says what it is for; the shared options are
+    grouped apart from a command's own; the top help ends with examples."""
+    import argparse
+
+    from llmgw.ctl import COMMON_TITLE, parser
+
+    top = parser()
+    subs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sp in {"": top, **subs.choices}.items():
+        for a in sp._actions:
+            if isinstance(a, argparse._SubParsersAction) or a.dest == "help":
+                continue
+            assert a.help and a.help != argparse.SUPPRESS, f"ctl {name} {a.option_strings or a.dest}: no help"
+            assert a.metavar or a.option_strings or a.choices, f"ctl {name} {a.dest}: a lowercase placeholder"
+        text = sp.format_help()
+        assert COMMON_TITLE in text and "--timeout SECONDS" in text
+        if name:
+            assert len(sp.description or "") > 15, f"ctl {name}: no description"
+    top_help = top.format_help()
+    assert "examples:" in top_help and "llmgw ctl explain REQUEST_ID" in top_help
+    assert set(subs.choices) == {"status", "nodes", "join-info", "join-token", "label", "models", "scale",
+                                 "replicas", "restart", "endpoints", "decisions", "explain"}
+
+
 def test_errors_say_what_to_do(tmp_path: Path) -> None:
     r = ctl("--socket", str(tmp_path / "nope.sock"), "nodes")
     assert r.returncode == 1 and "is the daemon running?" in r.stderr and "llmgw daemon" in r.stderr
