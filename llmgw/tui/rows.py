@@ -397,8 +397,9 @@ def cache_total_lines(state: ConsoleState, width: int = SPARK_WIDTH) -> list[str
               f"(trends: a block per {fmt_age(c.get('bucket_s'))}, last {fmt_age(shown)}, newest right)")
     gone = len(as_list(c.get("replicas"))) - len(_cache_replicas(state))
     if gone > 0:
-        return [totals, trends, f"{gone} replica{'s' if gone > 1 else ''} no longer in the fleet: not listed below, "
-                                "still counted in these totals until they leave the window"]
+        note = (f"{gone} replica{'s' if gone > 1 else ''} no longer in the fleet: not listed below, still counted "
+                "in these totals until they leave the window")
+        return [totals, trends, note]
     return [totals, trends]
 
 
