@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
+from llmgw.admin_client.printable import printable
 from llmgw.admin_client.rationale import rationale_lines, text_table
 from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
 from llmgw.ctl_views import model_text, status_text, store_line
@@ -87,13 +88,14 @@ def table(rows: list[list[Any]], headers: list[str]) -> str:
 
 
 def _cell(v: Any) -> str:
+    """One table cell, on one line whatever the daemon sent."""
     if v is None:
         return "-"
     if isinstance(v, float):
         return f"{v:.3g}"
     if isinstance(v, list | tuple):
-        return ",".join(map(str, v)) or "-"
-    return str(v)
+        return printable(",".join(map(str, v))) or "-"
+    return printable(str(v))
 
 
 def _age(seconds: float | None) -> str:
@@ -105,9 +107,9 @@ def _age(seconds: float | None) -> str:
 
 def emit(ns: argparse.Namespace, data: Any, render: Callable[[Any], str]) -> None:
     if ns.output == "json":
-        print(json.dumps(data, indent=2, sort_keys=True))
+        print(json.dumps(data, indent=2, sort_keys=True))  # ensure_ascii: no control character gets through
     else:
-        print(render(data))
+        print(printable(render(data), keep_newlines=True))
 
 
 # -- commands ---------------------------------------------------------------------------------
@@ -423,7 +425,7 @@ def main(argv: Sequence[str]) -> int:
         api = Admin(ns)
         ns.fn(api, ns)
     except CtlError as e:
-        print(f"llmgw ctl: {e}", file=sys.stderr)
+        print(f"llmgw ctl: {printable(str(e), keep_newlines=True)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from llmgw.admin_client.printable import printable
+
 __all__ = ["KEY_WIDTH", "model_text", "status_text", "store_line", "value_text"]
 
 KEY_WIDTH = 20  # the key column; "partition suspected" is the longest status key
@@ -25,10 +27,10 @@ def value_text(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:g}"
     if isinstance(v, Mapping):
-        return ", ".join(f"{k}={_nested(x)}" for k, x in v.items()) or NONE
+        return ", ".join(f"{printable(str(k))}={_nested(x)}" for k, x in v.items()) or NONE
     if isinstance(v, list | tuple):
         return ", ".join(_nested(x) for x in v) or NONE
-    return str(v)
+    return printable(str(v))
 
 
 def _nested(v: Any) -> str:
@@ -93,7 +95,7 @@ def _control_port(v: Any) -> str:
 def _per_key(v: Any, fmt: str) -> list[str]:
     if not isinstance(v, Mapping):
         return [value_text(v)]
-    return [fmt.format(k=k, v=value_text(x)) for k, x in sorted(v.items())]
+    return [fmt.format(k=printable(str(k)), v=value_text(x)) for k, x in sorted(v.items())]
 
 
 _STATUS_KEYS = {"router_id": "router", "assignments": "replicas placed", "unknown_engines": "unknown engines",

@@ -163,6 +163,23 @@ def test_cache_view_drops_a_replica_a_scale_down_removed() -> None:
     drive(script)
 
 
+def test_text_from_agents_cannot_drive_the_terminal() -> None:
+    """A replica's log line and a scrape error hold escape sequences: shown escaped, not obeyed."""
+    async def script(pilot: Pilot[Any], app: ConsoleApp, client: FakeClient) -> None:
+        evil = "\x1b[2J\x1b]0;owned\x07"
+        reps = [{**r, "log_tail": [f"INFO {evil}done"]} if i == 0 else r for i, r in enumerate(REPLICAS)]
+        eps = [{**e, "scrape_error": f"connect: {evil}"} if i == 0 else e for i, e in enumerate(ENDPOINTS)]
+        app._on_event({"type": "update", "rev": 6, "replicas": reps, "endpoints": eps})
+        await pilot.press("2")
+        await until(pilot, loaded)
+        detail = str(app.screen.query_one("#replica-detail", Static).render())
+        assert "\x1b" not in detail and "\\x1b[2J\\x1b]0;owned\\x07done" in detail
+        cells = [c for row in table_rows(app, "#replicas-table") for c in row]
+        assert not any("\x1b" in c for c in cells)
+
+    drive(script)
+
+
 def test_selecting_a_decision_shows_its_rationale() -> None:
     async def script(pilot: Pilot[Any], app: ConsoleApp, client: FakeClient) -> None:
         await pilot.press("3", "down", "enter")  # the second newest: req-0007

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmgw.admin_client.printable import printable
 from llmgw.ctl_views import model_text, status_text, store_line, value_text
 
 STATUS: dict[str, Any] = {
@@ -103,3 +104,22 @@ def test_model_text_is_not_json_and_spells_the_definition_as_config_keys() -> No
 def test_model_text_without_its_row() -> None:
     out = model_text({"name": "m", "engine": "llamacpp"})
     assert out.splitlines() == [f"{'model':20s} m", "definition", f"  {'engine':18s} llamacpp"]
+
+
+def test_text_from_the_daemon_cannot_drive_the_terminal() -> None:
+    """Node names, reasons and engines' messages come from agents: an escape sequence, a bidi
+    override or a newline in them is shown, not obeyed, and a value stays on its line."""
+    evil = "n1\x1b]0;owned\x07\x1b[2J\u202egpj.exe\nstore                ok"
+    kv = status_text({**STATUS, "unknown_engines": {evil: [evil]}, "unplaceable": {"m": evil}})
+    assert "\x1b" not in kv and "\x07" not in kv and "\u202e" not in kv
+    assert "\\x1b]0;owned\\x07\\x1b[2J\\u202egpj.exe\\x0astore" in kv
+    assert sum(ln.startswith("store ") for ln in kv.splitlines()) == 1  # no forged line
+    assert printable("a\tb\nc", keep_newlines=True) == "a\\x09b\nc"
+    assert printable("ünïcode ✓ 名前") == "ünïcode ✓ 名前"
+
+
+def test_ctl_tables_and_errors_escape_control_characters() -> None:
+    from llmgw.ctl import _cell, table
+
+    assert _cell("r1\x1b[31m") == "r1\\x1b[31m" and _cell(["a\nb"]) == "a\\x0ab"
+    assert "\x1b" not in table([["x\x1b[2J", 1]], ["NAME", "N"])
