@@ -15,15 +15,17 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import httpx
 
+from llmgw.admin_client.printable import printable
 from llmgw.admin_client.rationale import rationale_lines, text_table
 from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
+from llmgw.ctl_views import model_text, status_text, store_line
 
-__all__ = ["CtlError", "main"]
+__all__ = ["CtlError", "main", "store_line"]
 
 FACILITY = ("site", "room", "row", "rack", "pdu")
 
@@ -87,13 +89,14 @@ def table(rows: list[list[Any]], headers: list[str]) -> str:
 
 
 def _cell(v: Any) -> str:
+    """One table cell, on one line whatever the daemon sent."""
     if v is None:
         return "-"
     if isinstance(v, float):
         return f"{v:.3g}"
     if isinstance(v, list | tuple):
-        return ",".join(map(str, v)) or "-"
-    return str(v)
+        return printable(",".join(map(str, v))) or "-"
+    return printable(str(v))
 
 
 def _age(seconds: float | None) -> str:
@@ -105,9 +108,9 @@ def _age(seconds: float | None) -> str:
 
 def emit(ns: argparse.Namespace, data: Any, render: Callable[[Any], str]) -> None:
     if ns.output == "json":
-        print(json.dumps(data, indent=2, sort_keys=True))
+        print(json.dumps(data, indent=2, sort_keys=True))  # ensure_ascii: no control character gets through
     else:
-        print(render(data))
+        print(printable(render(data), keep_newlines=True))
 
 
 # -- commands ---------------------------------------------------------------------------------
@@ -248,8 +251,12 @@ def cmd_label(api: Admin, ns: argparse.Namespace) -> None:
 
 def cmd_models(api: Admin, ns: argparse.Namespace) -> None:
     if ns.name:
-        emit(ns, api.call("GET", f"/models/{quote(ns.name, safe='')}"),
-             lambda d: json.dumps(d, indent=2, sort_keys=True))
+        definition = api.call("GET", f"/models/{quote(ns.name, safe='')}")
+        if ns.output == "json":
+            emit(ns, definition, str)
+            return
+        view = next((m for m in api.call("GET", "/models") if m.get("name") == ns.name), None)
+        emit(ns, definition, lambda d: model_text(d, view))
         return
 
     def render(models: list[dict[str, Any]]) -> str:
@@ -316,46 +323,27 @@ def cmd_explain(api: Admin, ns: argparse.Namespace) -> None:
     emit(ns, data, lambda _: "\n\n".join("\n".join(rationale_lines(d)) for d in decisions))
 
 
-def store_line(store: Any) -> str:
-    """`ok`, or `degraded (disk full) for 42s: …` — as `ctl status` and the console show it."""
-    if not isinstance(store, dict):
-        return "?"
-    if store.get("state") != "degraded":
-        return str(store.get("state", "?"))
-    since = store.get("since_s")
-    out = f"degraded ({store.get('reason') or 'unknown'})"
-    if isinstance(since, (int, float)):
-        out += f" for {since:.0f}s"
-    out += f": {store.get('detail') or ''}; running from memory, admin changes refused until it can write"
-    if store.get("pending_history"):
-        out += f"; {store['pending_history']} history events waiting"
-    if store.get("history_dropped"):
-        out += f", {store['history_dropped']} dropped"
-    return out
-
-
-def _status_text(d: dict[str, Any]) -> str:
-    lines = []
-    for k, v in d.items():
-        if k == "store":
-            lines.append(f"{k:20s} {store_line(v)}")
-        elif k == "unknown_engines" and v:
-            for node, engines in sorted(v.items()):
-                lines.append(f"{'unknown engines':20s} {node}: {', '.join(engines)} — left running, not routed; "
-                             "restart the router with --adopt to adopt them")
-        else:
-            lines.append(f"{k:20s} {json.dumps(v)}")
-    return "\n".join(lines)
-
-
 def cmd_status(api: Admin, ns: argparse.Namespace) -> None:
     data = api.call("GET", "/status")
     if ns.output != "json":  # which daemon answered: the socket or URL, and what chose it
-        print(f"{'admin API':20s} {api.where} ({api.origin})")
-    emit(ns, data, _status_text)
+        print(f"{'admin API':20s} {printable(str(api.where))} ({api.origin})")
+    emit(ns, data, status_text)
 
 
 # -- argument parsing -------------------------------------------------------------------------
+COMMON_TITLE = "output and connection (before or after the command)"
+
+EPILOG = """\
+examples:
+  llmgw ctl status                      the daemon's summary
+  llmgw ctl replicas --model llama-8b   one model's replicas and their engines' state
+  llmgw ctl explain REQUEST_ID          why a request went where it did
+  llmgw ctl nodes -o json               the admin API's own answer, for scripts
+
+Without --socket, --url or --config it talks to the local daemon's admin socket.
+`llmgw ctl COMMAND --help` describes a command."""
+
+
 def _common(top: bool) -> argparse.ArgumentParser:
     """The shared options, accepted before or after the command. Below the command they default
     to SUPPRESS: otherwise a subparser's default would overwrite a value given before it."""
@@ -363,26 +351,33 @@ def _common(top: bool) -> argparse.ArgumentParser:
         return value if top else argparse.SUPPRESS
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-o", "--output", choices=("table", "json"), default=d("table"),
-                        help="table for people, json for scripts (default: table)")
-    add_target_arguments(common, default=d(None))
-    common.add_argument("--timeout", type=float, default=d(10.0),
-                        help="seconds to wait for the daemon's answer (default: 10)")
+    group = common.add_argument_group(COMMON_TITLE)
+    group.add_argument("-o", "--output", choices=("table", "json"), default=d("table"),
+                       help="table: text for people (a table, or key-value lines for one object); json: the "
+                            "admin API's own answer, for scripts (default: table)")
+    add_target_arguments(cast(argparse.ArgumentParser, group), default=d(None))
+    group.add_argument("--timeout", type=float, metavar="SECONDS", default=d(10.0),
+                       help="how long to wait for the daemon's answer (default: 10)")
     return common
 
 
 def parser() -> argparse.ArgumentParser:
     common = _common(top=False)
     p = argparse.ArgumentParser(prog="llmgw ctl", parents=[_common(top=True)],
-                                description="Inspect and operate a running llmgw daemon.")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+                                description="Inspect and operate a running llmgw daemon over its admin API.",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", title="commands")
 
-    def add(name: str, fn: Callable[[Admin, argparse.Namespace], None], help_: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, parents=[common], help=help_, description=help_)
+    def add(name: str, fn: Callable[[Admin, argparse.Namespace], None], help_: str,
+            description: str | None = None) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, parents=[common], help=help_, description=description or help_)
         sp.set_defaults(fn=fn)
         return sp
 
-    sp = add("status", cmd_status, "the daemon's summary")
+    sp = add("status", cmd_status, "the daemon's summary",
+             "The daemon's summary: version, nodes by state, replicas placed, the partition guard, models "
+             "that cannot be placed and why, the store (ok, or degraded and why), and engines the store "
+             "does not know.")
     sp = add("nodes", cmd_nodes, "nodes with their state and location (or one node, by name); `nodes revoke NODE` "
                                  "cuts a node off")
     sp.add_argument("name", nargs="?", metavar="NAME | revoke",
@@ -392,31 +387,39 @@ def parser() -> argparse.ArgumentParser:
                                      "prefix like fra/hall-1")
     sp = add("join-info", cmd_join_info, "what an agent needs to join this router (address, join token, CA), as an "
                                          "[agent] section; holds the join token")
-    sp.add_argument("--router", help="the address agents dial, if not the one the router reports (NAT, DNS name)")
+    sp.add_argument("--router", metavar="HOST:PORT",
+                    help="the address agents dial, if not the one the router reports (NAT, DNS name)")
     sp = add("join-token", cmd_join_token, "rotate the join token (it must come from control.join_token_file)")
     sp.add_argument("action", choices=["rotate"], help="rotate: a new random join token, in force at once")
-    sp = add("label", cmd_label, "set (key=value) or remove (key-) operator labels on a node")
-    sp.add_argument("node", help="the node's name")
+    sp = add("label", cmd_label, "set (key=value) or remove (key-) operator labels on a node",
+             "Set (key=value) or remove (key-) operator labels on a node: they override the agent's own "
+             "and survive restarts. Prints the node as it is then.")
+    sp.add_argument("node", metavar="NODE", help="the node's name")
     sp.add_argument("labels", nargs="+", metavar="key=value|key-", help="set key to value, or remove key")
-    sp = add("models", cmd_models, "models and their replicas' readiness (or one model's definition)")
-    sp.add_argument("name", nargs="?", help="one model's name: show its definition")
+    sp = add("models", cmd_models, "models and their replicas' readiness (or one model in detail)",
+             "Models with their ready/desired replicas and why any cannot be placed. With a name: that "
+             "model's readiness, then its whole definition as the config file's keys (-o json: the "
+             "definition alone).")
+    sp.add_argument("name", nargs="?", metavar="NAME", help="one model's name: show it in detail")
     sp = add("scale", cmd_scale, "set a model's replica count")
-    sp.add_argument("model", help="the model's name")
-    sp.add_argument("replicas", type=int, help="the number of replicas it should have (0 stops them all)")
+    sp.add_argument("model", metavar="MODEL", help="the model's name")
+    sp.add_argument("replicas", type=int, metavar="N",
+                    help="the number of replicas it should have (0 stops them all)")
     sp = add("replicas", cmd_replicas, "replicas placed on agents, with their engine state")
     sp.add_argument("--model", help="only this model's replicas")
     sp.add_argument("--node", help="only the replicas on this node")
     sp = add("restart", cmd_restart, "restart a replica's engine (clears a crash loop)")
-    sp.add_argument("replica", help="the replica's id, as `llmgw ctl replicas` shows it")
+    sp.add_argument("replica", metavar="REPLICA", help="the replica's id, as `llmgw ctl replicas` shows it")
     sp = add("endpoints", cmd_endpoints, "the router's endpoints: breaker, scraped metrics, inflight")
     sp.add_argument("--model", help="only this model's endpoints")
     sp = add("decisions", cmd_decisions, "recent routing decisions")
     sp.add_argument("--model", help="only decisions for this model")
     sp.add_argument("--replica", help="only decisions that chose this replica")
-    sp.add_argument("--limit", type=int, default=20, help="at most this many, newest first (default: 20)")
+    sp.add_argument("--limit", type=int, default=20, metavar="N", help="at most N, newest first (default: 20)")
     sp = add("explain", cmd_explain, "why a request went where it did: candidates × scorers, and the drops")
-    sp.add_argument("request_id", help="the request's id: its x-request-id, which every response carries "
-                                       "(`llmgw ctl decisions` lists recent ones)")
+    sp.add_argument("request_id", metavar="REQUEST_ID",
+                    help="the request's id: its x-request-id, which every response carries "
+                         "(`llmgw ctl decisions` lists recent ones)")
     return p
 
 
@@ -426,7 +429,7 @@ def main(argv: Sequence[str]) -> int:
         api = Admin(ns)
         ns.fn(api, ns)
     except CtlError as e:
-        print(f"llmgw ctl: {e}", file=sys.stderr)
+        print(f"llmgw ctl: {printable(str(e), keep_newlines=True)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0

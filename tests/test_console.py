@@ -26,7 +26,9 @@ from llmgw.tui.main import TOKEN_ENV, UsageError, client_from_args
 from llmgw.tui.main import main as console_main
 from llmgw.tui.rationale import RationaleScreen
 from tests.test_console_fakes import (
+    ENDPOINTS,
     LIVE_DECISIONS,
+    REPLICAS,
     Connection,
     FakeClient,
     StopAfter,
@@ -141,6 +143,39 @@ def test_number_keys_switch_views_and_help_is_one_key_away() -> None:
             assert tabs.active == view
         await pilot.press("4")
         assert table_rows(app, "#cache-models-table")[0][:3] == ["llama-8b", "81%", "170/40"]
+
+    drive(script)
+
+
+def test_cache_view_drops_a_replica_a_scale_down_removed() -> None:
+    """The fleet's update alone (no new cache summary) takes the replica's row off the Cache hits view."""
+    async def script(pilot: Pilot[Any], app: ConsoleApp, client: FakeClient) -> None:
+        await pilot.press("4")
+        assert [r[0] for r in table_rows(app, "#cache-replicas-table")] == [
+            "llama-8b/1a2b3c", "llama-8b/4d5e6f", "qwen-7b/c0ffee"]
+        gone = "llama-8b/4d5e6f"
+        app._on_event({"type": "update", "rev": 6, "replicas": [r for r in REPLICAS if r["replica"] != gone],
+                       "endpoints": [e for e in ENDPOINTS if e["id"] != gone]})
+        await until(pilot, loaded)
+        assert [r[0] for r in table_rows(app, "#cache-replicas-table")] == ["llama-8b/1a2b3c", "qwen-7b/c0ffee"]
+        assert "1 replica no longer in the fleet" in str(app.screen.query_one("#cache-total", Static).render())
+
+    drive(script)
+
+
+def test_text_from_agents_cannot_drive_the_terminal() -> None:
+    """A replica's log line and a scrape error hold escape sequences: shown escaped, not obeyed."""
+    async def script(pilot: Pilot[Any], app: ConsoleApp, client: FakeClient) -> None:
+        evil = "\x1b[2J\x1b]0;owned\x07"
+        reps = [{**r, "log_tail": [f"INFO {evil}done"]} if i == 0 else r for i, r in enumerate(REPLICAS)]
+        eps = [{**e, "scrape_error": f"connect: {evil}"} if i == 0 else e for i, e in enumerate(ENDPOINTS)]
+        app._on_event({"type": "update", "rev": 6, "replicas": reps, "endpoints": eps})
+        await pilot.press("2")
+        await until(pilot, loaded)
+        detail = str(app.screen.query_one("#replica-detail", Static).render())
+        assert "\x1b" not in detail and "\\x1b[2J\\x1b]0;owned\\x07done" in detail
+        cells = [c for row in table_rows(app, "#replicas-table") for c in row]
+        assert not any("\x1b" in c for c in cells)
 
     drive(script)
 

@@ -196,6 +196,38 @@ def test_cache_rows_and_sparklines() -> None:
     assert cache_total_lines(ConsoleState()) == ["no cache summary yet"]
 
 
+def test_cache_view_drops_replicas_and_models_the_fleet_no_longer_has() -> None:
+    """A scale-down removes llama-8b/4d5e6f; the cache summary still counts it for its window, but
+    its row (and sparklines) leave with it; a deleted model's row leaves too. Totals stay whole."""
+    from tests.test_console_fakes import CACHE, ENDPOINTS, MODELS, REPLICAS
+
+    s = loaded()
+    assert [r.key for r in cache_replica_rows(s)] == ["llama-8b/1a2b3c", "llama-8b/4d5e6f", "qwen-7b/c0ffee"]
+    assert len(cache_total_lines(s)) == 2
+    gone = "llama-8b/4d5e6f"
+    s.apply({"type": "update", "rev": 6, "replicas": [r for r in REPLICAS if r["replica"] != gone],
+             "endpoints": [e for e in ENDPOINTS if e["id"] != gone]})
+    assert [r.key for r in cache_replica_rows(s)] == ["llama-8b/1a2b3c", "qwen-7b/c0ffee"]
+    assert [r.key for r in cache_model_rows(s)] == ["llama-8b", "qwen-7b"]
+    lines = cache_total_lines(s)
+    assert "prefix hit 75% (180 of 240" in lines[0]  # the window's totals still count it
+    assert lines[2].startswith("1 replica no longer in the fleet")
+    # draining but still there: kept (it is in the replicas, though no longer an endpoint)
+    s.apply({"type": "update", "rev": 7, "replicas": REPLICAS,
+             "endpoints": [e for e in ENDPOINTS if e["id"] != gone]})
+    assert gone in [r.key for r in cache_replica_rows(s)] and len(cache_total_lines(s)) == 2
+    # a deleted model: its replicas, endpoints and definition leave; so do its cache rows
+    s.apply({"type": "update", "rev": 8, "models": [m for m in MODELS if m["name"] != "qwen-7b"],
+             "replicas": [r for r in REPLICAS if r["model"] != "qwen-7b"],
+             "endpoints": [e for e in ENDPOINTS if e["model"] != "qwen-7b"]})
+    assert [r.key for r in cache_model_rows(s)] == ["llama-8b"]
+    assert "qwen-7b/c0ffee" not in [r.key for r in cache_replica_rows(s)]
+    # a fleet that is all gone shows no rows, whatever the summary still holds
+    s.apply({"type": "update", "rev": 9, "models": [], "replicas": [], "endpoints": [], "cache": CACHE})
+    assert cache_model_rows(s) == [] and cache_replica_rows(s) == []
+    assert cache_total_lines(s)[2].startswith("3 replicas no longer in the fleet")
+
+
 def test_formatting() -> None:
     assert sparkline([0.0, None, 0.5, 1.0], 6) == "  ▁ ▅█"
     assert sparkline(None, 3) == "   " and sparkline([2.0, -1], 2) == "█▁"  # out-of-range clamps

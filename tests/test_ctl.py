@@ -75,6 +75,17 @@ def test_nodes_table_and_json_with_location(daemon: dict[str, Any]) -> None:
     assert "box-1" in ctl("--socket", daemon["socket"], "nodes", "--domain", "lab").stdout
 
 
+def test_status_readable_and_json(daemon: dict[str, Any]) -> None:
+    r = ctl("--socket", daemon["socket"], "status")
+    assert r.returncode == 0, r.stderr
+    assert '"' not in r.stdout and "{" not in r.stdout
+    kv = {ln[:20].strip(): ln[21:] for ln in r.stdout.splitlines() if ln[:20].strip()}
+    assert kv["nodes"] == "1 ready" and kv["partition suspected"] == "no" and kv["unknown engines"] == "none"
+    assert kv["store"].startswith("ok (") and kv["version"] and kv["router"]
+    j = json.loads(ctl("--socket", daemon["socket"], "status", "-o", "json").stdout)
+    assert j["nodes"] == {"ready": 1} and j["store"]["state"] == "ok" and j["partition_suspected"] is False
+
+
 def test_label_sets_and_removes(daemon: dict[str, Any]) -> None:
     r = ctl("--socket", daemon["socket"], "label", "box-1", "llmgw.io/pdu=p9", "team=infer")
     assert r.returncode == 0, r.stderr
@@ -92,6 +103,11 @@ def test_models_replicas_endpoints(daemon: dict[str, Any]) -> None:
     assert "sim-model" in out and "2/2" in out
     defn = json.loads(ctl(*s, "models", "sim-model", "-o", "json").stdout)
     assert defn["name"] == "sim-model" and defn["deploy"]["count"] == 2
+    one = ctl(*s, "models", "sim-model")
+    assert one.returncode == 0, one.stderr
+    assert not one.stdout.startswith("{") and '"' not in one.stdout
+    assert f"{'model':20s} sim-model" in one.stdout and f"{'ready':20s} 2/2 replicas" in one.stdout
+    assert "\n  deploy.count" in one.stdout and "\n  engine " in one.stdout
     reps = json.loads(ctl(*s, "replicas", "-o", "json").stdout)
     assert {r["state"] for r in reps} == {"ready"} and {r["node"] for r in reps} == {"box-1"}
     assert ctl(*s, "replicas").stdout.splitlines()[0].split()[:3] == ["REPLICA", "NODE", "STATE"]
@@ -129,6 +145,31 @@ def test_scale_through_ctl(daemon: dict[str, Any]) -> None:
     assert ctl(*s, "scale", "sim-model", "2").returncode == 0
     wait_for(lambda: sum(r["state"] == "ready" and r["desired"] == "run"
                          for r in json.loads(ctl(*s, "replicas", "-o", "json").stdout)) == 2, 30)
+
+
+def test_help_reads_well() -> None:
+    """Every option and argument of every command says what it is for; the shared options are
+    grouped apart from a command's own; the top help ends with examples."""
+    import argparse
+
+    from llmgw.ctl import COMMON_TITLE, parser
+
+    top = parser()
+    subs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sp in {"": top, **subs.choices}.items():
+        for a in sp._actions:
+            if isinstance(a, argparse._SubParsersAction) or a.dest == "help":
+                continue
+            assert a.help and a.help != argparse.SUPPRESS, f"ctl {name} {a.option_strings or a.dest}: no help"
+            assert a.metavar or a.option_strings or a.choices, f"ctl {name} {a.dest}: a lowercase placeholder"
+        text = sp.format_help()
+        assert COMMON_TITLE in text and "--timeout SECONDS" in text
+        if name:
+            assert len(sp.description or "") > 15, f"ctl {name}: no description"
+    top_help = top.format_help()
+    assert "examples:" in top_help and "llmgw ctl explain REQUEST_ID" in top_help
+    assert set(subs.choices) == {"status", "nodes", "join-info", "join-token", "label", "models", "scale",
+                                 "replicas", "restart", "endpoints", "decisions", "explain"}
 
 
 def test_errors_say_what_to_do(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
+from llmgw.admin_client.printable import printable
 from llmgw.admin_client.rationale import DROP_COLUMNS as DROP_LABELS
 from llmgw.tui.rows import Column, rationale
 from llmgw.tui.views.base import fill_table
@@ -39,7 +40,7 @@ class RationaleScreen(Screen[None]):
         facts.add_column()
         facts.add_column(style="bold")
         facts.add_column()
-        items = [(Text(k), Text(v)) for k, v in self.view.facts]
+        items = [(Text(k), Text(printable(v))) for k, v in self.view.facts]
         for i in range(0, len(items), 2):
             pair = items[i:i + 2]
             facts.add_row(*pair[0], *(pair[1] if len(pair) > 1 else (Text(""), Text(""))))

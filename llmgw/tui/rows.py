@@ -352,10 +352,23 @@ def _cache_cells(c: Mapping[str, Any], width: int) -> tuple[str, ...]:
             sparkline(c.get("engine_hit_rate_series"), width))
 
 
+def _cache_models(state: ConsoleState) -> list[dict[str, Any]]:
+    """The cache summary's models that the daemon still has (a deleted model's counts stay in the
+    window for a while, and in the totals)."""
+    present = state.present_models()
+    return [m for m in as_list(state.cache.get("models")) if m.get("model") in present]
+
+
+def _cache_replicas(state: ConsoleState) -> list[dict[str, Any]]:
+    """The cache summary's replicas that the daemon still has: one a scale-down removed leaves."""
+    present = state.present_replicas()
+    return [r for r in as_list(state.cache.get("replicas")) if r.get("replica") in present]
+
+
 def cache_model_rows(state: ConsoleState, text: str = "", width: int = SPARK_WIDTH) -> list[Row]:
     rows = [Row(_str(m.get("model"), "?"), (_str(m.get("model"), "?"), *_cache_cells(m, width)),
                 _rate_tone(m.get("prefix_hit_rate")))
-            for m in as_list(state.cache.get("models"))]
+            for m in _cache_models(state)]
     return _filtered(rows, text)
 
 
@@ -363,7 +376,7 @@ def cache_replica_rows(state: ConsoleState, text: str = "", width: int = SPARK_W
     rows = [Row(_str(r.get("replica"), "?"),
                 (_str(r.get("replica"), "?"), _str(r.get("model"), "?"), *_cache_cells(r, width)),
                 _rate_tone(r.get("prefix_hit_rate")))
-            for r in as_list(state.cache.get("replicas"))]
+            for r in _cache_replicas(state)]
     return _filtered(rows, text)
 
 
@@ -382,6 +395,11 @@ def cache_total_lines(state: ConsoleState, width: int = SPARK_WIDTH) -> list[str
     trends = (f"{sparkline(t.get('prefix_hit_rate_series'), width)} prefix hit  "
               f"{sparkline(t.get('engine_hit_rate_series'), width)} engine hit   "
               f"(trends: a block per {fmt_age(c.get('bucket_s'))}, last {fmt_age(shown)}, newest right)")
+    gone = len(as_list(c.get("replicas"))) - len(_cache_replicas(state))
+    if gone > 0:
+        note = (f"{gone} replica{'s' if gone > 1 else ''} no longer in the fleet: not listed below, still counted "
+                "in these totals until they leave the window")
+        return [totals, trends, note]
     return [totals, trends]
 
 

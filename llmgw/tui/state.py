@@ -130,6 +130,18 @@ class ConsoleState:
                 return e.decision
         return None
 
+    def present_replicas(self) -> set[str]:
+        """The replicas the daemon has now: those placed on nodes (in any state, until they are gone)
+        and the router's endpoints (static ones included). Summaries that cover a window (the cache
+        hits) may still name a replica a scale-down removed; the console shows only these."""
+        ids = {r.get("replica") for r in self.replicas} | {e.get("id") for e in self.endpoints}
+        return {i for i in ids if isinstance(i, str)}
+
+    def present_models(self) -> set[str]:
+        """The models the daemon has now: defined, or with a replica or an endpoint."""
+        names = {m.get("name") for m in self.models} | {r.get("model") for r in (*self.replicas, *self.endpoints)}
+        return {n for n in names if isinstance(n, str)}
+
     def node(self, name: str) -> dict[str, Any] | None:
         return next((n for n in self.nodes if n.get("name") == name), None)
 

@@ -16,6 +16,7 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Input
 from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
 
+from llmgw.admin_client.printable import printable
 from llmgw.tui.rows import Column, Row
 from llmgw.tui.state import ConsoleState
 
@@ -64,7 +65,7 @@ def fill_table(table: DataTable[Text | str], columns: Sequence[Column], rows: Se
     for r in rows:
         style = TONE_STYLE.get(r.tone, "")
         # Text, not str: a str cell is read as markup, and data may hold "[" (log lines, reasons)
-        cells = [Text(cell, style=style if t else "") for cell, t in zip(r.cells, toned)]
+        cells = [Text(printable(cell), style=style if t else "") for cell, t in zip(r.cells, toned)]
         k = r.key
         while k in keys:  # a daemon's data should not repeat ids, but a repeat must not kill the console
             k += "'"

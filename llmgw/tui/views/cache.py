@@ -24,7 +24,8 @@ class CacheView(ConsoleView):
     view_id = "cache"
     title = "Cache hits"
     summary = "prefix-cache hits, per model and replica, with trends"
-    sections = frozenset({"cache"})
+    # the fleet's sections too: a replica that leaves drops out of the rows without a cache update
+    sections = frozenset({"cache", "models", "replicas", "endpoints"})
 
     def body(self) -> ComposeResult:
         yield Static(id="cache-total", classes="detail", markup=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
+from llmgw.admin_client.printable import printable
 from llmgw.tui.rows import (
     MODEL_COLUMNS,
     REPLICA_COLUMNS,
@@ -43,7 +44,7 @@ class ModelsView(ConsoleView):
         self._show_detail(row_key_at(replicas))
 
     def _show_detail(self, rid: str | None) -> None:
-        self.query_one("#replica-detail", Static).update("\n".join(replica_detail(self.host.state, rid)))
+        self.query_one("#replica-detail", Static).update(printable("\n".join(replica_detail(self.host.state, rid)), keep_newlines=True))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id == "replicas-table":

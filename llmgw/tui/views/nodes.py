@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
+from llmgw.admin_client.printable import printable
 from llmgw.tui.label_editor import LabelEditor
 from llmgw.tui.labels import LabelEdit
 from llmgw.tui.rows import NODE_COLUMNS, node_detail, node_rows
@@ -38,7 +39,7 @@ class NodesView(ConsoleView):
 
     def _show_detail(self, name: str | None) -> None:
         node = self.host.state.node(name) if name is not None else None
-        self.query_one("#node-detail", Static).update("\n".join(node_detail(node)))
+        self.query_one("#node-detail", Static).update(printable("\n".join(node_detail(node)), keep_newlines=True))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show_detail(event.row_key.value)

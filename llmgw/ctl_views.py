@@ -1,0 +1,165 @@
+"""How `llmgw ctl` shows one object as readable `key  value` lines: the daemon's status and one
+model. Plain data in, text out (no I/O), so each rendering is tested without a daemon.
+
+The admin API's answers may grow fields (clients ignore what they do not know); a field this file
+does not know yet is still shown, readably (`value_text`), never dropped and never as JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from llmgw.admin_client.printable import printable
+
+__all__ = ["KEY_WIDTH", "model_text", "status_text", "store_line", "value_text"]
+
+KEY_WIDTH = 20  # the key column; "partition suspected" is the longest status key
+NONE = "none"
+
+
+def value_text(v: Any) -> str:
+    """One value on one line: no quotes, yes/no for booleans, `-` for null, `k=v, k=v` for a mapping,
+    `a, b` for a list (nested values in brackets)."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, Mapping):
+        return ", ".join(f"{printable(str(k))}={_nested(x)}" for k, x in v.items()) or NONE
+    if isinstance(v, list | tuple):
+        return ", ".join(_nested(x) for x in v) or NONE
+    return printable(str(v))
+
+
+def _nested(v: Any) -> str:
+    if isinstance(v, Mapping | list | tuple) and v:
+        return "{" + value_text(v) + "}" if isinstance(v, Mapping) else "[" + value_text(v) + "]"
+    return value_text(v)
+
+
+def _line(key: str, value: str) -> str:
+    return f"{key:{KEY_WIDTH}s} {value}".rstrip()
+
+
+def _lines(key: str, values: list[str]) -> Iterator[str]:
+    """The key on the first line, each further value under the first (aligned), `none` if empty."""
+    if not values:
+        yield _line(key, NONE)
+        return
+    for i, v in enumerate(values):
+        yield _line(key if i == 0 else "", v)
+
+
+# -- status -----------------------------------------------------------------------------------
+def store_line(store: Any) -> str:
+    """`ok`, or `degraded (disk full) for 42s: …` — as `ctl status` and the console show it."""
+    if not isinstance(store, Mapping):
+        return "?"
+    if store.get("state") != "degraded":
+        out = str(store.get("state", "?"))
+        if store.get("path"):
+            out += f" ({store['path']})"
+        if store.get("errors"):
+            out += f"; {store['errors']} store errors since the daemon started"
+        return out
+    since = store.get("since_s")
+    out = f"degraded ({store.get('reason') or 'unknown'})"
+    if isinstance(since, int | float):
+        out += f" for {since:.0f}s"
+    out += f": {store.get('detail') or ''}; running from memory, admin changes refused until it can write"
+    if store.get("pending_history"):
+        out += f"; {store['pending_history']} history events waiting"
+    if store.get("history_dropped"):
+        out += f", {store['history_dropped']} dropped"
+    return out
+
+
+def _nodes(v: Any) -> str:
+    if not isinstance(v, Mapping):
+        return value_text(v)
+    return ", ".join(f"{n} {state}" for state, n in sorted(v.items())) or NONE
+
+
+def _partition(v: Any) -> str:
+    if v is True:
+        return "YES: too many nodes went silent at once; no node is declared lost meanwhile"
+    return value_text(v)
+
+
+def _control_port(v: Any) -> str:
+    return "none: no control listener, agents cannot join" if v is None else value_text(v)
+
+
+def _per_key(v: Any, fmt: str) -> list[str]:
+    if not isinstance(v, Mapping):
+        return [value_text(v)]
+    return [fmt.format(k=printable(str(k)), v=value_text(x)) for k, x in sorted(v.items())]
+
+
+_STATUS_KEYS = {"router_id": "router", "assignments": "replicas placed", "unknown_engines": "unknown engines",
+                "partition_suspected": "partition suspected", "control_port": "control port"}
+
+
+def status_text(d: Mapping[str, Any]) -> str:
+    """`GET /status` as aligned `key  value` lines, in the answer's order."""
+    out: list[str] = []
+    for k, v in d.items():
+        key = _STATUS_KEYS.get(k, k.replace("_", " "))
+        if k == "store":
+            out.append(_line(key, store_line(v)))
+        elif k == "nodes":
+            out.append(_line(key, _nodes(v)))
+        elif k == "partition_suspected":
+            out.append(_line(key, _partition(v)))
+        elif k == "control_port":
+            out.append(_line(key, _control_port(v)))
+        elif k == "unplaceable":
+            out.extend(_lines(key, _per_key(v, "{k}: {v}")))
+        elif k == "unknown_engines":
+            out.extend(_lines(key, _per_key(v, "{k}: {v} — left running, not routed; restart the router "
+                                                 "with --adopt to adopt them")))
+        elif k == "adopt":
+            out.append(_line(key, "yes: engines the store does not know are adopted" if v is True
+                             else value_text(v)))
+        else:
+            out.append(_line(key, value_text(v)))
+    return "\n".join(out)
+
+
+# -- one model --------------------------------------------------------------------------------
+def _flat(prefix: str, v: Any) -> Iterator[tuple[str, str]]:
+    """A definition's leaves as dotted keys, as in the config file: deploy.count, replicas[0].url."""
+    if isinstance(v, Mapping) and v:
+        for k, x in v.items():
+            yield from _flat(f"{prefix}.{k}" if prefix else str(k), x)
+    elif isinstance(v, list | tuple) and v and any(isinstance(x, Mapping) for x in v):
+        for i, x in enumerate(v):
+            yield from _flat(f"{prefix}[{i}]", x)
+    elif isinstance(v, bool):
+        yield prefix, "true" if v else "false"  # as the config file spells it
+    elif isinstance(v, float):
+        yield prefix, repr(v)
+    else:
+        yield prefix, value_text(v)
+
+
+def model_text(definition: Mapping[str, Any], view: Mapping[str, Any] | None = None) -> str:
+    """`GET /models/{name}` (the definition) with, when given, the model's row of `GET /models`
+    (readiness and why replicas cannot be placed) above it."""
+    out = [_line("model", str(definition.get("name", "?")))]
+    if view:
+        out.append(_line("source", value_text(view.get("source"))))
+        if view.get("desired_replicas") is not None:
+            out.append(_line("ready", f"{view.get('ready', 0)}/{view['desired_replicas']} replicas"))
+        if view.get("static_replicas"):
+            out.append(_line("static endpoints", value_text(view["static_replicas"])))
+        if view.get("unplaceable"):
+            out.append(_line("problem", str(view["unplaceable"])))
+    pairs = [(k, v) for k, v in _flat("", definition) if k != "name"]
+    width = max([KEY_WIDTH - 2, *(len(k) for k, _ in pairs)])
+    if pairs:
+        out.append("definition")
+        out.extend(f"  {k:{width}s} {v}".rstrip() for k, v in pairs)
+    return "\n".join(out)
