@@ -366,8 +366,9 @@ class RouterCore:
         else:
             attempt.end(now, failure)
             self._settle(plan, now, count=failure is not FailureKind.CLIENT_CANCEL)
-            if failure is None:
-                c.request_done(model, "ok", status or 200, ttft, now - started)
+            if failure is None:  # an engine's own 4xx is its answer (the engine is alive), not "ok"
+                code = status or 200
+                c.request_done(model, "ok" if code < 400 else "engine_error", code, ttft, now - started)
             elif failure is FailureKind.CLIENT_CANCEL:
                 c.request_done(model, "client_cancelled", 499, ttft, now - started)
             else:
