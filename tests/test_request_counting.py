@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from .stub_engine import StubEngine, answer, normal
 from .test_router_integration import Daemon, write_config
@@ -143,3 +144,43 @@ def test_an_engine_4xx_does_not_count_against_its_breaker(router: Daemon) -> Non
     text = httpx.get(f"{d.url}/metrics", headers=KEY).text
     assert 'llmgw_endpoint_breaker_state{endpoint="m/0",model="m"} 0.0' in text
     assert post(d, "/v1/completions", {"model": "m", "prompt": "hi"}).status_code == 200
+
+
+# -- a bug in the request path: the server answers 500; the request is still counted once --------
+BUG_CFG = """
+[[models]]
+name = "m"
+engine = "vllm"
+[[models.replicas]]
+url = "http://127.0.0.1:1"
+"""
+
+
+def test_a_request_the_router_fails_on_a_bug_is_counted_once_as_a_500() -> None:
+    from llmgw.config import parse_config
+    from llmgw.daemon.net.httpserver import Request
+    from llmgw.daemon.router.proxy import Router
+
+    async def main() -> None:
+        router = Router(parse_config(BUG_CFG), pool=None, seed=1)  # type: ignore[arg-type]
+        counts = router.core.counters.requests
+        req = Request("POST", "/v1/completions", "/v1/completions", "", [("content-type", "application/json")],
+                      b'{"model": "m", "prompt": "x"}', None)
+
+        async def broken_attempt(*args: Any) -> None:
+            raise RuntimeError("a bug")
+
+        router._attempt = broken_attempt  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError):
+            await router.handle(req)
+        assert {k: v[0] for k, v in counts.items()} == {("m", "failed", 500): 1}
+
+        def broken_plan(*args: Any, **kw: Any) -> None:
+            raise RuntimeError("another bug")
+
+        router.core.plan = broken_plan  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError):
+            await router.handle(req)
+        assert {k: v[0] for k, v in counts.items()} == {("m", "failed", 500): 1, ("-", "failed", 500): 1}
+
+    trio.run(main)
