@@ -99,6 +99,17 @@ def post(d: Daemon, path: str, body: dict[str, Any] | bytes, headers: dict[str, 
                       timeout=30)
 
 
+def raw(d: Daemon, data: bytes) -> httpx.Response:
+    """Bytes no HTTP client would send; the answer read back as an httpx.Response."""
+    with socket.create_connection(("127.0.0.1", d.info["port"]), timeout=10) as s:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    return httpx.Response(int(head.split(b" ")[1]), content=body)
+
+
 CASES: list[tuple[str, Callable[[Daemon], httpx.Response], int, tuple[str, str, str]]] = [
     ("ok", lambda d: post(d, "/v1/completions", {"model": "m", "prompt": "hi"}), 200, ("m", "ok", "200")),
     ("engine 400", lambda d: post(d, "/v1/completions", {"model": "m", "prompt": "bad"}), 400,
@@ -111,6 +122,10 @@ CASES: list[tuple[str, Callable[[Daemon], httpx.Response], int, tuple[str, str, 
      ("-", "rejected", "401")),
     ("413", lambda d: post(d, "/v1/completions", b'{"model": "m", "prompt": "' + b"x" * 8000 + b'"}'), 413,
      ("-", "rejected", "413")),
+    ("431", lambda d: post(d, "/v1/completions", {"model": "m", "prompt": "x"}, headers={**KEY, "x-big": "a" * 70000}),
+     431, ("-", "rejected", "431")),
+    ("400 malformed HTTP", lambda d: raw(d, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: zz\r\n\r\n"),
+     400, ("-", "rejected", "400")),
     ("400 from the router", lambda d: post(d, "/v1/completions", b"{not json"), 400, ("-", "rejected", "400")),
     ("429", lambda d: post(d, "/v1/completions", {"model": "busy", "prompt": "x"}), 429, ("busy", "rejected", "429")),
     ("502", lambda d: post(d, "/v1/completions", {"model": "m", "prompt": "boom"}), 502, ("m", "failed", "502")),
