@@ -39,6 +39,18 @@ def alert_rules() -> list[dict[str, Any]]:
     return [r for g in doc["groups"] for r in g["rules"]]
 
 
+def sample_labels(text: str) -> dict[str, set[str]]:
+    """The label names each sample name carries in the exposition."""
+    out: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("llmgw_"):
+            name, _, rest = line.partition("{")
+            name = name.split(" ")[0]
+            labels = {kv.split("=", 1)[0] for kv in rest.rpartition("}")[0].split(",") if "=" in kv} if rest else set()
+            out.setdefault(name, set()).update(labels)
+    return out
+
+
 def exported_names(text: str) -> set[str]:
     """Every sample name the exposition can carry, from its # TYPE lines (a family without
     samples yet still counts: its series appear with the first event)."""
@@ -93,3 +105,21 @@ def test_every_metric_the_dashboard_and_alerts_name_exists(metrics_text: str) ->
         assert used, source
         missing = sorted(used - exported)
         assert not missing, f"{source} names metrics the router does not export: {missing}"
+
+
+def test_the_labels_the_dashboard_and_alerts_use_exist(metrics_text: str) -> None:
+    """Each ``by (...)`` and selector label is a label of a metric the expression names (checked
+    for the metrics that have samples after a request; the rest have no series yet)."""
+    have = sample_labels(metrics_text)
+    exprs = dashboard_exprs() + [r["expr"] for r in alert_rules()]
+    for e in exprs:
+        names = [n for n in NAME.findall(e) if n in have]
+        if not names:
+            continue
+        known = set().union(*(have[n] for n in names)) | {"instance", "job"}  # added by Prometheus
+        used = {x.strip() for group in re.findall(r"\bby \(([^)]*)\)", e) for x in group.split(",") if x.strip()}
+        for n in names:
+            for sel in re.findall(re.escape(n) + r"\{([^}]*)\}", e):
+                used |= {re.split(r"=~|!=|!~|=", kv)[0].strip() for kv in re.split(r",\s*", sel)
+                         if re.search(r"=|!~", kv)}
+        assert used <= known, f"{e}: labels {sorted(used - known)} not on {names}"
