@@ -6,6 +6,8 @@ requests both parsers must agree, and response heads must match h11's byte for b
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 import h11
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 
 from llmgw.http1.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from llmgw.http1.response_head import BODY_CHUNKED, BODY_CLOSE, BODY_LENGTH, BODY_NONE, serialize_response_head
-from llmgw.http1.server import ParsedRequest, RequestParser
+from llmgw.http1.server import CONTINUE, ParsedRequest, RequestParser
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -400,7 +402,8 @@ def h11_response(status: int, headers: list[tuple[str, str]], method: str, versi
     if body_length is not None and status not in (204, 304) and not any(
             n.lower() == "content-length" for n, _ in headers):
         headers = [*headers, ("content-length", str(body_length))]
-    head = conn.send(h11.Response(status_code=status, headers=headers))
+    reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+    head = conn.send(h11.Response(status_code=status, headers=headers, reason=reason))
     framing = type(conn._writer).__name__  # ContentLengthWriter, ChunkedWriter, Http10Writer
     return head, framing
 
@@ -423,14 +426,14 @@ def ours_vs_h11(status: int, headers: list[tuple[str, str]], method: str = "GET"
 def test_response_heads_match_h11() -> None:
     sse = [("content-type", "text/event-stream"), ("x-request-id", "abc")]
     assert ours_vs_h11(200, sse) == (
-        b"HTTP/1.1 200 \r\ncontent-type: text/event-stream\r\nx-request-id: abc\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-request-id: abc\r\nTransfer-Encoding: chunked\r\n\r\n",
         BODY_CHUNKED, 0, True)
     assert ours_vs_h11(200, sse, version="1.0")[1:] == (BODY_CLOSE, 0, False)
     assert ours_vs_h11(200, sse, method="HEAD", version="1.0")[1:] == (BODY_NONE, 0, False)
     assert ours_vs_h11(404, [("content-type", "application/json")], body_length=7) == (
-        b"HTTP/1.1 404 \r\ncontent-type: application/json\r\ncontent-length: 7\r\n\r\n", BODY_LENGTH, 7, True)
+        b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 7\r\n\r\n", BODY_LENGTH, 7, True)
     assert ours_vs_h11(200, [], body_length=0, close=True) == (
-        b"HTTP/1.1 200 \r\ncontent-length: 0\r\nConnection: close\r\n\r\n", BODY_LENGTH, 0, False)
+        b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nConnection: close\r\n\r\n", BODY_LENGTH, 0, False)
     assert ours_vs_h11(204, [], body_length=0)[1:] == (BODY_NONE, 0, True)
     assert ours_vs_h11(304, [("etag", '"x"')])[1:] == (BODY_NONE, 0, True)
     assert ours_vs_h11(200, [], method="HEAD", body_length=5)[1:] == (BODY_NONE, 0, True)
@@ -453,14 +456,21 @@ def test_response_heads_match_h11() -> None:
     for status in (100, 199, 1000, "200"):
         with pytest.raises(LocalProtocolError):
             serialize_response_head(status, [])  # type: ignore[arg-type]
-    assert serialize_response_head(999, [], body_length=0)[0].startswith(b"HTTP/1.1 999 \r\n")
+    assert serialize_response_head(999, [], body_length=0)[0].startswith(b"HTTP/1.1 999 \r\n")  # no standard phrase: none
+
+
+def test_status_lines_carry_the_standard_reason_phrase() -> None:
+    for status, line in ((200, b"200 OK"), (413, b"413 " + HTTPStatus(413).phrase.encode()), (429, b"429 Too Many Requests"),
+                         (502, b"502 Bad Gateway"), (503, b"503 Service Unavailable"), (599, b"599 ")):
+        assert serialize_response_head(status, [], body_length=0)[0].startswith(b"HTTP/1.1 " + line + b"\r\n")
+    assert CONTINUE == b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 def test_response_head_for_an_unknown_version_is_length_delimited() -> None:
     # A malformed request (http_version=None): as h11, assume the worst of the peer.
     head, framing, _, keep = serialize_response_head(400, [("content-type", "application/json")],
                                                      http_version=None, keep_alive=False, body_length=2)
-    assert head == b"HTTP/1.1 400 \r\ncontent-type: application/json\r\ncontent-length: 2\r\nConnection: close\r\n\r\n"
+    assert head == b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 2\r\nConnection: close\r\n\r\n"
     assert framing == BODY_LENGTH and not keep
     assert serialize_response_head(500, [], http_version=None)[1:] == (BODY_CLOSE, 0, False)
 

@@ -226,7 +226,7 @@ async def test_expect_100_continue() -> None:
             await stream.send_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n"
                                   b"expect: 100-continue\r\nconnection: close\r\n\r\n")
             with trio.fail_after(5):
-                assert await stream.receive_some(100) == b"HTTP/1.1 100 \r\n\r\n"
+                assert await stream.receive_some(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
             await stream.send_all(b"hello")
             out = b""
             with trio.fail_after(5):
@@ -479,7 +479,7 @@ async def test_chunked_request_body_and_100_continue() -> None:
             await stream.send_all(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n"
                                   b"expect: 100-continue\r\nconnection: close\r\n\r\n")
             with trio.fail_after(5):
-                assert await stream.receive_some(100) == b"HTTP/1.1 100 \r\n\r\n"
+                assert await stream.receive_some(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
             await stream.send_all(b"2\r\nhi\r\n0\r\n\r\n")
             out = b""
             with trio.fail_after(5):

@@ -207,6 +207,9 @@ def test_a_stream_that_breaks_off_gets_an_error_event_then_no_end(procs: list[An
     event = json.loads(out.split(b"data: ")[-1].split(b"\n\n")[0])
     assert event["error"]["message"] == ("upstream failed mid-stream: replica m/0: "
                                          "connection closed before the response was complete")
+    # the router's one envelope: a string code (it was the number 502)
+    assert event["error"]["type"] == "bad_gateway" and event["error"]["code"] == "upstream_failed"
+    assert event["error"]["param"] is None
     assert "127.0.0.1" not in out.decode()
     no_traceback(d)
 

@@ -3,7 +3,8 @@
 ``serialize_response_head`` fixes framing headers up exactly as h11 does (Content-Length
 for a sized body, ``Transfer-Encoding: chunked`` for an unsized one to an HTTP/1.1 peer,
 close-delimited for HTTP/1.0, ``Connection: close`` whenever the connection will not be
-kept) and writes the status line without a reason phrase, as h11; it says how to send the
+kept) and writes the status line with its standard reason phrase (``HTTP/1.1 404 Not Found``; none
+for a code without one, as RFC 9112 allows); it says how to send the
 body (``BODY_*``).  A head that cannot be sent raises
 :class:`~llmgw.http1.errors.LocalProtocolError`.  It is formatted with one join and
 checked with one regex.  The request side is :mod:`llmgw.http1.server`.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from http import HTTPStatus
 
 from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
 from llmgw.http1.fields import TOKEN, _content_length, _token_set
@@ -25,7 +27,16 @@ BODY_LENGTH = 1  # exactly Content-Length bytes
 BODY_CHUNKED = 2  # chunked: frame each piece, end with b"0\r\n\r\n"
 BODY_CLOSE = 3  # raw bytes, then close the connection (an HTTP/1.0 peer, no length known)
 
-_STATUS_LINES = {status: b"HTTP/1.1 %d \r\n" % status for status in range(200, 600)}
+_PHRASES = {int(s): s.phrase.encode("ascii") for s in HTTPStatus}
+
+
+def _status_line(status: int) -> bytes:
+    """``HTTP/1.1 404 Not Found``: the reason phrase is for people reading the exchange (curl -v,
+    logs); clients ignore it, and a code without a standard phrase gets none."""
+    return b"HTTP/1.1 %d %b\r\n" % (status, _PHRASES.get(status, b""))
+
+
+_STATUS_LINES = {status: _status_line(status) for status in range(200, 600)}
 _RESPONSE_FIELDS = re.compile(rb"(?:" + TOKEN + rb": (?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?\r\n)*")
 _RESP_SPECIAL = frozenset(("content-length", "transfer-encoding", "connection"))
 _TE_CHUNKED = "Transfer-Encoding: chunked\r\n"
@@ -58,7 +69,7 @@ def serialize_response_head(status: int, headers: Iterable[tuple[str, str]], *, 
         if not isinstance(status, int) or not 200 <= status <= 999:
             raise LocalProtocolError(f"invalid response status {status!r}")
         status = int(status)  # an IntEnum
-        status_line = b"HTTP/1.1 %d \r\n" % status
+        status_line = _status_line(status)
     lines = []
     special: list[tuple[int, str, str]] | None = None  # framing headers: (line index, name, value)
     for name, value in headers:

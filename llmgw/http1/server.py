@@ -68,7 +68,7 @@ def _parse_fields(block: bytes | bytearray) -> list[tuple[str, str]]:
     return fields
 
 
-CONTINUE = b"HTTP/1.1 100 \r\n\r\n"  # the interim answer to "Expect: 100-continue"
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"  # the interim answer to "Expect: 100-continue"
 
 _REQUEST_LINE = re.compile(rb"(" + TOKEN + rb") ([\x21-\x7e]+) HTTP/([0-9])\.([0-9])\r?")
 _REQ_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,20})[ \t]*(?:;[\t\x20-\x7e\x80-\xff]*)?")

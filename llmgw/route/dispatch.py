@@ -83,6 +83,7 @@ class Plan:
     # May the shell drop an engine's 5xx answer and ask for another attempt? False once a
     # replica answered 5xx (the next 5xx is the engine's word, relayed) or on the last attempt.
     retry_5xx: bool = True
+    counted: bool = False  # its one llmgw_requests_total increment is done (RouterCore._done)
 
     @property
     def model(self) -> str:
@@ -267,9 +268,15 @@ class RouterCore:
             e = ApiError(504, f"The engine did not answer in time ({plan.detail}).", type_="timeout")
         else:
             e = ApiError(502, f"No replica could serve the request: {plan.detail}", type_="bad_gateway")
-        self.counters.request_done(plan.model, "failed", e.status, None, None)
+        self._done(plan, "failed", e.status, None, None)
         e.counted = True
         return e
+
+    def _done(self, plan: Plan, outcome: str, code: int, ttft: float | None, latency: float | None) -> None:
+        """The request ended here: its one count (a second call is a bug, and is not counted)."""
+        if not plan.counted:
+            plan.counted = True
+            self.counters.request_done(plan.model, outcome, code, ttft, latency)
 
     # -- admission -------------------------------------------------------------------------------
     def _queue(self, entry: ModelEntry) -> WaitQueue:
@@ -303,13 +310,13 @@ class RouterCore:
         if timed_out:
             raise self._reject(plan, now, "queue_timeout", "All replicas stayed saturated; try again later.")
         if t is not None:  # the client left while it waited: counted where it ended
-            self.counters.request_done(plan.model, "client_cancelled", 499, None, None)
+            self._done(plan, "client_cancelled", 499, None, None)
 
     def _reject(self, plan: Plan, now: float, reason: str, message: str) -> ApiError:
         q = self._queue(plan.entry)
         drain = sum(r.view.drain_rate or 0.0 for r in plan.entry.replicas) or None
         self.counters.rejected(plan.model, reason)
-        self.counters.request_done(plan.model, "rejected", 429, None, None)
+        self._done(plan, "rejected", 429, None, None)
         e = ApiError(429, message, type_="rate_limit", code="saturated",
                      headers=[("retry-after", str(suggest_retry_after(len(q), drain)))])
         e.counted = True
@@ -358,23 +365,24 @@ class RouterCore:
                 attempt.end(now, failure if cancelled else FailureKind.HTTP_5XX, verdict=not poison)
                 self._settle(plan, now, count=not cancelled)
                 if cancelled:
-                    c.request_done(model, "client_cancelled", 499, ttft, now - started)
+                    self._done(plan, "client_cancelled", 499, ttft, now - started)
                 elif failure is None:  # the engine's error, relayed as its answer
-                    c.request_done(model, "engine_error", status, ttft, now - started)
+                    self._done(plan, "engine_error", status, ttft, now - started)
                 else:
-                    c.request_done(model, "upstream_failed", 502, ttft, now - started)
+                    self._done(plan, "upstream_failed", 502, ttft, now - started)
         else:
             attempt.end(now, failure)
             self._settle(plan, now, count=failure is not FailureKind.CLIENT_CANCEL)
-            if failure is None:
-                c.request_done(model, "ok", status or 200, ttft, now - started)
+            if failure is None:  # an engine's own 4xx is its answer (the engine is alive), not "ok"
+                code = status or 200
+                self._done(plan, "ok" if code < 400 else "engine_error", code, ttft, now - started)
             elif failure is FailureKind.CLIENT_CANCEL:
-                c.request_done(model, "client_cancelled", 499, ttft, now - started)
+                self._done(plan, "client_cancelled", 499, ttft, now - started)
             else:
                 c.upstream_error(rep.id, failure.value)
                 plan.failure, plan.detail = failure, detail
                 if first_byte_at is not None:  # it failed after the client got bytes: the request is done
-                    c.request_done(model, "upstream_failed", 502, ttft, now - started)
+                    self._done(plan, "upstream_failed", 502, ttft, now - started)
         rep.completed += 1
         if not was_closed and rep.breaker.state == "closed":
             # recovered: every request waiting (e.g. for a probe slot) may try again now

@@ -137,6 +137,7 @@ class ConnectionLimits:
 
 def refusal(body: bytes) -> bytes:
     """The canned answer to a connection over the cap."""
-    return (b"HTTP/1.1 503 \r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\n"
+    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+            b"connection: close\r\n"
             b"content-length: %d\r\n\r\n%b" % (len(body), body))
 

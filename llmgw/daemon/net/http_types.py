@@ -95,4 +95,7 @@ class ServerOptions(TypedDict, total=False):
     max_connections: int  # open connections at most (default 0: no cap); see http_limits
     error_body: ErrorBody  # envelope of server-made errors (default: openai_error_body)
     stats: ServerStats  # pass one in to read the counters
+    # called with the status of each request the server answers itself, before any handler (400
+    # malformed, 408 too slow, 413 body too large, 431 head too large): the router counts them
+    on_rejected: Callable[[int], None]
     peer_uid: int  # Unix sockets: other users' connections get 403 (SO_PEERCRED; where the OS has it)

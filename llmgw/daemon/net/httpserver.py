@@ -39,6 +39,7 @@ import logging
 import os
 import socket as _socket
 import struct
+from collections.abc import Callable
 from contextlib import suppress
 from math import inf
 from typing import Any, NoReturn, Unpack
@@ -89,8 +90,10 @@ class _Server:
                  max_head_bytes: int = 64 << 10, keepalive_timeout: float = 60.0,
                  first_request_timeout: float = 10.0, request_timeout: float = 30.0,
                  error_body: ErrorBody = openai_error_body, stats: ServerStats | None = None,
-                 peer_uid: int | None = None, max_connections: int = 0) -> None:
+                 peer_uid: int | None = None, max_connections: int = 0,
+                 on_rejected: Callable[[int], None] | None = None) -> None:
         self.handler, self.error_body = handler, error_body
+        self.on_rejected = on_rejected  # told of each request answered here, not by the handler
         self.peer_uid = peer_uid
         self.max_body, self.max_head = max_body_bytes, max_head_bytes
         self.keepalive_timeout, self.request_timeout = keepalive_timeout, request_timeout
@@ -198,6 +201,7 @@ class _Server:
                     await self.request_loop(c)
                 if c.timed_out and not c.eof:
                     if c.reading:
+                        self.rejected(408)
                         await self.reject(c, 408, "Timed out reading the request")
                     else:
                         stats.connections_idle_closed += 1
@@ -262,6 +266,7 @@ class _Server:
                     c.deadline = trio.current_time() + self.request_timeout
         except RemoteProtocolError as exc:
             waiting.pop(c, None)
+            self.rejected(exc.status)
             await self.reject(c, exc.status, self.too_large if exc.status == 413 else f"Malformed HTTP request: {exc}")
             return None
         finally:
@@ -272,6 +277,15 @@ class _Server:
         req = Request(r.method, target, path, query, r.headers, r.body, c.client, r.http_version)
         c.keep_alive = r.keep_alive
         return req
+
+    def rejected(self, status: int) -> None:
+        """A request is answered by the server itself (malformed, too large, too slow): tell the
+        owner, who counts it with the requests its handler answers."""
+        if self.on_rejected is not None:
+            try:
+                self.on_rejected(status)
+            except Exception:  # a counting bug must not cost the client its answer
+                logger.exception("on_rejected(%d) failed", status)
 
     async def reject(self, c: _Conn, status: int, message: str) -> None:
         """Answer an unreadable request with an error, then close gracefully."""

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import trio
 
@@ -45,7 +45,7 @@ from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
 from llmgw.route.dispatch import KINDS, STRATEGY_HEADER, Plan, RouterCore
-from llmgw.route.openai_req import ApiError
+from llmgw.route.openai_req import ApiError, error_body
 from llmgw.route.prefix_scorer import PrefixRouting
 from llmgw.route.readiness import readiness
 from llmgw.route.types import Decision
@@ -65,6 +65,16 @@ _CLIENT_RID = re.compile(r"[\x21-\x7e]{1,128}")
 # inner spaces, bounded); anything else is replaced by what the answer must be.
 _CONTENT_TYPE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
 _MAX_CONTENT_TYPE = 256
+
+
+# What the HTTP server answers itself, before the router's handler: OpenAI's envelope, with a
+# string code (or null) like every error the router makes.
+_SERVER_CODES = {400: "invalid_request", 408: "request_timeout", 413: "request_too_large",
+                 431: "headers_too_large", 503: "server_busy"}
+
+
+def _server_error_body(status: int, message: str, err_type: str) -> dict[str, Any]:
+    return error_body(message, err_type, None, _SERVER_CODES.get(status))
 
 
 def _error(e: ApiError, rid: str, rid_header: str) -> Response:
@@ -118,7 +128,13 @@ class Router:
                         "(EMFILE) before the cap is reached", cap, nofile, auto, RESERVE)
         log.info("OpenAI endpoint: at most %d connections (file descriptor limit %d)", cap, nofile)
         return {"max_body_bytes": s.max_body_bytes, "max_connections": cap,
-                "first_request_timeout": s.first_request_timeout_s, "stats": self.http_stats}
+                "first_request_timeout": s.first_request_timeout_s, "stats": self.http_stats,
+                "error_body": _server_error_body, "on_rejected": self._server_rejected}
+
+    def _server_rejected(self, status: int) -> None:
+        """The HTTP server answered a request itself (413 body too large, 431, 400 malformed,
+        408): counted like the router's own refusals."""
+        self.core.counters.request_done("-", "rejected", status, None, None)
 
     # -- replicas placed and withdrawn by the control plane ------------------------------------
     def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
@@ -151,10 +167,12 @@ class Router:
             if path == "/metrics":
                 return Response(200, [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
                                 self.metrics.render())
-            if path == "/v1/models":
+            if path == "/v1/models" or path.startswith("/v1/models/"):
                 if req.method != "GET":
                     raise ApiError(405, f"Method {req.method} not allowed on {path}")
-                return self._models(rid)
+                resp = self._models(rid) if path == "/v1/models" else self._model(path[11:], rid)
+                self.core.counters.request_done("-", "ok", 200, None, None)
+                return resp
             kind = KINDS.get(path)
             if kind is None:
                 raise ApiError(404, f"Unknown route {path}", code="not_found")
@@ -162,9 +180,16 @@ class Router:
                 raise ApiError(405, f"Method {req.method} not allowed on {path}")
             return await self._proxy(req, kind, rid)
         except ApiError as e:
-            if e.status not in (401, 404, 405) and not e.counted:
+            # Every client request is counted once: the core counted those that ended in it;
+            # the rest are the router's own refusals (401, 404 model or route, 405, 400), under
+            # model "-" (a name the client made up must not become a series).
+            if not e.counted and path != "/metrics":
                 self.core.counters.request_done("-", "rejected", e.status, None, None)
             return _error(e, rid, self.rid_header)
+        except Exception as e:  # a bug: the server answers 500 and logs it; the request still counts
+            if path != "/metrics" and not getattr(e, "llmgw_counted", False):
+                self.core.counters.request_done("-", "failed", 500, None, None)
+            raise
 
     def _ready(self, req: Request) -> Response:
         """200 once every model that should have replicas has one that can serve, else 503; the
@@ -186,17 +211,28 @@ class Router:
         if key is None or not any(_consteq(key, k) for k in self.api_keys):
             raise ApiError(401, "Invalid or missing API key.", code="invalid_api_key")
 
-    def _models(self, rid: str) -> Response:
+    def _model_objects(self) -> Iterable[dict[str, Any]]:
+        """OpenAI's model objects: each model, then its adapters (``parent`` names the base)."""
         created = int(time.time())
-        data: list[dict[str, Any]] = []
         for m in self.registry.models.values():
-            data.append({"id": m.name, "object": "model", "created": created, "owned_by": "llmgw",
-                         "root": m.name, "parent": None, "replicas": len(m.replicas)})
+            yield {"id": m.name, "object": "model", "created": created, "owned_by": "llmgw",
+                   "root": m.name, "parent": None, "replicas": len(m.replicas)}
             for a in sorted(m.adapters):
-                data.append({"id": a, "object": "model", "created": created, "owned_by": "llmgw",
-                             "root": a, "parent": m.name, "replicas": len(m.adapters[a])})
+                yield {"id": a, "object": "model", "created": created, "owned_by": "llmgw",
+                       "root": a, "parent": m.name, "replicas": len(m.adapters[a])}
+
+    def _models(self, rid: str) -> Response:
         return Response(200, [("content-type", _JSON), (self.rid_header, rid)],
-                        json.dumps({"object": "list", "data": data}).encode())
+                        json.dumps({"object": "list", "data": list(self._model_objects())}).encode())
+
+    def _model(self, quoted: str, rid: str) -> Response:
+        """``GET /v1/models/{id}``: one model object (a model or an adapter), or OpenAI's 404.
+        The id is percent-decoded (a model name may hold a slash: ``org/name``)."""
+        name = unquote(quoted)
+        for obj in self._model_objects():
+            if obj["id"] == name:
+                return Response(200, [("content-type", _JSON), (self.rid_header, rid)], json.dumps(obj).encode())
+        raise ApiError(404, f"The model `{name[:200]}` does not exist.", param="model", code="model_not_found")
 
     # -- the request path ---------------------------------------------------------------------
     async def _proxy(self, req: Request, kind: str, rid: str) -> Response:
@@ -204,16 +240,25 @@ class Router:
         plan = core.plan(kind, req.body, rid, strategy=req.header(STRATEGY_HEADER),
                          session=req.header("x-session-id"), now=trio.current_time())
         headers = [("content-type", "application/json"), ("x-request-id", rid)]
-        while True:
-            step = core.next(plan, trio.current_time(), time.time())  # raises the final ApiError
-            if type(step) is Attempt:
-                if step.alarm is not None:
-                    _log_alarm(step.alarm)
-                resp = await self._attempt(plan, step, req, headers, rid)
-                if resp is not None:
-                    return resp
-            else:
-                await self._wait(plan, step)  # type: ignore[arg-type]
+        try:
+            while True:
+                step = core.next(plan, trio.current_time(), time.time())  # raises the final ApiError
+                if type(step) is Attempt:
+                    if step.alarm is not None:
+                        _log_alarm(step.alarm)
+                    resp = await self._attempt(plan, step, req, headers, rid)
+                    if resp is not None:
+                        return resp
+                else:
+                    await self._wait(plan, step)  # type: ignore[arg-type]
+        except ApiError:
+            raise
+        except Exception as e:  # a bug: counted once, under its model, as the 500 the server answers
+            if not plan.counted:
+                plan.counted = True
+                core.counters.request_done(plan.model, "failed", 500, None, None)
+            e.llmgw_counted = True  # type: ignore[attr-defined]
+            raise
 
     async def _wait(self, plan: Plan, ticket: Ticket) -> None:
         """Hold the request while every replica of the model is saturated (bounded, with a
@@ -276,7 +321,7 @@ class Router:
                 # Headers are gone: tell an SSE client in-band, as OpenAI does.
                 msg = json.dumps({"error": {"message": f"upstream failed mid-stream: replica {a.replica.view.id}: "
                                                        f"{e.public}", "type": "bad_gateway", "param": None,
-                                            "code": 502}})
+                                            "code": "upstream_failed"}})
                 if not sink.send_nowait(f"data: {msg}\n\n".encode()):
                     await sink.drain()
             # ... and end the response unfinished (no last chunk): what the client got is not the
