@@ -194,3 +194,30 @@ class CoreLifecycle(RuleBasedStateMachine):
 TestCoreLifecycle = CoreLifecycle.TestCase
 TestCoreLifecycle.settings = settings(max_examples=250, stateful_step_count=50, deadline=None,
                                       derandomize=True)
+
+
+SATURATING = """
+[router]
+saturation_load = 4.0
+stale_after_s = 5.0
+[[models]]
+name = "m"
+engine = "vllm"
+[[models.replicas]]
+url = "http://127.0.0.1:1"
+"""
+
+
+def test_admission_sees_a_scrape_that_came_after_the_last_decision() -> None:
+    """The views' staleness is set by decisions; a scrape since then makes the engine's own gauges
+    count: a replica the scrape shows saturated holds the next request in the queue."""
+    cfg = parse_config(SATURATING)
+    core = RouterCore(cfg, ReplicaTable(cfg), cache_stats=CacheStats(), wall=lambda: 0.0, rng=random.Random(0))
+    first = core.plan("chat", BODIES[0], "a", strategy=None, session=None, now=0.0)
+    a = core.next(first, 0.0, 0.0)
+    assert isinstance(a, Attempt) and a.replica.view.stale  # never scraped yet
+    core.finish(first, a, 0.1, None, first_byte_at=0.05, status=200)
+    v = a.replica.view  # the scrape loop's update: the engine is full of other clients' work
+    v.running, v.waiting, v.scraped_at = 6.0, 2.0, 1.0
+    second = core.plan("chat", BODIES[1], "b", strategy=None, session=None, now=1.0)
+    assert isinstance(core.next(second, 1.0, 0.0), Ticket)

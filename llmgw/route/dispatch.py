@@ -288,8 +288,14 @@ class RouterCore:
     def _saturated(self, entry: ModelEntry, now: float) -> bool:
         # Replicas behind an open breaker don't count: waiting cannot help them, and the
         # scheduler's all-open fallback handles a model with none available.
+        # Draining replicas take no new requests, so their room does not count either. Each
+        # view's staleness is refreshed first: the last decision set it, and a scrape since may
+        # have made the engine's gauges usable (a stale view counts only our own inflight).
         cfg = self.sched.config
-        live = [r for r in entry.replicas if r.breaker.can_pass(now)]
+        table = self.table
+        live = [r for r in entry.replicas if not r.draining and r.breaker.can_pass(now)]
+        for r in live:
+            r.view.stale = table.is_stale(r, now)
         return bool(live) and all(is_saturated(r.view, cfg) for r in live)
 
     def _enqueue(self, plan: Plan, now: float) -> Ticket:
