@@ -26,6 +26,8 @@ commands:
   config init [PATH] [--force]                write a starter config file
   config check [PATH]                         validate a config file (default: the daemon's), listing
                                               every problem
+  kv hash --tokens IDS [--vllm-version V ...] the block hash chain vLLM computes for a token list
+  kv decode HEX | --file F                    decode a vLLM KV event payload into readable events
   completion bash|zsh|fish                    print a shell completion script for llmgw
 
 `llmgw sim --engine vllm --help` lists vLLM's flags, and the --sim-* flags of the simulator.
@@ -38,6 +40,7 @@ COMMANDS = {
     "console": "the live operator console (a terminal UI)",
     "sim": "run simulated engine replicas",
     "config": "write or check a config file",
+    "kv": "hash tokens and decode KV events as vLLM does",
     "completion": "print a shell completion script",
 }
 
@@ -71,6 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from llmgw.tui.main import main as console_main
 
         return console_main(rest)
+    if cmd == "kv":
+        from llmgw.kv_cli import main as kv_main
+
+        return kv_main(rest)
     if cmd == "completion":
         return _completion(rest)
     print(f"llmgw: unknown command {cmd!r}\n\n{USAGE}", end="", file=sys.stderr)
@@ -111,11 +118,12 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     from llmgw.ctl import parser as ctl_parser
     from llmgw.daemon.main import main as daemon_main
     from llmgw.daemon.sim.main import fleet_main
+    from llmgw.kv_cli import parser as kv_parser
     from llmgw.sim.args import build_llamacpp_parser, build_vllm_parser
     from llmgw.tui.main import _parser as console_parser
 
     return {"daemon": captured_parser(daemon_main), "ctl": ctl_parser(), "console": console_parser(),
-            "config": config_parser(), "completion": completion_parser(), "sim": build_vllm_parser(),
+            "config": config_parser(), "kv": kv_parser(), "completion": completion_parser(), "sim": build_vllm_parser(),
             "sim fleet": captured_parser(fleet_main), "sim --engine=llamacpp": build_llamacpp_parser()}
 
 
