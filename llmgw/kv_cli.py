@@ -93,12 +93,24 @@ def parser() -> argparse.ArgumentParser:
                         "frames of a pub message, each in hex")
     d.add_argument("--file", metavar="FILE", help="read the raw payload bytes from FILE ('-': standard input)")
     d.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
+    w = sub.add_parser("watch", help="live decoded events from an engine's KV event publisher",
+                       description="Subscribe to a vLLM engine's KV event publisher (its kv-events-config "
+                                   "endpoint) and print each batch as it arrives, with sequence gaps.")
+    w.add_argument("endpoint", metavar="ENDPOINT", help="the publisher, e.g. tcp://10.0.0.5:5557")
+    w.add_argument("--topic", default="", help="only this topic (default: every topic)")
+    w.add_argument("--count", type=int, default=0, metavar="N", help="stop after N batches (default: no limit)")
+    w.add_argument("--seconds", type=float, default=0.0, metavar="S",
+                   help="stop after S seconds (default: no limit; Ctrl-C stops too)")
+    w.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                   help="output format: table, or one JSON object a line")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
+        if ns.action == "watch":
+            return watch(ns, sys.stdout)
         lines = _hash(ns) if ns.action == "hash" else _decode(ns)
     except KvCliError as e:
         print(f"llmgw kv {ns.action}: {printable(str(e))}", file=sys.stderr)
@@ -321,3 +333,62 @@ def event_line(ev: Any) -> str:
     if isinstance(ev, AllBlocksCleared):
         return "AllBlocksCleared"
     return f"unknown event {_short(ev.type)} (a newer vLLM?): {_short(ev.raw, 400)}"
+
+
+# --------------------------------------------------------------------------- watch
+
+def watch(ns: argparse.Namespace, out: Any) -> int:
+    """Print every batch the publisher sends until --count, --seconds or Ctrl-C. A sequence gap
+    (events the SUB socket missed: its high-water mark, a slow reader) and a message that does
+    not decode are printed as such, never skipped silently."""
+    import time
+
+    import zmq
+
+    if ns.count < 0 or ns.seconds < 0:
+        raise KvCliError("--count and --seconds must be >= 0")
+    if not ns.endpoint.startswith(("tcp://", "ipc://")):
+        raise KvCliError(f"ENDPOINT: expected tcp://HOST:PORT or ipc://PATH, got {ns.endpoint!r}")
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 100_000)
+    sock.setsockopt(zmq.MAXMSGSIZE, 64 << 20)  # a larger message is dropped by ZMQ, not buffered
+    try:
+        sock.connect(ns.endpoint)
+    except zmq.ZMQError as e:
+        raise KvCliError(f"ENDPOINT: {e}") from None
+    sock.setsockopt(zmq.SUBSCRIBE, ns.topic.encode())
+    deadline = time.monotonic() + ns.seconds if ns.seconds else None
+    seen, last = 0, None
+    try:
+        while not ns.count or seen < ns.count:
+            wait = 200 if deadline is None else int(max(0.0, deadline - time.monotonic()) * 1000)
+            if deadline is not None and wait == 0:
+                break
+            if not sock.poll(min(wait, 200)):
+                continue
+            frames = sock.recv_multipart()
+            seen += 1
+            try:
+                topic, seq, payload = parse_pub_frames(frames)
+                batch = decode_batch(payload)
+            except KVEventDecodeError as e:
+                out.write(f"undecodable message ({sum(len(f) for f in frames)} bytes): {printable(str(e))}\n")
+                out.flush()
+                continue
+            if last is not None and seq != last + 1:
+                out.write(f"gap: seq {seq} after {last} ({seq - last - 1} missed)\n" if seq > last
+                          else f"seq {seq} after {last}: the publisher restarted\n")
+            last = seq
+            if ns.output == "json":
+                out.write(json.dumps({"topic": topic, "seq": seq, **batch_json(batch)}) + "\n")
+            else:
+                out.write(f"topic {printable(topic)!r}  seq {seq}  ts {batch.ts!r}  {len(batch.events)} event(s)\n")
+                out.writelines(f"  [{i}] {event_line(ev)}\n" for i, ev in enumerate(batch.events))
+            out.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close()
+    return 0

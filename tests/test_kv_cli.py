@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgpack
 import pytest
 
-from llmgw import cli
+from llmgw import cli, kv_cli
 from llmgw.kv import events
 
 from .conftest import load_golden
@@ -229,3 +230,38 @@ def test_decode_garbage_in_a_real_process() -> None:
                        timeout=60, check=False)
     assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr
     assert r.stderr.startswith("llmgw kv decode: not a KV event batch")
+
+
+# -- llmgw kv watch, against a real publisher ------------------------------------------------------
+def test_watch_prints_a_live_simulators_events(sim_factory: Any) -> None:
+    # "*": the publisher binds (an OS-chosen port, resolved in its ready line), as vLLM does
+    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:0", "topic": "kv"}
+    s = sim_factory(["--engine", "vllm", "sim-model", "--host", "127.0.0.1", "--port", "0", "--sim-zero-cost",
+                     "--prefix-caching-hash-algo", "sha256_cbor", "--kv-events-config", json.dumps(cfg)])
+    w = subprocess.Popen([sys.executable, "-m", "llmgw", "kv", "watch", s.info["kv_events"], "--count", "1",
+                          "--seconds", "30", "-o", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        # A SUB socket misses what was published before it joined: send until the watcher has one batch.
+        for i in range(200):
+            httpx.post(f"{s.url}/v1/completions", timeout=10,
+                       json={"model": "sim-model", "prompt": f"watch me {i} " * 20, "max_tokens": 1})
+            try:
+                out, err = w.communicate(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            raise AssertionError("the watcher printed nothing")
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+    assert w.returncode == 0, err
+    doc = json.loads(out.decode().splitlines()[0])
+    assert doc["topic"] == "kv" and isinstance(doc["seq"], int)
+    assert any(e["type"] == "BlockStored" for e in doc["events"])
+
+
+def test_watch_refuses_a_bad_endpoint(capsys: Any) -> None:
+    assert kv_cli.main(["watch", "http://x:1"]) == 1
+    assert "ENDPOINT: expected tcp://" in capsys.readouterr().err
