@@ -108,7 +108,7 @@ def memory(blocks: int) -> None:
     print(f"  mirror: {steady / blocks:.0f} B/block steady, {with_pending / blocks:.0f} B/block "
           f"with every block pending")
     print(f"  index:  {index / blocks:.0f} B/block")
-    print(f"  a uint64 hash int itself: 32-36 B more per distinct block where it is not shared")
+    print("  a uint64 hash int itself: 32-36 B more per distinct block where it is not shared")
 
 
 def main() -> None:
