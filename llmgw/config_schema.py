@@ -186,6 +186,8 @@ class ReplicaConfig:
     url: str = opt(check=http_url)
     pool: str = opt(DEFAULT_POOL, check=nonempty)
     weight: float = opt(1.0, check=positive)
+    # vLLM only: the engine publishes KV cache events (loopback, agent-owned) for tier-2 routing
+    kv_events: bool = opt(False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,6 +206,8 @@ class DeployConfig:
     health_timeout_s: float = opt(600.0, check=positive)
     pool: str = opt(DEFAULT_POOL, check=nonempty)
     weight: float = opt(1.0, check=positive)
+    # vLLM only: the engine publishes KV cache events (local, agent-owned sockets) for tier-2 routing
+    kv_events: bool = opt(False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -299,3 +303,10 @@ def _pool_references(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
         for sub, name in refs:
             if name not in known:
                 yield ("models", i, *sub), f"unknown pool {name!r}{_suggest(name, known)}"
+
+
+@_cross_check("models")
+def _kv_events_engine(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    for i, m in enumerate(cfg.models):
+        if m.deploy is not None and m.deploy.kv_events and m.engine != "vllm":
+            yield ("models", i, "deploy", "kv_events"), f"needs engine = \"vllm\" ({m.engine} publishes no KV events)"

@@ -88,6 +88,7 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # url = "http://10.0.0.5:8000"
 # pool = "default"
 # weight = 1.0
+# kv_events = false             # vLLM only: publish KV cache events for tier-2 routing
 #
 # [[models.replicas]]
 # url = "http://10.0.0.6:8000"

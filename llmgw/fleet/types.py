@@ -33,6 +33,7 @@ class EngineSpec:
     gpu_indices: tuple[int, ...] = ()  # → CUDA_VISIBLE_DEVICES
     health_timeout_s: float = 600.0
     generation: int = 0
+    kv_events: bool = False  # vLLM publishes KV cache events (the agent picks the endpoints)
 
     def spec_hash(self) -> str:
         """Identity of the engine process: everything but `generation`."""
@@ -45,7 +46,9 @@ class EngineSpec:
         return {"replica": self.replica, "model": self.model, "engine": self.engine, "model_path": self.model_path,
                 "simulate": self.simulate, "binary": self.binary, "args": list(self.args),
                 "env": [list(kv) for kv in self.env], "gpu_indices": list(self.gpu_indices),
-                "health_timeout_s": self.health_timeout_s, "generation": self.generation}
+                "health_timeout_s": self.health_timeout_s, "generation": self.generation,
+                # only when on: the spec_hash of every engine without it stays as it was (no restarts)
+                **({"kv_events": True} if self.kv_events else {})}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> EngineSpec:
@@ -54,7 +57,7 @@ class EngineSpec:
                    args=tuple(d.get("args", ())), env=tuple((str(k), str(v)) for k, v in d.get("env", ())),
                    gpu_indices=tuple(int(i) for i in d.get("gpu_indices", ())),
                    health_timeout_s=float(d.get("health_timeout_s", 600.0)),
-                   generation=int(d.get("generation", 0)))
+                   generation=int(d.get("generation", 0)), kv_events=bool(d.get("kv_events", False)))
 
 
 @dataclass
@@ -72,6 +75,9 @@ class EngineReport:
     detail: str = ""  # why: exit status, health deadline, crash loop ...
     log_tail: tuple[str, ...] = ()  # the engine's last output lines when it failed or crashed
     adopted: bool = False  # found running from an earlier agent run and kept
+    # kv_events engines: where the engine's KV-event PUB and replay ROUTER are bound (local only)
+    kv_endpoint: str | None = None
+    kv_replay: str | None = None
     # The engine's whole spec, in the hello only: a router whose store does not know the engine
     # (deleted, replaced) can keep it running, or adopt it, instead of having it stopped.
     spec: EngineSpec | None = None
@@ -79,6 +85,9 @@ class EngineReport:
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
         d["log_tail"] = list(self.log_tail)
+        for key in ("kv_endpoint", "kv_replay"):  # optional on the wire: absent when off
+            if d[key] is None:
+                del d[key]
         if self.spec is None:
             del d["spec"]
         else:
@@ -91,6 +100,7 @@ class EngineReport:
                    generation=int(d.get("generation", 0)), url=d.get("url"), pid=d.get("pid"),
                    restarts=int(d.get("restarts", 0)), detail=d.get("detail", ""),
                    log_tail=tuple(d.get("log_tail", ())), adopted=bool(d.get("adopted", False)),
+                   kv_endpoint=d.get("kv_endpoint"), kv_replay=d.get("kv_replay"),
                    spec=EngineSpec.from_wire(d["spec"]) if isinstance(d.get("spec"), dict) else None)
 
 

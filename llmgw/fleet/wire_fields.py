@@ -165,7 +165,7 @@ def _spec(v: Any, path: str) -> EngineSpec:
         args=_field(d, path, "args", _tuple_of(_str), ()), env=_field(d, path, "env", _tuple_of(_env_pair), ()),
         gpu_indices=_field(d, path, "gpu_indices", _tuple_of(_int), ()),
         health_timeout_s=_field(d, path, "health_timeout_s", _positive, 600.0),
-        generation=_field(d, path, "generation", _int, 0))
+        generation=_field(d, path, "generation", _int, 0), kv_events=_field(d, path, "kv_events", _bool, False))
 
 
 def _report(v: Any, path: str) -> EngineReport:
@@ -176,7 +176,9 @@ def _report(v: Any, path: str) -> EngineReport:
         generation=_field(d, path, "generation", _int, 0), url=_field(d, path, "url", _opt(_str), None),
         pid=_field(d, path, "pid", _opt(_int), None), restarts=_field(d, path, "restarts", _int, 0),
         detail=_field(d, path, "detail", _str, ""), log_tail=_field(d, path, "log_tail", _log_tail, ()),
-        adopted=_field(d, path, "adopted", _bool, False), spec=_field(d, path, "spec", _opt(_spec), None))
+        adopted=_field(d, path, "adopted", _bool, False),
+        kv_endpoint=_field(d, path, "kv_endpoint", _opt(_str), None),
+        kv_replay=_field(d, path, "kv_replay", _opt(_str), None), spec=_field(d, path, "spec", _opt(_spec), None))
 
 
 def _gpu(v: Any, path: str) -> GpuInfo:

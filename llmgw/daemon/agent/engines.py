@@ -58,6 +58,7 @@ from llmgw.fleet.types import RUNNING_STATES, EngineReport, EngineSpec
 
 __all__ = ["EngineSupervisor", "safe_id"]
 
+_MAX_IPC_PATH = 103  # sun_path is 108 bytes on Linux, 104 on macOS (with the NUL)
 UNHEALTHY_AFTER = 3  # consecutive failed checks of a ready engine
 
 _log = logging.getLogger("llmgw.agent.engines")
@@ -297,7 +298,7 @@ class EngineSupervisor:
         cmd = [spec.binary or spec.engine]
         try:
             eng.port = free_port(self._host, eng.port)
-            cmd = build_command(spec, self._host, eng.port, self._python)
+            cmd = build_command(spec, self._host, eng.port, self._python, self._kv_endpoints(spec))
             with eng.logfile.open_for_engine(cmd) as out:
                 proc = await trio.lowlevel.open_process(cmd, env=build_env(spec, dict(os.environ)),
                                                         stdin=subprocess.DEVNULL, stdout=out,
@@ -462,7 +463,7 @@ class EngineSupervisor:
                             spec_hash=eng.spec.spec_hash(), generation=eng.spec.generation,
                             url=self._url(eng) if live else None, pid=eng.pid if live else None,
                             restarts=eng.restarts, detail=eng.detail, log_tail=eng.log_tail,
-                            adopted=eng.adopted)
+                            adopted=eng.adopted, **self._kv_report(eng.spec, live))
 
     def _private_dirs(self) -> None:
         """state_dir, engines/ and logs/ 0700; files an older llmgw left open to others become 0600."""
@@ -471,6 +472,29 @@ class EngineSupervisor:
         private_dir(self._state_dir / "logs", "agent.state_dir", log=self._log)
         for path in sorted((self._state_dir / "logs").glob("*.log*")):
             tighten_file(path, "engine log", log=self._log)
+
+    def _kv_paths(self, spec: EngineSpec) -> tuple[str, str] | None:
+        """ipc:// endpoints a kv_events engine binds, derived from the replica id (so an adopted engine's
+        are known too) in the agent's 0700 state_dir/kv: only this host's agent user can connect."""
+        if not spec.kv_events:
+            return None
+        base = self._state_dir / "kv" / hashlib.sha256(spec.replica.encode()).hexdigest()[:16]
+        return f"ipc://{base}.pub", f"ipc://{base}.replay"
+
+    def _kv_endpoints(self, spec: EngineSpec) -> tuple[str, str] | None:
+        """`_kv_paths`, with kv/ made private and the path checked against the Unix socket limit."""
+        kv = self._kv_paths(spec)
+        if kv is None:
+            return None
+        private_dir(self._state_dir / "kv", "agent.state_dir", log=self._log)
+        if max(len(e.removeprefix("ipc://").encode()) for e in kv) > _MAX_IPC_PATH:
+            raise ValueError(f"agent.state_dir {str(self._state_dir)!r} is too long for the engine's "
+                             f"KV-event sockets (a Unix socket path is at most {_MAX_IPC_PATH} bytes)")
+        return kv
+
+    def _kv_report(self, spec: EngineSpec, live: bool) -> dict[str, str | None]:
+        kv = self._kv_paths(spec) if live else None
+        return {"kv_endpoint": kv[0], "kv_replay": kv[1]} if kv else {}
 
     def _logfile(self, replica: str) -> EngineLog:
         return EngineLog(self._state_dir / "logs" / f"{safe_id(replica)}.log", replica, self._log)

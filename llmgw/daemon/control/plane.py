@@ -72,7 +72,7 @@ def deploy_of(m: ModelConfig) -> ModelDeploy | None:
     template = EngineSpec(replica="", model=m.name, engine=m.engine, model_path=path, simulate=d.simulate,
                           binary=d.binary, args=d.args,
                           env=tuple(tuple(kv.split("=", 1)) for kv in d.env),  # type: ignore[misc]
-                          health_timeout_s=d.health_timeout_s)
+                          health_timeout_s=d.health_timeout_s, kv_events=d.kv_events)
     demand = Demand(d.gpus, d.gpu_memory_mb, d.memory_mb, tuple(sorted(d.node_selector.items())))
     return ModelDeploy(m.name, d.count, demand, template)
 
