@@ -1,6 +1,6 @@
 """vLLM KV-cache event wire format as a pure codec (bytes in, events out; no I/O).
 
-Spec: /work/shared/specs/vllm-wire.md §1. vLLM encodes ``KVEventBatch`` with
+Spec: the shared vLLM wire notes (vllm-wire.md) §1. vLLM encodes ``KVEventBatch`` with
 msgspec; :func:`encode_batch` reproduces those bytes exactly with the ``msgpack``
 package for any release, and :func:`decode_batch` reads every release's layout.
 ZMQ framing helpers build/parse the frames only; sockets live elsewhere.

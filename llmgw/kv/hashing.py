@@ -1,6 +1,6 @@
 """vLLM prefix-cache block hashing, reproduced bit for bit (pure: no I/O).
 
-Spec: /work/shared/specs/vllm-wire.md §2. A block's hash is
+Spec: the shared vLLM wire notes (vllm-wire.md) §2. A block's hash is
 ``hash_fn((parent_digest or NONE_HASH, tuple(tokens), extra_keys))``; only full
 blocks are hashed, each chained to the previous one. Every behaviour that
 changed across releases is derived from a :class:`VllmVersion`, so the engine
