@@ -63,6 +63,8 @@ def test_bad_and_foreign_report_urls_are_refused_and_the_router_stays_up(fleet_f
             raw.report(replica=rid, model="m", state="ready", url=url)
             rejected = raw.wait_for("report_rejected")
             assert rejected["replica"] == rid and why in rejected["reason"], rejected
+            # the agent is told at once; the plane's view of the replica follows (wait on it)
+            wait_for(lambda: why in f.replicas("m")[0]["detail"], 10)
             [r] = f.replicas("m")
             assert r["state"] == "failed" and why in r["detail"] and not r["routable"] and r["url"] is None
         assert f.router.proc.poll() is None

@@ -145,7 +145,9 @@ def test_a_revoked_node_is_cut_off_and_rejoins_only_with_the_join_token(tmp_path
         old.stop()
         fresh = f.start_agent("a", token=new_token)
         wait_for(lambda: f.nodes().get("a", {}).get("state") == "ready", 15)
-        assert (tmp_path / "agent-a" / CRED_FILE).exists() and fresh.proc.poll() is None
+        # the router marks the node ready at its hello; the agent saves its credential on the welcome
+        wait_for(lambda: (tmp_path / "agent-a" / CRED_FILE).exists(), 15)
+        assert fresh.proc.poll() is None
         info = json.loads(ctl(f, "-o", "json", "join-info").stdout)
         assert info["join_token"] == new_token and info["join_token_source"] == "file"
         assert ctl(f, "nodes", "revoke", "nobody").returncode == 1  # 404: an unknown node
