@@ -14,6 +14,9 @@ release, which older peers leave out (``Hello.credential`` and ``features``,
 ``Welcome.credential``, ``Refused.retry``).  ``NodeFacts.extra`` is not carried
 (``NodeFacts.to_wire`` leaves it out).
 
+An agent sends :class:`KvEvents` only after listing :data:`FEATURE_KV_EVENTS` in its hello;
+a router refuses them (a protocol error) from one that did not.
+
 A router sends :class:`ReportRejected` only to an agent whose hello lists the
 :data:`FEATURE_REPORT_REJECTED` feature, and issues node credentials only to one listing
 :data:`FEATURE_CREDENTIAL`: an older agent would not understand either.
@@ -30,6 +33,7 @@ import msgpack
 from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts
 from llmgw.fleet.wire_fields import (
     MAX_ENGINES,
+    MAX_KV_BLOCKS,
     MAX_FEATURES,
     MAX_ID,
     MAX_NAME,
@@ -40,8 +44,10 @@ from llmgw.fleet.wire_fields import (
     _facts,
     _field,
     _int,
+    _kv_block,
     _labels,
     _node_name,
+    _opt,
     _positive,
     _reason,
     _report,
@@ -54,6 +60,7 @@ from llmgw.fleet.wire_fields import (
 __all__ = [
     "AGENT_FEATURES",
     "FEATURE_CREDENTIAL",
+    "FEATURE_KV_EVENTS",
     "FEATURE_REPORT_REJECTED",
     "FROM_AGENT",
     "FROM_ROUTER",
@@ -68,6 +75,7 @@ __all__ = [
     "FrameDecoder",
     "Heartbeat",
     "Hello",
+    "KvEvents",
     "Message",
     "Refused",
     "ReportRejected",
@@ -84,7 +92,8 @@ MAX_HELLO = 64 << 10  # a router's default frame cap until it has accepted a hel
 # What an agent may list in its hello's `features`: what it understands beyond the first release.
 FEATURE_CREDENTIAL = "credential"  # keeps the node credential a welcome issues, presents it in hellos
 FEATURE_REPORT_REJECTED = "report_rejected"  # understands the report_rejected message
-AGENT_FEATURES = (FEATURE_CREDENTIAL, FEATURE_REPORT_REJECTED)
+FEATURE_KV_EVENTS = "kv_events"  # sends kv_events messages (a router accepts them only then)
+AGENT_FEATURES = (FEATURE_CREDENTIAL, FEATURE_REPORT_REJECTED, FEATURE_KV_EVENTS)
 
 
 # --------------------------------------------------------------------------- messages
@@ -251,10 +260,42 @@ class Desired:
         return cls(rev=_field(d, p, "rev", _int), engines=_field(d, p, "engines", _tuple_of(_spec, MAX_ENGINES)))
 
 
-Message = Hello | Heartbeat | EngineUpdate | Bye | Welcome | Refused | Desired | ReportRejected
+@dataclass(frozen=True)
+class KvEvents:
+    """agent → router: net changes of one engine's KV blocks since the previous kv_events of
+    that replica in this session (:class:`llmgw.kv.mirror.Delta`). ``reset``: clear the
+    replica's index first (a full copy follows in this and later messages). ``event_seq`` is the
+    engine's event sequence number the changes reach (None before any event). Blocks are
+    ``(medium, hash)``: medium None when the engine does not say; at most MAX_KV_BLOCKS in all."""
+
+    TYPE: ClassVar[str] = "kv_events"
+    replica: str
+    event_seq: int | None
+    reset: bool
+    added: tuple[tuple[str | None, int | bytes], ...]
+    removed: tuple[tuple[str | None, int | bytes], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"replica": self.replica, "event_seq": self.event_seq, "reset": self.reset,
+                "added": [list(b) for b in self.added], "removed": [list(b) for b in self.removed]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KvEvents:
+        p = cls.TYPE
+        added = _field(d, p, "added", _tuple_of(_kv_block, MAX_KV_BLOCKS))
+        removed = _field(d, p, "removed", _tuple_of(_kv_block, MAX_KV_BLOCKS))
+        if len(added) + len(removed) > MAX_KV_BLOCKS:
+            raise WireProtocolError(f"{p}: {len(added) + len(removed)} blocks, at most {MAX_KV_BLOCKS}")
+        return cls(replica=_field(d, p, "replica", _bounded_str(MAX_ID, empty=False)),
+                   event_seq=_field(d, p, "event_seq", _opt(_int)), reset=_field(d, p, "reset", _bool),
+                   added=added, removed=removed)
+
+
+Message = Hello | Heartbeat | EngineUpdate | Bye | Welcome | Refused | Desired | ReportRejected | KvEvents
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    c.TYPE: c for c in (Hello, Heartbeat, EngineUpdate, Bye, Welcome, Refused, Desired, ReportRejected)}
-FROM_AGENT = frozenset({Hello.TYPE, Heartbeat.TYPE, EngineUpdate.TYPE, Bye.TYPE})  # what a router accepts
+    c.TYPE: c for c in (Hello, Heartbeat, EngineUpdate, Bye, Welcome, Refused, Desired, ReportRejected, KvEvents)}
+FROM_AGENT = frozenset({Hello.TYPE, Heartbeat.TYPE, EngineUpdate.TYPE, Bye.TYPE,  # what a router accepts
+                        KvEvents.TYPE})
 FROM_ROUTER = frozenset({Welcome.TYPE, Refused.TYPE, Desired.TYPE, Heartbeat.TYPE,  # what an agent accepts
                          ReportRejected.TYPE})
 
