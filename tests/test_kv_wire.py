@@ -12,8 +12,10 @@ from llmgw.fleet.wire import (
     FEATURE_KV_EVENTS,
     FROM_AGENT,
     FROM_ROUTER,
+    ROUTER_FEATURES,
     FrameDecoder,
     KvEvents,
+    Welcome,
     WireProtocolError,
     encode,
 )
@@ -79,3 +81,12 @@ def test_missing_field() -> None:
 def test_bounds_at_the_edge_pass() -> None:
     msg = KvEvents("r", 1, False, tuple((None, i) for i in range(MAX_KV_BLOCKS - 1)), ((None, b"y" * 64),))
     assert FrameDecoder().feed(encode(msg, 1)) == [msg]
+
+
+def test_welcome_lists_router_features_and_older_welcomes_have_none() -> None:
+    w = Welcome("n", "r", 1, 5.0, features=ROUTER_FEATURES)
+    assert FrameDecoder().feed(encode(w, 1)) == [w] and w.has(FEATURE_KV_EVENTS)
+    d = {"v": 1, "t": "welcome", "seq": 1, "node": "n", "router_id": "r", "version": 1, "heartbeat_s": 5.0}
+    body = msgpack.packb(d, use_bin_type=True)
+    old = FrameDecoder().feed(len(body).to_bytes(4, "big") + body)[0]
+    assert isinstance(old, Welcome) and not old.has(FEATURE_KV_EVENTS)

@@ -14,8 +14,9 @@ release, which older peers leave out (``Hello.credential`` and ``features``,
 ``Welcome.credential``, ``Refused.retry``).  ``NodeFacts.extra`` is not carried
 (``NodeFacts.to_wire`` leaves it out).
 
-An agent sends :class:`KvEvents` only after listing :data:`FEATURE_KV_EVENTS` in its hello;
-a router refuses them (a protocol error) from one that did not.
+An agent sends :class:`KvEvents` only after listing :data:`FEATURE_KV_EVENTS` in its hello and
+only to a router whose welcome lists it (:data:`ROUTER_FEATURES`); a router refuses them (a
+protocol error) from an agent that did not list it.
 
 A router sends :class:`ReportRejected` only to an agent whose hello lists the
 :data:`FEATURE_REPORT_REJECTED` feature, and issues node credentials only to one listing
@@ -33,9 +34,9 @@ import msgpack
 from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts
 from llmgw.fleet.wire_fields import (
     MAX_ENGINES,
-    MAX_KV_BLOCKS,
     MAX_FEATURES,
     MAX_ID,
+    MAX_KV_BLOCKS,
     MAX_NAME,
     MAX_SECRET,
     WireProtocolError,
@@ -68,6 +69,7 @@ __all__ = [
     "MAX_HELLO",
     "MESSAGE_TYPES",
     "PROTOCOL_VERSION",
+    "ROUTER_FEATURES",
     "SUPPORTED_VERSIONS",
     "Bye",
     "Desired",
@@ -94,6 +96,9 @@ FEATURE_CREDENTIAL = "credential"  # keeps the node credential a welcome issues,
 FEATURE_REPORT_REJECTED = "report_rejected"  # understands the report_rejected message
 FEATURE_KV_EVENTS = "kv_events"  # sends kv_events messages (a router accepts them only then)
 AGENT_FEATURES = (FEATURE_CREDENTIAL, FEATURE_REPORT_REJECTED, FEATURE_KV_EVENTS)
+# What a router may list in its welcome's `features`: messages it accepts beyond the first release
+# (an older router would close the stream on a message type it does not know).
+ROUTER_FEATURES = (FEATURE_KV_EVENTS,)
 
 
 # --------------------------------------------------------------------------- messages
@@ -193,17 +198,22 @@ class Welcome:
     version: int
     heartbeat_s: float
     credential: str = ""
+    features: tuple[str, ...] = ()  # ROUTER_FEATURES it understands; absent from older routers
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "router_id": self.router_id, "version": self.version,
-                "heartbeat_s": self.heartbeat_s, "credential": self.credential}
+                "heartbeat_s": self.heartbeat_s, "credential": self.credential, "features": list(self.features)}
+
+    def has(self, feature: str) -> bool:
+        return feature in self.features
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Welcome:
         p = cls.TYPE
         return cls(node=_field(d, p, "node", _node_name), router_id=_field(d, p, "router_id", _bounded_str(MAX_ID)),
                    version=_field(d, p, "version", _int), heartbeat_s=_field(d, p, "heartbeat_s", _positive),
-                   credential=_field(d, p, "credential", _bounded_str(MAX_SECRET), ""))
+                   credential=_field(d, p, "credential", _bounded_str(MAX_SECRET), ""),
+                   features=_field(d, p, "features", _tuple_of(_bounded_str(MAX_NAME), MAX_FEATURES), ()))
 
 
 @dataclass(frozen=True)

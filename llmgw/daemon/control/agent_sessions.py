@@ -44,6 +44,7 @@ from llmgw.fleet.wire import (
     FEATURE_REPORT_REJECTED,
     FROM_AGENT,
     PROTOCOL_VERSION,
+    ROUTER_FEATURES,
     Bye,
     Desired,
     EngineUpdate,
@@ -331,7 +332,7 @@ class AgentSessions:
         try:
             with conn.scope:
                 await ms.send(Welcome(node=node, router_id=self.host.router_id, version=PROTOCOL_VERSION,
-                                      heartbeat_s=hb, credential=secret))
+                                      heartbeat_s=hb, credential=secret, features=ROUTER_FEATURES))
                 engines = tuple([await self._checked(conn, r) for r in hello.engines])
                 n = self.host.agent_joined(replace(hello, engines=engines), conn.peer)
                 self._node_rev[node] = self._node_rev.get(node, 0) + 1

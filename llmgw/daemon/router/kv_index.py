@@ -20,7 +20,7 @@ from llmgw.fleet.wire import KvEvents
 from llmgw.kv.index import KVIndex
 from llmgw.kv.mirror import Delta
 
-__all__ = ["KvIndexMetrics", "RouterKvIndex", "REFUSE_REASONS"]
+__all__ = ["REFUSE_REASONS", "KvIndexMetrics", "RouterKvIndex"]
 
 # Why a kv_events message was refused (the label of llmgw_kv_events_refused_total).
 REFUSE_REASONS = ("unknown_replica", "other_node")
