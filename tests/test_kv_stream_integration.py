@@ -8,7 +8,8 @@ from typing import Any
 
 import httpx
 
-from .test_fleet_integration import fleet_factory, sim_model  # noqa: F401 — the fixture
+from .raw_agent import RawAgent
+from .test_fleet_integration import TOKEN, fleet_factory, sim_model  # noqa: F401 — the fixture
 from .test_sim_vllm import wait_for
 
 
@@ -33,6 +34,31 @@ def test_engine_kv_events_reach_the_router_index(fleet_factory: Any) -> None:  #
     wait_for(filled, 30)  # the agent's SUB may join after the first events: requests until one lands
     text = httpx.get(f"{f.router.url}/metrics", timeout=5).text
     assert 'llmgw_kv_events_refused_total{reason="other_node"} 0.0' in text
+    held = index_blocks(f)[rid]
+
+    # another node's agent cannot write this replica: refused, counted, its session goes on
+    other = RawAgent(f.control_port, node="x", token=TOKEN, features=["kv_events"])
+    try:
+        assert other.answer["t"] == "welcome" and "kv_events" in other.answer["features"]
+        other.send("kv_events", replica=rid, event_seq=1, reset=True, added=[[None, 1], [None, 2]], removed=[])
+        other.send("kv_events", replica="m/nope", event_seq=1, reset=False, added=[[None, 3]], removed=[])
+        wait_for(lambda: 'llmgw_kv_events_refused_total{reason="unknown_replica"} 1.0'
+                 in httpx.get(f"{f.router.url}/metrics", timeout=5).text, 10)
+        text = httpx.get(f"{f.router.url}/metrics", timeout=5).text
+        assert 'llmgw_kv_events_refused_total{reason="other_node"} 1.0' in text
+        assert index_blocks(f)[rid] == held and not other.closed.is_set()
+    finally:
+        other.close()
+    # an agent that did not list the feature may not send them: its connection is closed
+    old = RawAgent(f.control_port, node="y", token=TOKEN, features=["credential"])
+    try:
+        assert old.answer["t"] == "welcome"
+        old.send("kv_events", replica=rid, event_seq=1, reset=True, added=[], removed=[])
+        assert old.closed.wait(10)
+        assert index_blocks(f)[rid] == held
+    finally:
+        old.close()
+
     # the agent stops: its replica leaves routing and its blocks leave the index
     f.agents["a"].stop()
     wait_for(lambda: rid not in index_blocks(f), 30)
