@@ -125,3 +125,15 @@ async def test_events_from_a_real_publisher_reach_the_mirror(tmp_path) -> None:
     finally:
         pub.close()
         ctx.term()
+
+
+async def test_one_busy_engine_does_not_starve_the_others(tmp_path) -> None:
+    kv = KvSubscribers(max_blocks=1 << 16)
+    async with trio.open_nursery() as n:
+        await n.start(kv.run)
+        for rid in ("m/1", "m/2"):
+            kv.on_report(report(rid, tmp=str(tmp_path)))
+            kv.feed(kv._subs[rid], pub_frames("kv", 1, stored(*range(5 * MAX_BLOCKS_PER_MESSAGE))))
+        firsts = [kv.take(max_messages=1)[0].replica for _ in range(4)]
+        assert sorted(firsts) == ["m/1", "m/1", "m/2", "m/2"]
+        n.cancel_scope.cancel()

@@ -71,6 +71,7 @@ class KvSubscribers:
         self._subs: dict[str, _Sub] = {}
         self._latest: dict[str, EngineReport] = {}
         self._nursery: trio.Nursery | None = None
+        self._next = 0  # where take() starts
         self.totals = SubscriberStats()  # over every subscriber this agent ran
 
     # ---- following the engines --------------------------------------------------------------------
@@ -172,7 +173,12 @@ class KvSubscribers:
     def take(self, max_messages: int = MAX_MESSAGES_PER_FLUSH) -> list[KvEvents]:
         """The mirrors' net changes, as at most `max_messages` kv_events messages."""
         out: list[KvEvents] = []
-        for sub in list(self._subs.values()):
+        subs = list(self._subs.values())
+        if subs:  # start after where the last take stopped: one busy engine cannot starve the others
+            self._next %= len(subs)
+            subs = subs[self._next:] + subs[:self._next]
+            self._next += 1
+        for sub in subs:
             m = sub.mirror
             while m.pending and len(out) < max_messages:
                 d = m.take_delta(MAX_BLOCKS_PER_MESSAGE)
