@@ -314,6 +314,9 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                     from llmgw.daemon.control.stream_metrics import StreamMetrics
 
                     router.metrics.registry.register(StreamMetrics(control.agents))
+                    from llmgw.daemon.router.kv_index import KvIndexMetrics
+
+                    router.metrics.registry.register(KvIndexMetrics(control.kv_index))
                 else:
                     log.info("no control.join_token: agents cannot join this router")
                 try:

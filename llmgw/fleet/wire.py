@@ -14,6 +14,10 @@ release, which older peers leave out (``Hello.credential`` and ``features``,
 ``Welcome.credential``, ``Refused.retry``).  ``NodeFacts.extra`` is not carried
 (``NodeFacts.to_wire`` leaves it out).
 
+An agent sends :class:`KvEvents` only after listing :data:`FEATURE_KV_EVENTS` in its hello and
+only to a router whose welcome lists it (:data:`ROUTER_FEATURES`); a router refuses them (a
+protocol error) from an agent that did not list it.
+
 A router sends :class:`ReportRejected` only to an agent whose hello lists the
 :data:`FEATURE_REPORT_REJECTED` feature, and issues node credentials only to one listing
 :data:`FEATURE_CREDENTIAL`: an older agent would not understand either.
@@ -32,6 +36,7 @@ from llmgw.fleet.wire_fields import (
     MAX_ENGINES,
     MAX_FEATURES,
     MAX_ID,
+    MAX_KV_BLOCKS,
     MAX_NAME,
     MAX_SECRET,
     WireProtocolError,
@@ -40,8 +45,10 @@ from llmgw.fleet.wire_fields import (
     _facts,
     _field,
     _int,
+    _kv_block,
     _labels,
     _node_name,
+    _opt,
     _positive,
     _reason,
     _report,
@@ -54,6 +61,7 @@ from llmgw.fleet.wire_fields import (
 __all__ = [
     "AGENT_FEATURES",
     "FEATURE_CREDENTIAL",
+    "FEATURE_KV_EVENTS",
     "FEATURE_REPORT_REJECTED",
     "FROM_AGENT",
     "FROM_ROUTER",
@@ -61,6 +69,7 @@ __all__ = [
     "MAX_HELLO",
     "MESSAGE_TYPES",
     "PROTOCOL_VERSION",
+    "ROUTER_FEATURES",
     "SUPPORTED_VERSIONS",
     "Bye",
     "Desired",
@@ -68,6 +77,7 @@ __all__ = [
     "FrameDecoder",
     "Heartbeat",
     "Hello",
+    "KvEvents",
     "Message",
     "Refused",
     "ReportRejected",
@@ -84,7 +94,11 @@ MAX_HELLO = 64 << 10  # a router's default frame cap until it has accepted a hel
 # What an agent may list in its hello's `features`: what it understands beyond the first release.
 FEATURE_CREDENTIAL = "credential"  # keeps the node credential a welcome issues, presents it in hellos
 FEATURE_REPORT_REJECTED = "report_rejected"  # understands the report_rejected message
-AGENT_FEATURES = (FEATURE_CREDENTIAL, FEATURE_REPORT_REJECTED)
+FEATURE_KV_EVENTS = "kv_events"  # sends kv_events messages (a router accepts them only then)
+AGENT_FEATURES = (FEATURE_CREDENTIAL, FEATURE_REPORT_REJECTED, FEATURE_KV_EVENTS)
+# What a router may list in its welcome's `features`: messages it accepts beyond the first release
+# (an older router would close the stream on a message type it does not know).
+ROUTER_FEATURES = (FEATURE_KV_EVENTS,)
 
 
 # --------------------------------------------------------------------------- messages
@@ -184,17 +198,22 @@ class Welcome:
     version: int
     heartbeat_s: float
     credential: str = ""
+    features: tuple[str, ...] = ()  # ROUTER_FEATURES it understands; absent from older routers
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "router_id": self.router_id, "version": self.version,
-                "heartbeat_s": self.heartbeat_s, "credential": self.credential}
+                "heartbeat_s": self.heartbeat_s, "credential": self.credential, "features": list(self.features)}
+
+    def has(self, feature: str) -> bool:
+        return feature in self.features
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Welcome:
         p = cls.TYPE
         return cls(node=_field(d, p, "node", _node_name), router_id=_field(d, p, "router_id", _bounded_str(MAX_ID)),
                    version=_field(d, p, "version", _int), heartbeat_s=_field(d, p, "heartbeat_s", _positive),
-                   credential=_field(d, p, "credential", _bounded_str(MAX_SECRET), ""))
+                   credential=_field(d, p, "credential", _bounded_str(MAX_SECRET), ""),
+                   features=_field(d, p, "features", _tuple_of(_bounded_str(MAX_NAME), MAX_FEATURES), ()))
 
 
 @dataclass(frozen=True)
@@ -251,10 +270,42 @@ class Desired:
         return cls(rev=_field(d, p, "rev", _int), engines=_field(d, p, "engines", _tuple_of(_spec, MAX_ENGINES)))
 
 
-Message = Hello | Heartbeat | EngineUpdate | Bye | Welcome | Refused | Desired | ReportRejected
+@dataclass(frozen=True)
+class KvEvents:
+    """agent → router: net changes of one engine's KV blocks since the previous kv_events of
+    that replica in this session (:class:`llmgw.kv.mirror.Delta`). ``reset``: clear the
+    replica's index first (a full copy follows in this and later messages). ``event_seq`` is the
+    engine's event sequence number the changes reach (None before any event). Blocks are
+    ``(medium, hash)``: medium None when the engine does not say; at most MAX_KV_BLOCKS in all."""
+
+    TYPE: ClassVar[str] = "kv_events"
+    replica: str
+    event_seq: int | None
+    reset: bool
+    added: tuple[tuple[str | None, int | bytes], ...]
+    removed: tuple[tuple[str | None, int | bytes], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"replica": self.replica, "event_seq": self.event_seq, "reset": self.reset,
+                "added": [list(b) for b in self.added], "removed": [list(b) for b in self.removed]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KvEvents:
+        p = cls.TYPE
+        added = _field(d, p, "added", _tuple_of(_kv_block, MAX_KV_BLOCKS))
+        removed = _field(d, p, "removed", _tuple_of(_kv_block, MAX_KV_BLOCKS))
+        if len(added) + len(removed) > MAX_KV_BLOCKS:
+            raise WireProtocolError(f"{p}: {len(added) + len(removed)} blocks, at most {MAX_KV_BLOCKS}")
+        return cls(replica=_field(d, p, "replica", _bounded_str(MAX_ID, empty=False)),
+                   event_seq=_field(d, p, "event_seq", _opt(_int)), reset=_field(d, p, "reset", _bool),
+                   added=added, removed=removed)
+
+
+Message = Hello | Heartbeat | EngineUpdate | Bye | Welcome | Refused | Desired | ReportRejected | KvEvents
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    c.TYPE: c for c in (Hello, Heartbeat, EngineUpdate, Bye, Welcome, Refused, Desired, ReportRejected)}
-FROM_AGENT = frozenset({Hello.TYPE, Heartbeat.TYPE, EngineUpdate.TYPE, Bye.TYPE})  # what a router accepts
+    c.TYPE: c for c in (Hello, Heartbeat, EngineUpdate, Bye, Welcome, Refused, Desired, ReportRejected, KvEvents)}
+FROM_AGENT = frozenset({Hello.TYPE, Heartbeat.TYPE, EngineUpdate.TYPE, Bye.TYPE,  # what a router accepts
+                        KvEvents.TYPE})
 FROM_ROUTER = frozenset({Welcome.TYPE, Refused.TYPE, Desired.TYPE, Heartbeat.TYPE,  # what an agent accepts
                          ReportRejected.TYPE})
 

@@ -21,6 +21,9 @@ MAX_SECRET = 1024  # a join token or node credential, in chars
 MAX_ID = 256  # agent and router ids
 MAX_FEATURES = 32
 MAX_REASON = 4096  # refusals, rejections, bye reasons: read by people, so cut rather than refused
+MAX_KV_BLOCKS = 8192  # block hashes (added + removed) in one kv_events message
+MAX_KV_HASH_BYTES = 64  # a block hash as bytes (vLLM's sha256 digests are 32)
+MAX_KV_MEDIUM = 32  # a storage medium's name ("GPU", "CPU" ...)
 
 
 class WireProtocolError(Exception):
@@ -193,3 +196,19 @@ def _facts(v: Any, path: str) -> NodeFacts:
                      gpus=_field(d, path, "gpus", _tuple_of(_gpu), ()),
                      hostname=_field(d, path, "hostname", _str, ""),
                      agent_version=_field(d, path, "agent_version", _str, ""))
+
+
+def _kv_block(v: Any, path: str) -> tuple[str | None, int | bytes]:
+    """One block of a kv_events message: ``[medium or None, hash]``; the hash an int (vLLM's
+    64-bit hashes) or bytes of at most MAX_KV_HASH_BYTES."""
+    if type(v) is not list or len(v) != 2:
+        raise WireProtocolError(f"{path}: expected a [medium, hash] pair, got {_short.repr(v)}")
+    medium, h = v
+    if medium is not None:
+        _bounded_str(MAX_KV_MEDIUM)(medium, f"{path}[0]")
+    if type(h) is bytes:
+        if len(h) > MAX_KV_HASH_BYTES:
+            raise WireProtocolError(f"{path}[1]: a hash of {len(h)} bytes, at most {MAX_KV_HASH_BYTES}")
+    elif type(h) is not int:
+        raise _expected("int or bytes", h, f"{path}[1]")
+    return medium, h

@@ -35,6 +35,7 @@ import trio
 from llmgw.config import AgentConfig
 from llmgw.daemon.agent.credential import load_credential, save_credential
 from llmgw.daemon.agent.engines import EngineSupervisor
+from llmgw.daemon.agent.kv_subscriber import FLUSH_S, KvSubscribers
 from llmgw.daemon.agent.router_tls import RouterTls
 from llmgw.daemon.net.message_stream import MessageStream, StreamClosed, open_client
 from llmgw.fleet.facts import NVIDIA_SMI_QUERY, parse_meminfo_mb, parse_nvidia_smi
@@ -42,6 +43,7 @@ from llmgw.fleet.lifecycle import RestartPolicy
 from llmgw.fleet.types import EngineReport, GpuInfo, NodeFacts
 from llmgw.fleet.wire import (
     AGENT_FEATURES,
+    FEATURE_KV_EVENTS,
     FROM_ROUTER,
     MAX_HELLO,
     SUPPORTED_VERSIONS,
@@ -124,9 +126,11 @@ class Agent:
         self._reported = trio.Event()
         self._outbox_send, self._outbox = trio.open_memory_channel[EngineReport](math.inf)
         self._rng = random.Random()
+        self.kv = KvSubscribers()  # engines' KV events → mirrors → kv_events up the stream
 
     def _on_report(self, report: EngineReport) -> None:
         self._reported.set()
+        self.kv.on_report(report)
         if self.connected:
             self._outbox_send.send_nowait(report)
         # while disconnected the next hello carries the whole state instead
@@ -146,6 +150,7 @@ class Agent:
                      ", ".join(e.replica for e in adopted))
         try:
             async with trio.open_nursery() as nursery:
+                await nursery.start(self.kv.run)
                 await nursery.start(sup.run)
                 if adopted:
                     await self._settle_adopted(sup)
@@ -259,6 +264,9 @@ class Agent:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(guarded, partial(self._sender, ms, hb))
                 nursery.start_soon(guarded, partial(self._receive, ms, hb, sup))
+                if msg.has(FEATURE_KV_EVENTS):  # an older router would close the stream on them
+                    self.kv.resend_all()
+                    nursery.start_soon(guarded, partial(self._kv_sender, ms))
         finally:
             self._ms = None
             self.connected = False
@@ -288,6 +296,13 @@ class Agent:
                 await ms.send(Bye(reason))
             except _SESSION_ERRORS:
                 pass
+
+    async def _kv_sender(self, ms: MessageStream) -> None:
+        """Every FLUSH_S, the engines' KV block changes (bounded per flush)."""
+        while True:
+            for m in self.kv.take():
+                await ms.send(m)
+            await trio.sleep(FLUSH_S)
 
     async def _sender(self, ms: MessageStream, hb: float) -> None:
         while True:

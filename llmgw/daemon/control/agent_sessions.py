@@ -40,14 +40,17 @@ from llmgw.fleet.nodes import Node
 from llmgw.fleet.report_url import parse_networks
 from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.fleet.wire import (
+    FEATURE_KV_EVENTS,
     FEATURE_REPORT_REJECTED,
     FROM_AGENT,
     PROTOCOL_VERSION,
+    ROUTER_FEATURES,
     Bye,
     Desired,
     EngineUpdate,
     Heartbeat,
     Hello,
+    KvEvents,
     Refused,
     ReportRejected,
     Welcome,
@@ -81,6 +84,10 @@ class SessionHost(Protocol):
 
     def agent_disconnected(self, n: Node, agent_id: str, reason: str) -> None: ...
 
+    def kv_events(self, node: str, msg: KvEvents) -> bool:
+        """KV block changes of one of `node`'s replicas: False (refused, counted) if not its own."""
+        ...
+
     def desired_for(self, node: str) -> list[EngineSpec]:
         """What `node` should run now."""
         ...
@@ -98,6 +105,7 @@ class _Conn:
     peer: str
     checker: ReportChecker
     notify_rejects: bool  # the agent understands report_rejected
+    kv_events: bool  # the agent listed the kv_events feature: it may send kv_events
     last_heard: float
     credential_hash: str = ""
     confirm_on_next: bool = False  # a credential issued in the welcome: the next message proves it kept
@@ -289,7 +297,8 @@ class AgentSessions:
                         "until then the join token alone admits this node name", node, peer)
         ms.max_frame = self.cfg.max_message_bytes  # an accepted hello lifts the outsider's cap
         conn = _Conn(node, hello.agent_id, ms, peer, ReportChecker(peer_address(host), self.networks),
-                     notify_rejects=hello.has(FEATURE_REPORT_REJECTED), last_heard=trio.current_time(),
+                     notify_rejects=hello.has(FEATURE_REPORT_REJECTED), kv_events=hello.has(FEATURE_KV_EVENTS),
+                     last_heard=trio.current_time(),
                      credential_hash=verdict.presented_hash, confirm_on_next=adm.issue)
         self.conns[node] = conn
         return conn, verdict.secret
@@ -323,7 +332,7 @@ class AgentSessions:
         try:
             with conn.scope:
                 await ms.send(Welcome(node=node, router_id=self.host.router_id, version=PROTOCOL_VERSION,
-                                      heartbeat_s=hb, credential=secret))
+                                      heartbeat_s=hb, credential=secret, features=ROUTER_FEATURES))
                 engines = tuple([await self._checked(conn, r) for r in hello.engines])
                 n = self.host.agent_joined(replace(hello, engines=engines), conn.peer)
                 self._node_rev[node] = self._node_rev.get(node, 0) + 1
@@ -371,6 +380,12 @@ class AgentSessions:
             self.host.agent_heard(conn.node, conn.agent_id)
             if isinstance(msg, EngineUpdate):
                 self.host.engine_reported(conn.node, await self._checked(conn, msg.report))
+            elif isinstance(msg, KvEvents):
+                if not conn.kv_events:
+                    raise WireProtocolError("kv_events from an agent that did not list the kv_events feature")
+                if not self.host.kv_events(conn.node, msg):
+                    self._throttled.warning(f"kv:{conn.node}", "node %s (from %s): refused kv_events for replica "
+                                            "%r: not one this node runs", conn.node, conn.peer, msg.replica)
             elif isinstance(msg, Bye):
                 self.host.agent_left(conn.node)
                 return f"agent left: {msg.reason}"

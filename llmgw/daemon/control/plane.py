@@ -46,11 +46,12 @@ from llmgw.daemon.control.store_guard import StoreGuard
 from llmgw.daemon.control.store_state import read_state, write_state
 from llmgw.daemon.control.unknown_engines import KEPT_STATES, MAX_PER_NODE, UnknownEngines, adopted_model
 from llmgw.daemon.router.control_port import RouterPort
+from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts
-from llmgw.fleet.wire import Hello
+from llmgw.fleet.wire import Hello, KvEvents
 
 if TYPE_CHECKING:
     from llmgw.daemon.net.upstream import UpstreamPool
@@ -101,6 +102,7 @@ class ControlPlane:
         self.deploys: dict[str, ModelDeploy] = {}
         self.assignments: dict[str, Assignment] = {}
         self.unplaceable: dict[str, str] = {}
+        self.kv_index = RouterKvIndex()  # tier 2: what each replica's engine holds, fed by kv_events
         self.agents = AgentSessions(self, c, token)
         self._wake = trio.Event()
         self._partition_logged = False
@@ -216,7 +218,22 @@ class ControlPlane:
             self._on_report(node, None, a)
         self.unknown.node_gone(node)
 
+    def kv_events(self, node: str, msg: KvEvents) -> bool:
+        """An agent's kv_events: applied only for a replica assigned to `node` (an agent never
+        writes another node's replicas); refused and counted otherwise (False)."""
+        a = self.assignments.get(msg.replica)
+        if a is None or a.node != node:
+            self.kv_index.refuse("unknown_replica" if a is None else "other_node")
+            return False
+        self.kv_index.apply(msg)
+        return True
+
     def agent_disconnected(self, n: Node, agent_id: str, reason: str) -> None:
+        # Its engines' events stop with the stream: their index is dropped (the agent's next
+        # session starts with a full copy) rather than kept and silently aging.
+        for a in self.assignments.values():
+            if a.node == n.name:
+                self.kv_index.remove(a.replica)
         self._transitions(self.nodes.disconnected(n.name, agent_id, reason, trio.current_time()))
         if n.state != "ready":
             log.info("node %s disconnected: %s", n.name, reason)
@@ -318,6 +335,7 @@ class ControlPlane:
                     and self.nodes.nodes[a.node].state != "lost")
         if not routable:
             self.router.withdraw_replica(a.replica)
+            self.kv_index.remove(a.replica)
             return
         if a.desired == "run":
             d = m.deploy or DeployConfig()  # type: ignore[union-attr]
@@ -328,6 +346,7 @@ class ControlPlane:
 
     def _forget(self, a: Assignment, why: str) -> None:
         self.assignments.pop(a.replica, None)
+        self.kv_index.remove(a.replica)
         self.urls.pop(a.replica, None)
         self.unknown.removed(a.replica)
         self.router.withdraw_replica(a.replica)
