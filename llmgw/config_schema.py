@@ -162,6 +162,7 @@ class ScorerWeights:
     weight: float = opt(0.0, check=in_range(0))
     session: float = opt(0.0, check=in_range(0))
     prefix: float = opt(0.0, check=in_range(0))
+    kv_cache: float = opt(0.0, check=in_range(0))
 
 
 @dataclass(frozen=True, kw_only=True)

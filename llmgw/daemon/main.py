@@ -295,6 +295,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
             if adopt:
                 log.warning("--adopt: engines that agents run and the store does not know are adopted as replicas")
             router.metrics.registry.register(StoreMetrics(control.guard))
+            router.set_kv_index(control.kv_index)
             async with trio.open_nursery() as inner:
                 inner.start_soon(router.registry.scrape_loop, pool)
                 inner.start_soon(control.guard.run)

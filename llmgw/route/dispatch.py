@@ -43,6 +43,7 @@ from .cache_stats import CacheStats
 from .counters import RouterCounters
 from .filters import is_saturated
 from .openai_req import ApiError, parse_body
+from .kv_scorer import KvCacheScorer
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
 from .prefix_capacity import Capacity, PrefixConfig
 from .replicas import ModelEntry, Replica, ReplicaTable
@@ -84,6 +85,7 @@ class Plan:
     # replica answered 5xx (the next 5xx is the engine's word, relayed) or on the last attempt.
     retry_5xx: bool = True
     counted: bool = False  # its one llmgw_requests_total increment is done (RouterCore._done)
+    body: dict[str, Any] | None = None  # the parsed request (the shell's tier-2 tokenize step reads it)
 
     @property
     def model(self) -> str:
@@ -102,8 +104,10 @@ class RouterCore:
             PrefixConfig(budget_bytes=int(pc.budget_mb * (1 << 20))),
             PrefixScorerConfig(guard=pc.guard, abs_gap=pc.abs_gap, rel_gap=pc.rel_gap,
                                spill_factor=pc.spill_factor, spill_slack=pc.spill_slack))
+        # tier 2: its index lookup is set by the shell once the control plane's index exists
+        self.kv_cache = KvCacheScorer()
         self.sched = Scheduler(SchedulerConfig(kv_ceiling=rc.kv_ceiling, saturation_load=rc.saturation_load),
-                               scorers=self.prefix.scorers())
+                               scorers={**self.prefix.scorers(), "kv_cache": self.kv_cache})
         self.cache_stats = cache_stats
         self.counters = RouterCounters(wall)
         self.rng = rng
@@ -135,7 +139,7 @@ class RouterCore:
                            prompt_tokens_estimate=b.prompt_chars // 4, strategy=strat.name,
                            head=request_head(b.obj, kind) if kind != "embeddings" else b"",
                            cache_salt=salt if isinstance(salt, str) else None)
-        return Plan(info, entry, strat, b.stream, now)
+        return Plan(info, entry, strat, b.stream, now, body=b.obj)
 
     def strategy(self, entry: ModelEntry, asked: str | None) -> Strategy:
         name = asked or entry.strategy

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 __all__ = ["SCORER_NAMES", "PICKER_NAMES", "PRESET_NAMES", "DEFAULT_PICKER"]
 
-SCORER_NAMES = ("load", "queue", "kv", "inflight", "weight", "session", "prefix")
+SCORER_NAMES = ("load", "queue", "kv", "inflight", "weight", "session", "prefix", "kv_cache")
 PICKER_NAMES = ("max-score", "power-of-two", "softmax", "round-robin")
 PRESET_NAMES = ("chat", "batch", "long-context", "load-balance")
 

@@ -269,8 +269,15 @@ def score_no_prefix(ctx: ScoreContext) -> Scores:
     return Scores.constant(0.0)
 
 
+def score_no_kv_cache(ctx: ScoreContext) -> Scores:
+    """The ``kv_cache`` scorer where no tier-2 index is wired in: every candidate scores 0. The
+    router registers the real one (:class:`~.kv_scorer.KvCacheScorer`) under this name."""
+    return Scores.constant(0.0)
+
+
 SCORERS: dict[str, Scorer] = {
     "prefix": score_no_prefix,
+    "kv_cache": score_no_kv_cache,
     "load": score_load,
     "queue": score_queue,
     "kv": score_kv,

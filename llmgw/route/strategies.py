@@ -68,7 +68,9 @@ PRESETS: dict[str, Strategy] = {
         # skips the head's prefill), balanced by load and queue — the prefix guard withdraws the
         # affinity of a replica that is too busy — and never into a full KV cache (the kv veto).
         # docs/prefix-routing.md has the figures.
-        Strategy(_CHAT, {"prefix": 0.55, "load": 0.20, "queue": 0.15, "kv": 0.10}),
+        # Tier 2 (kv_cache, models with kv_events only) outweighs tier 1 where both vote: it
+        # knows what the engine holds; without hashes it scores 0 everywhere, changing nothing.
+        Strategy(_CHAT, {"prefix": 0.55, "kv_cache": 0.60, "load": 0.20, "queue": 0.15, "kv": 0.10}),
         # Throughput: fill KV and drain queues evenly; power-of-two spreads without herding;
         # still a vote for where the prompt is cached.
         Strategy(_BATCH, {"kv": 0.35, "queue": 0.30, "load": 0.10, "weight": 0.05, "prefix": 0.20},

@@ -79,6 +79,11 @@ class RequestInfo:
     # partitions a tenant's cache (vLLM mixes it into the first block's hash).
     head: bytes = b""
     cache_salt: str | None = None
+    # Tier 2 (models with kv_events): the prompt's full-block hashes as the engine's KV events
+    # name them (64-bit ints), from the shell's /tokenize step; None = not computed. kv_note says
+    # why not, when it was tried and failed (it goes into the decision's note).
+    kv_hashes: tuple[int, ...] | None = None
+    kv_note: str = ""
 
 
 @dataclass(slots=True)

@@ -38,8 +38,10 @@ from llmgw.daemon.net.upstream import (
     UpstreamResponse,
     UpstreamTimeout,
 )
+from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.daemon.router.metrics import RouterMetrics
 from llmgw.daemon.router.registry import Registry, Replica
+from llmgw.daemon.router.tokenize import Tier2Tokenizer
 from llmgw.http1.sinks import BodyAborted, BodySink
 from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
@@ -103,6 +105,7 @@ class Router:
         self._wakers: dict[Ticket, trio.Event] = {}
         self.http_stats = ServerStats()  # the OpenAI endpoint's connections (see server_options)
         self.metrics = RouterMetrics(self.core.counters, self.core, registry=self.registry, http=self.http_stats)
+        self.tier2 = Tier2Tokenizer(cfg, pool)  # tier 2's tokenize step, for kv_events models only
         self.api_keys = set(cfg.server.api_keys)
         self.rid_header = cfg.server.request_id_header.lower()
 
@@ -110,6 +113,10 @@ class Router:
     def decisions(self) -> deque[Decision]:
         """The ring of recent decisions, each with its whole rationale."""
         return self.core.decisions
+
+    def set_kv_index(self, kv: RouterKvIndex) -> None:
+        """Tier 2 votes with the control plane's index of what each engine holds."""
+        self.core.kv_cache.lookup = kv.index.leading_blocks
 
     @property
     def prefix(self) -> PrefixRouting:
@@ -240,6 +247,8 @@ class Router:
         plan = core.plan(kind, req.body, rid, strategy=req.header(STRATEGY_HEADER),
                          session=req.header("x-session-id"), now=trio.current_time())
         headers = [("content-type", "application/json"), ("x-request-id", rid)]
+        if self.tier2.wants(plan):
+            await self.tier2.annotate(plan)
         try:
             while True:
                 step = core.next(plan, trio.current_time(), time.time())  # raises the final ApiError

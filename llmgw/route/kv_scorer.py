@@ -1,0 +1,60 @@
+"""Tier 2 of cache-aware routing: the ``kv_cache`` scorer votes by the share of a request's
+leading KV blocks each candidate's engine really holds, as its KV events say.
+
+The router's shell tokenizes the request through an engine's ``/tokenize`` and hashes the full
+blocks with vLLM's scheme (``RequestInfo.kv_hashes``, the events' 64-bit int form); this scorer
+asks the index (a callable handed in at construction: the pure core never sees the daemon's
+object) how many of those hashes each replica holds contiguously from the first, and scores a
+candidate ``held / len(hashes)``. No hashes (a model without kv_events, or tokenization failed)
+or no index: every candidate scores 0 and tier 1 (``prefix``) decides alone. Either way the
+decision's note says which tier decided and why (``observe``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .scorers import ScoreContext, Scores
+from .types import RequestInfo
+
+__all__ = ["KvCacheScorer", "LeadingBlocks"]
+
+# hashes -> {replica id: leading blocks held}
+LeadingBlocks = Callable[[Sequence[int]], Mapping[Any, int]]
+
+
+class KvCacheScorer:
+    """Stateless apart from ``lookup`` (set once the index exists; None = no index)."""
+
+    def __init__(self, lookup: LeadingBlocks | None = None) -> None:
+        self.lookup = lookup
+
+    def __call__(self, ctx: ScoreContext) -> Scores:
+        req = ctx.req
+        hashes = req.kv_hashes
+        if hashes is None or self.lookup is None or not hashes:
+            if hashes is not None or req.kv_note:
+                why = req.kv_note or ("no tier-2 index" if self.lookup is None else "no full block")
+                ctx.keep(self, f"tier 2 unavailable: {why}; tier 1 decides")
+            return Scores.constant(0.0)
+        held = self.lookup(hashes)
+        total = len(hashes)
+        vals: dict[int, float] = {}
+        best, best_id = 0, ""
+        for i, e in enumerate(ctx.endpoints):
+            n = held.get(e.id, 0)
+            if n > 0:
+                vals[i] = min(n, total) / total
+                if n > best:
+                    best, best_id = n, e.id
+        if not vals:
+            ctx.keep(self, f"tier 2: no candidate holds the first of {total} blocks; tier 1 decides")
+            return Scores.constant(0.0)
+        ctx.keep(self, f"tier 2: {min(best, total)}/{total} blocks on {best_id}")
+        return Scores(vals)
+
+    def observe(self, decision: Any, req: RequestInfo, kept: Any, now: float) -> None:
+        if kept:
+            decision.note = f"{decision.note}; {kept}" if decision.note else kept
+
