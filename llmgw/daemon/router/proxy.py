@@ -41,7 +41,7 @@ from llmgw.daemon.net.upstream import (
 from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.daemon.router.metrics import RouterMetrics
 from llmgw.daemon.router.registry import Registry, Replica
-from llmgw.daemon.router.tokenize import Tier2Tokenizer
+from llmgw.daemon.router.tokenize import Tier2Metrics, Tier2Tokenizer
 from llmgw.http1.sinks import BodyAborted, BodySink
 from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
@@ -106,6 +106,7 @@ class Router:
         self.http_stats = ServerStats()  # the OpenAI endpoint's connections (see server_options)
         self.metrics = RouterMetrics(self.core.counters, self.core, registry=self.registry, http=self.http_stats)
         self.tier2 = Tier2Tokenizer(cfg, pool)  # tier 2's tokenize step, for kv_events models only
+        self.metrics.registry.register(Tier2Metrics(self.tier2))
         self.api_keys = set(cfg.server.api_keys)
         self.rid_header = cfg.server.request_id_header.lower()
 

@@ -19,9 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 import trio
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from llmgw.config import Config
 from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool
@@ -29,10 +33,12 @@ from llmgw.fleet.engine_cmd import KV_HASH_ALGO, KV_HASH_SEED
 from llmgw.kv.hashing import HashContext, event_hash
 from llmgw.route.dispatch import Plan
 
-__all__ = ["Tier2Tokenizer", "OUTCOMES", "TIMEOUT_S"]
+__all__ = ["Tier2Tokenizer", "Tier2Metrics", "OUTCOMES", "TIMEOUT_S"]
 
 TIMEOUT_S = 0.5  # a /tokenize slower than this is not worth waiting for: tier 1 decides
-CACHE_ENTRIES = 1024  # hashes kept for repeated prompts
+CACHE_ENTRIES = 1024  # prompts whose hashes are kept for a repeat
+CACHE_HASHES = 1 << 18  # ... and at most this many hashes in all (~12 MB)
+MAX_BLOCKS = 4096  # the leading blocks hashed (64k tokens at 16): the share is of these
 MAX_TOKENS = 1 << 20  # an answer with more tokens than this is garbage
 MAX_ANSWER_BYTES = 16 << 20
 DEFAULT_BLOCK_SIZE = 16
@@ -61,6 +67,7 @@ class Tier2Tokenizer:
                       if m.deploy is not None and m.deploy.kv_events}
         self.cache: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
         self.cache_entries = cache_entries
+        self.cached_hashes = 0
         self.contexts: dict[tuple[int, str], HashContext] = {}
         self.outcomes: Counter[str] = Counter({o: 0 for o in OUTCOMES})
 
@@ -112,15 +119,17 @@ class Tier2Tokenizer:
             if not (isinstance(tokens, list) and len(tokens) <= MAX_TOKENS
                     and all(type(t) is int and 0 <= t < 1 << 32 for t in tokens)):
                 raise ValueError
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return self._fail(plan, "garbage", f"tokenize on {rep.id} answered garbage")
         ctx = self._context(bs, self.seeds[plan.entry.name])
-        hashes = tuple(event_hash(d) for d in ctx.hash_tokens(tokens, None, info.cache_salt))
+        head = tokens[:MAX_BLOCKS * bs]
+        hashes: tuple[int, ...] = tuple(event_hash(d) for d in ctx.hash_tokens(head, None, info.cache_salt))  # type: ignore[misc]
         self.outcomes["ok"] += 1
-        info.kv_hashes = hashes  # type: ignore[assignment]
-        self.cache[key] = hashes  # type: ignore[assignment]
-        if len(self.cache) > self.cache_entries:
-            self.cache.popitem(last=False)
+        info.kv_hashes = hashes
+        self.cache[key] = hashes
+        self.cached_hashes += len(hashes)
+        while len(self.cache) > self.cache_entries or self.cached_hashes > CACHE_HASHES:
+            self.cached_hashes -= len(self.cache.popitem(last=False)[1])
         return None
 
     def _context(self, block_size: int, seed: str) -> HashContext:
@@ -129,3 +138,20 @@ class Tier2Tokenizer:
             ctx = self.contexts[(block_size, seed)] = HashContext.create(VLLM_VERSION, KV_HASH_ALGO,
                                                                          block_size, seed)
         return ctx
+
+
+class Tier2Metrics(Collector):
+    """llmgw_kv_tokenize_total{outcome} and llmgw_kv_tokenize_cache_entries."""
+
+    def __init__(self, t: Tier2Tokenizer) -> None:
+        self.t = t
+
+    def collect(self) -> Iterable[Metric]:
+        c = CounterMetricFamily("llmgw_kv_tokenize", "Tier 2's tokenize step per request of a kv_events model, "
+                                "by outcome (ok, cached; else tier 1 decided).", labels=["outcome"])
+        for o in OUTCOMES:
+            c.add_metric([o], float(self.t.outcomes[o]))
+        yield c
+        g = GaugeMetricFamily("llmgw_kv_tokenize_cache_entries", "Prompts whose block hashes tier 2 keeps.")
+        g.add_metric([], float(len(self.t.cache)))
+        yield g
