@@ -444,7 +444,8 @@ def test_presets_are_normalised_and_valid():
     # cache-aware by default: the default preset's largest weight is the prefix vote, and its kv
     # term keeps the KV ceiling's veto; only load-balance has no affinity at all
     chat = PRESETS["chat"].weights
-    assert chat["prefix"] == max(chat.values()) and "kv" in chat
+    tier1 = {k: v for k, v in chat.items() if k != "kv_cache"}  # kv_cache: tier 2, 0 without KV events
+    assert chat["prefix"] == max(tier1.values()) and "kv" in chat and chat["kv_cache"] > chat["prefix"]
     assert all("prefix" in PRESETS[p].weights for p in ("chat", "batch", "long-context"))
     assert not {"prefix", "session"} & set(PRESETS["load-balance"].weights)
     lc = PRESETS["long-context"].weights

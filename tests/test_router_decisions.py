@@ -39,7 +39,7 @@ def test_decision_ring_is_bounded_and_explains_each_pick() -> None:
         assert last["chosen"] == "m/1" and last["strategy"] == "chat" and last["picker"] == "max-score"
         scores = {c["endpoint"]: c["scores"] for c in last["candidates"]}
         assert scores["m/1"]["load"] > scores["m/0"]["load"]
-        assert set(last["weights"]) == {"prefix", "load", "queue", "kv"}  # cache-aware by default
+        assert set(last["weights"]) == {"prefix", "kv_cache", "load", "queue", "kv"}  # cache-aware by default
         assert "prefix hit" in last["note"]  # the same prompt each time: m/1 holds it
         assert last["decide_us"] > 0
 
