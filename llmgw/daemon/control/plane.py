@@ -39,6 +39,8 @@ from llmgw.config import (
     model_to_dict,
 )
 from llmgw.daemon.control.agent_sessions import AgentSessions
+from llmgw.daemon.control.model_deploy import ModelError, deploy_of
+from llmgw.daemon.control.plane_actions import OperatorActions
 from llmgw.daemon.control.plane_views import model_views, node_views, replica_views
 from llmgw.daemon.control.restore import restore_routing
 from llmgw.daemon.control.store import AssignmentRow, Store
@@ -50,7 +52,7 @@ from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
-from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts
+from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.fleet.wire import Hello, KvEvents
 
 if TYPE_CHECKING:
@@ -61,24 +63,7 @@ log = logging.getLogger("llmgw.control")
 __all__ = ["ControlPlane", "ModelError", "deploy_of"]
 
 
-class ModelError(Exception):
-    """An operator's model change that cannot be made (the message says why)."""
-
-
-def deploy_of(m: ModelConfig) -> ModelDeploy | None:
-    d = m.deploy
-    if d is None:
-        return None
-    path = d.model_path or (f"{m.name}.gguf" if d.simulate and m.engine == "llamacpp" else m.name)
-    template = EngineSpec(replica="", model=m.name, engine=m.engine, model_path=path, simulate=d.simulate,
-                          binary=d.binary, args=d.args,
-                          env=tuple(tuple(kv.split("=", 1)) for kv in d.env),  # type: ignore[misc]
-                          health_timeout_s=d.health_timeout_s, kv_events=d.kv_events)
-    demand = Demand(d.gpus, d.gpu_memory_mb, d.memory_mb, tuple(sorted(d.node_selector.items())))
-    return ModelDeploy(m.name, d.count, demand, template)
-
-
-class ControlPlane:
+class ControlPlane(OperatorActions):
     def __init__(self, cfg: Config, store: Store, router: RouterPort, *, token: str | None,
                  settle_s: float | None = None, adopt: bool = False, fresh_store: bool = False) -> None:
         """`adopt`: engines the store does not know are adopted (`llmgw daemon --adopt`);
@@ -459,72 +444,6 @@ class ControlPlane:
         spec["demand"] = a.demand.to_wire()
         return AssignmentRow(replica=a.replica, model=a.model, node=a.node, spec=spec, desired=a.desired,
                              created_at=a.created_at, updated_at=time.time(), url=self.urls.get(a.replica))
-
-    # -- operator actions (the admin API calls these) -------------------------------------------
-    def put_model(self, data: Any, *, source: str = "api") -> ModelConfig:
-        """Create or replace a model from plain data; raises ConfigError naming bad fields."""
-        m = model_from_dict(data, "model", pools=self.cfg.pools)
-        if self.sources.get(m.name) == "config" and source != "config":
-            raise ModelError(f"model {m.name} is defined in the config file; change it there")
-        self._save_model(m, source)
-        return m
-
-    def scale(self, name: str, count: int) -> ModelConfig:
-        """Set a model's replica count. For a model the config file defines this is an operator
-        override that lasts until the next start (the file is authoritative then)."""
-        m = self.models.get(name)
-        if m is None:
-            raise KeyError(name)
-        if m.deploy is None:
-            raise ModelError(f"model {name} has no [models.deploy] profile: its replicas are static")
-        scaled = replace(m, deploy=replace(m.deploy, count=count))
-        self._save_model(scaled, self.sources.get(name, "api"))
-        return scaled
-
-    def _save_model(self, m: ModelConfig, source: str) -> None:
-        # Written first: a store that cannot write raises StoreUnavailable and nothing changes.
-        self.guard.must_write("put_model", m.name, {"source": source, "model": model_to_dict(m)})
-        self.guard.record("model saved", model=m.name, detail=source)
-        self._set_model(m, source)
-        self._wake.set()
-
-    def delete_model(self, name: str) -> None:
-        if name not in self.models:
-            raise KeyError(name)
-        if self.sources.get(name) == "config":
-            raise ModelError(f"model {name} is defined in the config file; remove it there")
-        self.guard.must_write("delete_model", name)
-        self.guard.record("model deleted", model=name)
-        del self.models[name]
-        self.sources.pop(name, None)
-        self.deploys.pop(name, None)
-        self._wake.set()
-
-    def restart_replica(self, rid: str) -> None:
-        """Restart an engine (also how an operator clears a crash loop)."""
-        a = self.assignments[rid]
-        a.spec = replace(a.spec, generation=a.spec.generation + 1)
-        # An action, not configuration: done even while the store cannot write (written back after).
-        self.guard.write("put_assignment", self._row(a))
-        self.guard.record("replica restart requested", replica=rid, model=a.model, node=a.node)
-        self.agents.push(a.node)
-
-    def set_labels(self, node: str, labels: dict[str, str]) -> None:
-        self.guard.must_write("set_node_labels", node, labels)  # first: nothing changes if it cannot
-        n = self.nodes.nodes.get(node)
-        merged = {**(n.operator_labels if n else {}), **labels}
-        if n is None:
-            self.nodes.remember(node, agent_labels={}, operator_labels=merged, facts=NodeFacts(),
-                                now=trio.current_time())
-        self.nodes.set_operator_labels(node, merged)
-        self._wake.set()
-
-    def remove_labels(self, node: str, keys: list[str]) -> None:
-        self.guard.must_write("remove_node_labels", node, keys)
-        n = self.nodes.nodes.get(node)
-        if n is not None:
-            self.nodes.set_operator_labels(node, {k: v for k, v in n.operator_labels.items() if k not in set(keys)})
-        self._wake.set()
 
     # -- views (plane_views.py) -------------------------------------------------------------------
     def node_views(self) -> list[NodeView]:

@@ -1,0 +1,28 @@
+"""A model's deploy profile as the reconciler sees it (the engine spec template and what one
+replica demands of a node), and the error an operator's model change raises."""
+
+from __future__ import annotations
+
+from llmgw.config import ModelConfig
+from llmgw.fleet.placement import Demand
+from llmgw.fleet.reconcile import ModelDeploy
+from llmgw.fleet.types import EngineSpec
+
+__all__ = ["ModelError", "deploy_of"]
+
+
+class ModelError(Exception):
+    """An operator's model change that cannot be made (the message says why)."""
+
+
+def deploy_of(m: ModelConfig) -> ModelDeploy | None:
+    d = m.deploy
+    if d is None:
+        return None
+    path = d.model_path or (f"{m.name}.gguf" if d.simulate and m.engine == "llamacpp" else m.name)
+    template = EngineSpec(replica="", model=m.name, engine=m.engine, model_path=path, simulate=d.simulate,
+                          binary=d.binary, args=d.args,
+                          env=tuple(tuple(kv.split("=", 1)) for kv in d.env),  # type: ignore[misc]
+                          health_timeout_s=d.health_timeout_s, kv_events=d.kv_events)
+    demand = Demand(d.gpus, d.gpu_memory_mb, d.memory_mb, tuple(sorted(d.node_selector.items())))
+    return ModelDeploy(m.name, d.count, demand, template)

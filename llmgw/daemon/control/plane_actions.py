@@ -1,0 +1,102 @@
+"""What an operator asks of the control plane through the admin API: define, scale and delete
+models, restart a replica, label nodes. Changes that must persist are written to the store first
+(``StoreGuard.must_write``: a store that cannot write refuses them and nothing changes); a restart
+is an action, done even then and written back later. A mixin of :class:`.plane.ControlPlane`,
+whose state it works on."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import trio
+
+from llmgw.config import ModelConfig, model_from_dict, model_to_dict
+from llmgw.daemon.control.model_deploy import ModelError
+from llmgw.fleet.types import NodeFacts
+
+__all__ = ["OperatorActions"]
+
+
+class OperatorActions:
+    # The ControlPlane's state these work on (set in its __init__).
+    cfg: Any
+    models: dict[str, ModelConfig]
+    sources: dict[str, str]
+    deploys: dict[str, Any]
+    assignments: dict[str, Any]
+    guard: Any
+    nodes: Any
+    agents: Any
+    _wake: trio.Event
+
+    def _set_model(self, m: ModelConfig, source: str) -> None:
+        raise NotImplementedError
+
+    def _row(self, a: Any) -> Any:
+        raise NotImplementedError
+
+    def put_model(self, data: Any, *, source: str = "api") -> ModelConfig:
+        """Create or replace a model from plain data; raises ConfigError naming bad fields."""
+        m = model_from_dict(data, "model", pools=self.cfg.pools)
+        if self.sources.get(m.name) == "config" and source != "config":
+            raise ModelError(f"model {m.name} is defined in the config file; change it there")
+        self._save_model(m, source)
+        return m
+
+    def scale(self, name: str, count: int) -> ModelConfig:
+        """Set a model's replica count. For a model the config file defines this is an operator
+        override that lasts until the next start (the file is authoritative then)."""
+        m = self.models.get(name)
+        if m is None:
+            raise KeyError(name)
+        if m.deploy is None:
+            raise ModelError(f"model {name} has no [models.deploy] profile: its replicas are static")
+        scaled = replace(m, deploy=replace(m.deploy, count=count))
+        self._save_model(scaled, self.sources.get(name, "api"))
+        return scaled
+
+    def _save_model(self, m: ModelConfig, source: str) -> None:
+        # Written first: a store that cannot write raises StoreUnavailable and nothing changes.
+        self.guard.must_write("put_model", m.name, {"source": source, "model": model_to_dict(m)})
+        self.guard.record("model saved", model=m.name, detail=source)
+        self._set_model(m, source)
+        self._wake.set()
+
+    def delete_model(self, name: str) -> None:
+        if name not in self.models:
+            raise KeyError(name)
+        if self.sources.get(name) == "config":
+            raise ModelError(f"model {name} is defined in the config file; remove it there")
+        self.guard.must_write("delete_model", name)
+        self.guard.record("model deleted", model=name)
+        del self.models[name]
+        self.sources.pop(name, None)
+        self.deploys.pop(name, None)
+        self._wake.set()
+
+    def restart_replica(self, rid: str) -> None:
+        """Restart an engine (also how an operator clears a crash loop)."""
+        a = self.assignments[rid]
+        a.spec = replace(a.spec, generation=a.spec.generation + 1)
+        # An action, not configuration: done even while the store cannot write (written back after).
+        self.guard.write("put_assignment", self._row(a))
+        self.guard.record("replica restart requested", replica=rid, model=a.model, node=a.node)
+        self.agents.push(a.node)
+
+    def set_labels(self, node: str, labels: dict[str, str]) -> None:
+        self.guard.must_write("set_node_labels", node, labels)  # first: nothing changes if it cannot
+        n = self.nodes.nodes.get(node)
+        merged = {**(n.operator_labels if n else {}), **labels}
+        if n is None:
+            self.nodes.remember(node, agent_labels={}, operator_labels=merged, facts=NodeFacts(),
+                                now=trio.current_time())
+        self.nodes.set_operator_labels(node, merged)
+        self._wake.set()
+
+    def remove_labels(self, node: str, keys: list[str]) -> None:
+        self.guard.must_write("remove_node_labels", node, keys)
+        n = self.nodes.nodes.get(node)
+        if n is not None:
+            self.nodes.set_operator_labels(node, {k: v for k, v in n.operator_labels.items() if k not in set(keys)})
+        self._wake.set()
