@@ -212,6 +212,16 @@ class DeployConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AdapterConfig:
+    """[[models.adapters]]: one LoRA adapter of a model, asked for by its own OpenAI model name."""
+    name: str = opt(check=nonempty)  # what clients put in "model"
+    source: str = opt(check=nonempty)  # a path on the engine's node, or a repository id
+    base_model: str | None = opt(None, check=nonempty)  # when set: the adapter must be for this base
+    static: bool = opt(False)  # vLLM: loaded at start (--lora-modules), never unloaded
+    scale: float = opt(1.0, check=in_range(0.0))  # llama.cpp: the scale a request for it applies
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     name: str = opt(check=nonempty)
     engine: str = opt(check=one_of(*ENGINES))
@@ -220,6 +230,9 @@ class ModelConfig:
     metrics: MetricNames = opt(factory=MetricNames)
     replicas: tuple[ReplicaConfig, ...] = opt(())  # static endpoints
     deploy: DeployConfig | None = opt(None)  # replicas placed on agents
+    adapters: tuple[AdapterConfig, ...] = opt((), unique="name")  # LoRA adapters of this model
+    max_loaded_adapters: int = opt(4, check=in_range(1, 1024))  # per replica (vLLM: loaded on demand)
+    max_lora_rank: int = opt(16, check=in_range(1, 1024))  # vLLM --max-lora-rank
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -311,3 +324,18 @@ def _kv_events_engine(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
     for i, m in enumerate(cfg.models):
         if m.deploy is not None and m.deploy.kv_events and m.engine != "vllm":
             yield ("models", i, "deploy", "kv_events"), f"needs engine = \"vllm\" ({m.engine} publishes no KV events)"
+
+
+@_cross_check("models")
+def _adapter_names(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    """An adapter's name is a model name clients use: it may not shadow a model or another model's adapter."""
+    owner: dict[str, str] = {m.name: m.name for m in cfg.models}
+    for i, m in enumerate(cfg.models):
+        for j, a in enumerate(m.adapters):
+            if a.name in owner:
+                other = owner[a.name]
+                what = "a model" if other == a.name else f"an adapter of model {other!r}"
+                yield ("models", i, "adapters", j, "name"), f"{a.name!r} is already {what}"
+            else:
+                owner[a.name] = m.name
+
