@@ -343,6 +343,36 @@ async def test_full_queue_drops_with_count_and_leaves_a_gap(ctx, ipc):
     dealer.close(0)
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("lost", [False, True])
+async def test_dropped_batches_leave_a_gap_and_stay_replayable_unless_lost(ctx, ipc, lost):
+    """--sim-kv-drop-every / --sim-kv-drop-seqs: the batch never reaches the SUB; without
+    --sim-kv-drop-lost a replay still has it, with it the replay buffer has the gap too."""
+    pub = KVEventPublisher(ipc("pub"), replay_endpoint=ipc("rep"), context=ctx, drop_every=4,
+                           drop_seqs=frozenset({5}), drop_lost=lost)
+    sub = sub_socket(ctx, pub.endpoint)
+    dealer = dealer_socket(ctx, pub.replay_endpoint)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pub.run)
+        await join_sub(pub, sub)  # probes, some of them dropped on purpose too
+        start, end = pub.next_seq, pub.next_seq + 12
+        for i in range(start, end):
+            pub.publish(b"m%d" % i)
+        dropped = {s for s in range(end) if s == 5 or s % 4 == 3}
+        seen = []
+        with trio.fail_after(TIMEOUT):
+            while not seen or seen[-1] < max(set(range(end)) - dropped):
+                seen.append(int.from_bytes((await sub.recv_multipart())[1], "big"))
+        assert [s for s in seen if s >= start] == [s for s in range(start, end) if s not in dropped]
+        assert pub.skipped == len(dropped)
+        msgs = await replay(dealer, 0)
+        replayed = [int.from_bytes(m[2], "big") for m in msgs[:-1]]
+        assert replayed == [s for s in range(end) if not (lost and s in dropped)]
+        nursery.cancel_scope.cancel()
+    sub.close(0)
+    dealer.close(0)
+
+
 # -- lifecycle ------------------------------------------------------------------------------------
 
 

@@ -143,7 +143,31 @@ def build_vllm_parser(prog: str = "llmgw sim --engine vllm") -> argparse.Argumen
         compat.add_argument(flag, dest="_ignored_" + flag.lstrip("-").replace("-", "_"), action="store_true",
                             help="ignored")
     add_sim_flags(p)
+    add_sim_kv_drop_flags(p)
     return p
+
+
+def _seq_list(text: str) -> frozenset[int]:
+    try:
+        seqs = frozenset(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated sequence numbers, got {text!r}") from None
+    if any(s < 0 for s in seqs):
+        raise argparse.ArgumentTypeError(f"sequence numbers are >= 0, got {text!r}")
+    return seqs
+
+
+def add_sim_kv_drop_flags(p: argparse.ArgumentParser) -> None:
+    """Faults of the KV-event stream on demand, so tests can make the sequence gaps a subscriber
+    must handle (docs/simulator.md)."""
+    g = p.add_argument_group("simulated KV-event faults (llmgw sim --engine vllm only)")
+    g.add_argument("--sim-kv-drop-every", type=_positive_int, default=None, metavar="N",
+                   help="do not send every Nth KV event batch (seq N-1, 2N-1, ...) on the PUB socket; it stays "
+                        "in the replay buffer unless --sim-kv-drop-lost")
+    g.add_argument("--sim-kv-drop-seqs", type=_seq_list, default=frozenset(), metavar="S1,S2,...",
+                   help="do not send the KV event batches with these sequence numbers on the PUB socket")
+    g.add_argument("--sim-kv-drop-lost", action="store_true",
+                   help="the dropped batches are missing from the replay buffer too (a replay cannot cover them)")
 
 
 KV_EVENTS_DEFAULTS: dict[str, Any] = {

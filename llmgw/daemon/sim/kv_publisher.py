@@ -17,6 +17,10 @@ Differences from vLLM, on purpose: ``publish()`` never blocks. vLLM's queue bloc
 full; here a full queue drops the batch and counts it. The seq is taken when ``publish()`` is called, so
 a dropped batch leaves a *visible gap* in the sequence (and in the replay buffer), which consumers
 already have to handle because PUB drops at its high-water mark.
+
+Faults on demand (tests): ``drop_every=N`` / ``drop_seqs`` keep those batches off the PUB socket (a
+subscriber sees a gap) while they stay in the replay buffer, so a replay covers them; with
+``drop_lost=True`` they are missing from the buffer too, so a replay cannot (the subscriber must reset).
 """
 
 from __future__ import annotations
@@ -106,7 +110,16 @@ class KVEventPublisher:
         replay_with_topic: bool = True,
         data_parallel_rank: int = 0,
         context: zmq.Context | None = None,
+        drop_every: int | None = None,
+        drop_seqs: frozenset[int] = frozenset(),
+        drop_lost: bool = False,
     ) -> None:
+        if drop_every is not None and drop_every < 1:
+            raise ValueError("drop_every must be >= 1")
+        self.drop_every = drop_every
+        self.drop_seqs = frozenset(drop_seqs)
+        self.drop_lost = drop_lost
+        self.skipped = 0  #: batches kept off the PUB socket on purpose (drop_every / drop_seqs)
         self.topic = topic
         self.replay_with_topic = replay_with_topic
         self.buffer_steps = buffer_steps
@@ -252,12 +265,21 @@ class KVEventPublisher:
         pub, topic, buffer = self._pub, self._topic, self._buffer
         try:
             async for seq, payload in self._recv_ch:
+                if self._skip(seq):
+                    self.skipped += 1
+                    if not self.drop_lost:
+                        buffer.append((seq, payload))
+                    continue
                 await pub.send_multipart((topic, seq.to_bytes(8, "big"), payload))
                 buffer.append((seq, payload))
                 self.sent += 1
         except trio.ClosedResourceError:  # close() called while running
             return
         self._drained.set()  # only reached after stop() closed the send side and the queue is empty
+
+    def _skip(self, seq: int) -> bool:
+        every = self.drop_every
+        return seq in self.drop_seqs or (every is not None and seq % every == every - 1)
 
     async def _serve_replay(self) -> None:
         assert self._replay is not None

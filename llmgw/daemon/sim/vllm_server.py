@@ -108,6 +108,10 @@ class VllmSim:
                                    lora_enabled=self.enable_lora, max_loras=ns.max_loras, cache_info=cache_info)
         self.core.sink = self.metrics
         self.kv_cfg = parse_kv_events_config(ns.kv_events_config, dotted, self.version)
+        # --sim-kv-drop-*: batches kept off the PUB socket so tests can make sequence gaps
+        self.kv_faults = {"drop_every": getattr(ns, "sim_kv_drop_every", None),
+                          "drop_seqs": getattr(ns, "sim_kv_drop_seqs", frozenset()),
+                          "drop_lost": getattr(ns, "sim_kv_drop_lost", False)}
         self.publisher: Any = None
         # <= 0.11 builds the batch in schedule(), 0.12+ after the step (vllm-wire.md §1.2).
         late = self.version >= (0, 12)
@@ -408,7 +412,7 @@ class VllmSim:
                     self.kv_cfg["endpoint"], replay_endpoint=self.kv_cfg["replay_endpoint"],
                     buffer_steps=self.kv_cfg["buffer_steps"], hwm=self.kv_cfg["hwm"],
                     max_queue_size=self.kv_cfg["max_queue_size"], topic=self.kv_cfg["topic"],
-                    replay_with_topic=self.version >= (0, 26))
+                    replay_with_topic=self.version >= (0, 26), **self.kv_faults)
                 await nursery.start(self.publisher.run)
             if self.opts.load_seconds > 0:
                 await trio.sleep(self.opts.load_seconds)  # vLLM answers nothing while the model loads
