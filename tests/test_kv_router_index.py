@@ -60,3 +60,26 @@ async def test_index_dropped_when_the_replica_leaves_routing_or_its_agent_goes(t
         assert "m/a" not in c.kv_index.index.replicas() and c.kv_index.size("m/b") == 1
         c.agent_disconnected(Node("gpu-1", "ready", 0.0), "agent", "stream closed")
         assert c.kv_index.index.replicas() == []
+
+
+async def test_the_agents_counters_reach_the_metrics_once(tmp_path: Path) -> None:
+    async with admin_stack(tmp_path) as s:
+        c = s.control
+        assign(c, "m/a", "gpu-1")
+        text = scrape(c.kv_index)
+        assert 'llmgw_kv_replays_total{outcome="ok",reason="gap"} 0.0' in text and "llmgw_kv_gaps_total 0.0" in text
+        for counts in ((("gaps", 2), ("replay_gap_ok", 1), ("replay_gap_missed", 1)),
+                       (("gaps", 1), ("replay_start_ok", 1), ("bad_frames", 3), ("from_a_newer_agent", 9))):
+            assert c.kv_events("gpu-1", KvEvents("m/a", 1, False, (), (), counts))
+        assert not c.kv_events("gpu-2", KvEvents("m/a", 1, False, (), (), (("gaps", 100),)))  # refused: not counted
+        text = scrape(c.kv_index)
+        for line in ('llmgw_kv_replays_total{outcome="ok",reason="gap"} 1.0',
+                     'llmgw_kv_replays_total{outcome="missed",reason="gap"} 1.0',
+                     'llmgw_kv_replays_total{outcome="ok",reason="start"} 1.0',
+                     'llmgw_kv_replays_total{outcome="timeout",reason="gap"} 0.0',
+                     "llmgw_kv_gaps_total 3.0", "llmgw_kv_bad_frames_total 3.0"):
+            assert line in text, line
+        assert "from_a_newer_agent" not in text
+        assert c.kv_index.replica_counts["m/a"]["gaps"] == 3
+        c.kv_index.remove("m/a")
+        assert "m/a" not in c.kv_index.replica_counts and "llmgw_kv_gaps_total 3.0" in scrape(c.kv_index)

@@ -66,9 +66,24 @@ def test_agents_list_the_feature_and_only_routers_accept_it() -> None:
     ({"added": [[None, 1]] * MAX_KV_BLOCKS, "removed": [[None, 2]]},
      f"kv_events: {MAX_KV_BLOCKS + 1} blocks, at most {MAX_KV_BLOCKS}"),
     ({"reset": None}, "kv_events.reset: expected bool"),
+    ({"counts": [1]}, "kv_events.counts: expected dict, got list"),
+    ({"counts": {"gaps": -1}}, "kv_events.counts.gaps: -1 is not in [0, 4294967296]"),
+    ({"counts": {"gaps": 2**32 + 1}}, "kv_events.counts.gaps: 4294967297 is not in"),
+    ({"counts": {"gaps": 1.0}}, "kv_events.counts.gaps: expected int, got float"),
+    ({"counts": {"": 1}}, "kv_events.counts key: empty"),
+    ({"counts": {"x" * 65: 1}}, "kv_events.counts key: 65 chars, at most 64"),
+    ({"counts": {f"c{i}": 1 for i in range(33)}}, "kv_events.counts: 33 counters, at most 32"),
 ])
 def test_bad_fields_are_named(changes: dict[str, Any], error: str) -> None:
     assert refused(frame(**changes)).startswith(error)
+
+
+def test_counts_travel_once_and_are_optional() -> None:
+    msg = KvEvents("r", 3, False, (), (), counts=(("gaps", 2), ("replay_gap_ok", 1)))
+    assert FrameDecoder().feed(encode(msg, 1)) == [msg]
+    assert "counts" not in KV.to_dict()  # an older router never sees the field unless there is one
+    newer = FrameDecoder().feed(frame(counts={"gaps": 1, "some_new_counter": 4}))[0]
+    assert newer.counts == (("gaps", 1), ("some_new_counter", 4))  # the router ignores names it does not know
 
 
 def test_missing_field() -> None:

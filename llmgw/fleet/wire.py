@@ -46,6 +46,7 @@ from llmgw.fleet.wire_fields import (
     _field,
     _int,
     _kv_block,
+    _kv_counts,
     _labels,
     _node_name,
     _opt,
@@ -276,7 +277,10 @@ class KvEvents:
     that replica in this session (:class:`llmgw.kv.mirror.Delta`). ``reset``: clear the
     replica's index first (a full copy follows in this and later messages). ``event_seq`` is the
     engine's event sequence number the changes reach (None before any event). Blocks are
-    ``(medium, hash)``: medium None when the engine does not say; at most MAX_KV_BLOCKS in all."""
+    ``(medium, hash)``: medium None when the engine does not say; at most MAX_KV_BLOCKS in all.
+    ``counts``: what the agent counted for this engine since its previous message of the replica
+    (sequence gaps, replays by reason and outcome: llmgw.kv.mirror.AGENT_COUNTS), sent once each;
+    omitted when empty, and names the router does not know are ignored."""
 
     TYPE: ClassVar[str] = "kv_events"
     replica: str
@@ -284,10 +288,14 @@ class KvEvents:
     reset: bool
     added: tuple[tuple[str | None, int | bytes], ...]
     removed: tuple[tuple[str | None, int | bytes], ...]
+    counts: tuple[tuple[str, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"replica": self.replica, "event_seq": self.event_seq, "reset": self.reset,
-                "added": [list(b) for b in self.added], "removed": [list(b) for b in self.removed]}
+        d = {"replica": self.replica, "event_seq": self.event_seq, "reset": self.reset,
+             "added": [list(b) for b in self.added], "removed": [list(b) for b in self.removed]}
+        if self.counts:
+            d["counts"] = dict(self.counts)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> KvEvents:
@@ -298,7 +306,7 @@ class KvEvents:
             raise WireProtocolError(f"{p}: {len(added) + len(removed)} blocks, at most {MAX_KV_BLOCKS}")
         return cls(replica=_field(d, p, "replica", _bounded_str(MAX_ID, empty=False)),
                    event_seq=_field(d, p, "event_seq", _opt(_int)), reset=_field(d, p, "reset", _bool),
-                   added=added, removed=removed)
+                   added=added, removed=removed, counts=_field(d, p, "counts", _kv_counts, ()))
 
 
 Message = Hello | Heartbeat | EngineUpdate | Bye | Welcome | Refused | Desired | ReportRejected | KvEvents

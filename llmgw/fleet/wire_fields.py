@@ -24,6 +24,9 @@ MAX_REASON = 4096  # refusals, rejections, bye reasons: read by people, so cut r
 MAX_KV_BLOCKS = 8192  # block hashes (added + removed) in one kv_events message
 MAX_KV_HASH_BYTES = 64  # a block hash as bytes (vLLM's sha256 digests are 32)
 MAX_KV_MEDIUM = 32  # a storage medium's name ("GPU", "CPU" ...)
+MAX_KV_COUNTS = 32  # named counters in one kv_events message
+MAX_KV_COUNT_NAME = 64
+MAX_KV_COUNT = 1 << 32  # one counter's increment in one message
 
 
 class WireProtocolError(Exception):
@@ -212,3 +215,19 @@ def _kv_block(v: Any, path: str) -> tuple[str | None, int | bytes]:
     elif type(h) is not int:
         raise _expected("int or bytes", h, f"{path}[1]")
     return medium, h
+
+
+def _kv_counts(v: Any, path: str) -> tuple[tuple[str, int], ...]:
+    """A kv_events message's counter increments: ``{name: n}``, n in [0, MAX_KV_COUNT], at most
+    MAX_KV_COUNTS names (the receiver ignores names it does not know)."""
+    d = _map(v, path)
+    if len(d) > MAX_KV_COUNTS:
+        raise WireProtocolError(f"{path}: {len(d)} counters, at most {MAX_KV_COUNTS}")
+    out = []
+    for k, n in d.items():
+        _bounded_str(MAX_KV_COUNT_NAME, empty=False)(k, f"{path} key")
+        _int(n, f"{path}.{k}")
+        if not 0 <= n <= MAX_KV_COUNT:
+            raise WireProtocolError(f"{path}.{k}: {n} is not in [0, {MAX_KV_COUNT}]")
+        out.append((k, n))
+    return tuple(sorted(out))

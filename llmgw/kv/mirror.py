@@ -10,7 +10,8 @@ Sequence numbers: the first batch after construction or :meth:`reset` is accepte
 number; then ``seq == last + 1`` is applied, ``seq <= last`` is a duplicate (ignored, counted),
 ``seq > last + 1`` is a **gap**: nothing is applied and :class:`Outcome.GAP` tells the caller to
 replay ``last + 1 .. seq`` through the engine's DEALER (feeding the replies to ``apply``) or, when
-the engine no longer has them, to :meth:`reset` and carry on.
+the engine no longer has them, to :meth:`reset` and carry on (the agent does this:
+llmgw/daemon/agent/kv_subscriber.py; :data:`REPLAY_OUTCOMES` names how a replay can end).
 
 A reset (AllBlocksCleared, an unrecoverable gap, an engine restart, an overflow) empties the mirror
 and marks the next delta ``reset=True``: the router clears that replica before applying it, so a
@@ -36,10 +37,34 @@ from llmgw.kv.events import (
     AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, ExternalBlockHash,
 )
 
-__all__ = ["Outcome", "Delta", "Snapshot", "MirrorStats", "BlockMirror", "Medium"]
+__all__ = ["AGENT_COUNTS", "REPLAY_OUTCOMES", "REPLAY_REASONS", "Outcome", "Delta", "Snapshot", "MirrorStats",
+           "BlockMirror", "Medium", "replay_count"]
 
 Medium = str | None
 _ADD, _DEL = 1, -1
+
+#: Why the agent asked an engine's replay ROUTER: a sequence gap, or the start of a subscription
+#: (the SUB only sees what is published after it joins; the replay brings what came before).
+REPLAY_REASONS = ("gap", "start")
+#: How a replay ended. ``ok``: every missing batch arrived and was applied. ``missed``: the engine no
+#: longer has the first missing batch (its buffer starts later, is empty, or has a hole): for a gap
+#: the mirror resets; at the start the mirror keeps what the buffer covered (a subset of the engine's
+#: blocks). ``timeout``, ``bad`` (an undecodable reply), ``overflow`` (more than the cap of replayed
+#: messages, or of SUB messages held meanwhile): the mirror resets. ``throttled`` (a gap sooner than
+#: the minimum interval after the last replay) and ``unavailable`` (no replay endpoint): a reset
+#: without asking.
+REPLAY_OUTCOMES = ("ok", "missed", "timeout", "bad", "overflow", "throttled", "unavailable")
+
+
+def replay_count(reason: str, outcome: str) -> str:
+    """The name of a replay counter in a kv_events message's ``counts``."""
+    return f"replay_{reason}_{outcome}"
+
+
+#: The counters an agent sends up in kv_events messages (increments, each sent once): sequence gaps
+#: seen on the SUB, undecodable SUB messages, and replays by reason and outcome.
+AGENT_COUNTS = ("gaps", "bad_frames",
+                *(replay_count(r, o) for r in REPLAY_REASONS for o in REPLAY_OUTCOMES))
 
 
 class Outcome(enum.Enum):

@@ -18,7 +18,13 @@ from prometheus_client.registry import Collector
 
 from llmgw.fleet.wire import KvEvents
 from llmgw.kv.index import KVIndex
-from llmgw.kv.mirror import Delta
+from llmgw.kv.mirror import (
+    AGENT_COUNTS,
+    REPLAY_OUTCOMES,
+    REPLAY_REASONS,
+    Delta,
+    replay_count,
+)
 
 __all__ = ["REFUSE_REASONS", "KvIndexMetrics", "RouterKvIndex"]
 
@@ -31,11 +37,19 @@ class RouterKvIndex:
         self.index = KVIndex(max_blocks_per_replica)
         self.refused: Counter[str] = Counter({r: 0 for r in REFUSE_REASONS})
         self.messages = 0  # kv_events messages applied
+        # what the agents counted (gaps, bad frames, replays: AGENT_COUNTS), summed over replicas,
+        # and per replica while it is assigned
+        self.agent_counts: Counter[str] = Counter({k: 0 for k in AGENT_COUNTS})
+        self.replica_counts: dict[str, Counter[str]] = {}
 
     def apply(self, msg: KvEvents) -> bool:
         """Apply one agent's message (the caller has checked the sender runs the replica); False
         when the replica overflowed its cap (it is empty until the agent's next reset)."""
         self.messages += 1
+        if msg.counts:
+            known = [(k, n) for k, n in msg.counts if k in self.agent_counts]  # a newer agent's: ignored
+            self.agent_counts.update(dict(known))
+            self.replica_counts.setdefault(msg.replica, Counter()).update(dict(known))
         return self.index.apply_delta(msg.replica, Delta(seq=msg.event_seq, reset=msg.reset,
                                                          added=list(msg.added), removed=list(msg.removed)))
 
@@ -44,6 +58,7 @@ class RouterKvIndex:
 
     def remove(self, replica: str) -> None:
         self.index.remove_replica(replica)
+        self.replica_counts.pop(replica, None)
 
     def size(self, replica: str) -> int:
         return self.index.size(replica)
@@ -67,8 +82,19 @@ class KvIndexMetrics(Collector):
         for reason, n in sorted(self.kv.refused.items()):
             c.add_metric([reason], float(n))
         yield c
+        ac = self.kv.agent_counts
+        r = CounterMetricFamily("llmgw_kv_replays", "Agents' replays of an engine's KV events, by reason (gap: "
+                                "a sequence gap; start: a new subscription) and outcome (ok, or why the mirror "
+                                "could not be brought up to date that way).", labels=["reason", "outcome"])
+        for reason in REPLAY_REASONS:
+            for outcome in REPLAY_OUTCOMES:
+                r.add_metric([reason, outcome], float(ac[replay_count(reason, outcome)]))
+        yield r
         st = idx.stats
         for name, doc, value in (
+                ("llmgw_kv_gaps", "Sequence gaps the agents saw in their engines' KV events.", ac["gaps"]),
+                ("llmgw_kv_bad_frames", ("Undecodable KV event messages the agents received (each reset "
+                                         "the engine's mirror)."), ac["bad_frames"]),
                 ("llmgw_kv_events_messages", "kv_events messages applied to the index.", self.kv.messages),
                 ("llmgw_kv_index_block_events", "Block additions and removals applied to the index.",
                  st.block_events),
