@@ -297,3 +297,41 @@ async def test_without_a_replay_endpoint_a_gap_resets(ctx, tmp_path) -> None:
             n.cancel_scope.cancel()
     finally:
         eng.close()
+
+
+async def test_a_start_replay_keeps_what_a_short_buffer_still_covers(ctx, tmp_path) -> None:
+    pub = KVEventPublisher(f"ipc://{tmp_path}/e.pub", replay_endpoint=f"ipc://{tmp_path}/e.replay", topic="kv",
+                           context=ctx, buffer_steps=3)
+    kv = KvSubscribers(max_blocks=1000, context=ctx)
+    async with trio.open_nursery() as n:
+        await n.start(pub.run)
+        for h in range(6):
+            pub.publish(stored(h))
+        await until(lambda: pub.sent == 6, "published")
+        await n.start(kv.run)
+        kv.on_report(report(pub.endpoint, pub.replay_endpoint))
+        sub = kv._subs["m/1"]
+        await until(lambda: sub.replaying is None and sub.mirror.last_seq == 5, "caught up")
+        assert sub.stats.replays == {"replay_start_missed": 1}
+        assert sub.mirror.blocks()["GPU"] == {3, 4, 5}  # a subset of the engine's blocks, never a wrong one
+        n.cancel_scope.cancel()
+
+
+async def test_a_replay_longer_than_the_cap_is_abandoned(ctx, tmp_path) -> None:
+    from llmgw.daemon.agent.kv_replay import fetch_replay
+    eng = FakeEngine(ctx, str(tmp_path))
+    got: list[int] = []
+    try:
+        async with trio.open_nursery() as n:
+            async def answer() -> None:
+                ident, start = await eng.request()
+                for seq in range(start, start + 5):
+                    eng.router.send_multipart([ident, *replay_reply_frames("kv", seq, stored(seq), VERSION)])
+                eng.router.send_multipart([ident, *replay_end_frames(VERSION)])
+            n.start_soon(answer)
+            with trio.fail_after(TIMEOUT):
+                out = await fetch_replay(ctx, eng.endpoints[1], 7, need_start=True,
+                                         apply=lambda seq, b: got.append(seq) or "applied", max_messages=3)
+            assert out == ("overflow", 3) and got == [7, 8, 9]
+    finally:
+        eng.close()

@@ -12,7 +12,6 @@ import hashlib
 import os
 import re
 import signal
-from pathlib import Path
 from typing import Any
 
 import httpx

@@ -52,40 +52,48 @@ async def fetch_replay(ctx: zmq.Context, endpoint: str, start: int, *, need_star
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, RCV_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_REPLAY_MESSAGE)
-    n = 0
     with AsyncSocket(sock) as a:
         try:
             sock.connect(endpoint)
         except zmq.ZMQError:
             return "unavailable", 0
-        await a.send_multipart(replay_request_frames(start))
-        first, partial = True, False
-        while True:
-            frames = await a.recv_multipart()
-            try:
-                reply = parse_replay_reply(frames)
-                if reply is None:  # the end marker
-                    break
-                seq, payload = reply
-                batch = decode_batch(payload)
-            except KVEventDecodeError:
-                return "bad", n
-            if first:
-                first = False
-                if seq < start:
-                    return "bad", n  # not what was asked for
-                if seq != start:
-                    if need_start:
-                        return "missed", n
-                    partial = True  # the buffer no longer starts at `start`: take what it covers
-            if n >= max_messages:
-                return "overflow", n
-            got = apply(seq, batch)
-            if got == HOLE:
-                return "missed", n
-            n += 1
-            if got == FULL:
-                return "overflow", n
+        try:
+            return await _exchange(a, start, need_start, apply, max_messages)
+        except zmq.ZMQError:  # the socket failed under us: the caller resets, like for a timeout
+            return "unavailable", 0
+
+
+async def _exchange(a: AsyncSocket, start: int, need_start: bool, apply: Callable[[int, EventBatch], str],
+                    max_messages: int) -> tuple[str, int]:
+    n = 0
+    await a.send_multipart(replay_request_frames(start))
+    first, partial = True, False
+    while True:
+        frames = await a.recv_multipart()
+        try:
+            reply = parse_replay_reply(frames)
+            if reply is None:  # the end marker
+                break
+            seq, payload = reply
+            batch = decode_batch(payload)
+        except KVEventDecodeError:
+            return "bad", n
+        if first:
+            first = False
+            if seq < start:
+                return "bad", n  # not what was asked for
+            if seq != start:
+                if need_start:
+                    return "missed", n
+                partial = True  # the buffer no longer starts at `start`: take what it covers
+        if n >= max_messages:
+            return "overflow", n
+        got = apply(seq, batch)
+        if got == HOLE:
+            return "missed", n
+        n += 1
+        if got == FULL:
+            return "overflow", n
     if need_start and n == 0:
         return "missed", 0  # the engine has nothing from `start` on, though a later batch was seen
     return ("missed" if partial else "ok"), n

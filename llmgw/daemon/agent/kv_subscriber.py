@@ -306,6 +306,9 @@ class KvSubscribers:
 
         async for start, reason in asks:
             outcome, n = "timeout", 0
+            if sub.held_overflow:  # abandoned before it began
+                self.finish_replay(sub, "overflow", 0)
+                continue
             with trio.move_on_after(self.replay_timeout_s) as cs:
                 sub.replay_scope = cs
                 outcome, n = await fetch_replay(ctx, sub.replay_endpoint, start, need_start=reason == "gap",
