@@ -69,7 +69,7 @@ LOG_EVERY_S = 10.0
 REPLAY_TIMEOUT_S = 2.0  # a replay (connect, ask, receive up to the end marker) ends by then
 REPLAY_MIN_INTERVAL_S = 1.0  # between the starts of two gap replays of one engine
 MAX_HELD = 4096  # SUB messages held while a replay runs
-MAX_HELD_BYTES = 32 << 20  # their payload bytes
+MAX_HELD_BYTES = 8 << 20  # their payload bytes (decoded, several times that in Python objects)
 
 _BAD = None  # a held SUB message that could not be decoded (it resets the mirror in its turn)
 
