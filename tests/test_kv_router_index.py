@@ -68,6 +68,7 @@ async def test_the_agents_counters_reach_the_metrics_once(tmp_path: Path) -> Non
         assign(c, "m/a", "gpu-1")
         text = scrape(c.kv_index)
         assert 'llmgw_kv_replays_total{outcome="ok",reason="gap"} 0.0' in text and "llmgw_kv_gaps_total 0.0" in text
+        assert c.kv_events("gpu-1", kv("m/a", 1, reset=True))
         for counts in ((("gaps", 2), ("replay_gap_ok", 1), ("replay_gap_missed", 1)),
                        (("gaps", 1), ("replay_start_ok", 1), ("bad_frames", 3), ("from_a_newer_agent", 9))):
             assert c.kv_events("gpu-1", KvEvents("m/a", 1, False, (), (), counts))
@@ -83,3 +84,12 @@ async def test_the_agents_counters_reach_the_metrics_once(tmp_path: Path) -> Non
         assert c.kv_index.replica_counts["m/a"]["gaps"] == 3
         c.kv_index.remove("m/a")
         assert "m/a" not in c.kv_index.replica_counts and "llmgw_kv_gaps_total 3.0" in scrape(c.kv_index)
+
+
+async def test_a_stopped_engines_last_counts_are_counted_without_recreating_its_replica(tmp_path: Path) -> None:
+    async with admin_stack(tmp_path) as s:
+        c = s.control
+        assign(c, "m/a", "gpu-1")
+        assert c.kv_events("gpu-1", KvEvents("m/a", None, False, (), (), (("replay_gap_timeout", 1),)))
+        assert "m/a" not in c.kv_index.index.replicas() and "m/a" not in c.kv_index.replica_counts
+        assert 'llmgw_kv_replays_total{outcome="timeout",reason="gap"} 1.0' in scrape(c.kv_index)

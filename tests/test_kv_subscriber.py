@@ -137,3 +137,19 @@ async def test_one_busy_engine_does_not_starve_the_others(tmp_path) -> None:
         firsts = [kv.take(max_messages=1)[0].replica for _ in range(4)]
         assert sorted(firsts) == ["m/1", "m/1", "m/2", "m/2"]
         n.cancel_scope.cancel()
+
+
+async def test_counts_survive_an_engine_restart_or_stop_and_are_sent_once(tmp_path) -> None:
+    kv = KvSubscribers(max_blocks=100)
+    async with trio.open_nursery() as n:
+        await n.start(kv.run)
+        kv.on_report(report(tmp=str(tmp_path)))
+        sub = kv._subs["m/1"]
+        kv.feed(sub, [b"garbage"])
+        kv.on_report(report(pid=101, tmp=str(tmp_path)))  # restarted before the flush
+        kv.feed(kv._subs["m/1"], [b"more garbage"])
+        kv.on_report(report(state="stopped", pid=None, tmp=str(tmp_path)))  # and stopped
+        [msg] = kv.take()
+        assert msg.replica == "m/1" and dict(msg.counts) == {"bad_frames": 2} and not msg.added and not msg.reset
+        assert kv.take() == []
+        n.cancel_scope.cancel()

@@ -20,8 +20,9 @@ stream as ``kv_events`` messages (:meth:`KvSubscribers.take`).
 * An undecodable message (garbage or truncated frames, an unsupported payload) resets the mirror.
   Each problem is counted and logged at most every 10 s.
 * Counters (gaps, bad frames, replays by reason and outcome: llmgw.kv.mirror.AGENT_COUNTS) travel
-  in the next kv_events message of the replica as increments, each sent once; the router adds them
-  to its metrics. An increment in a message lost with a broken stream is not sent again (never
+  in the next kv_events message of the replica as increments, each sent once (a restarted engine's
+  subscriber takes over what the last one had not sent; a stopped engine's go in a message with no
+  blocks); the router adds them to its metrics. An increment in a message lost with a broken stream is not sent again (never
   counted twice; a stream that breaks may lose the last flush's).
 * On a new session (a welcome) :meth:`KvSubscribers.resend_all` makes every mirror send a reset
   and then all its blocks, in bounded messages.
@@ -120,6 +121,7 @@ class KvSubscribers:
         self._latest: dict[str, EngineReport] = {}
         self._nursery: trio.Nursery | None = None
         self._next = 0  # where take() starts
+        self._orphans: dict[str, Counter[str]] = {}  # counts of engines that stopped, not sent yet
         self.totals = SubscriberStats()  # over every subscriber this agent ran
 
     # ---- following the engines --------------------------------------------------------------------
@@ -141,11 +143,14 @@ class KvSubscribers:
             sub = None
         if not want:
             self._latest.pop(r.replica, None)
+            if carried:
+                self._orphans.setdefault(r.replica, Counter()).update(carried)  # sent by the next take()
             return
         if sub is None:
             assert r.kv_endpoint is not None and r.pid is not None and self._nursery is not None
             mirror = BlockMirror(self.max_blocks)
             mirror.reset()  # the router may hold this replica from an earlier engine: clear it first
+            carried.update(self._orphans.pop(r.replica, Counter()))
             sub = self._subs[r.replica] = _Sub(r.replica, r.kv_endpoint, r.pid, mirror, r.kv_replay,
                                                counts=carried)
             recv = None
@@ -367,6 +372,9 @@ class KvSubscribers:
         """The mirrors' net changes and the counters' increments, as at most `max_messages` kv_events
         messages."""
         out: list[KvEvents] = []
+        while self._orphans and len(out) < max_messages:  # a stopped engine's last counts: no blocks
+            replica, counts = self._orphans.popitem()
+            out.append(KvEvents(replica, None, False, (), (), tuple(sorted(counts.items()))))
         subs = list(self._subs.values())
         if subs:  # start after where the last take stopped: one busy engine cannot starve the others
             self._next %= len(subs)

@@ -47,9 +47,11 @@ class RouterKvIndex:
         when the replica overflowed its cap (it is empty until the agent's next reset)."""
         self.messages += 1
         if msg.counts:
-            known = [(k, n) for k, n in msg.counts if k in self.agent_counts]  # a newer agent's: ignored
-            self.agent_counts.update(dict(known))
-            self.replica_counts.setdefault(msg.replica, Counter()).update(dict(known))
+            known = {k: n for k, n in msg.counts if k in self.agent_counts}  # a newer agent's: ignored
+            self.agent_counts.update(known)
+            if not (msg.reset or msg.added or msg.removed) and msg.replica not in self.index.replicas():
+                return True  # a stopped engine's last counts: its replica is not (re)created in the index
+            self.replica_counts.setdefault(msg.replica, Counter()).update(known)
         return self.index.apply_delta(msg.replica, Delta(seq=msg.event_seq, reset=msg.reset,
                                                          added=list(msg.added), removed=list(msg.removed)))
 
