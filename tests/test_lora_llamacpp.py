@@ -69,12 +69,13 @@ def test_request_body_only_for_llamacpp_models_with_declared_adapters() -> None:
     rep = entry.replicas[0]
     raw = b'{"model":"m","prompt":"x"}'
     obj = json.loads(raw)
-    # ids not learned yet: a base request still clears whatever adapter its slot ran
-    assert json.loads(request_body(raw, obj, entry, rep, None))["lora"] == []
-    with pytest.raises(LookupError):
-        request_body(raw, obj, entry, rep, "a")
+    # ids not learned yet: no request may go there (the scheduler does not see it), and none is sent blind
+    assert reg.views(entry, 0.0) == []
+    for adapter in (None, "a"):
+        with pytest.raises(LookupError):
+            request_body(raw, obj, entry, rep, adapter)
     reg.set_lora_ids(rep, {"/l/b.gguf": 0, "/l/a.gguf": 1, "/l/other.gguf": 2})
-    assert rep.view.adapters == {"a", "b"}
+    assert rep.view.adapters == {"a", "b"} and reg.views(entry, 0.0) == [rep.view]
     assert json.loads(request_body(raw, obj, entry, rep, "a"))["lora"] == [
         {"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.5}, {"id": 2, "scale": 0.0}]
     assert json.loads(request_body(raw, obj, entry, rep, None))["lora"] == [
@@ -258,15 +259,16 @@ def test_unknown_adapter_is_a_counted_404_and_v1_models_lists_declared_adapters(
     assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
 
 
-def test_a_replica_with_garbage_lora_adapters_gets_no_adapter_requests(procs: list[Any], tmp_path: Path,
+def test_a_replica_with_garbage_lora_adapters_gets_no_requests(procs: list[Any], tmp_path: Path,
                                                                       files: dict[str, Path]) -> None:
     bad = StubEngine(handler_of({"/lora-adapters": answer(200, b"\x00garbage"), "/metrics": _LLAMA_METRICS}))
     procs.append(bad)
     good = llama(procs, files["a"])
     d = router_for(procs, tmp_path, [bad.url, good.url], [("a", str(files["a"]), 1.0)])
     wait_for(lambda: complete(d, "a").status_code == 200, timeout=20)
-    for _ in range(6):
-        r = complete(d, "a")
-        assert r.status_code == 200 and r.headers["x-llmgw-endpoint"] == "m/1"
+    for _ in range(6):  # adapter and base requests: its ids are unknown, so none may go there
+        for model in ("a", "m"):
+            r = complete(d, model)
+            assert r.status_code == 200 and r.headers["x-llmgw-endpoint"] == "m/1"
     assert bad.count("/v1/completions") == 0
     assert 'path="/lora-adapters"' in httpx.get(d.url + "/metrics").text

@@ -5,9 +5,11 @@ llama-server loads every adapter at start (off: ``--lora-scaled FILE:0``) and ap
 request from the body's ``lora`` list, ``[{"id": 0, "scale": 1.0}, ...]`` (ids from its
 ``/lora-adapters``). A request *without* the list runs with whatever its slot ran last, and
 reuses KV computed under that adapter: wrong output. So every request gets the whole list — the
-asked adapter at its configured ``scale``, every other id at 0; a base-model request all zeros
-(``[]`` while the replica's ids are not known: llama-server reads a list as "every adapter at 0
-unless listed", so both clear an adapter the slot ran before).
+asked adapter at its configured ``scale``, every other id at 0; a base-model request all zeros.
+Only the whole list will do: llama-server compares a request's list with its slot's as given, so
+an empty list after an adapter request reuses that adapter's KV like an omitted one (seen on the
+real server: ``cache_n`` 690 of 691 tokens), while every id at 0 recomputes it. A replica whose
+ids are not known yet therefore takes no request of such a model (``ReplicaTable.views``).
 
 The client's body is forwarded as it came, with the list added before its closing brace: no
 parse-and-serialise of a body that may be megabytes of prompt. Only a body that already has a
@@ -57,10 +59,13 @@ def request_body(raw: bytes, obj: dict[str, Any] | None, entry: ModelEntry, rep:
     if not entry.declared or rep.view.engine != "llamacpp" or obj is None:
         return raw
     ids = rep.lora_ids
+    # The scheduler keeps only replicas whose ids are known and, for an adapter, list it: anything
+    # else is a caller's bug, to fail loudly rather than answer with the wrong weights.
+    if ids is None:
+        raise LookupError(f"replica {rep.id}: its adapter ids are not known")
     if adapter is None:
         lora = lora_list(rep.lora_all, None, 0.0)
-    elif ids is None or adapter not in ids:
-        # the scheduler keeps only replicas listing the adapter: a caller's bug, never a silent base answer
+    elif adapter not in ids:
         raise LookupError(f"replica {rep.id} does not list adapter {adapter!r}")
     else:
         lora = lora_list(rep.lora_all, ids[adapter], entry.declared[adapter].scale)

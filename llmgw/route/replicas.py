@@ -169,8 +169,11 @@ class ReplicaTable:
 
     def views(self, entry: ModelEntry, now: float) -> list[EndpointView]:
         out = []
+        by_id = bool(entry.declared) and entry.engine == "llamacpp"
         for r in entry.replicas:
-            if r.draining:
+            # draining; or llama.cpp whose adapter ids are unknown: no request could say which
+            # adapter to run (lora_body), and without the list it would run its slot's last one
+            if r.draining or (by_id and r.lora_ids is None):
                 continue
             r.refresh_view(now)
             r.view.stale = self.is_stale(r, now)
