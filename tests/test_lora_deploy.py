@@ -150,3 +150,12 @@ async def test_missing_adapter_file_fails_the_engine_with_the_reason_in_its_log_
         bad = await h.wait_for("crashed")
     assert any(missing in line and "not found" in line for line in bad.log_tail), bad.log_tail
     assert json.dumps(bad.to_wire())  # what the router and `ctl replicas` show
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_an_adopted_model_keeps_the_adapters_its_engine_started_with(engine):
+    from llmgw.daemon.control.unknown_engines import adopted_model
+    m = parse_config(_cfg(engine, TWO, "max_loaded_adapters = 3\n")).models[0]
+    spec = deploy_of(m).spec_for("m/1", (), 2)
+    back = adopted_model(spec, 1, ())
+    assert back is not None and deploy_of(back).spec_for("m/1", (), 2) == spec  # kept, not restarted
