@@ -72,3 +72,18 @@ def test_two_adapters_at_start_and_the_explicit_list_per_request(fleet_factory: 
     assert _slot_lora(engine) == [{"id": 0, "scale": 1.0}, {"id": 1, "scale": 0.0}]
     models = {m["id"]: m for m in httpx.get(f"{router}/v1/models", timeout=5).json()["data"]}
     assert models["tiny-x"]["parent"] == models["tiny-y"]["parent"] == "tiny"
+
+
+def test_a_missing_adapter_file_is_in_the_failed_engines_log_tail(fleet_factory: Any, tmp_path: Path) -> None:  # noqa: F811
+    binary, model, _ = real_paths()
+    missing = str(tmp_path / "nowhere" / "gone.gguf")
+    f = fleet_factory([{"name": "tiny", "engine": "llamacpp", "adapters": [{"name": "gone", "source": missing}],
+                        "deploy": {"count": 1, "binary": str(binary), "model_path": str(model),
+                                   "args": ["-c", "512", "-np", "1", "-t", "1"], "health_timeout_s": 60.0}}])
+    f.start_agent("a")
+
+    def failed() -> list[dict[str, Any]]:
+        return [r for r in f.replicas("tiny") if r["state"] in ("crashed", "crashloop")]
+
+    wait_for(lambda: bool(failed()), 60)
+    assert any(missing in line for line in failed()[0]["log_tail"]), failed()[0]["log_tail"]
