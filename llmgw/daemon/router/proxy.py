@@ -48,7 +48,6 @@ from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
 from llmgw.route.dispatch import KINDS, STRATEGY_HEADER, Plan, RouterCore
-from llmgw.route.lora_body import request_body
 from llmgw.route.openai_req import ApiError, error_body
 from llmgw.route.prefix_scorer import PrefixRouting
 from llmgw.route.readiness import readiness
@@ -292,9 +291,8 @@ class Router:
         """One try on one replica: the client's Response, or None to ask the core again."""
         rc = self.cfg.router
         rep = a.replica
+        body = a.body if a.body is not None else req.body  # the core's rewrite (llama.cpp's adapter list)
         try:
-            # llama.cpp: the explicit per-request adapter list (route.lora_body); else the body as it came
-            body = request_body(req.body, plan.body, plan.entry, rep, plan.info.adapter)
             # The exchange's own __aenter__: on failure it has closed its connection, and its
             # __aexit__ is only resp.close(), which the body's end calls (no exit stack, no
             # shielded scope a request).
