@@ -272,3 +272,17 @@ def test_a_replica_with_garbage_lora_adapters_gets_no_requests(procs: list[Any],
             assert r.status_code == 200 and r.headers["x-llmgw-endpoint"] == "m/1"
     assert bad.count("/v1/completions") == 0
     assert 'path="/lora-adapters"' in httpx.get(d.url + "/metrics").text
+
+
+def test_a_changed_declaration_makes_the_ids_be_learned_again() -> None:
+    cfg = parse_config(_model(["http://127.0.0.1:1"], AB))
+    reg = Registry(cfg)
+    entry = reg.models["m"]
+    rep = entry.replicas[0]
+    reg.set_lora_ids(rep, {"/l/a.gguf": 0, "/l/b.gguf": 1})
+    reg.add_model(cfg.models[0])  # the same declaration: nothing to learn again
+    assert rep.lora_ids == {"a": 0, "b": 1}
+    changed = parse_config(_model(["http://127.0.0.1:1"], [("a", "/l/a2.gguf", 0.5)])).models[0]
+    reg.add_model(changed)  # its engines restart with other files: the old ids mean nothing
+    assert rep.lora_ids is None and reg.views(entry, 0.0) == [] and entry.adapters == {}
+    assert set(entry.declared) == {"a"}
