@@ -40,7 +40,7 @@ from llmgw.config_schema import (  # noqa: F401  (re-exported: part of the confi
     _CROSS_CHECKS, DEFAULT_POOL, ENGINES, AdapterConfig, AdminConfig, AgentConfig, BreakerConfig, Config,
     ControlConfig, DeployConfig, GpuConfig, MetricNames, ModelConfig, PoolConfig,
     PrefixRoutingConfig, ReplicaConfig, RestartConfig, RouterConfig, ScorerWeights, ServerConfig,
-    SimConfig, StrategyConfig, _pool_references,
+    SimConfig, StrategyConfig, _adapter_sources, _pool_references,
 )
 from llmgw.route.names import PRESET_NAMES
 
@@ -275,7 +275,8 @@ def model_from_dict(data: Any, source: str = "<model>", *, pools: tuple[PoolConf
     problems: list[tuple[KeyPath, str]] = []
     out = _convert(ModelConfig, data, (), problems, {})
     if not problems:
-        problems += [(p[2:], m) for p, m in _pool_references(Config(models=(out,), pools=pools))]
+        one = Config(models=(out,), pools=pools)
+        problems += [(p[2:], m) for p, m in (*_pool_references(one), *_adapter_sources(one))]
     if problems:
         raise ConfigError([ConfigProblem(source, render_key(p) or "", None, m) for p, m in problems])
     return out

@@ -339,3 +339,33 @@ def _adapter_names(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
             else:
                 owner[a.name] = m.name
 
+
+
+#: vLLM's --max-lora-rank choices (0.23 and 0.33 refuse any other value; 0.11 takes these too).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@_cross_check("models")
+def _adapter_sources(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    """What each engine can load: llama.cpp loads every adapter at start from a GGUF file (its
+    ``--lora-scaled FILE:SCALE[,...]`` splits at commas); vLLM takes only its own rank choices."""
+    for i, m in enumerate(cfg.models):
+        if m.engine == "llamacpp":
+            for j, a in enumerate(m.adapters):
+                if problem := llamacpp_adapter_problem(a.source):
+                    yield ("models", i, "adapters", j, "source"), problem
+        elif m.adapters and m.max_lora_rank not in VLLM_LORA_RANKS:
+            yield (("models", i, "max_lora_rank"),
+                   f"vLLM takes {', '.join(map(str, VLLM_LORA_RANKS))} (its --max-lora-rank choices)")
+
+
+def llamacpp_adapter_problem(source: str) -> str | None:
+    """Why ``source`` cannot be a llama.cpp adapter, or None."""
+    if not source.lower().endswith(".gguf"):
+        return (f"{source!r} is not a .gguf file: llama.cpp loads adapters at start from GGUF files on the "
+                "engine's node (a repository id is for vLLM)")
+    if "," in source:
+        return f"{source!r} has a comma, which llama-server's --lora-scaled takes as a separator"
+    if any(ord(c) < 32 or ord(c) == 127 for c in source):
+        return f"{source!r} has a control character"
+    return None

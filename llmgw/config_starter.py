@@ -98,6 +98,8 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # [[models]]
 # name = "qwen-7b"
 # engine = "vllm"
+# max_loaded_adapters = 4        # LoRA adapters a replica holds at once (vLLM --max-loras)
+# max_lora_rank = 16             # vLLM --max-lora-rank: 1, 8, 16, 32, 64, 128, 256, 320 or 512
 # [models.deploy]
 # count = 2                      # replicas
 # model_path = "Qwen/Qwen2.5-7B-Instruct"   # what `vllm serve` / `llama-server -m` gets; default: name
@@ -112,6 +114,11 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # health_timeout_s = 600.0       # an engine not healthy by then is reported failed, with its log
 # pool = "default"
 # weight = 1.0
+# [[models.adapters]]            # a LoRA adapter, asked for by its own name in "model" (docs/lora.md)
+# name = "qwen-7b-sql"
+# source = "/models/lora/qwen-sql"   # a path on the engine's node; vLLM: or a repository id; llama.cpp: a .gguf
+# static = false                 # vLLM: true = loaded at start, never unloaded; else loaded on demand
+# scale = 1.0                    # llama.cpp: the scale a request for it applies (the others get 0)
 
 [control]
 # The router's side of the agent stream. New nodes join with the join token (and get a

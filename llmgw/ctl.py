@@ -262,8 +262,10 @@ def cmd_models(api: Admin, ns: argparse.Namespace) -> None:
     def render(models: list[dict[str, Any]]) -> str:
         rows = [[m["name"], m.get("engine"), m.get("source"),
                  f"{m.get('ready', 0)}/{m['desired_replicas']}" if m.get("desired_replicas") is not None
-                 else f"{m.get('static_replicas', 0)} static", m.get("unplaceable") or ""] for m in models]
-        return table(rows, ["MODEL", "ENGINE", "SOURCE", "READY", "PROBLEM"])
+                 else f"{m.get('static_replicas', 0)} static",
+                 len((m.get("definition") or {}).get("adapters") or ()) or "",  # LoRA adapters declared
+                 m.get("unplaceable") or ""] for m in models]
+        return table(rows, ["MODEL", "ENGINE", "SOURCE", "READY", "ADAPTERS", "PROBLEM"])
 
     emit(ns, api.call("GET", "/models"), render)
 

@@ -157,9 +157,19 @@ def model_text(definition: Mapping[str, Any], view: Mapping[str, Any] | None = N
             out.append(_line("static endpoints", value_text(view["static_replicas"])))
         if view.get("unplaceable"):
             out.append(_line("problem", str(view["unplaceable"])))
+    adapters = definition.get("adapters")
+    if isinstance(adapters, list) and adapters:  # each in full under the definition below
+        out.append(_line("adapters", ", ".join(adapter_text(a) for a in adapters)))
     pairs = [(k, v) for k, v in _flat("", definition) if k != "name"]
     width = max([KEY_WIDTH - 2, *(len(k) for k, _ in pairs)])
     if pairs:
         out.append("definition")
         out.extend(f"  {k:{width}s} {v}".rstrip() for k, v in pairs)
     return "\n".join(out)
+
+
+def adapter_text(a: Any) -> str:
+    """One declared LoRA adapter, short: its name, and "(static)" when vLLM loads it at start."""
+    if not isinstance(a, Mapping):
+        return value_text(a)
+    return f"{value_text(a.get('name'))}{' (static)' if a.get('static') else ''}"

@@ -123,3 +123,11 @@ def test_ctl_tables_and_errors_escape_control_characters() -> None:
 
     assert _cell("r1\x1b[31m") == "r1\\x1b[31m" and _cell(["a\nb"]) == "a\\x0ab"
     assert "\x1b" not in table([["x\x1b[2J", 1]], ["NAME", "N"])
+
+
+def test_model_text_names_its_lora_adapters() -> None:
+    d = {"name": "m", "engine": "vllm", "adapters": [{"name": "sql", "source": "/l/sql", "static": True},
+                                                     {"name": "chat\x1b[2J", "source": "org/chat", "static": False}]}
+    out = model_text(d)
+    assert lines(out)["adapters"] == "sql (static), chat\\x1b[2J"
+    assert "\x1b" not in out and "adapters[1].source" in out

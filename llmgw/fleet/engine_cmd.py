@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from llmgw.fleet.types import EngineSpec
+from llmgw.fleet.types import EngineSpec, LoraLaunch
 
-__all__ = ["KV_HASH_ALGO", "KV_HASH_SEED", "KV_TOPIC", "build_command", "build_env", "health_path",
-           "kv_events_args"]
+__all__ = ["KV_HASH_ALGO", "KV_HASH_SEED", "KV_TOPIC", "RUNTIME_LORA_ENV", "build_command", "build_env",
+           "health_path", "kv_events_args", "lora_args"]
 
 #: What a kv_events engine hashes with: the router computes the same chain (vllm-wire.md §2).
 KV_HASH_ALGO = "sha256_cbor"
@@ -18,6 +18,28 @@ KV_HASH_SEED = "0"
 KV_TOPIC = "kv"
 
 _DEFAULT_BINARY = {"vllm": "vllm", "llamacpp": "llama-server"}
+#: vLLM serves /v1/load_lora_adapter and /v1/unload_lora_adapter only with this set (vllm-wire.md §4).
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+def lora_args(engine: str, lora: LoraLaunch) -> list[str]:
+    """The LoRA flags (vllm-wire.md §4, llamacpp.md). vLLM: LoRA on, its batch and rank limits, and
+    the static adapters as ``--lora-modules`` — ``NAME=PATH`` where vLLM's parser reads that form
+    back unchanged (one ``=``, no comma), else its JSON form, which every version since 0.10 takes.
+    llama.cpp: every adapter loaded off, ``--lora-scaled FILE:0`` each (``--lora-init-without-apply``
+    does not work in the verified build): a request applies one by its explicit ``lora`` list, and
+    an adapter's id is its position here."""
+    if engine == "llamacpp":
+        return [arg for _, source in lora.adapters for arg in ("--lora-scaled", f"{source}:0")]
+    out = ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_rank)]
+    if lora.adapters:
+        out.append("--lora-modules")
+        for name, source in lora.adapters:
+            item = f"{name}={source}"
+            if item.count("=") != 1 or "," in item:
+                item = json.dumps({"name": name, "path": source}, separators=(",", ":"))
+            out.append(item)
+    return out
 
 
 def kv_events_args(endpoint: str, replay: str) -> list[str]:
@@ -45,17 +67,19 @@ def build_command(spec: EngineSpec, host: str, port: int, python: str,
     listen = ["--host", host, "--port", str(port)]
     if spec.kv_events and kv is not None:
         listen += kv_events_args(*kv)
+    # After the model: --lora-modules takes every word up to the next flag (a positional MODEL too).
+    args = [*lora_args(spec.engine, spec.lora), *spec.args] if spec.lora is not None else spec.args
     if spec.simulate:
         if spec.engine == "vllm":
             model = [spec.model_path, "--served-model-name", spec.model]
         else:
             model = ["-m", spec.model_path, "--alias", spec.model, "--metrics"]
-        return [python, "-m", "llmgw", "sim", "--engine", spec.engine, *listen, *model, *spec.args]
+        return [python, "-m", "llmgw", "sim", "--engine", spec.engine, *listen, *model, *args]
     binary = spec.binary or _DEFAULT_BINARY[spec.engine]
     if spec.engine == "vllm":
-        return [binary, "serve", spec.model_path, *listen, "--served-model-name", spec.model, *spec.args]
+        return [binary, "serve", spec.model_path, *listen, "--served-model-name", spec.model, *args]
     # --slots: the router reads per-slot state; --metrics: the llama.cpp metric contract.
-    return [binary, "-m", spec.model_path, *listen, "--alias", spec.model, "--metrics", "--slots", *spec.args]
+    return [binary, "-m", spec.model_path, *listen, "--alias", spec.model, "--metrics", "--slots", *args]
 
 
 def build_env(spec: EngineSpec, base_env: dict[str, str]) -> dict[str, str]:
@@ -67,6 +91,8 @@ def build_env(spec: EngineSpec, base_env: dict[str, str]) -> dict[str, str]:
         # A fixed seed, not the inherited one: the hash chain must match the router's and the other
         # replicas'. The deploy profile's env (applied next) may still set another on purpose.
         env["PYTHONHASHSEED"] = KV_HASH_SEED
+    if spec.lora is not None and spec.engine == "vllm":
+        env[RUNTIME_LORA_ENV] = "True"  # the router loads the other adapters on demand
     env.update(dict(spec.env))
     if spec.gpu_indices:
         # The placement decision wins over a CUDA_VISIBLE_DEVICES in spec.env.

@@ -8,13 +8,35 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["ENGINE_STATES", "RUNNING_STATES", "EngineReport", "EngineSpec", "EngineState", "GpuInfo", "NodeFacts"]
+__all__ = ["ENGINE_STATES", "RUNNING_STATES", "EngineReport", "EngineSpec", "EngineState", "GpuInfo", "LoraLaunch",
+           "NodeFacts"]
 
 EngineState = Literal["starting", "ready", "unhealthy", "crashed", "failed", "crashloop", "stopping", "stopped"]
 ENGINE_STATES: tuple[str, ...] = ("starting", "ready", "unhealthy", "crashed", "failed", "crashloop",
                                   "stopping", "stopped")
 # States in which the engine process exists (and holds its GPUs and port).
 RUNNING_STATES = frozenset({"starting", "ready", "unhealthy", "stopping"})
+
+
+@dataclass(frozen=True)
+class LoraLaunch:
+    """An engine's LoRA setup at start (the command line is :mod:`llmgw.fleet.engine_cmd`'s). vLLM:
+    LoRA on, ``max_loras`` adapters per batch, ranks up to ``max_rank``, ``adapters`` the static ones
+    (the rest are loaded at runtime). llama.cpp: ``adapters`` is every declared one, each loaded off
+    (scale 0) — its position is its id; ``max_loras``/``max_rank`` are 0 (not llama.cpp's)."""
+
+    max_loras: int = 0
+    max_rank: int = 0
+    adapters: tuple[tuple[str, str], ...] = ()  # (name, source): loaded at start, in this order
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"max_loras": self.max_loras, "max_rank": self.max_rank,
+                "adapters": [[name, source] for name, source in self.adapters]}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> LoraLaunch:
+        return cls(max_loras=int(d.get("max_loras", 0)), max_rank=int(d.get("max_rank", 0)),
+                   adapters=tuple((str(n), str(s)) for n, s in d.get("adapters", ())))
 
 
 @dataclass(frozen=True)
@@ -34,6 +56,7 @@ class EngineSpec:
     health_timeout_s: float = 600.0
     generation: int = 0
     kv_events: bool = False  # vLLM publishes KV cache events (the agent picks the endpoints)
+    lora: LoraLaunch | None = None  # the model declares LoRA adapters
 
     def spec_hash(self) -> str:
         """Identity of the engine process: everything but `generation`."""
@@ -48,7 +71,8 @@ class EngineSpec:
                 "env": [list(kv) for kv in self.env], "gpu_indices": list(self.gpu_indices),
                 "health_timeout_s": self.health_timeout_s, "generation": self.generation,
                 # only when on: the spec_hash of every engine without it stays as it was (no restarts)
-                **({"kv_events": True} if self.kv_events else {})}
+                **({"kv_events": True} if self.kv_events else {}),
+                **({"lora": self.lora.to_wire()} if self.lora is not None else {})}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> EngineSpec:
@@ -57,7 +81,8 @@ class EngineSpec:
                    args=tuple(d.get("args", ())), env=tuple((str(k), str(v)) for k, v in d.get("env", ())),
                    gpu_indices=tuple(int(i) for i in d.get("gpu_indices", ())),
                    health_timeout_s=float(d.get("health_timeout_s", 600.0)),
-                   generation=int(d.get("generation", 0)), kv_events=bool(d.get("kv_events", False)))
+                   generation=int(d.get("generation", 0)), kv_events=bool(d.get("kv_events", False)),
+                   lora=LoraLaunch.from_wire(d["lora"]) if isinstance(d.get("lora"), dict) else None)
 
 
 @dataclass

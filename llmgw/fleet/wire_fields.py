@@ -9,7 +9,7 @@ import reprlib
 from collections.abc import Callable
 from typing import Any
 
-from llmgw.fleet.types import ENGINE_STATES, EngineReport, EngineSpec, GpuInfo, NodeFacts
+from llmgw.fleet.types import ENGINE_STATES, EngineReport, EngineSpec, GpuInfo, LoraLaunch, NodeFacts
 
 MAX_NAME = 253  # a DNS name: node names and label keys
 MAX_LABEL_VALUE = 1024
@@ -27,6 +27,8 @@ MAX_KV_MEDIUM = 32  # a storage medium's name ("GPU", "CPU" ...)
 MAX_KV_COUNTS = 32  # named counters in one kv_events message
 MAX_KV_COUNT_NAME = 64
 MAX_KV_COUNT = 1 << 32  # one counter's increment in one message
+MAX_LORA_ADAPTERS = 1024  # adapters an engine spec loads at start
+MAX_LORA_TEXT = 4096  # an adapter's name or source, in chars
 
 
 class WireProtocolError(Exception):
@@ -171,7 +173,30 @@ def _spec(v: Any, path: str) -> EngineSpec:
         args=_field(d, path, "args", _tuple_of(_str), ()), env=_field(d, path, "env", _tuple_of(_env_pair), ()),
         gpu_indices=_field(d, path, "gpu_indices", _tuple_of(_int), ()),
         health_timeout_s=_field(d, path, "health_timeout_s", _positive, 600.0),
-        generation=_field(d, path, "generation", _int, 0), kv_events=_field(d, path, "kv_events", _bool, False))
+        generation=_field(d, path, "generation", _int, 0), kv_events=_field(d, path, "kv_events", _bool, False),
+        lora=_field(d, path, "lora", _opt(_lora), None))
+
+
+def _lora_pair(v: Any, path: str) -> tuple[str, str]:
+    if type(v) is not list or len(v) != 2:
+        raise WireProtocolError(f"{path}: expected a [name, source] pair, got {_short.repr(v)}")
+    text = _bounded_str(MAX_LORA_TEXT, empty=False)
+    return text(v[0], f"{path}[0]"), text(v[1], f"{path}[1]")
+
+
+def _count(most: int) -> _Check:
+    def check(v: Any, path: str) -> int:
+        if not 0 <= _int(v, path) <= most:
+            raise WireProtocolError(f"{path}: {v} is not in 0..{most}")
+        return v
+    return check
+
+
+def _lora(v: Any, path: str) -> LoraLaunch:
+    d = _map(v, path)
+    return LoraLaunch(max_loras=_field(d, path, "max_loras", _count(MAX_LORA_ADAPTERS), 0),
+                      max_rank=_field(d, path, "max_rank", _count(1 << 16), 0),
+                      adapters=_field(d, path, "adapters", _tuple_of(_lora_pair, MAX_LORA_ADAPTERS), ()))
 
 
 def _report(v: Any, path: str) -> EngineReport:

@@ -28,7 +28,7 @@ __all__ = ["Attempt"]
 
 
 class Attempt:
-    __slots__ = ("alarm", "caps", "decision", "ended", "first_byte_timeout", "permit", "replica", "started",
+    __slots__ = ("alarm", "body", "caps", "decision", "ended", "first_byte_timeout", "permit", "replica", "started",
                  "_token")
 
     def __init__(self, replica: Replica, caps: ConcurrencyCaps, permit: Permit, decision: Decision,
@@ -45,6 +45,7 @@ class Attempt:
         self.ended = False
         self.alarm: bool | None = None  # the prefix zero-hit alarm changed to this (None: unchanged)
         self.first_byte_timeout: float | None = None  # seconds; None: the configured ceiling
+        self.body: bytes | None = None  # what to send; None: the client's body as it came
         self._token = replica.breaker.probe_token() if permit is Permit.PROBE else NO_SLOT
         replica.view.inflight += 1
 

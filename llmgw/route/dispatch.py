@@ -44,6 +44,7 @@ from .counters import RouterCounters
 from .filters import is_saturated
 from .openai_req import ApiError, parse_body
 from .kv_scorer import KvCacheScorer
+from .lora_body import request_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
 from .prefix_capacity import Capacity, PrefixConfig
 from .replicas import ModelEntry, Replica, ReplicaTable
@@ -86,6 +87,7 @@ class Plan:
     retry_5xx: bool = True
     counted: bool = False  # its one llmgw_requests_total increment is done (RouterCore._done)
     body: dict[str, Any] | None = None  # the parsed request (the shell's tier-2 tokenize step reads it)
+    raw: bytes = b""  # the request's body as it came (what an attempt sends: Attempt.body)
 
     @property
     def model(self) -> str:
@@ -139,7 +141,7 @@ class RouterCore:
                            prompt_tokens_estimate=b.prompt_chars // 4, strategy=strat.name,
                            head=request_head(b.obj, kind) if kind != "embeddings" else b"",
                            cache_salt=salt if isinstance(salt, str) else None)
-        return Plan(info, entry, strat, b.stream, now, body=b.obj)
+        return Plan(info, entry, strat, b.stream, now, body=b.obj, raw=body)
 
     def strategy(self, entry: ModelEntry, asked: str | None) -> Strategy:
         name = asked or entry.strategy
@@ -214,6 +216,12 @@ class RouterCore:
             sched.commit(d, info, now)
             self._after_commit(d, entry, now)
             a = Attempt(rep, self.caps, permit, d, plan.started)
+            try:  # llama.cpp with declared adapters: the explicit per-request list (lora_body)
+                a.body = request_body(plan.raw, plan.body, entry, rep, info.adapter)
+            except LookupError as e:  # the scheduler keeps only replicas that can: not expected
+                a.end(now, None, verdict=False)
+                plan.failure, plan.detail = FailureKind.CONNECT, str(e)
+                continue
             a.alarm, self._alarm_news = self._alarm_news, None
             a.first_byte_timeout = self._first_byte_timeout(plan, rep)
             plan.retry_5xx = plan.suspect is None and plan.attempts < self.rc.max_attempts

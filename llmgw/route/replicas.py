@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmgw.config import Config, ModelConfig
+from llmgw.config import AdapterConfig, Config, ModelConfig
 
 from .breaker import Breaker, BreakerConfig
 from .contract import DrainRate, ScrapeResult
@@ -35,6 +35,10 @@ class Replica:
     served_models: frozenset[str] = frozenset()
     draining: bool = False  # leaving: no new requests, in-flight ones finish
     node: str | None = None  # the agent's node, for replicas the control plane placed
+    # llama.cpp with declared adapters: each adapter's id on this engine, and every id it lists
+    # (from /lora-adapters; None = not learned, or its last answer was unusable)
+    lora_ids: dict[str, int] | None = None
+    lora_all: tuple[int, ...] = ()
 
     @property
     def id(self) -> str:
@@ -57,6 +61,7 @@ class ModelEntry:
     replicas: list[Replica]
     adapters: dict[str, set[str]] = field(default_factory=dict)  # adapter -> replica ids
     wanted: int = 0  # replicas the config asks for (static ones + [models.deploy] count): see readiness.py
+    declared: dict[str, AdapterConfig] = field(default_factory=dict)  # [[models.adapters]] by name
 
 
 def wanted_replicas(m: ModelConfig) -> int:
@@ -84,8 +89,15 @@ class ReplicaTable:
         if m.name in self.models:  # a redefinition keeps the live replicas
             old = self.models[m.name]
             old.engine, old.strategy, old.wanted = m.engine, m.strategy, wanted_replicas(m)
+            declared = {a.name: a for a in m.adapters}
+            if declared != old.declared:  # llama.cpp: ids to learn again (its engines restart)
+                old.declared = declared
+                for r in old.replicas:
+                    if r.lora_ids is not None:
+                        self.set_lora_ids(r, None)
             return old
-        entry = ModelEntry(m.name, m.engine, m.strategy, [], wanted=wanted_replicas(m))
+        entry = ModelEntry(m.name, m.engine, m.strategy, [], wanted=wanted_replicas(m),
+                           declared={a.name: a for a in m.adapters})
         self.models[m.name] = entry
         for i, r in enumerate(m.replicas):
             self.add_replica(m, f"{m.name}/{i}", r.url, r.pool, r.weight)
@@ -127,7 +139,7 @@ class ReplicaTable:
         if entry is not None:
             return entry, None
         for entry in self.models.values():
-            if name in entry.adapters:
+            if name in entry.adapters or name in entry.declared:
                 return entry, name
         return None
 
@@ -143,10 +155,25 @@ class ReplicaTable:
         for a in [a for a, ids in entry.adapters.items() if not ids]:
             del entry.adapters[a]
 
+    def set_lora_ids(self, rep: Replica, by_path: dict[str, int] | None) -> None:
+        """llama.cpp: what its ``/lora-adapters`` listed (file path → id; None: nothing usable).
+        A declared adapter is on the replica when its source is one of the files."""
+        entry = self.models[rep.view.model]
+        if by_path is None:
+            rep.lora_ids, rep.lora_all = None, ()
+            self.set_adapters(rep, ())
+            return
+        rep.lora_ids = {a.name: by_path[a.source] for a in entry.declared.values() if a.source in by_path}
+        rep.lora_all = tuple(sorted(by_path.values()))
+        self.set_adapters(rep, rep.lora_ids)
+
     def views(self, entry: ModelEntry, now: float) -> list[EndpointView]:
         out = []
+        by_id = bool(entry.declared) and entry.engine == "llamacpp"
         for r in entry.replicas:
-            if r.draining:
+            # draining; or llama.cpp whose adapter ids are unknown: no request could say which
+            # adapter to run (lora_body), and without the list it would run its slot's last one
+            if r.draining or (by_id and r.lora_ids is None):
                 continue
             r.refresh_view(now)
             r.view.stale = self.is_stale(r, now)

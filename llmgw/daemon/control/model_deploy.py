@@ -6,9 +6,9 @@ from __future__ import annotations
 from llmgw.config import ModelConfig
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import ModelDeploy
-from llmgw.fleet.types import EngineSpec
+from llmgw.fleet.types import EngineSpec, LoraLaunch
 
-__all__ = ["ModelError", "deploy_of"]
+__all__ = ["ModelError", "deploy_of", "lora_launch"]
 
 
 class ModelError(Exception):
@@ -23,6 +23,18 @@ def deploy_of(m: ModelConfig) -> ModelDeploy | None:
     template = EngineSpec(replica="", model=m.name, engine=m.engine, model_path=path, simulate=d.simulate,
                           binary=d.binary, args=d.args,
                           env=tuple(tuple(kv.split("=", 1)) for kv in d.env),  # type: ignore[misc]
-                          health_timeout_s=d.health_timeout_s, kv_events=d.kv_events)
+                          health_timeout_s=d.health_timeout_s, kv_events=d.kv_events, lora=lora_launch(m))
     demand = Demand(d.gpus, d.gpu_memory_mb, d.memory_mb, tuple(sorted(d.node_selector.items())))
     return ModelDeploy(m.name, d.count, demand, template)
+
+
+def lora_launch(m: ModelConfig) -> LoraLaunch | None:
+    """What a model's engines load at start: nothing without adapters. vLLM: its limits and the
+    static adapters (the others are loaded on demand, so declaring one restarts nothing);
+    llama.cpp: every adapter, in declaration order (their ids)."""
+    if not m.adapters:
+        return None
+    if m.engine == "llamacpp":
+        return LoraLaunch(adapters=tuple((a.name, a.source) for a in m.adapters))
+    return LoraLaunch(max_loras=m.max_loaded_adapters, max_rank=m.max_lora_rank,
+                      adapters=tuple((a.name, a.source) for a in m.adapters if a.static))

@@ -149,9 +149,14 @@ def adopted_model(spec: EngineSpec, count: int, pools: Any) -> ModelConfig | Non
                               "gpus": len(spec.gpu_indices), "health_timeout_s": spec.health_timeout_s}
     if spec.binary:
         deploy["binary"] = spec.binary
+    model: dict[str, Any] = {"name": spec.model, "engine": spec.engine, "deploy": deploy}
+    if spec.lora is not None:  # the adapters it started with (vLLM's on-demand ones are not in a spec)
+        static = {"static": True} if spec.engine == "vllm" else {}
+        model["adapters"] = [{"name": n, "source": s, **static} for n, s in spec.lora.adapters]
+        if spec.engine == "vllm":
+            model["max_loaded_adapters"], model["max_lora_rank"] = spec.lora.max_loras, spec.lora.max_rank
     try:
-        return model_from_dict({"name": spec.model, "engine": spec.engine, "deploy": deploy},
-                               f"adopted model {spec.model}", pools=pools)
+        return model_from_dict(model, f"adopted model {spec.model}", pools=pools)
     except ConfigError as e:
         log.error("engine of model %s cannot be adopted: its spec is not a valid model: %s", spec.model, e)
         return None

@@ -135,8 +135,8 @@ class RouterMetrics(Collector):
                 c.add_metric([], float(value))
                 yield c
         if self.replicas is not None:
-            c = CounterMetricFamily("llmgw_engine_answer_errors", "Unusable /v1/models and /slots answers "
-                                    "(too large, malformed, failed).", labels=["endpoint", "path"])
+            c = CounterMetricFamily("llmgw_engine_answer_errors", "Unusable /v1/models, /slots and /lora-adapters "
+                                    "answers (too large, malformed, failed).", labels=["endpoint", "path"])
             for (rid, path), n in self.replicas.answer_errors.items():
                 c.add_metric([rid, path], float(n))
             yield c

@@ -3,7 +3,8 @@ relay of the answer. What to do is the core's (:mod:`llmgw.route.dispatch`): the
 once per request (``plan``), once per attempt (``next``: an attempt to send, or a ticket to wait
 on) and once when an attempt ends (``finish``: which waiting requests may now proceed).
 
-The body goes to the engine unchanged; the response streams back as it arrives (one write per
+The body goes to the engine unchanged (but for the explicit adapter list of a llama.cpp model with
+declared adapters: :mod:`llmgw.route.lora_body`); the response streams back as it arrives (one write per
 upstream read, done by the upstream pool's relay task without a task switch per chunk;
 backpressure from the client's socket). A retry on another replica happens only
 while nothing has been sent to the client; a client that leaves closes the upstream connection
@@ -225,9 +226,9 @@ class Router:
         for m in self.registry.models.values():
             yield {"id": m.name, "object": "model", "created": created, "owned_by": "llmgw",
                    "root": m.name, "parent": None, "replicas": len(m.replicas)}
-            for a in sorted(m.adapters):
+            for a in sorted({*m.adapters, *m.declared}):  # declared ones, and what replicas list
                 yield {"id": a, "object": "model", "created": created, "owned_by": "llmgw",
-                       "root": a, "parent": m.name, "replicas": len(m.adapters[a])}
+                       "root": a, "parent": m.name, "replicas": len(m.adapters.get(a, ()))}
 
     def _models(self, rid: str) -> Response:
         return Response(200, [("content-type", _JSON), (self.rid_header, rid)],
@@ -290,12 +291,13 @@ class Router:
         """One try on one replica: the client's Response, or None to ask the core again."""
         rc = self.cfg.router
         rep = a.replica
+        body = a.body if a.body is not None else req.body  # the core's rewrite (llama.cpp's adapter list)
         try:
             # The exchange's own __aenter__: on failure it has closed its connection, and its
             # __aexit__ is only resp.close(), which the body's end calls (no exit stack, no
             # shielded scope a request).
             resp = await self.pool.stream(
-                rep.view.url, "POST", req.target, headers, req.body, connect_timeout=rc.connect_timeout_s,
+                rep.view.url, "POST", req.target, headers, body, connect_timeout=rc.connect_timeout_s,
                 first_byte_timeout=a.first_byte_timeout or rc.first_byte_timeout_s,
                 idle_timeout=rc.idle_timeout_s).__aenter__()
         except UpstreamError as e:

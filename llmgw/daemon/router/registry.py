@@ -26,11 +26,13 @@ from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool
 from llmgw.route.cache_stats import CacheStats
 from llmgw.route.contract import scrape
 from llmgw.route.engine_answers import (
+    MAX_LORA_BYTES,
     MAX_METRICS_BYTES,
     MAX_MODELS_BYTES,
     MAX_SLOTS_BYTES,
     BadAnswer,
     adapters_of,
+    lora_adapters_of,
     slot_count_of,
 )
 from llmgw.route.replicas import ModelEntry, Replica, ReplicaTable
@@ -39,7 +41,7 @@ log = logging.getLogger("llmgw.router")
 
 __all__ = ["Replica", "ModelEntry", "Registry"]  # the first two: llmgw.route.replicas
 
-_PATHS = ("/metrics", "/v1/models", "/slots")
+_PATHS = ("/metrics", "/v1/models", "/slots", "/lora-adapters")
 _EXPECTED = (UpstreamError, trio.TooSlowError, OSError, BadAnswer)  # logged without a traceback
 
 
@@ -51,7 +53,7 @@ class Registry(ReplicaTable):
         super().__init__(cfg)
         self.on_capacity: Any = None  # called with a replica when its cache capacity changes
         self.cache_stats = CacheStats()  # prefix decisions (the router's) and engine hit rates (scraped)
-        # failed reads of /v1/models and /slots by (replica id, path); /metrics: Replica.scrape_errors
+        # failed reads of /v1/models, /slots, /lora-adapters by (replica id, path); /metrics: Replica.scrape_errors
         self.answer_errors: dict[tuple[str, str], int] = {}
         self._faults = LogLimiter(60.0)
 
@@ -83,6 +85,13 @@ class Registry(ReplicaTable):
             return
         if (n := self._faults.clear((rep.id, "/metrics"), trio.current_time())) is not None:
             log.info("replica %s: /metrics answers again%s", rep.id, repeats(n), extra={"endpoint": rep.id})
+        # llama.cpp's adapter ids: at once for a new replica, then with the slow round
+        if self._lora_by_id(rep) and (models_too or rep.lora_ids is None):
+            try:
+                await self._learn_lora(pool, rep)
+            except Exception as e:  # noqa: BLE001 — unusable: its adapters leave it, base requests go on
+                self.set_lora_ids(rep, None)
+                self._failed(rep, "/lora-adapters", e)
         if not models_too:
             return
         try:
@@ -151,9 +160,25 @@ class Registry(ReplicaTable):
         if body is None:
             return
         adapters = adapters_of(body)
-        if rep.view.model in self.models:
+        if rep.view.model in self.models and not self._lora_by_id(rep):
             self.set_adapters(rep, adapters)
         self._faults.clear((rep.id, "/v1/models"), trio.current_time())
+
+    def _lora_by_id(self, rep: Replica) -> bool:
+        """llama.cpp replicas of a model with declared adapters: their adapters are learned from
+        /lora-adapters (its /v1/models lists none) and applied by id in each request."""
+        entry = self.models.get(rep.view.model)
+        return rep.view.engine == "llamacpp" and entry is not None and bool(entry.declared)
+
+    async def _learn_lora(self, pool: UpstreamPool, rep: Replica) -> None:
+        body = await self._get(pool, rep, "/lora-adapters", 2, MAX_LORA_BYTES)
+        if body is None:  # no such route: an engine without LoRA
+            self.set_lora_ids(rep, {})
+            return
+        by_path = lora_adapters_of(body)
+        if rep.view.model in self.models:
+            self.set_lora_ids(rep, by_path)
+        self._faults.clear((rep.id, "/lora-adapters"), trio.current_time())
 
     async def _learn_slots(self, pool: UpstreamPool, rep: Replica) -> None:
         body = await self._get(pool, rep, "/slots", 2, MAX_SLOTS_BYTES)
