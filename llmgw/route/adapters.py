@@ -49,7 +49,9 @@ class Load:
     adapter: str
     unload: str | None
     started: float
+    model: str = ""  # the base model (the router's core sets it)
     waiters: int = 0  # requests waiting on it (the one that started it included)
+    unload_reported: bool = False  # the shell reported the unload's end (unloaded())
     unload_failed: bool = False  # the idle adapter could not be unloaded: it is held again at the end
     done: bool = False
     error: LoadFailure | None = None  # set when it failed

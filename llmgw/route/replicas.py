@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmgw.config import Config, ModelConfig
+from llmgw.config import AdapterConfig, Config, ModelConfig
 
 from .breaker import Breaker, BreakerConfig
 from .contract import DrainRate, ScrapeResult
@@ -57,6 +57,13 @@ class ModelEntry:
     replicas: list[Replica]
     adapters: dict[str, set[str]] = field(default_factory=dict)  # adapter -> replica ids
     wanted: int = 0  # replicas the config asks for (static ones + [models.deploy] count): see readiness.py
+    declared: dict[str, AdapterConfig] = field(default_factory=dict)  # [[models.adapters]] by name
+    max_loaded_adapters: int = 4  # per replica (vLLM: the adapter book's cap)
+
+    def on_demand(self, adapter: str | None) -> bool:
+        """Is ``adapter`` loaded on demand here (a declared, non-static adapter of a vLLM model)?"""
+        a = self.declared.get(adapter) if adapter is not None else None
+        return a is not None and not a.static and self.engine == "vllm"
 
 
 def wanted_replicas(m: ModelConfig) -> int:
@@ -84,8 +91,10 @@ class ReplicaTable:
         if m.name in self.models:  # a redefinition keeps the live replicas
             old = self.models[m.name]
             old.engine, old.strategy, old.wanted = m.engine, m.strategy, wanted_replicas(m)
+            old.declared, old.max_loaded_adapters = {a.name: a for a in m.adapters}, m.max_loaded_adapters
             return old
-        entry = ModelEntry(m.name, m.engine, m.strategy, [], wanted=wanted_replicas(m))
+        entry = ModelEntry(m.name, m.engine, m.strategy, [], wanted=wanted_replicas(m),
+                           declared={a.name: a for a in m.adapters}, max_loaded_adapters=m.max_loaded_adapters)
         self.models[m.name] = entry
         for i, r in enumerate(m.replicas):
             self.add_replica(m, f"{m.name}/{i}", r.url, r.pool, r.weight)
@@ -127,7 +136,7 @@ class ReplicaTable:
         if entry is not None:
             return entry, None
         for entry in self.models.values():
-            if name in entry.adapters:
+            if name in entry.adapters or name in entry.declared:
                 return entry, name
         return None
 
