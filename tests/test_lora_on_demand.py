@@ -67,7 +67,8 @@ def ask(d: Daemon, model: str, **kw: Any) -> httpx.Response:
 
 
 def test_a_cold_adapter_is_loaded_once_for_20_concurrent_requests(procs: list[Any], tmp_path: Path) -> None:
-    sims = [lora_sim(procs, "--sim-zero-cost"), lora_sim(procs, "--sim-zero-cost")]
+    slow_load = ["--sim-decode-ms-per-token", "0", "--sim-prefill-ms-per-token", "0", "--sim-lora-load-ms", "300"]  # the 20 arrive while it loads
+    sims = [lora_sim(procs, *slow_load), lora_sim(procs, *slow_load)]
     d = lora_router(procs, tmp_path, sims, {"sql": "/adapters/sql"})
     wait_for(lambda: ask(d, "m").status_code == 200)
     answers: list[int] = []
