@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from .conftest import SimProc, start_sim
+from .stub_engine import StubEngine, answer, normal, send_huge
 from .test_router_integration import Daemon, free_port, procs  # noqa: F401 — procs is a fixture
 from .test_sim_vllm import wait_for
 
@@ -189,3 +191,49 @@ def test_an_unknown_adapter_is_a_404_in_the_openai_envelope(procs: list[Any], tm
     r = ask(d, "nope")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     assert loads(d) == 0 and loads(d, "failed") == 0
+
+
+class LyingEngine:
+    """A vLLM stub whose runtime LoRA API misbehaves: ``mode`` "not_listed" (200, then the adapter
+    is not in /v1/models), "hang" (no answer), "huge" (an endless answer)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.release = threading.Event()
+        self.engine = StubEngine(self.handle)
+        self.url = self.engine.url
+
+    def handle(self, conn: Any, method: str, path: str, body: bytes) -> None:
+        if path == "/v1/load_lora_adapter":
+            if self.mode == "hang":
+                self.release.wait(30)
+                return
+            if self.mode == "huge":
+                send_huge(conn, 64 << 20, "text/plain")
+                return
+            conn.sendall(answer(200, b"Success: LoRA adapter 'a' added successfully.", [("content-type", "text/plain")]))
+        else:
+            normal(conn, method, path, body)
+
+    def stop(self) -> None:
+        self.release.set()
+        self.engine.stop()
+
+
+@pytest.mark.parametrize(("mode", "status", "outcome", "words"), [
+    ("not_listed", 502, "not_listed", "does not list the adapter"),
+    ("hang", 504, "timeout", "no answer within"),
+    ("huge", 502, "failed", ""),
+])
+def test_a_misbehaving_load_is_a_clear_error_and_a_counted_failure(procs: list[Any], tmp_path: Path, mode: str,
+                                                                   status: int, outcome: str, words: str) -> None:
+    e = LyingEngine(mode)
+    procs.append(e)
+    d = lora_router(procs, tmp_path, [], {"a": "/ad/a"}, urls=[e.url], router="adapter_load_timeout_s = 0.5")
+    r = ask(d, "a")
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == "adapter_load_failed" and words in err["message"] and len(err["message"]) < 600
+    assert loads(d, outcome) == 1 and loads(d) == 0
+    assert router_metric(d, "llmgw_adapters_loaded", replica="m/0") == 0  # no leaked slot
+    assert router_metric(d, "llmgw_adapter_load_waiting") == 0  # no stuck waiter
