@@ -384,6 +384,10 @@ class AdminApp:
     def _cache(self, window_s: float | None = None) -> CacheSummary:
         return self.router.cache_summary(window_s)
 
+    @_handles("list_adapters")
+    async def _list_adapters(self, call: _Call) -> Any:
+        return self.router.adapters(call.query["model"])
+
     @_handles("get_cache")
     async def _get_cache(self, call: _Call) -> Any:
         return self._cache(call.query["window_s"])
