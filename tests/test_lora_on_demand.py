@@ -102,6 +102,13 @@ def test_at_the_cap_the_least_recently_used_idle_adapter_is_unloaded(procs: list
     assert listed(s) == {"a", "c"}
     assert router_metric(d, "llmgw_adapter_unloads_total", outcome="ok") == 1
     assert router_metric(d, "llmgw_adapters_loaded", replica="m/0") == 2
+    sock = tmp_path / "admin" / "admin.sock"
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://llmgw") as admin:
+        view = admin.get("/api/v1/adapters").json()
+    rep = view["replicas"][0]
+    assert rep["replica"] == "m/0" and rep["cap"] == 2 and rep["used"] == 2
+    assert sorted(a["adapter"] for a in rep["adapters"]) == ["a", "c"]
+    assert view["loads"]["ok"] == 3 and view["unloads"]["ok"] == 1 and view["waiting"] == 0
 
 
 def test_an_adapter_with_a_stream_in_flight_is_not_unloaded(procs: list[Any], tmp_path: Path) -> None:
