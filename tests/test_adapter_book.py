@@ -204,3 +204,14 @@ class BookMachine(RuleBasedStateMachine):
 
 TestBookMachine = BookMachine.TestCase
 TestBookMachine.settings = settings(max_examples=200, stateful_step_count=60, deadline=None, derandomize=True)
+
+
+def test_a_replica_that_leaves_mid_load_keeps_no_slot_and_no_failure() -> None:
+    b = book(cap=1)
+    ld = b.choose("a", ["r0"], 0.0, evict=True, evictable=ALL)
+    assert isinstance(ld, Load)
+    b.remove_replica("r0")
+    b.finish(ld, 1.0, ("gone", 503, "failed"))
+    assert ld.error is not None and b.failures == {} and b.waiting() == 0
+    b.add_replica("r0", 1)  # back (a new engine): a fresh start
+    assert isinstance(b.choose("a", ["r0"], 1.0, evict=True, evictable=ALL), Load)

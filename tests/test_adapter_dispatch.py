@@ -274,3 +274,15 @@ def test_a_failed_load_is_an_error_for_every_waiter_and_then_backs_off() -> None
         assert e.status == 503 and ("retry-after", "1") in e.headers and e.counted
     p = core.plan("completions", b'{"model": "a", "prompt": "x"}', "q11", strategy=None, session=None, now=1.2)
     assert isinstance(core.next(p, 1.2, 0.0), Load)  # the backoff is over: tried again
+
+
+def test_a_redefined_model_s_cap_and_static_adapters_reach_the_book() -> None:
+    core = core_of()
+    assert {h.cap for h in core.adapters.book.replicas.values()} == {1}
+    again = parse_config(CFG.replace("max_loaded_adapters = 1", "max_loaded_adapters = 3")
+                         .replace('name = "c"\n', 'name = "c"\nstatic = true\n')).models[0]
+    core.table.add_model(again)
+    core.adapters.model_changed("m")
+    assert {h.cap for h in core.adapters.book.replicas.values()} == {3}
+    assert {h.pinned for h in core.adapters.book.replicas.values()} == {frozenset({"c"})}
+    assert not core.table.models["m"].on_demand("c") and core.table.models["m"].on_demand("a")

@@ -55,6 +55,13 @@ class AdapterRouting:
     def remove_replica(self, rid: str) -> None:
         self.book.remove_replica(rid)
 
+    def model_changed(self, model: str) -> None:
+        """The model was redefined: its replicas' cap and pinned (static) adapters follow. A lower
+        cap than the adapters held takes no adapter away; no load goes there until it is below."""
+        entry = self.core.table.models.get(model)
+        for rep in entry.replicas if entry is not None else ():
+            self.add_replica(rep)
+
     def listed(self, rep: Replica, names: frozenset[str] | set[str], asked_at: float) -> list[Ticket]:
         """The engine's /v1/models (asked at ``asked_at``) lists these adapters: a restart is
         learned (the book follows the engine), the view follows the book."""

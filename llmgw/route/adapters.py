@@ -238,7 +238,9 @@ class AdapterBook:
             n = prev.count + 1 if prev is not None else 1
             s = self.settings
             wait = min(s.backoff_max_s, s.backoff_s * 2 ** (n - 1))
-            ld.error = self.failures[key] = LoadFailure(failure[0], failure[1], failure[2], now, now + wait, n)
+            ld.error = LoadFailure(failure[0], failure[1], failure[2], now, now + wait, n)
+            if h is not None:  # a replica that left keeps no record
+                self.failures[key] = ld.error
         else:
             self.failures.pop(key, None)
         if h is None or h.loading.get(ld.adapter) is not ld:

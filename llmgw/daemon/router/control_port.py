@@ -82,6 +82,7 @@ class RouterAdapter:
     # -- the control plane --------------------------------------------------------------------
     def define_model(self, m: ModelConfig) -> None:
         self._router.registry.add_model(m)
+        self._router.core.adapters.model_changed(m.name)  # its adapters or max_loaded_adapters may differ
 
     def forget_model(self, name: str) -> None:
         entry = self._router.registry.models.get(name)
