@@ -241,6 +241,20 @@ def test_a_misbehaving_load_is_a_clear_error_and_a_counted_failure(procs: list[A
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["code"] == "adapter_load_failed" and words in err["message"] and len(err["message"]) < 600
+    assert "127.0.0.1" not in err["message"]  # the engine's address is for the log, not for clients
     assert loads(d, outcome) == 1 and loads(d) == 0
     assert router_metric(d, "llmgw_adapters_loaded", replica="m/0") == 0  # no leaked slot
     assert router_metric(d, "llmgw_adapter_load_waiting") == 0  # no stuck waiter
+
+
+def test_an_adapter_that_does_not_fit_the_base_model_gets_the_engine_s_reason(procs: list[Any],
+                                                                              tmp_path: Path) -> None:
+    big = tmp_path / "rank64"
+    big.mkdir()
+    (big / "adapter_config.json").write_text(json.dumps({"r": 64}))
+    s = lora_sim(procs, "--sim-zero-cost", "--max-lora-rank", "16")
+    d = lora_router(procs, tmp_path, [s], {"big": str(big)})
+    r = ask(d, "big")
+    assert r.status_code == 502 and "LoRA rank 64 is greater than max_lora_rank 16" in r.json()["error"]["message"]
+    assert loads(d, "failed") == 1 and listed(s) == set()
+    assert ask(d, "m").status_code == 200  # the base model is untouched

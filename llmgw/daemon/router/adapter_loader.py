@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from llmgw.daemon.net.log_limit import LogLimiter, repeats
-from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool
+from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
 from llmgw.route.adapters import LATENCY_BUCKETS, Load
 from llmgw.route.dispatch import Plan, RouterCore
 from llmgw.route.engine_answers import MAX_MODELS_BYTES, BadAnswer, adapters_of
@@ -80,9 +80,12 @@ class AdapterLoader:
         try:
             with trio.fail_after(self.timeout):
                 failure = await self._calls(ld)
-        except trio.TooSlowError:
+        except (trio.TooSlowError, UpstreamTimeout):
             failure = (f"no answer within {self.timeout:g}s", 504, "timeout")
-        except (UpstreamError, OSError, BadAnswer) as e:
+        except UpstreamError as e:  # its message may name the engine's address: the client gets .public
+            log.debug("adapter %s on %s: %s", ld.adapter, ld.replica, e)
+            failure = (_bounded(e.public), 502, "failed")
+        except (OSError, BadAnswer) as e:
             failure = (_bounded(str(e) or type(e).__name__), 502, "failed")
         except Exception as e:  # noqa: BLE001 — a bug must not leave the slot or the waiters stuck
             log.exception("adapter %s on %s: load failed", ld.adapter, ld.replica)
