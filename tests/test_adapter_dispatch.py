@@ -286,3 +286,16 @@ def test_a_redefined_model_s_cap_and_static_adapters_reach_the_book() -> None:
     assert {h.cap for h in core.adapters.book.replicas.values()} == {3}
     assert {h.pinned for h in core.adapters.book.replicas.values()} == {frozenset({"c"})}
     assert not core.table.models["m"].on_demand("c") and core.table.models["m"].on_demand("a")
+
+
+def test_with_every_breaker_open_an_adapter_request_is_not_held_in_the_queue() -> None:
+    core = core_of()
+    for rep in core.table.replicas.values():
+        rep.breaker.trip(0.0)
+    p = core.plan("completions", b'{"model": "a", "prompt": "x"}', "q1", strategy=None, session=None, now=0.0)
+    try:
+        step = core.next(p, 0.0, 0.0)
+    except ApiError as e:  # nobody holds it: the usual 503, at once
+        assert e.status == 503 and e.counted
+    else:
+        assert not isinstance(step, (Load, Ticket)), step

@@ -98,6 +98,10 @@ class AdapterRouting:
         cfg = core.sched.config
         live = [r for r in entry.replicas
                 if not r.draining and r.breaker.can_pass(now) and r.id in book.replicas]
+        if not live:  # every breaker open (or none yet): the usual path fails open or answers 503 at once
+            if woken is not None:
+                plan.admitted = True
+            return None
         for r in live:
             r.view.stale = core.table.is_stale(r, now)
         holders = [r for r in live if book.holds(r.id, name)]
