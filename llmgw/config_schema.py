@@ -147,6 +147,11 @@ class RouterConfig:
     queue_size: int = opt(256, check=in_range(0))  # requests waiting when all is saturated
     queue_timeout_s: float = opt(10.0, check=positive)  # then 429 with Retry-After
     decisions_kept: int = opt(1000, check=in_range(1))  # ring of recent decisions
+    # LoRA on demand (vLLM): a load (with the unload that makes room) ends within this, or fails
+    adapter_load_timeout_s: float = opt(120.0, check=positive)
+    # a failed load of an adapter on a replica is not tried again for this long, doubling per failure
+    adapter_backoff_s: float = opt(5.0, check=positive)
+    adapter_backoff_max_s: float = opt(300.0, check=positive)
     breaker: BreakerConfig = opt(factory=BreakerConfig)
     prefix: PrefixRoutingConfig = opt(factory=PrefixRoutingConfig)
 

@@ -23,7 +23,7 @@ import httpx
 from llmgw.admin_client.printable import printable
 from llmgw.admin_client.rationale import rationale_lines, text_table
 from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
-from llmgw.ctl_views import model_text, status_text, store_line
+from llmgw.ctl_views import ADAPTER_HEADERS, adapter_rows, adapters_footer, model_text, status_text, store_line
 
 __all__ = ["CtlError", "main", "store_line"]
 
@@ -305,6 +305,11 @@ def cmd_endpoints(api: Admin, ns: argparse.Namespace) -> None:
     emit(ns, api.call("GET", "/endpoints", params={"model": ns.model}), render)
 
 
+def cmd_adapters(api: Admin, ns: argparse.Namespace) -> None:
+    emit(ns, api.call("GET", "/adapters", params={"model": ns.model}),
+         lambda d: table(adapter_rows(d), ADAPTER_HEADERS) + "\n" + adapters_footer(d))
+
+
 def cmd_decisions(api: Admin, ns: argparse.Namespace) -> None:
     def render(ds: list[dict[str, Any]]) -> str:
         rows = []
@@ -414,6 +419,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("replica", metavar="REPLICA", help="the replica's id, as `llmgw ctl replicas` shows it")
     sp = add("endpoints", cmd_endpoints, "the router's endpoints: breaker, scraped metrics, inflight")
     sp.add_argument("--model", help="only this model's endpoints")
+    sp = add("adapters", cmd_adapters, "LoRA adapters per vLLM replica: held, loading, failed")
+    sp.add_argument("--model", help="only this model's replicas")
     sp = add("decisions", cmd_decisions, "recent routing decisions")
     sp.add_argument("--model", help="only decisions for this model")
     sp.add_argument("--replica", help="only decisions that chose this replica")

@@ -11,7 +11,8 @@ from typing import Any
 
 from llmgw.admin_client.printable import printable
 
-__all__ = ["KEY_WIDTH", "model_text", "status_text", "store_line", "value_text"]
+__all__ = ["ADAPTER_HEADERS", "KEY_WIDTH", "adapter_rows", "adapters_footer", "model_text", "status_text", "store_line",
+           "value_text"]
 
 KEY_WIDTH = 20  # the key column; "partition suspected" is the longest status key
 NONE = "none"
@@ -173,3 +174,34 @@ def adapter_text(a: Any) -> str:
     if not isinstance(a, Mapping):
         return value_text(a)
     return f"{value_text(a.get('name'))}{' (static)' if a.get('static') else ''}"
+
+
+ADAPTER_HEADERS = ["REPLICA", "MODEL", "SLOTS", "ADAPTER", "STATE", "INFLIGHT", "IDLE", "NOTE"]
+
+
+def adapter_rows(d: Mapping[str, Any]) -> list[list[Any]]:
+    """``GET /adapters`` as table rows: one per (replica, adapter), loads in progress and failed
+    loads included; a replica that holds none gets one row."""
+    rows: list[list[Any]] = []
+    for r in d.get("replicas", []):
+        head = [r.get("replica"), r.get("model"), f"{r.get('used', 0)}/{r.get('cap', 0)}"]
+        items = []
+        for a in r.get("adapters", []):
+            idle = a.get("idle_s")
+            note = ""
+            if a.get("state") == "loading":
+                note = f"{a.get('waiting', 0)} waiting" + (f", unloading {a['unloading']}" if a.get("unloading") else "")
+            items.append([a.get("adapter"), a.get("state"), a.get("inflight", 0),
+                          "-" if idle is None else f"{idle:.0f}s", note])
+        for f in r.get("failed", []):
+            items.append([f.get("adapter"), "failed", 0, "-",
+                          f"retry in {f.get('retry_in_s', 0):.0f}s ({f.get('failures', 1)}x): {f.get('reason', '')}"])
+        for i, item in enumerate(items or [["-", "", "", "", ""]]):
+            rows.append((head if i == 0 else ["", "", ""]) + item)
+    return rows
+
+
+def adapters_footer(d: Mapping[str, Any]) -> str:
+    loads = ", ".join(f"{k} {v}" for k, v in (d.get("loads") or {}).items() if v) or "none"
+    unloads = ", ".join(f"{k} {v}" for k, v in (d.get("unloads") or {}).items() if v) or "none"
+    return f"loads: {loads}; unloads: {unloads}; waiting for a load: {d.get('waiting', 0)}"

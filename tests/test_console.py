@@ -120,6 +120,10 @@ def test_snapshot_cache(snap: Callable[..., bool]) -> None:
     assert snap(press=("4",))
 
 
+def test_snapshot_adapters(snap: Callable[..., bool]) -> None:
+    assert snap(press=("5",))
+
+
 def test_snapshot_help(snap: Callable[..., bool]) -> None:
     assert snap(press=("question_mark",))
 

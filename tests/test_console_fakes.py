@@ -180,9 +180,25 @@ STORE = {"state": "ok", "path": "/var/lib/llmgw/router.db", "reason": None, "det
          "errors": 0, "pending_history": 0, "history_dropped": 0}
 
 
+ADAPTERS = {
+    "replicas": [
+        {"replica": "llama-8b/1a2b3c", "model": "llama-8b", "cap": 2, "used": 2, "failed": [],
+         "adapters": [{"adapter": "sql-lora", "state": "loaded", "inflight": 3, "idle_s": 0.0},
+                      {"adapter": "chat-lora", "state": "loading", "inflight": 0, "idle_s": None, "waiting": 4,
+                       "unloading": "old-lora"}]},
+        {"replica": "llama-8b/4d5e6f", "model": "llama-8b", "cap": 2, "used": 1,
+         "adapters": [{"adapter": "sql-lora", "state": "loaded", "inflight": 0, "idle_s": 42.0}],
+         "failed": [{"adapter": "bad-lora", "reason": "Loading lora bad-lora failed: No adapter found for /x",
+                     "failures": 2, "retry_in_s": 8.0}]},
+    ],
+    "loads": {"ok": 5, "failed": 2, "timeout": 0, "not_listed": 0}, "unloads": {"ok": 1, "failed": 0},
+    "waiting": 4,
+}
+
+
 def snapshot(rev: int = 1) -> dict[str, Any]:
     return {"type": "snapshot", "rev": rev, "nodes": NODES, "models": MODELS, "replicas": REPLICAS,
-            "endpoints": ENDPOINTS, "decisions": DECISIONS, "cache": CACHE, "store": STORE}
+            "endpoints": ENDPOINTS, "decisions": DECISIONS, "cache": CACHE, "store": STORE, "adapters": ADAPTERS}
 
 
 def stream() -> list[dict[str, Any]]:

@@ -114,6 +114,10 @@ def test_models_replicas_endpoints(daemon: dict[str, Any]) -> None:
     eps = json.loads(ctl(*s, "endpoints", "-o", "json").stdout)
     assert len(eps) == 2 and all(e["model"] == "sim-model" for e in eps)
     assert "BREAKER" in ctl(*s, "endpoints").stdout
+    ads = json.loads(ctl(*s, "adapters", "-o", "json").stdout)  # vLLM replicas, none held
+    assert len(ads["replicas"]) == 2 and all(r["used"] == 0 and r["cap"] == 4 for r in ads["replicas"])
+    out = ctl(*s, "adapters").stdout
+    assert out.split()[:3] == ["REPLICA", "MODEL", "SLOTS"] and "0/4" in out and "loads: none" in out
 
 
 def test_decisions_and_explain(daemon: dict[str, Any]) -> None:
@@ -169,7 +173,7 @@ def test_help_reads_well() -> None:
     top_help = top.format_help()
     assert "examples:" in top_help and "llmgw ctl explain REQUEST_ID" in top_help
     assert set(subs.choices) == {"status", "nodes", "join-info", "join-token", "label", "models", "scale",
-                                 "replicas", "restart", "endpoints", "decisions", "explain"}
+                                 "replicas", "restart", "endpoints", "adapters", "decisions", "explain"}
 
 
 def test_errors_say_what_to_do(tmp_path: Path) -> None:

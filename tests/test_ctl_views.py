@@ -131,3 +131,23 @@ def test_model_text_names_its_lora_adapters() -> None:
     out = model_text(d)
     assert lines(out)["adapters"] == "sql (static), chat\\x1b[2J"
     assert "\x1b" not in out and "adapters[1].source" in out
+
+
+def test_adapters_table_shows_holdings_loads_and_failures() -> None:
+    from llmgw.ctl_views import adapter_rows, adapters_footer
+
+    d = {"replicas": [
+        {"replica": "m/0", "model": "m", "cap": 2, "used": 2, "failed": [],
+         "adapters": [{"adapter": "a", "state": "loaded", "inflight": 3, "idle_s": 1.4},
+                      {"adapter": "b", "state": "loading", "inflight": 0, "idle_s": None, "waiting": 5,
+                       "unloading": "c"}]},
+        {"replica": "m/1", "model": "m", "cap": 2, "used": 0, "adapters": [],
+         "failed": [{"adapter": "x", "reason": "No adapter found for /x", "failures": 2, "retry_in_s": 9.6}]},
+        {"replica": "m/2", "model": "m", "cap": 2, "used": 0, "adapters": [], "failed": []}],
+        "loads": {"ok": 3, "failed": 2, "timeout": 0}, "unloads": {"ok": 1}, "waiting": 5}
+    rows = adapter_rows(d)
+    assert rows[0] == ["m/0", "m", "2/2", "a", "loaded", 3, "1s", ""]
+    assert rows[1] == ["", "", "", "b", "loading", 0, "-", "5 waiting, unloading c"]
+    assert rows[2][:5] == ["m/1", "m", "0/2", "x", "failed"] and "retry in 10s (2x): No adapter found" in rows[2][7]
+    assert rows[3][:4] == ["m/2", "m", "0/2", "-"]
+    assert adapters_footer(d) == "loads: ok 3, failed 2; unloads: ok 1; waiting for a load: 5"

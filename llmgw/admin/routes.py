@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from llmgw.admin.schema import (
+    AdapterSummary,
     CacheSummary,
     DecisionView,
     EndpointStatus,
@@ -170,6 +171,11 @@ ROUTES: tuple[Route, ...] = (
           tag="replicas", query=(QueryParam("model", str, "only this model's"),),
           description="Every replica the scheduler knows (static and placed), with its breaker and its "
                       "scraped metrics."),
+    Route("GET", f"{PREFIX}/adapters", "list_adapters", "LoRA adapters per replica", AdapterSummary,
+          tag="replicas", query=(QueryParam("model", str, "only this model's replicas"),),
+          description="Which vLLM replica holds which LoRA adapter (loaded on demand, or static), the loads "
+                      "in progress with the requests waiting for them, failed loads in backoff, and the "
+                      "load and unload counts by outcome."),
     # decisions and cache hits
     Route("GET", f"{PREFIX}/decisions", "list_decisions", "Recent routing decisions", list[DecisionView],
           tag="decisions", query=_DECISION_FILTERS, description="Newest first, each with its whole rationale."),

@@ -14,6 +14,9 @@ from dataclasses import fields
 from typing import Any
 
 from llmgw.admin.schema import (
+    AdapterFailure,
+    AdapterHeld,
+    AdapterSummary,
     BreakerView,
     CacheCounts,
     CacheSummary,
@@ -23,10 +26,12 @@ from llmgw.admin.schema import (
     GpuFacts,
     ModelCache,
     NodeFacts,
+    ReplicaAdapters,
     ReplicaCache,
     ScrapedMetrics,
 )
 from llmgw.fleet import types as fleet
+from llmgw.route.adapters import AdapterBook
 from llmgw.route.contract import ScrapeResult
 from llmgw.route.types import Decision
 
@@ -65,6 +70,25 @@ def _counts(c: dict[str, Any]) -> dict[str, Any]:
     return {k: c[k] for k in ("prefix_hits", "prefix_misses", "prefix_hit_rate", "engine_hit_tokens",
                               "engine_query_tokens", "engine_hit_rate", "prefix_hit_rate_series",
                               "engine_hit_rate_series")}
+
+
+def adapter_summary_view(book: AdapterBook, now: float, models: dict[str, str],
+                         model: str | None = None) -> AdapterSummary:
+    """From the router's adapter book (``llmgw.route.adapters``); ``models``: replica → model."""
+    reps = []
+    for row in book.snapshot(now):
+        rid = str(row["replica"])
+        m = models.get(rid, "")
+        if model is not None and m != model:
+            continue
+        held = [AdapterHeld(adapter=a["adapter"], state=a["state"], inflight=a["inflight"], idle_s=a["idle_s"],
+                            waiting=a.get("waiting", 0), unloading=a.get("unloading"))
+                for a in row["adapters"]]  # type: ignore[attr-defined]
+        failed = [AdapterFailure(**f) for f in row["failed"]]  # type: ignore[attr-defined]
+        reps.append(ReplicaAdapters(replica=rid, model=m, cap=row["cap"], used=row["used"],  # type: ignore[arg-type]
+                                    adapters=held, failed=failed))
+    return AdapterSummary(replicas=reps, loads=dict(book.loads_total), unloads=dict(book.unloads_total),
+                          waiting=book.waiting())
 
 
 def cache_summary_view(s: dict[str, Any]) -> CacheSummary:

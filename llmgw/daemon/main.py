@@ -298,6 +298,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
             router.set_kv_index(control.kv_index)
             async with trio.open_nursery() as inner:
                 inner.start_soon(router.registry.scrape_loop, pool)
+                inner.start_soon(router.adapters.run)  # LoRA adapter loads (vLLM, on demand)
                 inner.start_soon(control.guard.run)
                 # before the listeners open: the first request after the start finds them
                 await control.restore_routing(pool)

@@ -36,6 +36,8 @@ from typing import Any
 
 from llmgw.config import Config, ModelConfig
 
+from .adapter_routing import AdapterRouting
+from .adapters import AdapterSettings, Load
 from .admission import ConcurrencyCaps, Ticket, WaitQueue, suggest_retry_after
 from .attempt import Attempt
 from .breaker import NO_SLOT, FailureKind, Permit
@@ -88,6 +90,9 @@ class Plan:
     counted: bool = False  # its one llmgw_requests_total increment is done (RouterCore._done)
     body: dict[str, Any] | None = None  # the parsed request (the shell's tier-2 tokenize step reads it)
     raw: bytes = b""  # the request's body as it came (what an attempt sends: Attempt.body)
+    load: Load | None = None  # the adapter load it waits on (adapter_routing.py)
+    adapter_wait: bool = False  # its ticket waits for an adapter slot, not for the model's admission
+    wait_reason: str = ""  # ... and why (the 429's message if its deadline passes)
 
     @property
     def model(self) -> str:
@@ -123,6 +128,10 @@ class RouterCore:
         self.alarm_on = False
         self._alarm_news: bool | None = None  # a change of alarm_on the shell has not logged yet
         self._alarm_tick = 0
+        self.adapters = AdapterRouting(self, AdapterSettings(backoff_s=rc.adapter_backoff_s,
+                                                             backoff_max_s=rc.adapter_backoff_max_s))
+        for rep in table.all_replicas():
+            self.adapters.add_replica(rep)
 
     # -- 1. the request ------------------------------------------------------------------------
     def plan(self, kind: str, body: bytes, rid: str, *, strategy: str | None, session: str | None,
@@ -167,8 +176,14 @@ class RouterCore:
         return out
 
     # -- 2. an attempt ---------------------------------------------------------------------------
-    def next(self, plan: Plan, now: float, wall: float) -> Attempt | Ticket:
+    def next(self, plan: Plan, now: float, wall: float) -> Attempt | Ticket | Load:
+        """... or a :class:`~.adapters.Load` of the request's LoRA adapter to wait on (then the
+        shell reports with ``adapters.waited`` and asks again)."""
         entry = plan.entry
+        if entry.on_demand(plan.info.adapter):
+            step = self.adapters.step(plan, now)
+            if step is not None:
+                return step
         if plan.ticket is not None:  # it waited: let through, or still in the queue
             if plan.ticket in self._queue(entry):
                 return plan.ticket
@@ -222,6 +237,8 @@ class RouterCore:
                 a.end(now, None, verdict=False)
                 plan.failure, plan.detail = FailureKind.CONNECT, str(e)
                 continue
+            if info.adapter is not None:  # an adapter with a request in flight is never unloaded
+                self.adapters.book.acquire(chosen, info.adapter, now)
             a.alarm, self._alarm_news = self._alarm_news, None
             a.first_byte_timeout = self._first_byte_timeout(plan, rep)
             plan.retry_5xx = plan.suspect is None and plan.attempts < self.rc.max_attempts
@@ -326,6 +343,8 @@ class RouterCore:
             self._queue(plan.entry).cancel(t)
         self._settle(plan, now, count=timed_out)
         if timed_out:
+            if plan.adapter_wait:
+                raise self._reject(plan, now, "adapter_no_room", f"{plan.wait_reason}; try again later.")
             raise self._reject(plan, now, "queue_timeout", "All replicas stayed saturated; try again later.")
         if t is not None:  # the client left while it waited: counted where it ended
             self._done(plan, "client_cancelled", 499, None, None)
@@ -363,6 +382,8 @@ class RouterCore:
         if attempt.ended:
             return []
         rep = attempt.replica
+        if plan.info.adapter is not None:
+            self.adapters.book.release(rep.id, plan.info.adapter, now)
         was_closed = rep.breaker.state == "closed"
         model = plan.model
         started = plan.started
@@ -438,11 +459,13 @@ class RouterCore:
         rep = table.add_replica(m, rid, url, pool, weight)
         rep.node = node
         self.caps.set_cap(rid, rep.view.max_inflight)
+        self.adapters.add_replica(rep)
         return rep, self.capacity_freed(m.name)
 
     def remove_replica(self, rid: str) -> None:
         if self.table.remove_replica(rid) is not None:
             self.prefix.remove_replica(rid)
+            self.adapters.remove_replica(rid)
 
     def capacity_known(self, rep: Replica) -> None:
         """The engine told us what its cache holds (vLLM's cache_config_info, llama.cpp's slots):

@@ -62,6 +62,12 @@ class ModelEntry:
     adapters: dict[str, set[str]] = field(default_factory=dict)  # adapter -> replica ids
     wanted: int = 0  # replicas the config asks for (static ones + [models.deploy] count): see readiness.py
     declared: dict[str, AdapterConfig] = field(default_factory=dict)  # [[models.adapters]] by name
+    max_loaded_adapters: int = 4  # per replica (vLLM: the adapter book's cap)
+
+    def on_demand(self, adapter: str | None) -> bool:
+        """Is ``adapter`` loaded on demand here (a declared, non-static adapter of a vLLM model)?"""
+        a = self.declared.get(adapter) if adapter is not None else None
+        return a is not None and not a.static and self.engine == "vllm"
 
 
 def wanted_replicas(m: ModelConfig) -> int:
@@ -90,6 +96,7 @@ class ReplicaTable:
             old = self.models[m.name]
             old.engine, old.strategy, old.wanted = m.engine, m.strategy, wanted_replicas(m)
             declared = {a.name: a for a in m.adapters}
+            old.max_loaded_adapters = m.max_loaded_adapters
             if declared != old.declared:  # llama.cpp: ids to learn again (its engines restart)
                 old.declared = declared
                 for r in old.replicas:
@@ -97,7 +104,7 @@ class ReplicaTable:
                         self.set_lora_ids(r, None)
             return old
         entry = ModelEntry(m.name, m.engine, m.strategy, [], wanted=wanted_replicas(m),
-                           declared={a.name: a for a in m.adapters})
+                           declared={a.name: a for a in m.adapters}, max_loaded_adapters=m.max_loaded_adapters)
         self.models[m.name] = entry
         for i, r in enumerate(m.replicas):
             self.add_replica(m, f"{m.name}/{i}", r.url, r.pool, r.weight)

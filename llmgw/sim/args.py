@@ -53,7 +53,7 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sim-lora-require-path", action="store_true",
                    help="LoRA paths must exist on disk (else any path loads; rank from adapter_config.json 'r')")
     g.add_argument("--sim-lora-load-ms", type=float, default=0.0,
-                   help="time to load an adapter not in the worker's LoRA cache (default 0)")
+                   help="time to load an adapter not in the worker's LoRA cache: in load_lora_adapter, or at its first use (default 0)")
     g.add_argument("--sim-zero-cost", action="store_true",
                    help="set every time cost to zero (throughput benchmarks of the surrounding system)")
 

@@ -384,6 +384,10 @@ class AdminApp:
     def _cache(self, window_s: float | None = None) -> CacheSummary:
         return self.router.cache_summary(window_s)
 
+    @_handles("list_adapters")
+    async def _list_adapters(self, call: _Call) -> Any:
+        return self.router.adapters(call.query["model"])
+
     @_handles("get_cache")
     async def _get_cache(self, call: _Call) -> Any:
         return self._cache(call.query["window_s"])
@@ -408,7 +412,8 @@ class AdminApp:
     def _sections(self) -> dict[str, Any]:
         c = self.control
         return {"nodes": c.node_views(), "models": c.model_views(), "replicas": c.replica_views(),
-                "endpoints": self._endpoints(), "cache": self._cache(), "store": c.guard.status()}
+                "endpoints": self._endpoints(), "cache": self._cache(), "store": c.guard.status(),
+                "adapters": self.router.adapters()}
 
     def _new_decisions(self, seen: Decision | None) -> list[Decision]:
         ring = self.router.decisions()

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from llmgw.admin.schema import CacheSummary, EndpointStatus
-from llmgw.admin.views import breaker_view, cache_summary_view, scraped_metrics_view
+from llmgw.admin.schema import AdapterSummary, CacheSummary, EndpointStatus
+from llmgw.admin.views import adapter_summary_view, breaker_view, cache_summary_view, scraped_metrics_view
 from llmgw.config import ModelConfig
 from llmgw.route.types import Decision
 
@@ -69,6 +69,9 @@ class RouterPort(Protocol):
     def cache_summary(self, window_s: float | None = None) -> CacheSummary:
         """The cache-hit counters over the last `window_s` (default: the whole window kept)."""
 
+    def adapters(self, model: str | None = None) -> AdapterSummary:
+        """Which vLLM replica holds which LoRA adapter (the router's adapter book)."""
+
 
 class RouterAdapter:
     """RouterPort over a Router in this process."""
@@ -79,6 +82,7 @@ class RouterAdapter:
     # -- the control plane --------------------------------------------------------------------
     def define_model(self, m: ModelConfig) -> None:
         self._router.registry.add_model(m)
+        self._router.core.adapters.model_changed(m.name)  # its adapters or max_loaded_adapters may differ
 
     def forget_model(self, name: str) -> None:
         entry = self._router.registry.models.get(name)
@@ -122,6 +126,12 @@ class RouterAdapter:
                 draining=row["draining"], wall=row["wall"],
                 scrape=scraped_metrics_view(rep.last_scrape if rep is not None else None)))
         return out
+
+    def adapters(self, model: str | None = None) -> AdapterSummary:
+        core = self._router.core
+        reps = core.table.replicas
+        return adapter_summary_view(core.adapters.book, trio.current_time(),
+                                    {rid: r.view.model for rid, r in reps.items()}, model)
 
     def cache_summary(self, window_s: float | None = None) -> CacheSummary:
         return cache_summary_view(self._router.registry.cache_stats.summary(trio.current_time(), window_s))

@@ -39,11 +39,13 @@ from llmgw.daemon.net.upstream import (
     UpstreamResponse,
     UpstreamTimeout,
 )
+from llmgw.daemon.router.adapter_loader import AdapterLoader, AdapterMetrics
 from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.daemon.router.metrics import RouterMetrics
 from llmgw.daemon.router.registry import Registry, Replica
 from llmgw.daemon.router.tokenize import Tier2Metrics, Tier2Tokenizer
 from llmgw.http1.sinks import BodyAborted, BodySink
+from llmgw.route.adapters import Load
 from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
@@ -103,11 +105,14 @@ class Router:
         self.core = RouterCore(cfg, self.registry, cache_stats=self.registry.cache_stats, wall=time.time,
                                rng=random.Random(seed))
         self.registry.on_capacity = self.core.capacity_known
+        self.registry.on_adapters = self._adapters_listed
         self._wakers: dict[Ticket, trio.Event] = {}
         self.http_stats = ServerStats()  # the OpenAI endpoint's connections (see server_options)
         self.metrics = RouterMetrics(self.core.counters, self.core, registry=self.registry, http=self.http_stats)
         self.tier2 = Tier2Tokenizer(cfg, pool)  # tier 2's tokenize step, for kv_events models only
         self.metrics.registry.register(Tier2Metrics(self.tier2))
+        self.adapters = AdapterLoader(self.core, pool, self._wake)  # LoRA on demand (vLLM)
+        self.metrics.registry.register(AdapterMetrics(self.core))
         self.api_keys = set(cfg.server.api_keys)
         self.rid_header = cfg.server.request_id_header.lower()
 
@@ -154,6 +159,9 @@ class Router:
 
     def remove_replica(self, rid: str) -> None:
         self.core.remove_replica(rid)
+
+    def _adapters_listed(self, rep: Replica, names: set[str], asked_at: float) -> None:
+        self._wake(self.core.adapters.listed(rep, names, asked_at))
 
     def _wake(self, tickets: Iterable[Ticket]) -> None:
         for t in tickets:
@@ -260,6 +268,8 @@ class Router:
                     resp = await self._attempt(plan, step, req, headers, rid)
                     if resp is not None:
                         return resp
+                elif type(step) is Load:  # its LoRA adapter is being loaded (once, for all who want it)
+                    await self.adapters.wait(plan, step)
                 else:
                     await self._wait(plan, step)  # type: ignore[arg-type]
         except ApiError:

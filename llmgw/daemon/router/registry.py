@@ -52,6 +52,8 @@ class Registry(ReplicaTable):
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
         self.on_capacity: Any = None  # called with a replica when its cache capacity changes
+        # called with (replica, adapters listed, when asked) after each /v1/models; None: set_adapters
+        self.on_adapters: Any = None
         self.cache_stats = CacheStats()  # prefix decisions (the router's) and engine hit rates (scraped)
         # failed reads of /v1/models, /slots, /lora-adapters by (replica id, path); /metrics: Replica.scrape_errors
         self.answer_errors: dict[tuple[str, str], int] = {}
@@ -156,12 +158,16 @@ class Registry(ReplicaTable):
 
     async def _learn_models(self, pool: UpstreamPool, rep: Replica) -> None:
         """Adapters come and go at runtime (vLLM's load_lora_adapter): learn them from /v1/models."""
+        asked_at = trio.current_time()
         body = await self._get(pool, rep, "/v1/models", 2, MAX_MODELS_BYTES)
         if body is None:
             return
         adapters = adapters_of(body)
-        if rep.view.model in self.models and not self._lora_by_id(rep):
-            self.set_adapters(rep, adapters)
+        if rep.view.model in self.models and self.replicas.get(rep.id) is rep and not self._lora_by_id(rep):
+            if self.on_adapters is not None:
+                self.on_adapters(rep, adapters, asked_at)
+            else:
+                self.set_adapters(rep, adapters)
         self._faults.clear((rep.id, "/v1/models"), trio.current_time())
 
     def _lora_by_id(self, rep: Replica) -> bool:

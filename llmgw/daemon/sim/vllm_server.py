@@ -258,6 +258,10 @@ class VllmSim:
         exists, rank = self._inspect_adapter(path)
         if not self.enable_lora:
             raise vs.VllmError(400, "LoRA is not enabled. Please start the server with --enable-lora.")
+        name = body.get("lora_name")
+        if (exists and self.opts.lora_load_ms > 0 and isinstance(name, str) and name not in self.loras.adapters
+                and name not in self.loras.resident):
+            await trio.sleep(self.opts.lora_load_ms / 1e3)  # the weights are read before the call answers
         msg = self.loras.load(body.get("lora_name"), path, load_inplace=bool(body.get("load_inplace", False)),
                               exists=exists, rank=rank)
         return Response(200, [("content-type", "text/plain; charset=utf-8")], msg.encode())
