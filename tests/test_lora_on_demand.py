@@ -184,8 +184,9 @@ def test_a_restarted_replica_s_holdings_are_relearned(procs: list[Any], tmp_path
     assert ask(d, "a").status_code == 200 and listed(s) == {"a"}
     s.stop()
     s2 = lora_sim(procs, "--sim-zero-cost", "--lora-modules", "b=/ad/b", port=port)
-    models = lambda: {o["id"] for o in httpx.get(f"{d.url}/v1/models").json()["data"]}  # noqa: E731
-    wait_for(lambda: "b" in models() and "a" not in models(), timeout=15)
+    # /v1/models lists both (they are declared); how many replicas serve each is what changed
+    served = lambda: {o["id"]: o.get("replicas") for o in httpx.get(f"{d.url}/v1/models").json()["data"]}  # noqa: E731
+    wait_for(lambda: served().get("b") == 1 and served().get("a") == 0, timeout=15)
     assert ask(d, "b").status_code == 200
     assert loads(d) == 1  # b was held after the restart: no load
     assert ask(d, "a").status_code == 200  # the slot of b (idle) is made room of; a is loaded again
