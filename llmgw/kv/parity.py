@@ -52,7 +52,7 @@ Holds = Callable[[Replica, Hashable], bool]
 class ParityConfig:
     settle_s: float = 2.0  # after a request's end, how long its blocks' events may take (agents flush every 0.1 s)
     max_checks_per_replica: int = 256
-    max_expected: int = 32  # leading hashes a check keeps
+    max_expected: int = 16  # leading hashes a check keeps
     alarm_after: int = 3  # failed checks in a row that raise the alarm
     known_per_replica: int = 1024  # hashes a replica proved to hash alike, kept across resets
 

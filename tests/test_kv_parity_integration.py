@@ -1,0 +1,83 @@
+"""Tier 2's parity self-check over real processes: router + agent + simulated vLLM with kv_events.
+An engine that hashes with another PYTHONHASHSEED than the router assumes (the simulator's
+--sim-hash-seed) is flagged within 5 requests; a healthy one never is, through prefix hits and
+evictions."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from .test_fleet_integration import fleet_factory, sim_model  # noqa: F401 — the fixture
+from .test_sim_vllm import wait_for
+
+
+def metrics(f: Any) -> str:
+    return httpx.get(f"{f.router.url}/metrics", timeout=5).text
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of the one series of `name` whose labels include `labels` (0 when absent)."""
+    total = 0.0
+    for m in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def chat(f: Any, text: str) -> None:
+    r = httpx.post(f"{f.router.url}/v1/chat/completions", timeout=10,
+                   json={"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+def prompt(i: int) -> str:
+    return f"conversation {i} starts here. " + f"a paragraph about topic {i} and its caches " * 30
+
+
+def test_an_engine_hashing_with_another_seed_is_flagged_within_5_requests(fleet_factory: Any) -> None:  # noqa: F811
+    f = fleet_factory([sim_model(count=1, kv_events=True, args=["--sim-hash-seed", "7"])])
+    f.start_agent("a")
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    rid = f.ready("m")[0]["replica"]
+    for i in range(5):
+        chat(f, prompt(i))
+    # every check settles within settle_s (2 s) of its request's end: no further request needed
+    wait_for(lambda: sample(metrics(f), "llmgw_kv_parity_alarm", endpoint=rid) == 1.0, 15)
+    text = metrics(f)
+    assert sample(text, "llmgw_kv_parity_checks_total", endpoint=rid, model="m", outcome="pass") == 0
+    assert 3 <= sample(text, "llmgw_kv_parity_checks_total", endpoint=rid, outcome="fail") <= 5
+    log = f.log(f.router)
+    assert f"tier 2 parity: replica {rid} (model m)" in log and "PYTHONHASHSEED" in log
+    view = {r["replica"]: r for r in f.get("/api/v1/kv")["replicas"]}
+    assert view[rid]["parity"]["status"] == "alarm" and view[rid]["parity"]["failed"] >= 3
+
+
+def test_a_healthy_engine_passes_through_prefix_hits_and_evictions(fleet_factory: Any) -> None:  # noqa: F811
+    # 64 blocks of 16 tokens: a handful of these prompts (~20 blocks each) evict each other
+    f = fleet_factory([sim_model(count=1, kv_events=True,
+                                 args=["--sim-kv-blocks", "64", "--max-model-len", "1000"])])
+    f.start_agent("a")
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    rid = f.ready("m")[0]["replica"]
+    order = [0, 1, 0, 0, 2, 3, 4, 2, 5, 6, 7, 0, 8, 8]  # repeats are prefix hits while cached
+    for i in order:
+        chat(f, prompt(i))
+
+    def settled() -> bool:
+        text = metrics(f)
+        return sum(sample(text, "llmgw_kv_parity_checks_total", endpoint=rid, outcome=o)
+                   for o in ("pass", "fail", "unknown")) == len(order)
+
+    wait_for(settled, 15)
+    text = metrics(f)
+    assert sample(text, "llmgw_kv_parity_checks_total", endpoint=rid, outcome="fail") == 0
+    assert sample(text, "llmgw_kv_parity_checks_total", endpoint=rid, outcome="pass") >= len(order) - 2
+    assert sample(text, "llmgw_kv_parity_alarm", endpoint=rid) == 0
+    # the engine evicted: more block events than blocks held (each removal is one)
+    held = sample(text, "llmgw_kv_index_blocks", endpoint=rid)
+    assert float(re.search(r"^llmgw_kv_index_block_events_total (\S+)$", text, re.MULTILINE).group(1)) > held + 20
+    assert "tier 2 parity" not in f.log(f.router)
