@@ -81,3 +81,13 @@ def test_a_healthy_engine_passes_through_prefix_hits_and_evictions(fleet_factory
     held = sample(text, "llmgw_kv_index_blocks", endpoint=rid)
     assert float(re.search(r"^llmgw_kv_index_block_events_total (\S+)$", text, re.MULTILINE).group(1)) > held + 20
     assert "tier 2 parity" not in f.log(f.router)
+    kv = f.get("/api/v1/kv")
+    assert kv["enabled"] and kv["blocks"] == held and kv["bytes"] > 0
+    row = next(r for r in kv["replicas"] if r["replica"] == rid)
+    assert row["model"] == "m" and row["node"] == "a" and row["blocks"] == held
+    assert row["messages"] > 0 and row["lag_s"] is not None and row["resets"] >= 1 and row["gaps"] == 0
+    assert row["tier1_decisions"] + row["tier2_decisions"] == len(order) and row["tier2_decisions"] >= 2
+    assert row["parity"]["status"] == "ok" and row["parity"]["mismatch_rate"] == 0.0
+    assert kv["models"] == [{"model": "m", "passed": row["parity"]["passed"], "failed": 0,
+                             "unknown": row["parity"]["unknown"], "mismatch_rate": 0.0}]
+    assert sum(kv["decisions"].values()) == len(order)

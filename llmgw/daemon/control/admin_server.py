@@ -388,6 +388,10 @@ class AdminApp:
     async def _get_cache(self, call: _Call) -> Any:
         return self._cache(call.query["window_s"])
 
+    @_handles("get_kv")
+    async def _get_kv(self, call: _Call) -> Any:
+        return self.router.kv_summary()
+
     @_handles("list_history")
     async def _history(self, call: _Call) -> Any:
         q = call.query
