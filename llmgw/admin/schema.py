@@ -454,6 +454,7 @@ class SnapshotEvent:
     decisions: list[DecisionView] = prop("the last 50, oldest first")
     cache: CacheSummary
     store: StoreStatus
+    kv: KvSummary | None = prop("tier 2's index and parity per replica (null from a daemon before it)", None)
 
 
 @dataclass(slots=True)
@@ -475,6 +476,7 @@ class UpdateEvent:
     endpoints: list[EndpointStatus] | None = None
     cache: CacheSummary | None = None
     store: StoreStatus | None = None
+    kv: KvSummary | None = None
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 __all__ = ["SECTIONS", "ConsoleState", "DecisionEntry", "Link", "as_dict", "as_list"]
 
 # the sections a snapshot carries whole and an update may replace whole; decisions are apart
-SECTIONS = ("nodes", "models", "replicas", "endpoints", "cache", "store")
+SECTIONS = ("nodes", "models", "replicas", "endpoints", "cache", "store", "kv")
 MAX_DECISIONS = 500
 
 
@@ -61,6 +61,7 @@ class ConsoleState:
     endpoints: list[dict[str, Any]] = field(default_factory=list)
     cache: dict[str, Any] = field(default_factory=dict)
     store: dict[str, Any] = field(default_factory=dict)  # the router's store: {"state": "ok" | "degraded", ...}
+    kv: dict[str, Any] = field(default_factory=dict)  # tier 2: its index and parity per replica (GET /api/v1/kv)
     decisions: deque[DecisionEntry] = field(init=False)  # newest first
     link: Link = field(default_factory=Link)
     _seq: int = field(default=0, init=False)
@@ -101,7 +102,7 @@ class ConsoleState:
         return frozenset({"link"})
 
     def _set(self, name: str, value: Any) -> None:
-        setattr(self, name, as_dict(value) if name in ("cache", "store") else as_list(value))
+        setattr(self, name, as_dict(value) if name in ("cache", "store", "kv") else as_list(value))
 
     def _add(self, decision: dict[str, Any]) -> None:
         self._seq += 1

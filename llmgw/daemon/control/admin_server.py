@@ -412,7 +412,8 @@ class AdminApp:
     def _sections(self) -> dict[str, Any]:
         c = self.control
         return {"nodes": c.node_views(), "models": c.model_views(), "replicas": c.replica_views(),
-                "endpoints": self._endpoints(), "cache": self._cache(), "store": c.guard.status()}
+                "endpoints": self._endpoints(), "cache": self._cache(), "store": c.guard.status(),
+                "kv": self.router.kv_summary()}
 
     def _new_decisions(self, seen: Decision | None) -> list[Decision]:
         ring = self.router.decisions()
