@@ -1,6 +1,6 @@
 """Tier 2's parity self-check over real processes: router + agent + simulated vLLM with kv_events.
 An engine that hashes with another PYTHONHASHSEED than the router assumes (the simulator's
---sim-hash-seed) is flagged within 5 requests; a healthy one never is, through prefix hits and
+--sim-hash-seed), or with another hash algorithm, is flagged within 5 requests; a healthy one never is, through prefix hits and
 evictions."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 import httpx
+import pytest
 
 from .test_fleet_integration import fleet_factory, sim_model  # noqa: F401 — the fixture
 from .test_sim_vllm import wait_for
@@ -21,8 +22,8 @@ def metrics(f: Any) -> str:
 def sample(text: str, name: str, **labels: str) -> float:
     """The value of the one series of `name` whose labels include `labels` (0 when absent)."""
     total = 0.0
-    for m in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+    for m in re.finditer(rf"^{name}(?:\{{([^}}]*)\}})? (\S+)$", text, re.MULTILINE):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
         if all(have.get(k) == v for k, v in labels.items()):
             total += float(m.group(2))
     return total
@@ -38,8 +39,10 @@ def prompt(i: int) -> str:
     return f"conversation {i} starts here. " + f"a paragraph about topic {i} and its caches " * 30
 
 
-def test_an_engine_hashing_with_another_seed_is_flagged_within_5_requests(fleet_factory: Any) -> None:  # noqa: F811
-    f = fleet_factory([sim_model(count=1, kv_events=True, args=["--sim-hash-seed", "7"])])
+@pytest.mark.parametrize("args", [["--sim-hash-seed", "7"], ["--prefix-caching-hash-algo", "sha256"]],
+                         ids=["other-PYTHONHASHSEED", "other-hash-algo"])
+def test_a_misconfigured_engine_is_flagged_within_5_requests(fleet_factory: Any, args: list[str]) -> None:  # noqa: F811
+    f = fleet_factory([sim_model(count=1, kv_events=True, args=args)])
     f.start_agent("a")
     wait_for(lambda: len(f.ready("m")) == 1, 30)
     rid = f.ready("m")[0]["replica"]
@@ -66,6 +69,21 @@ def test_a_healthy_engine_passes_through_prefix_hits_and_evictions(fleet_factory
     order = [0, 1, 0, 0, 2, 3, 4, 2, 5, 6, 7, 0, 8, 8]  # repeats are prefix hits while cached
     for i in order:
         chat(f, prompt(i))
+    # a prefix another router's requests stored (sent to the engine directly): the router's first
+    # request for it stores nothing new, and passes because the blocks are in the index already
+    url = f.ready("m")[0]["url"]
+    before = sample(metrics(f), "llmgw_kv_index_block_events_total")
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=10,
+                   json={"model": "m", "messages": [{"role": "user", "content": prompt(99)}], "max_tokens": 2})
+    assert r.status_code == 200
+    wait_for(lambda: sample(metrics(f), "llmgw_kv_index_block_events_total") > before, 10)
+    decided = ("pass", "fail", "unknown")
+    wait_for(lambda: sum(sample(metrics(f), "llmgw_kv_parity_checks_total", endpoint=rid, outcome=o)
+                         for o in decided) == len(order), 15)
+    passed = sample(metrics(f), "llmgw_kv_parity_checks_total", endpoint=rid, outcome="pass")
+    chat(f, prompt(99))
+    order.append(99)
+    assert sample(metrics(f), "llmgw_kv_parity_checks_total", endpoint=rid, outcome="pass") == passed + 1
 
     def settled() -> bool:
         text = metrics(f)
@@ -79,7 +97,7 @@ def test_a_healthy_engine_passes_through_prefix_hits_and_evictions(fleet_factory
     assert sample(text, "llmgw_kv_parity_alarm", endpoint=rid) == 0
     # the engine evicted: more block events than blocks held (each removal is one)
     held = sample(text, "llmgw_kv_index_blocks", endpoint=rid)
-    assert float(re.search(r"^llmgw_kv_index_block_events_total (\S+)$", text, re.MULTILINE).group(1)) > held + 20
+    assert sample(text, "llmgw_kv_index_block_events_total") > held + 20
     assert "tier 2 parity" not in f.log(f.router)
     kv = f.get("/api/v1/kv")
     assert kv["enabled"] and kv["blocks"] == held and kv["bytes"] > 0
@@ -91,3 +109,19 @@ def test_a_healthy_engine_passes_through_prefix_hits_and_evictions(fleet_factory
     assert kv["models"] == [{"model": "m", "passed": row["parity"]["passed"], "failed": 0,
                              "unknown": row["parity"]["unknown"], "mismatch_rate": 0.0}]
     assert sum(kv["decisions"].values()) == len(order)
+
+    # one more request moves each tier-2 counter by exactly one
+    series = [("llmgw_kv_decisions_total", {}), ("llmgw_kv_matched_blocks_count", {}),
+              ("llmgw_kv_tokenize_seconds_count", {}), ("llmgw_kv_tokenize_total", {}),
+              ("llmgw_kv_tier_decisions_total", {"endpoint": rid}), ("llmgw_prefix_decisions_total", {}),
+              ("llmgw_kv_parity_checks_total", {"endpoint": rid})]
+    text = metrics(f)
+    before = {name: sample(text, name, **labels) for name, labels in series}
+    chat(f, prompt(123))
+    wait_for(lambda: sample(metrics(f), "llmgw_kv_parity_checks_total", endpoint=rid)
+             == before["llmgw_kv_parity_checks_total"] + 1, 15)
+    text = metrics(f)
+    assert {name: sample(text, name, **labels) - before[name] for name, labels in series} == \
+        {name: 1.0 for name, _ in series}
+    assert sample(text, "llmgw_kv_parity_checks_total", endpoint=rid, outcome="pass") == len(order) + 1 - \
+        sample(text, "llmgw_kv_parity_checks_total", endpoint=rid, outcome="unknown")
