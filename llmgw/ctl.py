@@ -425,6 +425,10 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", help="only decisions for this model")
     sp.add_argument("--replica", help="only decisions that chose this replica")
     sp.add_argument("--limit", type=int, default=20, metavar="N", help="at most N, newest first (default: 20)")
+    sp = add("explain", cmd_explain, "why a request went where it did: candidates × scorers, and the drops")
+    sp.add_argument("request_id", metavar="REQUEST_ID",
+                    help="the request's id: its x-request-id, which every response carries "
+                         "(`llmgw ctl decisions` lists recent ones)")
     sp = add("kv", cmd_kv, "tier 2: each replica's KV index, event feed and parity check",
              "Tier 2 of cache-aware routing, per replica: the blocks the router's KV index holds for it (! when "
              "it overflowed), the time since its last KV-event message (LAG), messages, resets and gaps (resets "
@@ -432,10 +436,6 @@ def parser() -> argparse.ArgumentParser:
              "engine's reported blocks carry the hashes the router computes? ok, suspect, ALARM, unchecked). "
              "Then the index's totals, tier 2's decision outcomes and each model's mismatch rate.")
     sp.add_argument("--model", help="only this model's replicas")
-    sp = add("explain", cmd_explain, "why a request went where it did: candidates × scorers, and the drops")
-    sp.add_argument("request_id", metavar="REQUEST_ID",
-                    help="the request's id: its x-request-id, which every response carries "
-                         "(`llmgw ctl decisions` lists recent ones)")
     return p
 
 
