@@ -79,7 +79,11 @@ class KVIndex:
     def holds(self, replica: Replica, h: ExternalBlockHash) -> bool:
         """Does the replica hold block `h` (any medium)?"""
         r = self._replicas.get(replica)
-        return r is not None and any(h in s for s in r.media.values())
+        if r is not None:
+            for s in r.media.values():
+                if h in s:
+                    return True
+        return False
 
     def blocks(self, replica: Replica) -> dict[Medium, set[ExternalBlockHash]]:
         r = self._replicas.get(replica)
