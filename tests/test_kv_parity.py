@@ -159,7 +159,7 @@ def test_forget_drops_the_checks_and_alarm_but_keeps_the_totals() -> None:
     t.forget("r1")
     rp = t.replicas["r1"]
     assert not rp.alarm and not rp.open and rp.failed == 1 and rp.forgotten
-    assert [c.on for c in t.take_changes()] == [False]
+    assert [(c.on, c.forgotten) for c in t.take_changes()] == [(False, True)]
     assert t.totals_by_model() == {"m": (0, 1, 0)}
 
 

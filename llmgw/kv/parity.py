@@ -70,6 +70,7 @@ class ParityChange:
     model: str
     on: bool
     failed_in_row: int
+    forgotten: bool = False  # off because the replica's index was dropped, not because a check passed
 
 
 class _Check:
@@ -214,7 +215,7 @@ class ParityTracker:
         for c in list(rp.open.values()):
             self._close(rp, c)
         if rp.alarm:
-            self._changes.append(ParityChange(replica, rp.model, False, rp.fails_in_row))
+            self._changes.append(ParityChange(replica, rp.model, False, rp.fails_in_row, forgotten=True))
         rp.known.clear()
         rp.alarm, rp.fails_in_row, rp.last, rp.forgotten = False, 0, "", True
 

@@ -130,6 +130,10 @@ class RouterKvIndex:
                             "route to what it caches. Likely: %s. Compare `llmgw kv hash` with `llmgw kv watch`; "
                             "`llmgw ctl kv` shows every replica's parity", ch.replica, ch.model,
                             ch.failed_in_row, PARITY_CAUSES)
+            elif ch.forgotten:
+                log.info("tier 2 parity: replica %s (model %s): alarm cleared: its index was dropped (it left "
+                         "routing, restarted, or its agent's stream ended); checked again from its next requests",
+                         ch.replica, ch.model)
             else:
                 log.info("tier 2 parity: replica %s (model %s): the engine's blocks match the router's "
                          "hashes again", ch.replica, ch.model)
