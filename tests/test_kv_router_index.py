@@ -84,8 +84,13 @@ def test_the_feed_per_replica_gaps_and_lag() -> None:
     text = scrape(k)
     assert 'llmgw_kv_events_lag_seconds{endpoint="m/a"} 3.5' in text
     assert "llmgw_kv_index_gaps_total 1.0" in text and "llmgw_kv_index_bytes 77.0" in text
+    k.session_started("m/a")  # an agent's new session replaced its live connection: a full copy follows
+    k.apply(kv("m/a", 4, 5, reset=True))
+    assert (feed.resets, feed.gaps) == (3, 1)
+    k.apply(kv("m/a", 6, reset=True))  # a later reset that drops blocks is lost events again
+    assert (feed.resets, feed.gaps, k.gaps) == (4, 2, 2)
     k.remove("m/a")
-    assert 'lag_seconds{endpoint="m/a"}' not in scrape(k) and k.feeds["m/a"].messages == 3
+    assert 'lag_seconds{endpoint="m/a"}' not in scrape(k) and k.feeds["m/a"].messages == 5
 
 
 def test_the_parity_alarm_is_logged_and_exported(caplog: pytest.LogCaptureFixture) -> None:

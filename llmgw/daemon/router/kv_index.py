@@ -55,6 +55,7 @@ class ReplicaFeed:
     last_at: float | None = None  # monotonic time of the last message
     event_seq: int | None = None  # the engine's event sequence number the index reaches
     removed: bool = False  # the replica's index was dropped (it left, or its agent's stream ended)
+    session_reset: bool = False  # a new agent session began: its next reset resends the mirror, loses nothing
 
 
 class RouterKvIndex:
@@ -77,9 +78,10 @@ class RouterKvIndex:
         feed = self._feed(rid)
         if msg.reset:
             feed.resets += 1
-            if self.index.size(rid) > 0:
+            if self.index.size(rid) > 0 and not feed.session_reset:
                 feed.gaps += 1
                 self.gaps += 1
+            feed.session_reset = False
         ok = self.index.apply_delta(rid, Delta(seq=msg.event_seq, reset=msg.reset,
                                                added=list(msg.added), removed=list(msg.removed)))
         feed.messages += 1
@@ -102,6 +104,13 @@ class RouterKvIndex:
 
     def size(self, replica: str) -> int:
         return self.index.size(replica)
+
+    def session_started(self, replica: str) -> None:
+        """The replica's agent began a new session (a reconnect may replace a live connection, so
+        the index was not dropped): its mirror's next reset is a full copy, not lost events."""
+        feed = self.feeds.get(replica)
+        if feed is not None:
+            feed.session_reset = True
 
     # -- the parity self-check, from the request path --------------------------------------------
     def check_open(self, replica: str, model: str, hashes: Sequence[int], now: float) -> int | None:
