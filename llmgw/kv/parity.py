@@ -32,8 +32,9 @@ at most ``MAX_SERIES`` replicas (forgotten ones leave first).
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["OUTCOMES", "STATUSES", "MAX_SERIES", "ParityConfig", "ParityTracker", "ParityChange",
            "ReplicaParity"]
@@ -170,18 +171,18 @@ class ParityTracker:
         self.tick(now)
 
     # ---------------------------------------------------------------- what the engine reports
-    def on_delta(self, replica: Replica, added: Iterable[Hashable], *, reset: bool, now: float) -> None:
-        """A kv_events message was applied for `replica` (``added``: the block hashes it added)."""
+    def on_delta(self, replica: Replica, added: Sequence[tuple[Any, Hashable]], *, reset: bool,
+                 now: float) -> None:
+        """A kv_events message was applied for `replica` (``added``: the blocks it added, as
+        ``(medium, hash)`` pairs). Costs one dict lookup per added block while checks are open."""
         rp = self.replicas.get(replica)
         if rp is None or rp.forgotten:
             return
         if reset:
             rp.resets += 1
-        any_added = False
         by_hash = rp.by_hash
-        for h in added:
-            any_added = True
-            if by_hash:
+        if by_hash:
+            for _, h in added:
                 ids = by_hash.get(h)
                 if ids:
                     for cid in list(ids):
@@ -189,7 +190,9 @@ class ParityTracker:
                         if c is not None:
                             self._close(rp, c)
                             self._verdict(replica, rp, "pass", proven=h)
-        if any_added:
+                    if not by_hash:
+                        break
+        if added:
             rp.adds += 1
         self.tick(now)
 

@@ -87,7 +87,7 @@ class RouterKvIndex:
         feed.messages += 1
         feed.block_events += len(msg.added) + len(msg.removed)
         feed.last_at, feed.event_seq = now, msg.event_seq
-        self.parity.on_delta(rid, (h for _, h in msg.added), reset=msg.reset, now=now)
+        self.parity.on_delta(rid, msg.added, reset=msg.reset, now=now)
         self._log_parity()
         return ok
 
