@@ -181,7 +181,9 @@ def _lag(v: Any) -> str:
 
 
 def _mb(v: Any) -> str:
-    return f"{v / (1 << 20):.1f} MB" if isinstance(v, int | float) and not isinstance(v, bool) else "-"
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return "-"
+    return f"{v / (1 << 20):.1f} MB" if v >= 1 << 20 else f"{v / 1024:.0f} kB"
 
 
 def kv_rows(d: Mapping[str, Any], model: str | None = None) -> list[list[str]]:

@@ -155,7 +155,7 @@ def test_kv_rows_and_summary() -> None:
     assert kv_rows(KV, "other") == []
     text = "\n".join(kv_summary_lines(KV))
     kv = lines(text)
-    assert kv["index"] == "120 blocks, ~0.0 MB; 40 messages, 1 gaps"
+    assert kv["index"] == "120 blocks, ~9 kB; 40 messages, 1 gaps"
     assert kv["decisions"] == "decided=30, miss=4, timeout=1" and kv["refused"] == "other_node=2"
     assert kv["parity m"] == "12% mismatched (4 of 34 checks; 2 unknown)"
     assert "ALARM:" in text and "PYTHONHASHSEED" in text
