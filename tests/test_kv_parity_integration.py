@@ -60,9 +60,10 @@ def test_a_misconfigured_engine_is_flagged_within_5_requests(fleet_factory: Any,
 
 
 def test_a_healthy_engine_passes_through_prefix_hits_and_evictions(fleet_factory: Any) -> None:  # noqa: F811
-    # 64 blocks of 16 tokens: a handful of these prompts (~20 blocks each) evict each other
+    # 128 blocks of 16 tokens: these prompts (~20 blocks each) evict each other, but a block lives
+    # through several requests (one stored and evicted within an agent flush, 0.1 s, would never travel)
     f = fleet_factory([sim_model(count=1, kv_events=True,
-                                 args=["--sim-kv-blocks", "64", "--max-model-len", "1000"])])
+                                 args=["--sim-kv-blocks", "128", "--max-model-len", "1000"])])
     f.start_agent("a")
     wait_for(lambda: len(f.ready("m")) == 1, 30)
     rid = f.ready("m")[0]["replica"]
