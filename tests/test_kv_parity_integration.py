@@ -57,6 +57,12 @@ def test_a_misconfigured_engine_is_flagged_within_5_requests(fleet_factory: Any,
     assert f"tier 2 parity: replica {rid} (model m)" in log and "PYTHONHASHSEED" in log
     view = {r["replica"]: r for r in f.get("/api/v1/kv")["replicas"]}
     assert view[rid]["parity"]["status"] == "alarm" and view[rid]["parity"]["failed"] >= 3
+    # a decision tier 2 could not make says why: ctl explain names the alarm
+    r = httpx.post(f"{f.router.url}/v1/chat/completions", timeout=10, headers={"x-request-id": "after-alarm"},
+                   json={"model": "m", "messages": [{"role": "user", "content": prompt(0)}], "max_tokens": 2})
+    assert r.status_code == 200
+    note = f.get("/api/v1/decisions/after-alarm")["decisions"][-1]["note"]
+    assert f"parity alarm on {rid}: its engine hashes differently" in note, note
 
 
 def test_a_healthy_engine_passes_through_prefix_hits_and_evictions(fleet_factory: Any) -> None:  # noqa: F811

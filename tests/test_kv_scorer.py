@@ -84,3 +84,13 @@ def test_fallback_outcomes_say_why_tier_1_decided() -> None:
         d = _decide(sc, req)
         assert {k: v for k, v in sc.stats.outcomes.items() if v} == {want: 1}, (want, d.note)
         assert sc.stats.by_replica == {d.chosen: [1, 0]}
+
+
+def test_a_miss_names_the_candidates_whose_parity_alarm_is_on() -> None:
+    sc = KvCacheScorer(lambda h: {"m/0": 0, "m/1": 0}, alarmed=lambda rid: rid == "m/1")
+    d = _decide(sc, RequestInfo("r", "m", "m", kv_hashes=(1, 2)))
+    assert ("tier 2: no candidate holds the first of 2 blocks (parity alarm on m/1: its engine hashes "
+            "differently, see `llmgw ctl kv`); tier 1 decides") in d.note
+    d = _decide(KvCacheScorer(lambda h: {"m/0": 0}, alarmed=lambda rid: False),
+                RequestInfo("r", "m", "m", kv_hashes=(1, 2)))
+    assert "parity" not in d.note

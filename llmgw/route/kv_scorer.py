@@ -66,10 +66,12 @@ class KvDecisionStats:
 
 
 class KvCacheScorer:
-    """Stateless apart from ``lookup`` (set once the index exists; None = no index) and its counts."""
+    """Stateless apart from ``lookup`` (set once the index exists; None = no index), ``alarmed``
+    (replica id -> is its parity alarm on: its engine hashes differently) and its counts."""
 
-    def __init__(self, lookup: LeadingBlocks | None = None) -> None:
+    def __init__(self, lookup: LeadingBlocks | None = None, alarmed: Callable[[str], bool] | None = None) -> None:
         self.lookup = lookup
+        self.alarmed = alarmed
         self.stats = KvDecisionStats()
 
     def __call__(self, ctx: ScoreContext) -> Scores:
@@ -97,8 +99,14 @@ class KvCacheScorer:
                     best, best_id = n, e.id
         if not vals:
             outcome = "miss" if any(e.id in held for e in ctx.endpoints) else "no_events"
-            ctx.keep(self, (outcome, f"tier 2: no candidate holds the first of {total} blocks; tier 1 decides",
-                            held))
+            why = f"tier 2: no candidate holds the first of {total} blocks"
+            alarmed = self.alarmed
+            if alarmed is not None:
+                bad = [e.id for e in ctx.endpoints if alarmed(e.id)]
+                if bad:  # the likely reason: those engines' hashes never match the router's
+                    shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+                    why += f" (parity alarm on {shown}: its engine hashes differently, see `llmgw ctl kv`)"
+            ctx.keep(self, (outcome, f"{why}; tier 1 decides", held))
             return Scores.constant(0.0)
         ctx.keep(self, ("decided", f"tier 2: {min(best, total)}/{total} blocks on {best_id}", held))
         return Scores(vals)

@@ -105,6 +105,11 @@ class RouterKvIndex:
     def size(self, replica: str) -> int:
         return self.index.size(replica)
 
+    def alarmed(self, replica: str) -> bool:
+        """Is the replica's parity alarm on (its engine hashes differently from the router)?"""
+        rp = self.parity.replicas.get(replica)
+        return rp is not None and rp.alarm
+
     def session_started(self, replica: str) -> None:
         """The replica's agent began a new session (a reconnect may replace a live connection, so
         the index was not dropped): its mirror's next reset is a full copy, not lost events."""

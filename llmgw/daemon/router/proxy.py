@@ -123,6 +123,7 @@ class Router:
         """Tier 2 votes with the control plane's index of what each engine holds, and checks that
         the engines' reported blocks carry the hashes the router computes (parity)."""
         self.core.kv_cache.lookup = kv.index.leading_blocks
+        self.core.kv_cache.alarmed = kv.alarmed
         self.kv = kv
 
     @property
