@@ -23,7 +23,10 @@ import httpx
 from llmgw.admin_client.printable import printable
 from llmgw.admin_client.rationale import rationale_lines, text_table
 from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
-from llmgw.ctl_views import ADAPTER_HEADERS, adapter_rows, adapters_footer, model_text, status_text, store_line
+from llmgw.ctl_views import (
+    ADAPTER_HEADERS, KV_HEADERS, adapter_rows, adapters_footer, kv_rows, kv_summary_lines, model_text,
+    status_text, store_line,
+)
 
 __all__ = ["CtlError", "main", "store_line"]
 
@@ -324,6 +327,15 @@ def cmd_decisions(api: Admin, ns: argparse.Namespace) -> None:
          render)
 
 
+def cmd_kv(api: Admin, ns: argparse.Namespace) -> None:
+    def render(d: dict[str, Any]) -> str:
+        rows = kv_rows(d, ns.model)
+        head = table(rows, KV_HEADERS) if rows else "no replica of a kv_events model"
+        return "\n".join([head, "", *kv_summary_lines(d, ns.model)])
+
+    emit(ns, api.call("GET", "/kv"), render)
+
+
 def cmd_explain(api: Admin, ns: argparse.Namespace) -> None:
     data = api.call("GET", f"/decisions/{quote(ns.request_id, safe='')}")
     decisions = data.get("decisions", [data]) if isinstance(data, dict) else data
@@ -429,6 +441,13 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("request_id", metavar="REQUEST_ID",
                     help="the request's id: its x-request-id, which every response carries "
                          "(`llmgw ctl decisions` lists recent ones)")
+    sp = add("kv", cmd_kv, "tier 2: each replica's KV index, event feed and parity check",
+             "Tier 2 of cache-aware routing, per replica: the blocks the router's KV index holds for it (! when "
+             "it overflowed), the time since its last KV-event message (LAG), messages, resets and gaps (resets "
+             "that lost events), the decisions tier 1 and tier 2 made for it, and its parity check (do the "
+             "engine's reported blocks carry the hashes the router computes? ok, suspect, ALARM, unchecked). "
+             "Then the index's totals, tier 2's decision outcomes and each model's mismatch rate.")
+    sp.add_argument("--model", help="only this model's replicas")
     return p
 
 

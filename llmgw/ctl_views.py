@@ -205,3 +205,66 @@ def adapters_footer(d: Mapping[str, Any]) -> str:
     loads = ", ".join(f"{k} {v}" for k, v in (d.get("loads") or {}).items() if v) or "none"
     unloads = ", ".join(f"{k} {v}" for k, v in (d.get("unloads") or {}).items() if v) or "none"
     return f"loads: {loads}; unloads: {unloads}; waiting for a load: {d.get('waiting', 0)}"
+
+# -- tier 2: `llmgw ctl kv` ---------------------------------------------------------------------
+KV_HEADERS = ["REPLICA", "MODEL", "NODE", "BLOCKS", "LAG", "MSGS", "RESETS", "GAPS", "TIER1", "TIER2",
+              "PARITY", "PASS", "FAIL", "UNKNOWN", "MISMATCH"]
+
+
+def _pct(v: Any) -> str:
+    return "-" if not isinstance(v, int | float) or isinstance(v, bool) else f"{v:.0%}"
+
+
+def _lag(v: Any) -> str:
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return "-"
+    return f"{v:.1f}s" if v < 120 else f"{int(v) // 60}m"
+
+
+def _mb(v: Any) -> str:
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return "-"
+    return f"{v / (1 << 20):.1f} MB" if v >= 1 << 20 else f"{v / 1024:.0f} kB"
+
+
+def kv_rows(d: Mapping[str, Any], model: str | None = None) -> list[list[str]]:
+    """One row per replica of `GET /api/v1/kv` (KV_HEADERS), optionally one model's."""
+    rows = []
+    for r in d.get("replicas") or []:
+        if not isinstance(r, Mapping) or (model is not None and r.get("model") != model):
+            continue
+        p = r.get("parity") if isinstance(r.get("parity"), Mapping) else {}
+        rows.append([value_text(r.get("replica")), value_text(r.get("model")), value_text(r.get("node")),
+                     value_text(r.get("blocks")) + ("!" if r.get("overflowed") else ""), _lag(r.get("lag_s")),
+                     value_text(r.get("messages")), value_text(r.get("resets")), value_text(r.get("gaps")),
+                     value_text(r.get("tier1_decisions")), value_text(r.get("tier2_decisions")),
+                     value_text(p.get("status")).upper() if p.get("status") == "alarm" else value_text(p.get("status")),
+                     value_text(p.get("passed")), value_text(p.get("failed")), value_text(p.get("unknown")),
+                     _pct(p.get("mismatch_rate"))])
+    return rows
+
+
+def kv_summary_lines(d: Mapping[str, Any], model: str | None = None) -> list[str]:
+    """What follows the table: the index's totals, tier 2's decision outcomes, each model's
+    mismatch rate, and what an alarm means."""
+    if not d.get("enabled"):
+        return ["tier 2 index: none (the router accepts no agents: no control.join_token)"]
+    out = [_line("index", f"{value_text(d.get('blocks'))} blocks, ~{_mb(d.get('bytes'))}; "
+                          f"{value_text(d.get('messages'))} messages, {value_text(d.get('gaps'))} gaps")]
+    dec = {k: v for k, v in (d.get("decisions") or {}).items() if v}
+    out.append(_line("decisions", value_text(dec) if dec else NONE))
+    refused = {k: v for k, v in (d.get("refused") or {}).items() if v}
+    if refused:
+        out.append(_line("refused", value_text(refused)))
+    for m in d.get("models") or []:
+        if isinstance(m, Mapping) and (model is None or m.get("model") == model):
+            out.append(_line(f"parity {value_text(m.get('model'))}",
+                             f"{_pct(m.get('mismatch_rate'))} mismatched ({value_text(m.get('failed'))} of "
+                             f"{value_text((m.get('passed') or 0) + (m.get('failed') or 0))} checks; "
+                             f"{value_text(m.get('unknown'))} unknown)"))
+    if any(isinstance(r, Mapping) and isinstance(r.get("parity"), Mapping) and r["parity"].get("status") == "alarm"
+           for r in d.get("replicas") or []):
+        out.append("ALARM: those engines' KV events never carry the block hashes the router computes, so tier 2 "
+                   "cannot route to them: check their --prefix-caching-hash-algo (sha256_cbor), PYTHONHASHSEED, "
+                   "block size and vLLM version (see docs/prefix-routing.md, `llmgw kv hash`, `llmgw kv watch`)")
+    return out

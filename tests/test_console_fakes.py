@@ -196,9 +196,25 @@ ADAPTERS = {
 }
 
 
+def _kv_replica(rid: str, tier2: int, tier1: int, status: str, failed: int = 0) -> dict[str, Any]:
+    return {"replica": rid, "model": "llama-8b", "node": "gpu-01", "blocks": 4200, "bytes": 323400,
+            "overflowed": False, "messages": 310, "block_events": 9000, "resets": 1, "gaps": 0, "event_seq": 4411,
+            "lag_s": 0.3, "tier1_decisions": tier1, "tier2_decisions": tier2,
+            "parity": {"passed": tier2, "failed": failed, "unknown": 2, "status": status, "pending": 0,
+                       "mismatch_rate": failed / (tier2 + failed) if tier2 + failed else None}}
+
+
+# tier 2 on llama-8b: one replica healthy, one whose engine hashes differently (the parity alarm)
+KV = {"enabled": True, "blocks": 8400, "bytes": 646800, "messages": 620, "gaps": 0,
+      "refused": {"unknown_replica": 0, "other_node": 0},
+      "decisions": {"decided": 112, "miss": 9, "no_events": 3, "timeout": 1},
+      "replicas": [_kv_replica("llama-8b/1a2b3c", 112, 13, "ok"), _kv_replica("llama-8b/4d5e6f", 0, 46, "alarm", 7)],
+      "models": [{"model": "llama-8b", "passed": 112, "failed": 7, "unknown": 4, "mismatch_rate": 7 / 119}]}
+
+
 def snapshot(rev: int = 1) -> dict[str, Any]:
     return {"type": "snapshot", "rev": rev, "nodes": NODES, "models": MODELS, "replicas": REPLICAS,
-            "endpoints": ENDPOINTS, "decisions": DECISIONS, "cache": CACHE, "store": STORE, "adapters": ADAPTERS}
+            "endpoints": ENDPOINTS, "decisions": DECISIONS, "cache": CACHE, "store": STORE, "adapters": ADAPTERS, "kv": KV}
 
 
 def stream() -> list[dict[str, Any]]:

@@ -196,12 +196,28 @@ def test_cache_rows_and_sparklines() -> None:
     assert cache_total_lines(ConsoleState()) == ["no cache summary yet"]
 
 
+def test_cache_rows_show_which_tier_decided_and_the_parity() -> None:
+    s = loaded()
+    reps = {r.key: r for r in cache_replica_rows(s)}
+    assert reps["llama-8b/1a2b3c"].cells[2:4] == ("112/13", "ok")
+    assert reps["llama-8b/4d5e6f"].cells[2:4] == ("0/46", "ALARM") and reps["llama-8b/4d5e6f"].tone == "bad"
+    assert reps["qwen-7b/c0ffee"].cells[2:4] == ("-", "-")  # no kv_events: no tier 2
+    line = cache_total_lines(s)[2]
+    assert line.startswith("tier 2: 8.4k blocks indexed · 112 decisions by tier 2, 13 fell back to tier 1")
+    assert "ALARM on llama-8b/4d5e6f" in line
+    s.apply({"type": "update", "rev": 50, "kv": {"enabled": True, "replicas": [{"replica": "llama-8b/1a2b3c", "parity": 3}]}})
+    assert "parity not checked yet" in cache_total_lines(s)[2]
+    s.apply({"type": "update", "rev": 51, "kv": "garbage"})
+    assert s.kv == {} and len(cache_total_lines(s)) == 2
+
+
 def test_cache_view_drops_replicas_and_models_the_fleet_no_longer_has() -> None:
     """A scale-down removes llama-8b/4d5e6f; the cache summary still counts it for its window, but
     its row (and sparklines) leave with it; a deleted model's row leaves too. Totals stay whole."""
     from tests.test_console_fakes import CACHE, ENDPOINTS, MODELS, REPLICAS
 
     s = loaded()
+    s.kv = {}  # tier 2's line aside (test_cache_rows_show_which_tier_decided_and_the_parity)
     assert [r.key for r in cache_replica_rows(s)] == ["llama-8b/1a2b3c", "llama-8b/4d5e6f", "qwen-7b/c0ffee"]
     assert len(cache_total_lines(s)) == 2
     gone = "llama-8b/4d5e6f"

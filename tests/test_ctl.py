@@ -173,7 +173,17 @@ def test_help_reads_well() -> None:
     top_help = top.format_help()
     assert "examples:" in top_help and "llmgw ctl explain REQUEST_ID" in top_help
     assert set(subs.choices) == {"status", "nodes", "join-info", "join-token", "label", "models", "scale",
-                                 "replicas", "restart", "endpoints", "adapters", "decisions", "explain"}
+                                 "replicas", "restart", "endpoints", "adapters", "decisions", "explain", "kv"}
+
+
+def test_kv(daemon: dict[str, Any]) -> None:
+    s = ("--socket", daemon["socket"])
+    r = ctl(*s, "kv")
+    assert r.returncode == 0, r.stderr
+    # the embedded default's simulated replicas have no kv_events: no rows, the index's totals
+    assert "no replica of a kv_events model" in r.stdout and "index" in r.stdout and "blocks" in r.stdout
+    data = json.loads(ctl(*s, "kv", "-o", "json").stdout)
+    assert data["enabled"] is True and data["replicas"] == [] and set(data["decisions"]) >= {"decided", "miss"}
 
 
 def test_errors_say_what_to_do(tmp_path: Path) -> None:

@@ -151,3 +151,40 @@ def test_adapters_table_shows_holdings_loads_and_failures() -> None:
     assert rows[2][:5] == ["m/1", "m", "0/2", "x", "failed"] and "retry in 10s (2x): No adapter found" in rows[2][7]
     assert rows[3][:4] == ["m/2", "m", "0/2", "-"]
     assert adapters_footer(d) == "loads: ok 3, failed 2; unloads: ok 1; waiting for a load: 5"
+
+KV: dict[str, Any] = {
+    "enabled": True, "blocks": 120, "bytes": 9240, "messages": 40, "gaps": 1,
+    "refused": {"unknown_replica": 0, "other_node": 2},
+    "decisions": {"decided": 30, "miss": 4, "no_events": 0, "timeout": 1},
+    "replicas": [
+        {"replica": "m/aa", "model": "m", "node": "n1", "blocks": 100, "bytes": 7700, "overflowed": False,
+         "messages": 30, "block_events": 150, "resets": 1, "gaps": 0, "event_seq": 77, "lag_s": 0.4,
+         "tier1_decisions": 5, "tier2_decisions": 30,
+         "parity": {"passed": 30, "failed": 0, "unknown": 2, "mismatch_rate": 0.0, "status": "ok", "pending": 0}},
+        {"replica": "m/bb\x1b[2J", "model": "m", "node": "n2", "blocks": 20, "bytes": 1540, "overflowed": True,
+         "messages": 10, "block_events": 20, "resets": 2, "gaps": 1, "event_seq": 9, "lag_s": None,
+         "tier1_decisions": 4, "tier2_decisions": 0,
+         "parity": {"passed": 0, "failed": 4, "unknown": 0, "mismatch_rate": 1.0, "status": "alarm", "pending": 1}},
+    ],
+    "models": [{"model": "m", "passed": 30, "failed": 4, "unknown": 2, "mismatch_rate": 4 / 34}],
+}
+
+
+def test_kv_rows_and_summary() -> None:
+    from llmgw.ctl_views import KV_HEADERS, kv_rows, kv_summary_lines
+
+    rows = kv_rows(KV)
+    assert all(len(r) == len(KV_HEADERS) for r in rows)
+    ok, bad = (dict(zip(KV_HEADERS, r)) for r in rows)
+    assert ok["PARITY"] == "ok" and ok["LAG"] == "0.4s" and ok["TIER2"] == "30" and ok["MISMATCH"] == "0%"
+    assert bad["PARITY"] == "ALARM" and bad["BLOCKS"] == "20!" and bad["LAG"] == "-" and bad["MISMATCH"] == "100%"
+    assert "\x1b" not in bad["REPLICA"]
+    assert kv_rows(KV, "other") == []
+    text = "\n".join(kv_summary_lines(KV))
+    kv = lines(text)
+    assert kv["index"] == "120 blocks, ~9 kB; 40 messages, 1 gaps"
+    assert kv["decisions"] == "decided=30, miss=4, timeout=1" and kv["refused"] == "other_node=2"
+    assert kv["parity m"] == "12% mismatched (4 of 34 checks; 2 unknown)"
+    assert "ALARM:" in text and "PYTHONHASHSEED" in text
+    assert kv_summary_lines({"enabled": False})[0].startswith("tier 2 index: none")
+    assert kv_rows({"replicas": [None, {"parity": "x"}]})  # odd answers do not crash it

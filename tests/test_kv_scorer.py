@@ -48,3 +48,49 @@ def test_no_holder_and_no_index_fall_back_to_tier_1() -> None:
     assert "no candidate holds the first of 2 blocks; tier 1 decides" in d.note
     d = _decide(KvCacheScorer(None), RequestInfo("r", "m", "m", kv_hashes=(1, 2)))
     assert "tier 2 unavailable: no tier-2 index" in d.note
+
+
+def test_each_committed_decision_counts_once_by_outcome_with_the_blocks_matched() -> None:
+    held = {"m/1": 3, "m/2": 12}
+    sc = KvCacheScorer(lambda h: held)
+    d = _decide(sc, RequestInfo("r", "m", "m", kv_hashes=tuple(range(16))))
+    st = sc.stats
+    assert st.outcomes["decided"] == 1 and sum(st.outcomes.values()) == 1
+    assert st.matched_sum == 12 and sum(st.matched) == 1
+    assert st.by_replica == {d.chosen: [0, 1]}
+    _decide(sc, RequestInfo("r", "m", "m"))  # not a kv_events model: not counted
+    assert sum(st.outcomes.values()) == 1
+
+
+def test_fallback_outcomes_say_why_tier_1_decided() -> None:
+    cases = [
+        (KvCacheScorer(lambda h: {}), RequestInfo("r", "m", "m", kv_hashes=(1, 2)), "no_events"),
+        (KvCacheScorer(lambda h: {"m/0": 0}), RequestInfo("r", "m", "m", kv_hashes=(1, 2)), "miss"),
+        (KvCacheScorer(None), RequestInfo("r", "m", "m", kv_hashes=(1, 2)), "no_index"),
+        (KvCacheScorer(lambda h: {}), RequestInfo("r", "m", "m", kv_hashes=()), "no_full_block"),
+        (KvCacheScorer(lambda h: {}), RequestInfo("r", "m", "m", kv_note="tokenize on m/0 timed out after 0.5 s"),
+         "timeout"),
+        (KvCacheScorer(lambda h: {}), RequestInfo("r", "m", "m", kv_note="an adapter's LoRA id is the engine's own"),
+         "lora"),
+        (KvCacheScorer(lambda h: {}), RequestInfo("r", "m", "m", kv_note="tokenize on m/0 answered garbage"),
+         "tokenize_failed"),
+        (KvCacheScorer(lambda h: {}), RequestInfo("r", "m", "m", kv_note="no replica to tokenize with"),
+         "no_replica"),
+        (KvCacheScorer(lambda h: {}), RequestInfo("r", "m", "m",
+                                                  kv_note="no chat messages or string prompt to tokenize"),
+         "unsupported"),
+    ]
+    for sc, req, want in cases:
+        d = _decide(sc, req)
+        assert {k: v for k, v in sc.stats.outcomes.items() if v} == {want: 1}, (want, d.note)
+        assert sc.stats.by_replica == {d.chosen: [1, 0]}
+
+
+def test_a_miss_names_the_candidates_whose_parity_alarm_is_on() -> None:
+    sc = KvCacheScorer(lambda h: {"m/0": 0, "m/1": 0}, alarmed=lambda rid: rid == "m/1")
+    d = _decide(sc, RequestInfo("r", "m", "m", kv_hashes=(1, 2)))
+    assert ("tier 2: no candidate holds the first of 2 blocks (parity alarm on m/1: its engine hashes "
+            "differently, see `llmgw ctl kv`); tier 1 decides") in d.note
+    d = _decide(KvCacheScorer(lambda h: {"m/0": 0}, alarmed=lambda rid: False),
+                RequestInfo("r", "m", "m", kv_hashes=(1, 2)))
+    assert "parity" not in d.note

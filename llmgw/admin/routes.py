@@ -24,6 +24,7 @@ from llmgw.admin.schema import (
     Event,
     HistoryEvent,
     JoinInfo,
+    KvSummary,
     LabelKeysBody,
     LabelsBody,
     ModelDefinition,
@@ -186,6 +187,11 @@ ROUTES: tuple[Route, ...] = (
                             maximum=MAX_WINDOW_S),),
           description="Per model and per replica: routing decisions that sent a request to a replica "
                       "holding its prefix, and the engines' own prefix-cache hit rates."),
+    Route("GET", f"{PREFIX}/kv", "get_kv", "Tier 2: KV index and parity", KvSummary, tag="cache",
+          description="Per replica: the blocks the router's KV index holds for it, its KV-event feed (messages, "
+                      "resets, gaps, seconds since the last message), the decisions each tier made for it, and "
+                      "the parity self-check (do the engine's reported blocks carry the router's hashes?); per "
+                      "model the mismatch rate. Replicas of models with `kv_events` and any with index state."),
     Route("GET", f"{PREFIX}/history", "list_history", "Event history", list[HistoryEvent], tag="history",
           query=(QueryParam("model", str, "only this model's"), QueryParam("node", str, "only this node's"),
                  QueryParam("replica", str, "only this replica's"),

@@ -300,6 +300,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 inner.start_soon(router.registry.scrape_loop, pool)
                 inner.start_soon(router.adapters.run)  # LoRA adapter loads (vLLM, on demand)
                 inner.start_soon(control.guard.run)
+                inner.start_soon(control.kv_index.run)  # tier 2's parity verdicts and alarm
                 # before the listeners open: the first request after the start finds them
                 await control.restore_routing(pool)
                 info: dict[str, Any] = {}

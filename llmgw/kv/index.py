@@ -76,6 +76,15 @@ class KVIndex:
         r = self._replicas.get(replica)
         return r is not None and r.overflowed
 
+    def holds(self, replica: Replica, h: ExternalBlockHash) -> bool:
+        """Does the replica hold block `h` (any medium)?"""
+        r = self._replicas.get(replica)
+        if r is not None:
+            for s in r.media.values():
+                if h in s:
+                    return True
+        return False
+
     def blocks(self, replica: Replica) -> dict[Medium, set[ExternalBlockHash]]:
         r = self._replicas.get(replica)
         return {} if r is None else {m: set(s) for m, s in r.media.items() if s}

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .adapters import AdapterBook, AdapterSettings, Load, LoadFailure, NoRoom
+from .adapters import AdapterBook, AdapterSettings, Load, LoadFailure
 from .admission import Ticket
 from .filters import is_saturated, load_estimate
 from .openai_req import ApiError

@@ -8,35 +8,84 @@ object) how many of those hashes each replica holds contiguously from the first,
 candidate ``held / len(hashes)``. No hashes (a model without kv_events, or tokenization failed)
 or no index: every candidate scores 0 and tier 1 (``prefix``) decides alone. Either way the
 decision's note says which tier decided and why (``observe``).
+
+What it counts (:class:`KvDecisionStats`, exact: one count per committed decision of a kv_events
+model) — the outcome of each decision (``decided``: tier 2 voted; else why tier 1 decided, see
+``OUTCOMES``), the leading blocks the chosen replica held, and per replica how many of its
+decisions each tier made.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .scorers import ScoreContext, Scores
 from .types import RequestInfo
 
-__all__ = ["KvCacheScorer", "LeadingBlocks"]
+__all__ = ["KvCacheScorer", "KvDecisionStats", "LeadingBlocks", "OUTCOMES", "MATCHED_BUCKETS", "fallback_reason"]
 
 # hashes -> {replica id: leading blocks held}
 LeadingBlocks = Callable[[Sequence[int]], Mapping[Any, int]]
 
+# llmgw_kv_decisions_total{outcome}: decided — tier 2 voted (a candidate holds the first block);
+# then why tier 1 decided: miss (candidates have events, none holds the first block), no_events
+# (no candidate has reported a block yet), no_full_block (the prompt is shorter than a block),
+# no_index, timeout / tokenize_failed / no_replica (the /tokenize step), lora (an adapter's
+# request), unsupported (nothing to tokenize).
+OUTCOMES = ("decided", "miss", "no_events", "no_full_block", "no_index", "timeout", "tokenize_failed",
+            "no_replica", "lora", "unsupported")
+MATCHED_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+MAX_REPLICAS = 4096  # per-replica tier counts kept (the oldest leave first)
+
+
+def fallback_reason(note: str) -> str:
+    """The outcome for a request whose /tokenize step left no hashes, from its note (the words
+    llmgw.daemon.router.tokenize writes)."""
+    if "timed out" in note:
+        return "timeout"
+    if "adapter" in note or "LoRA" in note:
+        return "lora"
+    if "no replica" in note:
+        return "no_replica"
+    if "to tokenize" in note:
+        return "unsupported"
+    return "tokenize_failed"
+
+
+@dataclass(slots=True)
+class KvDecisionStats:
+    outcomes: dict[str, int] = field(default_factory=lambda: {o: 0 for o in OUTCOMES})
+    # leading blocks the chosen replica held, for decisions with hashes: non-cumulative counts
+    # per MATCHED_BUCKETS bound (the last is +Inf) and their sum
+    matched: list[int] = field(default_factory=lambda: [0] * (len(MATCHED_BUCKETS) + 1))
+    matched_sum: int = 0
+    by_replica: dict[str, list[int]] = field(default_factory=dict)  # chosen -> [tier 1, tier 2] decisions
+
 
 class KvCacheScorer:
-    """Stateless apart from ``lookup`` (set once the index exists; None = no index)."""
+    """Stateless apart from ``lookup`` (set once the index exists; None = no index), ``alarmed``
+    (replica id -> is its parity alarm on: its engine hashes differently) and its counts."""
 
-    def __init__(self, lookup: LeadingBlocks | None = None) -> None:
+    def __init__(self, lookup: LeadingBlocks | None = None, alarmed: Callable[[str], bool] | None = None) -> None:
         self.lookup = lookup
+        self.alarmed = alarmed
+        self.stats = KvDecisionStats()
 
     def __call__(self, ctx: ScoreContext) -> Scores:
         req = ctx.req
         hashes = req.kv_hashes
         if hashes is None or self.lookup is None or not hashes:
             if hashes is not None or req.kv_note:
-                why = req.kv_note or ("no tier-2 index" if self.lookup is None else "no full block")
-                ctx.keep(self, f"tier 2 unavailable: {why}; tier 1 decides")
+                if hashes is None:
+                    outcome, why = fallback_reason(req.kv_note), req.kv_note
+                elif self.lookup is None:
+                    outcome, why = "no_index", "no tier-2 index"
+                else:
+                    outcome, why = "no_full_block", req.kv_note or "no full block"
+                ctx.keep(self, (outcome, f"tier 2 unavailable: {why}; tier 1 decides", None))
             return Scores.constant(0.0)
         held = self.lookup(hashes)
         total = len(hashes)
@@ -49,12 +98,35 @@ class KvCacheScorer:
                 if n > best:
                     best, best_id = n, e.id
         if not vals:
-            ctx.keep(self, f"tier 2: no candidate holds the first of {total} blocks; tier 1 decides")
+            outcome = "miss" if any(e.id in held for e in ctx.endpoints) else "no_events"
+            why = f"tier 2: no candidate holds the first of {total} blocks"
+            alarmed = self.alarmed
+            if alarmed is not None:
+                bad = [e.id for e in ctx.endpoints if alarmed(e.id)]
+                if bad:  # the likely reason: those engines' hashes never match the router's
+                    shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+                    why += f" (parity alarm on {shown}: its engine hashes differently, see `llmgw ctl kv`)"
+            ctx.keep(self, (outcome, f"{why}; tier 1 decides", held))
             return Scores.constant(0.0)
-        ctx.keep(self, f"tier 2: {min(best, total)}/{total} blocks on {best_id}")
+        ctx.keep(self, ("decided", f"tier 2: {min(best, total)}/{total} blocks on {best_id}", held))
         return Scores(vals)
 
     def observe(self, decision: Any, req: RequestInfo, kept: Any, now: float) -> None:
-        if kept:
-            decision.note = f"{decision.note}; {kept}" if decision.note else kept
-
+        if not kept:
+            return
+        outcome, text, held = kept
+        decision.note = f"{decision.note}; {text}" if decision.note else text
+        st = self.stats
+        st.outcomes[outcome] += 1
+        chosen = decision.chosen
+        if held is not None:
+            n = min(held.get(chosen, 0), len(req.kv_hashes or ())) if chosen is not None else 0
+            st.matched[bisect_left(MATCHED_BUCKETS, n)] += 1
+            st.matched_sum += n
+        if chosen is not None:
+            row = st.by_replica.get(chosen)
+            if row is None:
+                if len(st.by_replica) >= MAX_REPLICAS:
+                    del st.by_replica[next(iter(st.by_replica))]
+                row = st.by_replica[chosen] = [0, 0]
+            row[1 if outcome == "decided" else 0] += 1

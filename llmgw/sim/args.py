@@ -31,6 +31,7 @@ class SimOptions:
     vllm_version: str
     lora_require_path: bool
     lora_load_ms: float
+    hash_seed: str | None = None  # hash KV blocks as if PYTHONHASHSEED were this (a misconfigured engine)
 
 
 def add_sim_flags(p: argparse.ArgumentParser) -> None:
@@ -54,6 +55,9 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
                    help="LoRA paths must exist on disk (else any path loads; rank from adapter_config.json 'r')")
     g.add_argument("--sim-lora-load-ms", type=float, default=0.0,
                    help="time to load an adapter not in the worker's LoRA cache: in load_lora_adapter, or at its first use (default 0)")
+    g.add_argument("--sim-hash-seed", default=None, metavar="SEED",
+                   help="hash KV blocks as if PYTHONHASHSEED were SEED, whatever the environment says: an "
+                        "engine whose hashes differ from the router's, to test tier 2's parity check")
     g.add_argument("--sim-zero-cost", action="store_true",
                    help="set every time cost to zero (throughput benchmarks of the surrounding system)")
 
@@ -71,6 +75,7 @@ def sim_options(ns: argparse.Namespace) -> SimOptions:
         vllm_version=ns.sim_vllm_version,
         lora_require_path=ns.sim_lora_require_path,
         lora_load_ms=0.0 if zero else ns.sim_lora_load_ms,
+        hash_seed=ns.sim_hash_seed,
     )
 
 

@@ -17,7 +17,7 @@ from llmgw.tui.state import ConsoleState, Link, as_dict, as_list
 __all__ = [
     "CACHE_MODEL_COLUMNS", "CACHE_REPLICA_COLUMNS", "DECISIONS_SHOWN", "DECISION_COLUMNS", "MODEL_COLUMNS",
     "NODE_COLUMNS", "REPLICA_COLUMNS", "Column", "RationaleView", "Row", "banner_text", "cache_model_rows",
-    "cache_replica_rows", "cache_total_lines", "decision_rows", "decisions_caption", "fmt_age", "fmt_pct", "fmt_time",
+    "cache_replica_rows", "cache_total_lines", "kv_total_line", "decision_rows", "decisions_caption", "fmt_age", "fmt_pct", "fmt_time",
     "fmt_us", "matches", "model_rows", "node_detail", "node_rows", "rationale", "replica_detail", "replica_rows",
     "sparkline", "status_line",
 ]
@@ -336,7 +336,9 @@ def rationale(d: Mapping[str, Any], tz: tzinfo | None = None) -> RationaleView:
 # -- cache hits -------------------------------------------------------------------------------------
 CACHE_MODEL_COLUMNS = (Column("model"), Column("prefix hit", toned=True), Column("hit/miss"), Column("trend"),
                        Column("engine hit"), Column("tokens"), Column("trend"))
-CACHE_REPLICA_COLUMNS = (Column("replica"), Column("model"), *CACHE_MODEL_COLUMNS[1:])
+# tier 2/1: the replica's decisions made by tier 2 (KV events) / by tier 1; parity: tier 2's self-check
+CACHE_REPLICA_COLUMNS = (Column("replica"), Column("model"), Column("tier 2/1"), Column("parity"),
+                         *CACHE_MODEL_COLUMNS[1:])
 
 
 def _rate_tone(rate: Any) -> str:
@@ -372,12 +374,48 @@ def cache_model_rows(state: ConsoleState, text: str = "", width: int = SPARK_WID
     return _filtered(rows, text)
 
 
+def _kv_replicas(state: ConsoleState) -> dict[str, dict[str, Any]]:
+    return {r["replica"]: r for r in as_list(state.kv.get("replicas"))
+            if isinstance(r, dict) and isinstance(r.get("replica"), str)}
+
+
+def _tier_cells(kv: Mapping[str, Any] | None) -> tuple[str, str]:
+    """Tier 2: how many of the replica's decisions each tier made (tier 2/tier 1), and its parity."""
+    if kv is None:
+        return "-", "-"
+    t2, t1 = kv.get("tier2_decisions"), kv.get("tier1_decisions")
+    parity = as_dict(kv.get("parity")).get("status")
+    return f"{fmt_count(t2 or 0)}/{fmt_count(t1 or 0)}", "ALARM" if parity == "alarm" else _str(parity, "-")
+
+
 def cache_replica_rows(state: ConsoleState, text: str = "", width: int = SPARK_WIDTH) -> list[Row]:
-    rows = [Row(_str(r.get("replica"), "?"),
-                (_str(r.get("replica"), "?"), _str(r.get("model"), "?"), *_cache_cells(r, width)),
-                _rate_tone(r.get("prefix_hit_rate")))
-            for r in _cache_replicas(state)]
+    kv = _kv_replicas(state)
+    rows = []
+    for r in _cache_replicas(state):
+        k = kv.get(r.get("replica"))  # type: ignore[arg-type]
+        tiers = _tier_cells(k)
+        rows.append(Row(_str(r.get("replica"), "?"),
+                        (_str(r.get("replica"), "?"), _str(r.get("model"), "?"), *tiers, *_cache_cells(r, width)),
+                        "bad" if tiers[1] == "ALARM" else _rate_tone(r.get("prefix_hit_rate"))))
     return _filtered(rows, text)
+
+
+def kv_total_line(state: ConsoleState) -> str | None:
+    """Tier 2 in one line (None without kv_events replicas): the index, how decisions went, alarms."""
+    kv = state.kv
+    present = state.present_replicas()
+    reps = [r for rid, r in _kv_replicas(state).items() if rid in present]
+    if not kv.get("enabled") or not reps:
+        return None
+    dec = as_dict(kv.get("decisions"))
+    decided = dec.get("decided", 0) if isinstance(dec.get("decided"), int) else 0
+    fell = sum(v for k, v in dec.items() if k != "decided" and isinstance(v, int))
+    alarms = [_str(r.get("replica"), "?") for r in reps if as_dict(r.get("parity")).get("status") == "alarm"]
+    line = (f"tier 2: {fmt_count(kv.get('blocks') or 0)} blocks indexed · {decided} decisions by tier 2, {fell} fell "
+            f"back to tier 1 · parity ")
+    if alarms:
+        return line + f"ALARM on {', '.join(alarms)}: their engines hash differently (see `llmgw ctl kv`)"
+    return line + ("ok" if any(as_dict(r.get("parity")).get("status") == "ok" for r in reps) else "not checked yet")
 
 
 def cache_total_lines(state: ConsoleState, width: int = SPARK_WIDTH) -> list[str]:
@@ -395,12 +433,15 @@ def cache_total_lines(state: ConsoleState, width: int = SPARK_WIDTH) -> list[str
     trends = (f"{sparkline(t.get('prefix_hit_rate_series'), width)} prefix hit  "
               f"{sparkline(t.get('engine_hit_rate_series'), width)} engine hit   "
               f"(trends: a block per {fmt_age(c.get('bucket_s'))}, last {fmt_age(shown)}, newest right)")
+    out = [totals, trends]
+    tier2 = kv_total_line(state)
+    if tier2 is not None:
+        out.append(tier2)
     gone = len(as_list(c.get("replicas"))) - len(_cache_replicas(state))
     if gone > 0:
-        note = (f"{gone} replica{'s' if gone > 1 else ''} no longer in the fleet: not listed below, still counted "
-                "in these totals until they leave the window")
-        return [totals, trends, note]
-    return [totals, trends]
+        out.append(f"{gone} replica{'s' if gone > 1 else ''} no longer in the fleet: not listed below, still counted "
+                   "in these totals until they leave the window")
+    return out
 
 
 # -- the link ---------------------------------------------------------------------------------------

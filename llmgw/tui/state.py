@@ -14,7 +14,7 @@ from typing import Any
 __all__ = ["SECTIONS", "ConsoleState", "DecisionEntry", "Link", "as_dict", "as_list"]
 
 # the sections a snapshot carries whole and an update may replace whole; decisions are apart
-SECTIONS = ("nodes", "models", "replicas", "endpoints", "cache", "store", "adapters")
+SECTIONS = ("nodes", "models", "replicas", "endpoints", "cache", "store", "adapters", "kv")
 MAX_DECISIONS = 500
 
 
@@ -62,6 +62,7 @@ class ConsoleState:
     cache: dict[str, Any] = field(default_factory=dict)
     store: dict[str, Any] = field(default_factory=dict)  # the router's store: {"state": "ok" | "degraded", ...}
     adapters: dict[str, Any] = field(default_factory=dict)  # LoRA adapters per vLLM replica (GET /adapters)
+    kv: dict[str, Any] = field(default_factory=dict)  # tier 2: its index and parity per replica (GET /api/v1/kv)
     decisions: deque[DecisionEntry] = field(init=False)  # newest first
     link: Link = field(default_factory=Link)
     _seq: int = field(default=0, init=False)
@@ -102,7 +103,7 @@ class ConsoleState:
         return frozenset({"link"})
 
     def _set(self, name: str, value: Any) -> None:
-        setattr(self, name, as_dict(value) if name in ("cache", "store", "adapters") else as_list(value))
+        setattr(self, name, as_dict(value) if name in ("cache", "store", "adapters", "kv") else as_list(value))
 
     def _add(self, decision: dict[str, Any]) -> None:
         self._seq += 1

@@ -392,6 +392,10 @@ class AdminApp:
     async def _get_cache(self, call: _Call) -> Any:
         return self._cache(call.query["window_s"])
 
+    @_handles("get_kv")
+    async def _get_kv(self, call: _Call) -> Any:
+        return self.router.kv_summary()
+
     @_handles("list_history")
     async def _history(self, call: _Call) -> Any:
         q = call.query
@@ -413,7 +417,8 @@ class AdminApp:
         c = self.control
         return {"nodes": c.node_views(), "models": c.model_views(), "replicas": c.replica_views(),
                 "endpoints": self._endpoints(), "cache": self._cache(), "store": c.guard.status(),
-                "adapters": self.router.adapters()}
+                "adapters": self.router.adapters(),
+                "kv": self.router.kv_summary()}
 
     def _new_decisions(self, seen: Decision | None) -> list[Decision]:
         ring = self.router.decisions()

@@ -187,6 +187,7 @@ class ControlPlane(OperatorActions):
         self.unknown.node_gone(node, keep=reported)
         for r in hello.engines:
             self._on_report(node, r)
+            self.kv_index.session_started(r.replica)  # its mirror comes again as a reset: no lost events
         self.unknown.warn(node, self.fresh_store)
         return n
 

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from llmgw.admin.schema import AdapterSummary, CacheSummary, EndpointStatus
+from llmgw.admin.schema import AdapterSummary, CacheSummary, EndpointStatus, KvSummary
 from llmgw.admin.views import adapter_summary_view, breaker_view, cache_summary_view, scraped_metrics_view
 from llmgw.config import ModelConfig
+from llmgw.daemon.router.kv_view import kv_summary
 from llmgw.route.types import Decision
 
 if TYPE_CHECKING:
@@ -71,6 +72,9 @@ class RouterPort(Protocol):
 
     def adapters(self, model: str | None = None) -> AdapterSummary:
         """Which vLLM replica holds which LoRA adapter (the router's adapter book)."""
+
+    def kv_summary(self) -> KvSummary:
+        """Tier 2: per replica its KV index, event feed, tier decisions and parity check."""
 
 
 class RouterAdapter:
@@ -135,3 +139,10 @@ class RouterAdapter:
 
     def cache_summary(self, window_s: float | None = None) -> CacheSummary:
         return cache_summary_view(self._router.registry.cache_stats.summary(trio.current_time(), window_s))
+
+    def kv_summary(self) -> KvSummary:
+        r = self._router
+        kv_models = {m.name for m in r.cfg.models if m.deploy is not None and m.deploy.kv_events}
+        routed = [(rep.id, rep.view.model, rep.node) for rep in r.registry.all_replicas()
+                  if rep.view.model in kv_models]
+        return kv_summary(r.kv, r.core.kv_cache.stats, routed, trio.current_time())

@@ -11,6 +11,7 @@ same as prometheus_client's Counter/Histogram (``_total``, ``_bucket``/``_count`
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
@@ -28,9 +29,11 @@ from prometheus_client.samples import Sample
 from llmgw.daemon.net.httpserver import ServerStats
 from llmgw.daemon.router.registry import Registry
 from llmgw.route.counters import DECIDE_BUCKETS, LATENCY_BUCKETS, Hist, RouterCounters
+from llmgw.route.kv_scorer import MATCHED_BUCKETS, KvDecisionStats
+from llmgw.route.kv_scorer import OUTCOMES as KV_OUTCOMES
 from llmgw.route.replicas import Replica
 
-__all__ = ["MetricsSource", "RouterMetrics"]
+__all__ = ["MetricsSource", "RouterMetrics", "Tier2DecisionMetrics", "TOKENIZE_BUCKETS"]
 
 _BREAKER = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 
@@ -198,3 +201,48 @@ class RouterMetrics(Collector):
         for model, n in src.queue_lengths().items():
             q.add_metric([model], n)
         yield q
+
+
+# Seconds of tier 2's /tokenize step per request (a cached prompt takes microseconds).
+TOKENIZE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class Tier2DecisionMetrics(Collector):
+    """Tier 2 on the request path: llmgw_kv_decisions_total{outcome} (each committed decision of a
+    kv_events model: decided by tier 2, or why tier 1 did), llmgw_kv_matched_blocks (the leading
+    blocks the chosen replica held), llmgw_kv_tier_decisions_total{endpoint,tier} and
+    llmgw_kv_tokenize_seconds (the tokenize step's time, cached prompts included)."""
+
+    def __init__(self, stats: KvDecisionStats, wall: float) -> None:
+        self.stats = stats
+        self.tokenize = Hist(len(TOKENIZE_BUCKETS), wall)
+
+    def observe_tokenize(self, seconds: float) -> None:
+        h = self.tokenize
+        h.counts[bisect_left(TOKENIZE_BUCKETS, seconds)] += 1
+        h.sum += seconds
+
+    def collect(self) -> Iterable[Metric]:
+        st = self.stats
+        c = CounterMetricFamily("llmgw_kv_decisions", "Decisions of kv_events models by tier 2's outcome: decided "
+                                "(tier 2 voted), else why tier 1 decided.", labels=["outcome"])
+        for outcome in KV_OUTCOMES:
+            c.add_metric([outcome], float(st.outcomes[outcome]))
+        yield c
+        h = HistogramMetricFamily("llmgw_kv_matched_blocks", "Leading KV blocks of the request the chosen "
+                                  "replica held (decisions with tier-2 hashes).")
+        acc, buckets = 0, []
+        for le, n in zip([str(b) for b in MATCHED_BUCKETS] + ["+Inf"], st.matched):
+            acc += n
+            buckets.append((le, float(acc)))
+        h.add_metric([], buckets, float(st.matched_sum))
+        yield h
+        t = CounterMetricFamily("llmgw_kv_tier_decisions", "Decisions of kv_events models per chosen endpoint, "
+                                "by the tier that decided (tier2: tier 2 voted; tier1: it fell back).",
+                                labels=["endpoint", "tier"])
+        for rid, (tier1, tier2) in list(st.by_replica.items()):
+            t.add_metric([rid, "tier1"], float(tier1))
+            t.add_metric([rid, "tier2"], float(tier2))
+        yield t
+        yield _hist_family("llmgw_kv_tokenize_seconds", "Time of tier 2's tokenize step per request.", [],
+                           TOKENIZE_BUCKETS, {(): self.tokenize})

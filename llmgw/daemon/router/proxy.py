@@ -41,7 +41,7 @@ from llmgw.daemon.net.upstream import (
 )
 from llmgw.daemon.router.adapter_loader import AdapterLoader, AdapterMetrics
 from llmgw.daemon.router.kv_index import RouterKvIndex
-from llmgw.daemon.router.metrics import RouterMetrics
+from llmgw.daemon.router.metrics import RouterMetrics, Tier2DecisionMetrics
 from llmgw.daemon.router.registry import Registry, Replica
 from llmgw.daemon.router.tokenize import Tier2Metrics, Tier2Tokenizer
 from llmgw.http1.sinks import BodyAborted, BodySink
@@ -113,6 +113,10 @@ class Router:
         self.metrics.registry.register(Tier2Metrics(self.tier2))
         self.adapters = AdapterLoader(self.core, pool, self._wake)  # LoRA on demand (vLLM)
         self.metrics.registry.register(AdapterMetrics(self.core))
+        self.tier2_metrics = Tier2DecisionMetrics(self.core.kv_cache.stats, time.time())
+        self.metrics.registry.register(self.tier2_metrics)
+        self.kv: RouterKvIndex | None = None  # tier 2's index, once the control plane has one
+        self._parity: dict[Attempt, int] = {}  # an attempt's open parity check (RouterKvIndex.check_open)
         self.api_keys = set(cfg.server.api_keys)
         self.rid_header = cfg.server.request_id_header.lower()
 
@@ -122,8 +126,11 @@ class Router:
         return self.core.decisions
 
     def set_kv_index(self, kv: RouterKvIndex) -> None:
-        """Tier 2 votes with the control plane's index of what each engine holds."""
+        """Tier 2 votes with the control plane's index of what each engine holds, and checks that
+        the engines' reported blocks carry the hashes the router computes (parity)."""
         self.core.kv_cache.lookup = kv.index.leading_blocks
+        self.core.kv_cache.alarmed = kv.alarmed
+        self.kv = kv
 
     @property
     def prefix(self) -> PrefixRouting:
@@ -258,13 +265,20 @@ class Router:
                          session=req.header("x-session-id"), now=trio.current_time())
         headers = [("content-type", "application/json"), ("x-request-id", rid)]
         if self.tier2.wants(plan):
+            t0 = trio.current_time()
             await self.tier2.annotate(plan)
+            self.tier2_metrics.observe_tokenize(trio.current_time() - t0)
         try:
             while True:
                 step = core.next(plan, trio.current_time(), time.time())  # raises the final ApiError
                 if type(step) is Attempt:
                     if step.alarm is not None:
                         _log_alarm(step.alarm)
+                    if plan.info.kv_hashes and self.kv is not None:
+                        cid = self.kv.check_open(step.replica.id, plan.model, plan.info.kv_hashes,
+                                                 trio.current_time())
+                        if cid is not None:
+                            self._parity[step] = cid
                     resp = await self._attempt(plan, step, req, headers, rid)
                     if resp is not None:
                         return resp
@@ -371,6 +385,10 @@ class Router:
             detail = outcome.phase if isinstance(outcome, UpstreamTimeout) else \
                 f"replica {a.replica.view.id}: {outcome.public}"  # type: ignore[union-attr]
         self._wake(self.core.finish(plan, a, now, failure, first_byte_at=first, status=status, detail=detail))
+        cid = self._parity.pop(a, None) if self._parity else None
+        if cid is not None and self.kv is not None:
+            # parity: what the engine stored for a request it answered whole
+            self.kv.check_end(cid, now, ok=failure is None and status == 200)
         if log.isEnabledFor(logging.INFO):  # the access log: one JSON line per attempt
             word = "ok" if failure is None else "cancelled" if outcome is None else type(outcome).__name__
             log.info("request %s", word if failure is None or outcome is None

@@ -78,8 +78,8 @@ class VllmSim:
                 f"{-(-self.max_model_len // self.block_size) + 1} KV blocks are needed, but --sim-kv-blocks "
                 f"gives {kv_blocks}. Increase --sim-kv-blocks or decrease --max-model-len.")
         try:
-            self.hash_ctx = HashContext.create(self.version, ns.prefix_caching_hash_algo, self.block_size,
-                                               env.get("PYTHONHASHSEED"))
+            seed = opts.hash_seed if opts.hash_seed is not None else env.get("PYTHONHASHSEED")
+            self.hash_ctx = HashContext.create(self.version, ns.prefix_caching_hash_algo, self.block_size, seed)
         except ValueError as e:
             raise ArgError(str(e)) from None
         self.enable_lora = ns.enable_lora

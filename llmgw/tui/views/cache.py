@@ -23,9 +23,9 @@ class CacheView(ConsoleView):
     key = "4"
     view_id = "cache"
     title = "Cache hits"
-    summary = "prefix-cache hits, per model and replica, with trends"
+    summary = "prefix-cache hits, per model and replica, with trends; tier 2's decisions and parity"
     # the fleet's sections too: a replica that leaves drops out of the rows without a cache update
-    sections = frozenset({"cache", "models", "replicas", "endpoints"})
+    sections = frozenset({"cache", "models", "replicas", "endpoints", "kv"})
 
     def body(self) -> ComposeResult:
         yield Static(id="cache-total", classes="detail", markup=False)
