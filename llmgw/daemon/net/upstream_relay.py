@@ -101,6 +101,7 @@ class _RelayedResponse(Protocol):
     _idle: float
     _parser: ResponseParser | None
     _pool: _PoolSide
+    body_bytes: int
 
     def _finish(self, c: _Conn, keep_alive: bool) -> None: ...
 
@@ -198,6 +199,7 @@ class _Pump:
                 if piece:
                     if self.first is None:
                         self.first = now
+                    resp.body_bytes += len(piece)
                     if not self.sink.send_nowait(piece, done):  # the end goes with the last bytes
                         if done:
                             self._end(parser.keep_alive)  # the task drains what the sink kept

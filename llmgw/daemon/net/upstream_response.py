@@ -59,7 +59,10 @@ class UpstreamResponse:
         "_parser",
         "_pending",
         "_pool",
+        "body_bytes",
+        "connected_at",
         "first_byte_at",
+        "head_at",
         "headers",
         "http_version",
         "reason",
@@ -77,6 +80,9 @@ class UpstreamResponse:
         self.http_version = "1.1"
         self.reused = False  # went out on a pooled connection
         self.first_byte_at: float | None = None  # trio time of the first body byte relay() sent on
+        self.connected_at: float | None = None  # trio time the connection was there (pooled or new)
+        self.head_at: float | None = None  # trio time the response head was parsed
+        self.body_bytes = 0  # body bytes relay() sent on (de-chunked)
         self._conn: _Conn | None = None  # None once the body ended (connection pooled or closed)
         self._parser: ResponseParser | None = None
         self._pending = b""  # body bytes that came with the head
@@ -231,6 +237,7 @@ class UpstreamResponse:
         if self._pending:
             piece, self._pending = self._pending, b""
             self.first_byte_at = _current_time()
+            self.body_bytes += len(piece)
             if not sink.send_nowait(piece, self._conn is None and self._error is None):
                 await sink.drain()
         c = self._conn
@@ -256,5 +263,6 @@ class UpstreamResponse:
         async for piece in self:  # no relay task (the pool is closing): read here
             if self.first_byte_at is None:
                 self.first_byte_at = _current_time()
+            self.body_bytes += len(piece)
             if not sink.send_nowait(piece):
                 await sink.drain()

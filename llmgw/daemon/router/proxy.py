@@ -290,6 +290,7 @@ class Router:
         """One try on one replica: the client's Response, or None to ask the core again."""
         rc = self.cfg.router
         rep = a.replica
+        a.sent_at = trio.current_time()  # the trace's connect phase starts here
         try:
             # The exchange's own __aenter__: on failure it has closed its connection, and its
             # __aexit__ is only resp.close(), which the body's end calls (no exit stack, no
@@ -308,7 +309,7 @@ class Router:
             resp.close()
             e = UpstreamProtocolError(f"{rep.id} answered {resp.status}", url=rep.view.url)
             e.public = f"answered {resp.status}"
-            self._finish(plan, a, e, None, resp.status)
+            self._finish(plan, a, e, None, resp.status, resp)
             return None
         out_headers = [("content-type", _content_type(resp, plan.stream)), (self.rid_header, rid),
                        ("x-llmgw-endpoint", _header_value(rep.view.id))]
@@ -342,14 +343,17 @@ class Router:
             # A failed relay ends the request here (the head is out: no retry): counted as done.
             first = resp.first_byte_at if resp.first_byte_at is not None or outcome == "ok" or outcome is None \
                 else head_at
-            self._finish(plan, a, outcome, first, resp.status)
+            self._finish(plan, a, outcome, first, resp.status, resp)
 
     def _finish(self, plan: Plan, a: Attempt, outcome: UpstreamError | str | None, first: float | None,
-                status: int | None) -> None:
+                status: int | None, resp: UpstreamResponse | None = None) -> None:
         """``outcome``: "ok", the upstream error, or None when the client went away. The core
         gets a ``detail`` a client may read (the replica's id, never its address); the log
-        line, tied to the client's answer by the request id, has the whole error and URL."""
+        line, tied to the client's answer by the request id, has the whole error and URL.
+        ``resp``: the answer, when one came (its times and body bytes go to the trace)."""
         now = trio.current_time()
+        if resp is not None:
+            a.connected_at, a.head_at, a.bytes_in = resp.connected_at, resp.head_at, resp.body_bytes
         if outcome == "ok":
             failure, detail = None, ""
         elif outcome is None:
@@ -413,7 +417,7 @@ class _Relay:
         if not self.used:
             self.used = True
             self.resp.close()
-            self.router._finish(self.plan, self.attempt, None, None, self.resp.status)
+            self.router._finish(self.plan, self.attempt, None, None, self.resp.status, self.resp)
 
 
 def _consteq(a: str, b: str) -> bool:
