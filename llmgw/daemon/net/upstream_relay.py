@@ -102,6 +102,7 @@ class _RelayedResponse(Protocol):
     _parser: ResponseParser | None
     _pool: _PoolSide
     body_bytes: int
+    last_byte_at: float | None
 
     def _finish(self, c: _Conn, keep_alive: bool) -> None: ...
 
@@ -196,6 +197,8 @@ class _Pump:
                     raise UpstreamProtocolError(f"invalid response body from upstream: {exc}", received=True,
                                                 url=resp.url) from None
                 done = parser.done
+                if done:  # read before the send: a woken client may preempt this process right after it
+                    resp.last_byte_at = now
                 if piece:
                     if self.first is None:
                         self.first = now

@@ -42,6 +42,7 @@ from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.daemon.router.metrics import RouterMetrics
 from llmgw.daemon.router.registry import Registry, Replica
 from llmgw.daemon.router.tokenize import Tier2Metrics, Tier2Tokenizer
+from llmgw.daemon.router.trace_log import TraceLog
 from llmgw.http1.sinks import BodyAborted, BodySink
 from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
@@ -107,6 +108,10 @@ class Router:
         self.metrics = RouterMetrics(self.core.counters, self.core, registry=self.registry, http=self.http_stats)
         self.tier2 = Tier2Tokenizer(cfg, pool)  # tier 2's tokenize step, for kv_events models only
         self.metrics.registry.register(Tier2Metrics(self.tier2))
+        # finished traces to a JSONL file, when [router.traces] file is set (its task: main.py)
+        self.trace_log = TraceLog(cfg.router.traces) if cfg.router.traces.file else None
+        if self.trace_log is not None:
+            self.core.on_trace_end = self.trace_log.on_end
         self.api_keys = set(cfg.server.api_keys)
         self.rid_header = cfg.server.request_id_header.lower()
 
@@ -354,6 +359,8 @@ class Router:
         now = trio.current_time()
         if resp is not None:
             a.connected_at, a.head_at, a.bytes_in = resp.connected_at, resp.head_at, resp.body_bytes
+            if outcome == "ok" and resp.last_byte_at is not None:
+                now = resp.last_byte_at  # when the client got its last byte, not when this task woke
         if outcome == "ok":
             failure, detail = None, ""
         elif outcome is None:
