@@ -209,6 +209,10 @@ ROUTES: tuple[Route, ...] = (
                       "the sections that changed (checked once a second), and a ping line every 5 s. "
                       "Lossy under load: reconnect for a fresh snapshot."),
     Route("GET", f"{PREFIX}/openapi.json", "get_openapi", "This document", dict[str, Any], tag="meta"),
+    Route("GET", f"{PREFIX}/suite-schema.json", "get_suite_schema", "The eval suites' JSON Schema", dict[str, Any],
+          tag="meta", errors=(404,),
+          description="A JSON Schema of an eval suite (the TOML file `llmgw ctl suites` stores, as data), for "
+                      "editors and generators. 404 when this llmgw has no eval suites."),
 )
 
 

@@ -39,6 +39,7 @@ from llmgw.admin.schema import (
     RequestDecisions,
 )
 from llmgw.admin.schema_traces import trace_summary, trace_view
+from llmgw.admin.suite_schema import suite_json_schema
 from llmgw.admin.validate import Invalid, from_json, query_value
 from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
@@ -471,6 +472,13 @@ class AdminApp:
     @_handles("get_openapi")
     async def _openapi_doc(self, call: _Call) -> Any:
         return Response(200, [("content-type", "application/json")], self._openapi)
+
+    @_handles("get_suite_schema")
+    async def _suite_schema(self, call: _Call) -> Any:
+        schema = suite_json_schema()
+        if schema is None:
+            raise _Fail(404, "This llmgw has no eval suites, so no suite schema.")
+        return schema
 
 
 def _line(obj: Any) -> bytes:
