@@ -65,3 +65,10 @@ def test_a_trace_that_left_the_ring_is_a_notice_not_a_crash() -> None:
         assert any("no trace of gone-1" in n.message for n in app._notifications)
 
     drive(script)
+
+
+def test_the_canned_trace_is_what_the_daemon_answers() -> None:
+    from tests.test_console_fakes import _validator, trace_of
+
+    errors = [f"{e.instance_path}: {e.message}" for e in _validator("TraceView").iter_errors(trace_of("req-0001"))]
+    assert not errors, errors[:5]
