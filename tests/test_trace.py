@@ -164,3 +164,43 @@ def test_the_writer_task_flushes_when_cancelled(tmp_path: Path) -> None:
 
     trio.run(main)
     assert log.written == 1 and (tmp_path / "t.jsonl").read_text().count("\n") == 1
+
+
+def test_a_request_that_left_during_planning_does_not_stay_in_flight() -> None:
+    """The client leaves while the request is between plan and its first decision (here: in tier
+    2's tokenize step, which never answers; the handler is cancelled): its trace ends, cancelled."""
+    import importlib.util
+
+    from llmgw.config import parse_config
+    from llmgw.daemon.net.httpserver import Request
+    from llmgw.daemon.router.proxy import Router
+
+    spec = importlib.util.spec_from_file_location("walk_request", Path(__file__).resolve().parents[1] / "bench"
+                                                  / "walk_request.py")
+    assert spec is not None and spec.loader is not None
+    walk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(walk)
+    router = Router(parse_config(walk.CFG), walk._Pool(0), seed=0)
+
+    async def never(plan: object) -> None:
+        await trio.sleep_forever()
+
+    router.tier2.wants = lambda plan: True  # type: ignore[method-assign]
+    router.tier2.annotate = never  # type: ignore[method-assign]
+
+    def request(rid: str, body: bytes) -> Request:
+        return Request("POST", "/v1/chat/completions", "/v1/chat/completions", "", [("x-request-id", rid)],
+                       body, ("127.0.0.1", 1))
+
+    async def main() -> None:
+        with trio.move_on_after(0.05):
+            await router.handle(request("gone", walk.BODY))
+        # a made-up model name is kept bounded
+        await router.handle(request("long", json.dumps({"model": "x" * 100_000, "messages": []}).encode()))
+
+    trio.run(main)
+    t = router.core.traces.get("gone")
+    assert t is not None and t.outcome == "client_cancelled" and t.status == 499 and t.ended is not None
+    assert [m[0] for m in t.marks] == ["prepare"]
+    lt = router.core.traces.get("long")
+    assert lt is not None and len(lt.model) == 256 and lt.outcome == "rejected" and lt.status == 404

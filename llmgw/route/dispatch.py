@@ -51,7 +51,7 @@ from .request_head import request_head
 from .scheduler import Scheduler
 from .names import PRESET_NAMES, SCORER_NAMES
 from .strategies import Strategy, StrategyError, resolve
-from .trace import AttemptRecord, Trace, TraceRing
+from .trace import MAX_NAME, AttemptRecord, Trace, TraceRing
 from .types import Decision, RequestInfo, SchedulerConfig
 
 __all__ = ["Plan", "RouterCore", "STRATEGY_HEADER", "KINDS"]
@@ -137,7 +137,7 @@ class RouterCore:
         self.traces.add(trace)
         try:
             b = parse_body(body, kind=kind)
-            trace.model, trace.stream = b.model, b.stream
+            trace.model, trace.stream = b.model[:MAX_NAME], b.stream  # a client's name: bounded
             resolved = self.table.resolve(b.model)
             if resolved is None:
                 raise ApiError(404, f"The model `{b.model}` does not exist.", param="model",

@@ -35,8 +35,9 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["AttemptRecord", "Trace", "TraceRing", "MAX_NOTE"]
+__all__ = ["AttemptRecord", "Trace", "TraceRing", "MAX_NAME", "MAX_NOTE"]
 
+MAX_NAME = 256  # characters of a model name kept (a client may send any; real ones are short)
 MAX_NOTE = 512  # characters of a phase's note or an attempt's error kept (an engine's words are input)
 MAX_MARKS = 64  # phases kept per trace: a job's steps, or max_attempts × 5 (+3); the rest are dropped
 

@@ -253,9 +253,9 @@ class Router:
         plan = core.plan(kind, req.body, rid, strategy=req.header(STRATEGY_HEADER),
                          session=req.header("x-session-id"), now=trio.current_time())
         headers = [("content-type", "application/json"), ("x-request-id", rid)]
-        if self.tier2.wants(plan):
-            await self.tier2.annotate(plan)
         try:
+            if self.tier2.wants(plan):
+                await self.tier2.annotate(plan)
             while True:
                 step = core.next(plan, trio.current_time(), time.time())  # raises the final ApiError
                 if type(step) is Attempt:
@@ -272,7 +272,11 @@ class Router:
             if not plan.counted:
                 plan.counted = True
                 core.counters.request_done(plan.model, "failed", 500, None, None)
+            _end_trace(plan, "failed", 500)
             e.llmgw_counted = True  # type: ignore[attr-defined]
+            raise
+        except BaseException:  # cancelled (the client left) where no attempt or wait ended it
+            _end_trace(plan, "client_cancelled", 499)
             raise
 
     async def _wait(self, plan: Plan, ticket: Ticket) -> None:
@@ -395,6 +399,12 @@ def _header_value(text: str) -> str:
     """A replica id as a header value: as it is when it can be one (nearly always), else
     percent-encoded (a model name may be any text)."""
     return text if _CONTENT_TYPE.fullmatch(text) is not None else quote(text, safe="/")
+
+
+def _end_trace(plan: Plan, outcome: str, status: int) -> None:
+    """A request that ended outside the core's bookkeeping: its trace ends too (not left in flight)."""
+    if plan.trace is not None and plan.trace.ended is None:
+        plan.trace.end(trio.current_time(), outcome, status)
 
 
 def _log_alarm(on: bool) -> None:
