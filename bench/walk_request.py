@@ -50,6 +50,9 @@ class _Sink:
 class _Resp:
     status = 200
     first_byte_at = 0.0
+    connected_at = head_at = 0.0
+    body_bytes = 0
+    last_byte_at = None
 
     def header(self, name: str) -> str | None:
         return "text/event-stream" if name == "content-type" else None

@@ -29,6 +29,8 @@ commands:
   kv hash --tokens IDS [--vllm-version V ...] the block hash chain vLLM computes for a token list
   kv decode HEX | --file F                    decode a vLLM KV event payload into readable events
   completion bash|zsh|fish                    print a shell completion script for llmgw
+  help [TOPIC]                                the manual: the topics, or one page (router,
+                                              configuration, admin-api, ...)
 
 `llmgw sim --engine vllm --help` lists vLLM's flags, and the --sim-* flags of the simulator.
 """
@@ -42,14 +44,17 @@ COMMANDS = {
     "config": "write or check a config file",
     "kv": "hash tokens and decode KV events as vLLM does",
     "completion": "print a shell completion script",
+    "help": "the manual: list the topics, or read one",
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args or args[0] in ("-h", "--help"):
         print(USAGE, end="")
         return 0 if args else 2
+    if args[0] == "help":
+        return _help(args[1:])
     cmd, rest = args[0], args[1:]
     if cmd in ("-V", "--version"):
         from llmgw import __version__
@@ -82,6 +87,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _completion(rest)
     print(f"llmgw: unknown command {cmd!r}\n\n{USAGE}", end="", file=sys.stderr)
     return 2
+
+
+def help_parser() -> argparse.ArgumentParser:
+    from llmgw.manual import topics
+
+    p = argparse.ArgumentParser(prog="llmgw help", description="The manual, as shipped with this llmgw: without a "
+                                "topic, the commands and the topics; with one, its page (through $PAGER on a "
+                                "terminal).")
+    p.add_argument("topic", nargs="?", choices=[t.name for t in topics()] or None, metavar="TOPIC",
+                   help="a page of the manual, e.g. router, configuration, admin-api")
+    return p
+
+
+def _help(argv: list[str]) -> int:
+    from llmgw.manual import UnknownTopic, read, topics
+
+    if argv and argv[0] in ("-h", "--help"):
+        help_parser().print_help()
+        return 0
+    if not argv:
+        found = topics()
+        print(USAGE)
+        print("help topics (`llmgw help TOPIC`):" if found else "help topics: none (installed without the manual)")
+        for t in found:
+            print(f"  {t.name:20s} {t.title}")
+        return 0
+    if len(argv) > 1:
+        print("llmgw help: one topic at a time (`llmgw help` lists them)", file=sys.stderr)
+        return 2
+    try:
+        text = read(argv[0])
+    except UnknownTopic as e:
+        print(f"llmgw help: {e}", file=sys.stderr)
+        return 2
+    if sys.stdout.isatty():
+        import pydoc
+
+        pydoc.pager(text)  # $MANPAGER / $PAGER, else less, else plain
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def config_parser() -> argparse.ArgumentParser:
@@ -124,7 +170,8 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
     return {"daemon": captured_parser(daemon_main), "ctl": ctl_parser(), "console": console_parser(),
             "config": config_parser(), "kv": kv_parser(), "completion": completion_parser(), "sim": build_vllm_parser(),
-            "sim fleet": captured_parser(fleet_main), "sim --engine=llamacpp": build_llamacpp_parser()}
+            "sim fleet": captured_parser(fleet_main), "sim --engine=llamacpp": build_llamacpp_parser(),
+            "help": help_parser()}
 
 
 def completion_contexts() -> dict[str, Any]:

@@ -132,6 +132,16 @@ class PrefixRoutingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TracesConfig:
+    """Every request's trace (llmgw.route.trace): the ring of recent ones, and an optional JSONL file."""
+    kept: int = opt(1000, check=in_range(1, 1_000_000))  # recent traces kept in memory
+    file: str | None = opt(None, check=nonempty)  # append finished traces here as JSON lines; None = no file
+    sample: float = opt(1.0, check=in_range(0, 1))  # the share of finished traces written to the file
+    max_file_mb: float = opt(64.0, check=positive)  # the file is rotated (file.1, file.2, ...) at this size
+    files_kept: int = opt(3, check=in_range(0, 100))  # rotated files kept beside the live one
+
+
+@dataclass(frozen=True, kw_only=True)
 class RouterConfig:
     scrape_interval_s: float = opt(1.0, check=positive)
     stale_after_s: float = opt(5.0, check=positive)  # scraped metrics older than this are stale
@@ -152,6 +162,7 @@ class RouterConfig:
     # a failed load of an adapter on a replica is not tried again for this long, doubling per failure
     adapter_backoff_s: float = opt(5.0, check=positive)
     adapter_backoff_max_s: float = opt(300.0, check=positive)
+    traces: TracesConfig = opt(factory=TracesConfig)
     breaker: BreakerConfig = opt(factory=BreakerConfig)
     prefix: PrefixRoutingConfig = opt(factory=PrefixRoutingConfig)
 

@@ -45,6 +45,13 @@ queue_size = 256                 # requests held when every replica is saturated
 queue_timeout_s = 10.0           # then 429 with Retry-After
 decisions_kept = 1000            # recent decisions kept with their rationale
 
+[router.traces]                  # every request's trace: phases, attempts, retries
+kept = 1000                      # recent traces kept in memory (llmgw ctl trace REQUEST_ID)
+# file = "/var/log/llmgw/traces.jsonl"   # also append finished traces here, one JSON object a line
+sample = 1.0                     # with a file: the share of traces written (0.1 = every 10th)
+max_file_mb = 64.0               # the file is rotated at this size (file.1, file.2, ...)
+files_kept = 3                   # rotated files kept
+
 [router.breaker]
 failure_threshold = 3            # consecutive failures that open the breaker; 1 = plain cooldown
 cooldown_s = 5.0                 # first open period; doubles after each failed probe

@@ -22,6 +22,7 @@ import httpx
 
 from llmgw.admin_client.printable import printable
 from llmgw.admin_client.rationale import rationale_lines, text_table
+from llmgw.admin_client.trace_view import trace_lines
 from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
 from llmgw.ctl_views import (
     ADAPTER_HEADERS, KV_HEADERS, adapter_rows, adapters_footer, kv_rows, kv_summary_lines, model_text,
@@ -342,6 +343,21 @@ def cmd_explain(api: Admin, ns: argparse.Namespace) -> None:
     emit(ns, data, lambda _: "\n\n".join("\n".join(rationale_lines(d)) for d in decisions))
 
 
+def cmd_trace(api: Admin, ns: argparse.Namespace) -> None:
+    if ns.request_id is not None:
+        emit(ns, api.call("GET", f"/traces/{quote(ns.request_id, safe='')}"), lambda t: "\n".join(trace_lines(t)))
+        return
+
+    def render(ts: list[dict[str, Any]]) -> str:
+        rows = [[time.strftime("%H:%M:%S", time.localtime(t.get("started_at", 0))), t.get("id"), t.get("kind"),
+                 t.get("model"), t.get("outcome"), t.get("status"), t.get("attempts"), t.get("replica"),
+                 "-" if t.get("total_ms") is None else f"{t['total_ms']:.1f}ms"] for t in ts]
+        return table(rows, ["TIME", "ID", "KIND", "MODEL", "OUTCOME", "STATUS", "TRIES", "REPLICA", "TOOK"])
+
+    emit(ns, api.call("GET", "/traces", params={"model": ns.model, "outcome": ns.outcome, "limit": ns.limit}),
+         render)
+
+
 def cmd_status(api: Admin, ns: argparse.Namespace) -> None:
     data = api.call("GET", "/status")
     if ns.output != "json":  # which daemon answered: the socket or URL, and what chose it
@@ -357,6 +373,7 @@ examples:
   llmgw ctl status                      the daemon's summary
   llmgw ctl replicas --model llama-8b   one model's replicas and their engines' state
   llmgw ctl explain REQUEST_ID          why a request went where it did
+  llmgw ctl trace REQUEST_ID            where its time went: phases, attempts, retries
   llmgw ctl nodes -o json               the admin API's own answer, for scripts
 
 Without --socket, --url or --config it talks to the local daemon's admin socket.
@@ -448,6 +465,14 @@ def parser() -> argparse.ArgumentParser:
              "engine's reported blocks carry the hashes the router computes? ok, suspect, ALARM, unchecked). "
              "Then the index's totals, tier 2's decision outcomes and each model's mismatch rate.")
     sp.add_argument("--model", help="only this model's replicas")
+    sp = add("trace", cmd_trace, "a request's timeline: phases, attempts and why one was retried (or recent traces)",
+             "A request's trace as a timeline: prepare, queued, decide, connect, head, first byte, body, each "
+             "attempt with its replica and why it was retried. Without REQUEST_ID: the recent traces.")
+    sp.add_argument("request_id", nargs="?", metavar="REQUEST_ID",
+                    help="the request's id (its x-request-id); leave out to list recent traces")
+    sp.add_argument("--model", help="with no REQUEST_ID: only this model's traces")
+    sp.add_argument("--outcome", help="with no REQUEST_ID: only traces that ended so (ok, upstream_failed, ...)")
+    sp.add_argument("--limit", type=int, default=20, metavar="N", help="at most N, newest first (default: 20)")
     return p
 
 

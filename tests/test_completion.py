@@ -15,7 +15,7 @@ from llmgw import cli
 from llmgw.completion import SHELLS, captured_parser
 
 CTL_COMMANDS = ["status", "nodes", "join-info", "join-token", "label", "models", "scale", "replicas", "restart",
-                "endpoints", "adapters", "decisions", "explain", "kv"]
+                "endpoints", "adapters", "decisions", "explain", "kv", "trace"]
 
 
 @pytest.fixture(scope="module")

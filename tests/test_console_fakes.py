@@ -281,6 +281,13 @@ class FakeClient:
         n["labels"] = {**n["agent_labels"], **n["operator_labels"]}
         return dict(n)
 
+    async def trace(self, request_id: str) -> dict[str, Any]:
+        """A two-attempt trace for the scripted decisions' requests; 404 for any other."""
+        self.calls.append(("GET", "trace", request_id))
+        if not request_id.startswith("req-"):
+            raise AdminRefused(404, f"No recent trace for request {request_id!r}.")
+        return trace_of(request_id)
+
     async def aclose(self) -> None:
         self.closed = True
 
@@ -318,3 +325,24 @@ def test_canned_node_answer_matches_the_admin_document() -> None:
     errors = [f"{e.instance_path}: {e.message}" for e in _validator("NodeView").iter_errors(n)]
     assert not errors, errors[:5]
     assert n["labels"]["llmgw.io/rack"] == "r99"
+
+
+def trace_of(request_id: str) -> dict[str, Any]:
+    """A trace as GET /api/v1/traces/{id} answers it: a connect failure, then a retry that streamed."""
+    phases = [("prepare", 0, 0.0, 0.1, ""), ("decide", 0, 0.1, 0.2, ""), ("connect", 1, 0.3, 1.0, ""),
+              ("decide", 0, 1.3, 0.2, "retry after attempt 1: connect: replica llama-8b/1a2b3c: connection refused"),
+              ("connect", 2, 1.5, 0.1, ""), ("head", 2, 1.6, 0.4, ""), ("first_byte", 2, 2.0, 30.0, ""),
+              ("body", 2, 32.0, 88.0, "")]
+    return {"id": request_id, "kind": "request", "name": "chat", "model": "llama-8b", "stream": True,
+            "started_at": 1_767_225_600.25, "total_ms": 120.0, "outcome": "ok", "status": 200, "revision": "",
+            "bytes_out": 812, "bytes_in": 20480, "retries": 1,
+            "phases": [{"name": n, "attempt": a, "start_ms": s, "duration_ms": d, "note": note}
+                       for n, a, s, d, note in phases],
+            "attempts": [{"n": 1, "replica": "llama-8b/1a2b3c", "node": "gpu-a1", "revision": "", "decision": 0,
+                          "sent_ms": 0.3, "connected_ms": None, "head_ms": None, "first_byte_ms": None,
+                          "ended_ms": 1.3, "status": None, "outcome": "connect",
+                          "error": "replica llama-8b/1a2b3c: connection refused", "retried": True, "bytes_in": 0},
+                         {"n": 2, "replica": "llama-8b/4d5e6f", "node": "gpu-a2", "revision": "", "decision": 1,
+                          "sent_ms": 1.5, "connected_ms": 1.6, "head_ms": 2.0, "first_byte_ms": 32.0,
+                          "ended_ms": 120.0, "status": 200, "outcome": "ok", "error": "", "retried": False,
+                          "bytes_in": 20480}]}

@@ -67,6 +67,7 @@ class CoreLifecycle(RuleBasedStateMachine):
                                rng=random.Random(0))
         self.now = 0.0
         self.going: list[Req] = []
+        self.done: list[Plan] = []  # the requests that ended, for their traces
         self.ended = 0
         self.n = 0
 
@@ -86,6 +87,7 @@ class CoreLifecycle(RuleBasedStateMachine):
 
     def _end(self, r: Req) -> None:
         self.going.remove(r)
+        self.done.append(r.plan)
         self.ended += 1
 
     def _wake(self, tickets: list[Ticket]) -> None:
@@ -186,6 +188,24 @@ class CoreLifecycle(RuleBasedStateMachine):
         assert all(any(t is m for m in mine) for t in queued)
 
     @invariant()
+    def traces_follow_the_requests(self) -> None:
+        """A request still going has a trace in flight, one that ended a trace that ended; phases
+        never go back; each attempt has its record, all but the last of them retried."""
+        for r in self.going:
+            assert r.plan.trace is not None and r.plan.trace.ended is None
+        for p in self.done:
+            t = p.trace
+            assert t is not None and t.ended is not None and t.outcome and t.status is not None
+            starts = [m[1] for m in t.marks]
+            assert starts == sorted(starts) and t.ended >= starts[-1]
+            assert [a.retried for a in t.attempts] == [True] * (len(t.attempts) - 1) + [False] * bool(t.attempts)
+            assert all(a.ended_at is not None for a in t.attempts)
+        for r in self.going:
+            t = r.plan.trace
+            assert t is not None and len(t.attempts) == sum(1 for a in t.attempts if a.ended_at is not None) + \
+                (1 if r.attempt is not None else 0)
+
+    @invariant()
     def every_ended_request_is_counted_once(self) -> None:
         counted = sum(int(n) for n, _ in self.core.counters.requests.values())
         assert counted == self.ended
@@ -221,3 +241,25 @@ def test_admission_sees_a_scrape_that_came_after_the_last_decision() -> None:
     v.running, v.waiting, v.scraped_at = 6.0, 2.0, 1.0
     second = core.plan("chat", BODIES[1], "b", strategy=None, session=None, now=1.0)
     assert isinstance(core.next(second, 1.0, 0.0), Ticket)
+
+
+def test_a_queued_request_shows_its_wait_in_its_trace() -> None:
+    cfg = parse_config(SATURATING)
+    core = RouterCore(cfg, ReplicaTable(cfg), cache_stats=CacheStats(), wall=lambda: 0.0, rng=random.Random(0))
+    first = core.plan("chat", BODIES[0], "a", strategy=None, session=None, now=0.0)
+    a = core.next(first, 0.0, 0.0)
+    assert isinstance(a, Attempt)
+    v = a.replica.view
+    v.running, v.waiting, v.scraped_at = 6.0, 2.0, 0.0  # full: the next request waits
+    second = core.plan("chat", BODIES[1], "b", strategy=None, session=None, now=0.5)
+    assert isinstance(core.next(second, 0.6, 0.0), Ticket)
+    v.running, v.waiting = 1.0, 0.0
+    core.finish(first, a, 2.0, None, first_byte_at=1.0, status=200)  # room again: "b" is let through
+    b = core.next(second, 2.5, 0.0)
+    assert isinstance(b, Attempt)
+    core.finish(second, b, 3.0, None, first_byte_at=2.8, status=200)
+    d = second.trace.to_dict()  # type: ignore[union-attr]
+    assert [(p["name"], p["start_ms"], p["duration_ms"]) for p in d["phases"]] == [
+        ("prepare", 0.0, 100.0), ("queued", 100.0, 1900.0), ("decide", 2000.0, 0.0), ("connect", 2000.0, 300.0),
+        ("body", 2300.0, 200.0)]
+    assert d["total_ms"] == 2500.0 and d["outcome"] == "ok"

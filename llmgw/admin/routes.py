@@ -36,6 +36,7 @@ from llmgw.admin.schema import (
     ScaleBody,
     Status,
 )
+from llmgw.admin.schema_traces import TraceSummary, TraceView
 
 __all__ = ["API_VERSION", "PREFIX", "ROUTES", "Link", "QueryParam", "Resolution", "Resolver", "Route"]
 
@@ -182,6 +183,21 @@ ROUTES: tuple[Route, ...] = (
           tag="decisions", query=_DECISION_FILTERS, description="Newest first, each with its whole rationale."),
     Route("GET", f"{PREFIX}/decisions/{{request_id}}", "get_decision", "A request's decisions", RequestDecisions,
           tag="decisions", description="404 once the request has left the ring of recent decisions."),
+    # traces
+    Route("GET", f"{PREFIX}/traces", "list_traces", "Recent traces", list[TraceSummary], tag="traces",
+          query=(QueryParam("model", str, "only traces of this model (as the client named it)"),
+                 QueryParam("kind", str, "only `request` or `job` traces"),
+                 QueryParam("outcome", str, "only traces that ended so (ok, engine_error, upstream_failed, failed, "
+                                            "rejected, client_cancelled), or in_flight"),
+                 QueryParam("limit", int, "at most this many, the newest", default=100, minimum=1,
+                            maximum=MAX_LIMIT)),
+          links=(Link("get_trace", "request_id", "id"),),
+          description="Newest first, from the router's ring of recent traces (`router.traces.kept`); a "
+                      "request's trace is there from its start, so in-flight requests are listed too."),
+    Route("GET", f"{PREFIX}/traces/{{request_id}}", "get_trace", "A request's trace", TraceView, tag="traces",
+          description="Its phases (contiguous: their durations add up to `total_ms`) and attempts, each with "
+                      "its replica, the index of its decision in `GET /api/v1/decisions/{request_id}`, its "
+                      "times and bytes, and why it was retried. 404 once it has left the ring."),
     Route("GET", f"{PREFIX}/cache", "get_cache", "Cache-hit summary", CacheSummary, tag="cache",
           query=(QueryParam("window_s", float, "the window, ending now", default=MAX_WINDOW_S, minimum=10,
                             maximum=MAX_WINDOW_S),),
@@ -205,6 +221,10 @@ ROUTES: tuple[Route, ...] = (
                       "the sections that changed (checked once a second), and a ping line every 5 s. "
                       "Lossy under load: reconnect for a fresh snapshot."),
     Route("GET", f"{PREFIX}/openapi.json", "get_openapi", "This document", dict[str, Any], tag="meta"),
+    Route("GET", f"{PREFIX}/suite-schema.json", "get_suite_schema", "The eval suites' JSON Schema", dict[str, Any],
+          tag="meta", errors=(404,),
+          description="A JSON Schema of an eval suite (the TOML file `llmgw ctl suites` stores, as data), for "
+                      "editors and generators. 404 when this llmgw has no eval suites."),
 )
 
 

@@ -296,9 +296,17 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 log.warning("--adopt: engines that agents run and the store does not know are adopted as replicas")
             router.metrics.registry.register(StoreMetrics(control.guard))
             router.set_kv_index(control.kv_index)
+            if router.trace_log is not None:
+                try:
+                    router.trace_log.check()
+                except OSError as e:
+                    raise _StartupError(f"router.traces.file: cannot open {router.trace_log.path} for "
+                                        f"writing: {e.strerror or e}") from None
             async with trio.open_nursery() as inner:
                 inner.start_soon(router.registry.scrape_loop, pool)
                 inner.start_soon(router.adapters.run)  # LoRA adapter loads (vLLM, on demand)
+                if router.trace_log is not None:
+                    inner.start_soon(router.trace_log.run)
                 inner.start_soon(control.guard.run)
                 inner.start_soon(control.kv_index.run)  # tier 2's parity verdicts and alarm
                 # before the listeners open: the first request after the start finds them

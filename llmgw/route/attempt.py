@@ -22,14 +22,15 @@ from __future__ import annotations
 from .admission import ConcurrencyCaps
 from .breaker import COUNTED_FAILURES, NO_SLOT, FailureKind, Permit
 from .replicas import Replica
+from .trace import AttemptRecord
 from .types import Decision
 
 __all__ = ["Attempt"]
 
 
 class Attempt:
-    __slots__ = ("alarm", "body", "caps", "decision", "ended", "first_byte_timeout", "permit", "replica", "started",
-                 "_token")
+    __slots__ = ("alarm", "body", "bytes_in", "caps", "connected_at", "decision", "ended", "first_byte_timeout",
+                 "head_at", "permit", "record", "replica", "sent_at", "started", "_token")
 
     def __init__(self, replica: Replica, caps: ConcurrencyCaps, permit: Permit, decision: Decision,
                  started: float) -> None:
@@ -46,6 +47,13 @@ class Attempt:
         self.alarm: bool | None = None  # the prefix zero-hit alarm changed to this (None: unchanged)
         self.first_byte_timeout: float | None = None  # seconds; None: the configured ceiling
         self.body: bytes | None = None  # what to send; None: the client's body as it came
+        # Set by the shell for the trace (plain slots, no call into the core): when the request
+        # went out, when the connection was there, when the response head came, body bytes relayed.
+        self.sent_at: float | None = None
+        self.connected_at: float | None = None
+        self.head_at: float | None = None
+        self.bytes_in = 0
+        self.record: AttemptRecord | None = None  # this attempt in the request's trace
         self._token = replica.breaker.probe_token() if permit is Permit.PROBE else NO_SLOT
         replica.view.inflight += 1
 

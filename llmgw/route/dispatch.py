@@ -54,6 +54,7 @@ from .request_head import request_head
 from .scheduler import Scheduler
 from .names import PRESET_NAMES, SCORER_NAMES
 from .strategies import Strategy, StrategyError, resolve
+from .trace import MAX_NAME, AttemptRecord, Trace, TraceRing
 from .types import Decision, RequestInfo, SchedulerConfig
 
 __all__ = ["Plan", "RouterCore", "STRATEGY_HEADER", "KINDS"]
@@ -93,6 +94,7 @@ class Plan:
     load: Load | None = None  # the adapter load it waits on (adapter_routing.py)
     adapter_wait: bool = False  # its ticket waits for an adapter slot, not for the model's admission
     wait_reason: str = ""  # ... and why (the 429's message if its deadline passes)
+    trace: Trace | None = None  # its phases, attempts and outcome (llmgw.route.trace)
 
     @property
     def model(self) -> str:
@@ -118,6 +120,11 @@ class RouterCore:
         self.cache_stats = cache_stats
         self.counters = RouterCounters(wall)
         self.rng = rng
+        self._wall = wall
+        # Every request's trace, in a bounded ring; on_trace_end (the shell's JSONL writer) sees
+        # each one as it ends.
+        self.traces = TraceRing(rc.traces.kept)
+        self.on_trace_end: Callable[[Trace], None] | None = None
         # Per-replica caps (a pool's max_inflight_per_replica), taken check-and-reserve.
         self.caps = ConcurrencyCaps()
         for rep in table.all_replicas():
@@ -136,13 +143,21 @@ class RouterCore:
     # -- 1. the request ------------------------------------------------------------------------
     def plan(self, kind: str, body: bytes, rid: str, *, strategy: str | None, session: str | None,
              now: float) -> Plan:
-        b = parse_body(body, kind=kind)
-        resolved = self.table.resolve(b.model)
-        if resolved is None:
-            raise ApiError(404, f"The model `{b.model}` does not exist.", param="model",
-                           code="model_not_found")
-        entry, adapter = resolved
-        strat = self.strategy(entry, strategy)
+        trace = Trace(rid, name=kind, started=now, wall=self._wall(), bytes_out=len(body))
+        trace.mark("prepare", now)
+        self.traces.add(trace)
+        try:
+            b = parse_body(body, kind=kind)
+            trace.model, trace.stream = b.model[:MAX_NAME], b.stream  # a client's name: bounded
+            resolved = self.table.resolve(b.model)
+            if resolved is None:
+                raise ApiError(404, f"The model `{b.model}` does not exist.", param="model",
+                               code="model_not_found")
+            entry, adapter = resolved
+            strat = self.strategy(entry, strategy)
+        except ApiError as e:  # refused: its trace ends here (the shell counts the request)
+            self._trace_done(trace, now, "rejected", e.status)
+            raise
         salt = b.obj.get("cache_salt")
         # Tier-1 cache affinity: the head the engine caches first, recorded for the chosen replica.
         info = RequestInfo(request_id=rid, model=b.model, base_model=entry.name, adapter=adapter,
@@ -150,7 +165,7 @@ class RouterCore:
                            prompt_tokens_estimate=b.prompt_chars // 4, strategy=strat.name,
                            head=request_head(b.obj, kind) if kind != "embeddings" else b"",
                            cache_salt=salt if isinstance(salt, str) else None)
-        return Plan(info, entry, strat, b.stream, now, body=b.obj, raw=body)
+        return Plan(info, entry, strat, b.stream, now, body=b.obj, raw=body, trace=trace)
 
     def strategy(self, entry: ModelEntry, asked: str | None) -> Strategy:
         name = asked or entry.strategy
@@ -197,6 +212,11 @@ class RouterCore:
         table = self.table
         sched = self.sched
         info = plan.info
+        trace = plan.trace
+        if trace is not None:
+            last = trace.attempts[-1] if trace.attempts else None
+            trace.mark("decide", now, note="" if last is None or last.outcome == "ok" else
+                       f"retry after attempt {last.n}: {last.outcome}: {last.error}")
         while plan.attempts < self.rc.max_attempts:
             views = table.views(entry, now)
             tried = plan.tried
@@ -205,6 +225,8 @@ class RouterCore:
             d = sched.decide(info, views, plan.strategy, now=now, wall=wall, rng=self.rng, commit=False)
             self.decisions.append(d)
             self.counters.decision(d)
+            if trace is not None:
+                trace.decisions += 1
             chosen = d.chosen
             permit = Permit.DENY
             if chosen is not None:
@@ -241,6 +263,12 @@ class RouterCore:
                 self.adapters.book.acquire(chosen, info.adapter, now)
             a.alarm, self._alarm_news = self._alarm_news, None
             a.first_byte_timeout = self._first_byte_timeout(plan, rep)
+            if trace is not None:
+                if trace.attempts:
+                    trace.attempts[-1].retried = True
+                a.record = AttemptRecord(plan.attempts, chosen, rep.node, getattr(rep, "revision", ""),
+                                         trace.decisions - 1, now)
+                trace.attempts.append(a.record)
             plan.retry_5xx = plan.suspect is None and plan.attempts < self.rc.max_attempts
             return a
         self._settle(plan, now, count=True)
@@ -297,15 +325,22 @@ class RouterCore:
             e = ApiError(504, f"The engine did not answer in time ({plan.detail}).", type_="timeout")
         else:
             e = ApiError(502, f"No replica could serve the request: {plan.detail}", type_="bad_gateway")
-        self._done(plan, "failed", e.status, None, None)
+        self._done(plan, "failed", e.status, None, None, now)
         e.counted = True
         return e
 
-    def _done(self, plan: Plan, outcome: str, code: int, ttft: float | None, latency: float | None) -> None:
+    def _done(self, plan: Plan, outcome: str, code: int, ttft: float | None, latency: float | None,
+              now: float) -> None:
         """The request ended here: its one count (a second call is a bug, and is not counted)."""
         if not plan.counted:
             plan.counted = True
             self.counters.request_done(plan.model, outcome, code, ttft, latency)
+            if plan.trace is not None:
+                self._trace_done(plan.trace, now, outcome, code)
+
+    def _trace_done(self, trace: Trace, now: float, outcome: str, code: int | None) -> None:
+        if trace.end(now, outcome, code) and self.on_trace_end is not None:
+            self.on_trace_end(trace)
 
     # -- admission -------------------------------------------------------------------------------
     def _queue(self, entry: ModelEntry) -> WaitQueue:
@@ -328,6 +363,8 @@ class RouterCore:
         return bool(live) and all(is_saturated(r.view, cfg) for r in live)
 
     def _enqueue(self, plan: Plan, now: float) -> Ticket:
+        if plan.trace is not None and plan.trace.last_phase != "queued":
+            plan.trace.mark("queued", now)
         q = self._queue(plan.entry)
         t = q.enqueue(plan.info.request_id, now + self.rc.queue_timeout_s, now)
         if t is None:
@@ -347,13 +384,13 @@ class RouterCore:
                 raise self._reject(plan, now, "adapter_no_room", f"{plan.wait_reason}; try again later.")
             raise self._reject(plan, now, "queue_timeout", "All replicas stayed saturated; try again later.")
         if t is not None:  # the client left while it waited: counted where it ended
-            self._done(plan, "client_cancelled", 499, None, None)
+            self._done(plan, "client_cancelled", 499, None, None, now)
 
     def _reject(self, plan: Plan, now: float, reason: str, message: str) -> ApiError:
         q = self._queue(plan.entry)
         drain = sum(r.view.drain_rate or 0.0 for r in plan.entry.replicas) or None
         self.counters.rejected(plan.model, reason)
-        self._done(plan, "rejected", 429, None, None)
+        self._done(plan, "rejected", 429, None, None, now)
         e = ApiError(429, message, type_="rate_limit", code="saturated",
                      headers=[("retry-after", str(suggest_retry_after(len(q), drain)))])
         e.counted = True
@@ -381,6 +418,10 @@ class RouterCore:
         (only while ``plan.retry_5xx``), else the relayed answer's status. Idempotent."""
         if attempt.ended:
             return []
+        if attempt.record is not None and plan.trace is not None:
+            plan.trace.attempt_ended(attempt.record, attempt.sent_at, attempt.connected_at, attempt.head_at,
+                                     first_byte_at, now, status, "ok" if failure is None else failure.value,
+                                     detail, attempt.bytes_in)
         rep = attempt.replica
         if plan.info.adapter is not None:
             self.adapters.book.release(rep.id, plan.info.adapter, now)
@@ -404,24 +445,24 @@ class RouterCore:
                 attempt.end(now, failure if cancelled else FailureKind.HTTP_5XX, verdict=not poison)
                 self._settle(plan, now, count=not cancelled)
                 if cancelled:
-                    self._done(plan, "client_cancelled", 499, ttft, now - started)
+                    self._done(plan, "client_cancelled", 499, ttft, now - started, now)
                 elif failure is None:  # the engine's error, relayed as its answer
-                    self._done(plan, "engine_error", status, ttft, now - started)
+                    self._done(plan, "engine_error", status, ttft, now - started, now)
                 else:
-                    self._done(plan, "upstream_failed", 502, ttft, now - started)
+                    self._done(plan, "upstream_failed", 502, ttft, now - started, now)
         else:
             attempt.end(now, failure)
             self._settle(plan, now, count=failure is not FailureKind.CLIENT_CANCEL)
             if failure is None:  # an engine's own 4xx is its answer (the engine is alive), not "ok"
                 code = status or 200
-                self._done(plan, "ok" if code < 400 else "engine_error", code, ttft, now - started)
+                self._done(plan, "ok" if code < 400 else "engine_error", code, ttft, now - started, now)
             elif failure is FailureKind.CLIENT_CANCEL:
-                self._done(plan, "client_cancelled", 499, ttft, now - started)
+                self._done(plan, "client_cancelled", 499, ttft, now - started, now)
             else:
                 c.upstream_error(rep.id, failure.value)
                 plan.failure, plan.detail = failure, detail
                 if first_byte_at is not None:  # it failed after the client got bytes: the request is done
-                    self._done(plan, "upstream_failed", 502, ttft, now - started)
+                    self._done(plan, "upstream_failed", 502, ttft, now - started, now)
         rep.completed += 1
         if not was_closed and rep.breaker.state == "closed":
             # recovered: every request waiting (e.g. for a probe slot) may try again now

@@ -14,12 +14,14 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
+from llmgw.admin_client.printable import printable
 from llmgw.tui.client import AdminAPI, AdminError, Backoff, follow
 from llmgw.tui.labels import LabelEdit
 from llmgw.tui.rationale import RationaleScreen
 from llmgw.tui.rows import banner_text, status_line
 from llmgw.tui.state import ConsoleState
 from llmgw.tui.styles import CONSOLE_CSS
+from llmgw.tui.trace_screen import TraceScreen
 from llmgw.tui.views import VIEWS, ConsoleView
 
 __all__ = ["ConsoleApp"]
@@ -146,6 +148,17 @@ class ConsoleApp(App[int]):
             self.notify("that decision has left the console's history", severity="warning")
             return
         self.push_screen(RationaleScreen(decision, self.tz))
+
+    def open_trace(self, request_id: str) -> None:
+        self.run_worker(self._open_trace(request_id), group="trace", exclusive=True)
+
+    async def _open_trace(self, request_id: str) -> None:
+        try:
+            trace = await self.client.trace(request_id)
+        except AdminError as e:
+            self.notify(f"no trace of {printable(request_id)}: {e}", severity="warning", timeout=6)
+            return
+        self.push_screen(TraceScreen(trace, self.tz))
 
     def apply_labels(self, node: str, edit: LabelEdit) -> None:
         self.run_worker(self._apply_labels(node, edit), group="labels")

@@ -53,6 +53,8 @@ class AdminAPI(Protocol):
 
     async def remove_labels(self, node: str, keys: list[str]) -> dict[str, Any]: ...
 
+    async def trace(self, request_id: str) -> dict[str, Any]: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -128,6 +130,10 @@ class AdminClient:
 
     async def remove_labels(self, node: str, keys: list[str]) -> dict[str, Any]:
         return await self._call("DELETE", f"/nodes/{quote(node, safe='')}/labels", {"keys": keys})
+
+    async def trace(self, request_id: str) -> dict[str, Any]:
+        """A request's trace (AdminRefused 404 once it has left the router's ring)."""
+        return await self._call("GET", f"/traces/{quote(request_id, safe='')}", None)
 
     async def aclose(self) -> None:
         await self._http.aclose()

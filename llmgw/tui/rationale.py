@@ -27,10 +27,12 @@ DROP_COLUMNS = tuple(Column(label) for label in DROP_LABELS)
 
 
 class RationaleScreen(Screen[None]):
-    BINDINGS: ClassVar = [Binding("escape", "app.pop_screen", "back")]
+    BINDINGS: ClassVar = [Binding("escape", "app.pop_screen", "back"),
+                          Binding("t", "trace", "trace", tooltip="the request's trace: phases, attempts, retries")]
 
     def __init__(self, decision: Mapping[str, Any], tz: tzinfo | None) -> None:
         super().__init__(id="rationale")
+        self.request_id = str(decision.get("request_id", ""))
         self.view = rationale(decision, tz)
         self.sub_title = f"rationale of {decision.get('request_id', '?')}"
 
@@ -58,3 +60,7 @@ class RationaleScreen(Screen[None]):
                    self.view.candidates)
         fill_table(self.query_one("#drops-table", DataTable), DROP_COLUMNS, self.view.drops)
         self.query_one("#candidates-table", DataTable).focus()
+
+    def action_trace(self) -> None:
+        if self.request_id:
+            self.app.open_trace(self.request_id)  # type: ignore[attr-defined]

@@ -38,6 +38,8 @@ from llmgw.admin.schema import (
     Problem,
     RequestDecisions,
 )
+from llmgw.admin.schema_traces import trace_summary, trace_view
+from llmgw.admin.suite_schema import suite_json_schema
 from llmgw.admin.validate import Invalid, from_json, query_value
 from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
@@ -381,6 +383,21 @@ class AdminApp:
             raise _Fail(404, f"No recent decision for request {rid!r}.")
         return RequestDecisions(request_id=rid, decisions=decisions)
 
+    @_handles("list_traces")
+    async def _traces(self, call: _Call) -> Any:
+        q = call.query
+        return [trace_summary(t) for t in self.router.traces().recent(q["limit"], kind=q["kind"], model=q["model"],
+                                                                       outcome=q["outcome"])]
+
+    @_handles("get_trace")
+    async def _trace(self, call: _Call) -> Any:
+        rid = call.params["request_id"]
+        t = self.router.traces().get(rid)
+        if t is None:
+            raise _Fail(404, f"No recent trace for request {rid!r} (the router keeps the last "
+                             f"router.traces.kept).")
+        return trace_view(t, trio.current_time())
+
     def _cache(self, window_s: float | None = None) -> CacheSummary:
         return self.router.cache_summary(window_s)
 
@@ -465,6 +482,13 @@ class AdminApp:
     @_handles("get_openapi")
     async def _openapi_doc(self, call: _Call) -> Any:
         return Response(200, [("content-type", "application/json")], self._openapi)
+
+    @_handles("get_suite_schema")
+    async def _suite_schema(self, call: _Call) -> Any:
+        schema = suite_json_schema()
+        if schema is None:
+            raise _Fail(404, "This llmgw has no eval suites, so no suite schema.")
+        return schema
 
 
 def _line(obj: Any) -> bytes:

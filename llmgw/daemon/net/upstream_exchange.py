@@ -107,8 +107,9 @@ class _Exchange:
             c = await pool._connect(key, self.connect_timeout, url)
         else:
             pool.stats.reused += 1
+        resp.connected_at = now = _current_time()
         fbt = self.first_byte_timeout
-        deadline = _current_time() + fbt if fbt != _INF else _INF
+        deadline = now + fbt if fbt != _INF else _INF
         while True:
             try:
                 await self._exchange(c, resp, data, reused, deadline)
@@ -116,7 +117,9 @@ class _Exchange:
                 pool.stats.stale_retries += 1
                 c = await pool._connect(key, self.connect_timeout, url)
                 reused = False
+                resp.connected_at = _current_time()
                 continue
+            resp.head_at = _current_time()
             resp.reused = reused
             self.resp = resp
             return resp

@@ -101,6 +101,8 @@ class _RelayedResponse(Protocol):
     _idle: float
     _parser: ResponseParser | None
     _pool: _PoolSide
+    body_bytes: int
+    last_byte_at: float | None
 
     def _finish(self, c: _Conn, keep_alive: bool) -> None: ...
 
@@ -195,9 +197,12 @@ class _Pump:
                     raise UpstreamProtocolError(f"invalid response body from upstream: {exc}", received=True,
                                                 url=resp.url) from None
                 done = parser.done
+                if done:  # read before the send: a woken client may preempt this process right after it
+                    resp.last_byte_at = now
                 if piece:
                     if self.first is None:
                         self.first = now
+                    resp.body_bytes += len(piece)
                     if not self.sink.send_nowait(piece, done):  # the end goes with the last bytes
                         if done:
                             self._end(parser.keep_alive)  # the task drains what the sink kept

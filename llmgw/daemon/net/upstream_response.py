@@ -59,9 +59,13 @@ class UpstreamResponse:
         "_parser",
         "_pending",
         "_pool",
+        "body_bytes",
+        "connected_at",
         "first_byte_at",
+        "head_at",
         "headers",
         "http_version",
+        "last_byte_at",
         "reason",
         "reused",
         "status",
@@ -77,6 +81,10 @@ class UpstreamResponse:
         self.http_version = "1.1"
         self.reused = False  # went out on a pooled connection
         self.first_byte_at: float | None = None  # trio time of the first body byte relay() sent on
+        self.connected_at: float | None = None  # trio time the connection was there (pooled or new)
+        self.head_at: float | None = None  # trio time the response head was parsed
+        self.last_byte_at: float | None = None  # trio time the body's end was received (and relayed)
+        self.body_bytes = 0  # body bytes relay() sent on (de-chunked)
         self._conn: _Conn | None = None  # None once the body ended (connection pooled or closed)
         self._parser: ResponseParser | None = None
         self._pending = b""  # body bytes that came with the head
@@ -168,6 +176,8 @@ class UpstreamResponse:
                 return piece
 
     def _finish(self, c: _Conn, keep_alive: bool) -> None:
+        if self.last_byte_at is None:
+            self.last_byte_at = _current_time()
         self._conn = None
         if keep_alive and self._keep:
             self._pool._release(c)
@@ -231,6 +241,9 @@ class UpstreamResponse:
         if self._pending:
             piece, self._pending = self._pending, b""
             self.first_byte_at = _current_time()
+            self.body_bytes += len(piece)
+            if self._conn is None:  # the whole body came with the head
+                self.last_byte_at = self.first_byte_at
             if not sink.send_nowait(piece, self._conn is None and self._error is None):
                 await sink.drain()
         c = self._conn
@@ -256,5 +269,6 @@ class UpstreamResponse:
         async for piece in self:  # no relay task (the pool is closing): read here
             if self.first_byte_at is None:
                 self.first_byte_at = _current_time()
+            self.body_bytes += len(piece)
             if not sink.send_nowait(piece):
                 await sink.drain()

@@ -3,7 +3,7 @@ protocol, and RouterAdapter, which implements it over a Router.
 
 The control plane keeps the router's models in step with its own, moves the replicas it placed
 in and out of routing (add, drain, withdraw) and reads one replica's routing state to know when
-a drain is over. The admin API reads the recent routing decisions, the endpoints as the
+a drain is over. The admin API reads the recent routing decisions and traces, the endpoints as the
 scheduler sees them and the cache-hit summary. Nothing else of the router is theirs: the adapter
 is the only code outside daemon/router/ that reaches into the Router and its registry."""
 
@@ -19,6 +19,7 @@ from llmgw.admin.schema import AdapterSummary, CacheSummary, EndpointStatus, KvS
 from llmgw.admin.views import adapter_summary_view, breaker_view, cache_summary_view, scraped_metrics_view
 from llmgw.config import ModelConfig
 from llmgw.daemon.router.kv_view import kv_summary
+from llmgw.route.trace import TraceRing
 from llmgw.route.types import Decision
 
 if TYPE_CHECKING:
@@ -63,6 +64,9 @@ class RouterPort(Protocol):
     def decisions(self) -> Sequence[Decision]:
         """The recent routing decisions, oldest first: the router's live ring, to read at once
         (it changes as requests arrive)."""
+
+    def traces(self) -> TraceRing:
+        """The recent requests' traces (and jobs' that were added to it), oldest first."""
 
     def endpoints(self, model: str | None = None) -> list[EndpointStatus]:
         """Every endpoint the scheduler knows (static and placed), or only `model`'s."""
@@ -114,6 +118,9 @@ class RouterAdapter:
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:
         return self._router.decisions
+
+    def traces(self) -> TraceRing:
+        return self._router.core.traces
 
     def endpoints(self, model: str | None = None) -> list[EndpointStatus]:
         reps = self._router.registry.replicas

@@ -44,6 +44,7 @@ from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.daemon.router.metrics import RouterMetrics, Tier2DecisionMetrics
 from llmgw.daemon.router.registry import Registry, Replica
 from llmgw.daemon.router.tokenize import Tier2Metrics, Tier2Tokenizer
+from llmgw.daemon.router.trace_log import TraceLog
 from llmgw.http1.sinks import BodyAborted, BodySink
 from llmgw.route.adapters import Load
 from llmgw.route.admission import Ticket
@@ -117,6 +118,10 @@ class Router:
         self.metrics.registry.register(self.tier2_metrics)
         self.kv: RouterKvIndex | None = None  # tier 2's index, once the control plane has one
         self._parity: dict[Attempt, int] = {}  # an attempt's open parity check (RouterKvIndex.check_open)
+        # finished traces to a JSONL file, when [router.traces] file is set (its task: main.py)
+        self.trace_log = TraceLog(cfg.router.traces) if cfg.router.traces.file else None
+        if self.trace_log is not None:
+            self.core.on_trace_end = self.trace_log.on_end
         self.api_keys = set(cfg.server.api_keys)
         self.rid_header = cfg.server.request_id_header.lower()
 
@@ -264,11 +269,11 @@ class Router:
         plan = core.plan(kind, req.body, rid, strategy=req.header(STRATEGY_HEADER),
                          session=req.header("x-session-id"), now=trio.current_time())
         headers = [("content-type", "application/json"), ("x-request-id", rid)]
-        if self.tier2.wants(plan):
-            t0 = trio.current_time()
-            await self.tier2.annotate(plan)
-            self.tier2_metrics.observe_tokenize(trio.current_time() - t0)
         try:
+            if self.tier2.wants(plan):
+                t0 = trio.current_time()
+                await self.tier2.annotate(plan)
+                self.tier2_metrics.observe_tokenize(trio.current_time() - t0)
             while True:
                 step = core.next(plan, trio.current_time(), time.time())  # raises the final ApiError
                 if type(step) is Attempt:
@@ -292,7 +297,11 @@ class Router:
             if not plan.counted:
                 plan.counted = True
                 core.counters.request_done(plan.model, "failed", 500, None, None)
+            _end_trace(plan, "failed", 500)
             e.llmgw_counted = True  # type: ignore[attr-defined]
+            raise
+        except BaseException:  # cancelled (the client left) where no attempt or wait ended it
+            _end_trace(plan, "client_cancelled", 499)
             raise
 
     async def _wait(self, plan: Plan, ticket: Ticket) -> None:
@@ -315,6 +324,7 @@ class Router:
         """One try on one replica: the client's Response, or None to ask the core again."""
         rc = self.cfg.router
         rep = a.replica
+        a.sent_at = trio.current_time()  # the trace's connect phase starts here
         body = a.body if a.body is not None else req.body  # the core's rewrite (llama.cpp's adapter list)
         try:
             # The exchange's own __aenter__: on failure it has closed its connection, and its
@@ -334,7 +344,7 @@ class Router:
             resp.close()
             e = UpstreamProtocolError(f"{rep.id} answered {resp.status}", url=rep.view.url)
             e.public = f"answered {resp.status}"
-            self._finish(plan, a, e, None, resp.status)
+            self._finish(plan, a, e, None, resp.status, resp)
             return None
         out_headers = [("content-type", _content_type(resp, plan.stream)), (self.rid_header, rid),
                        ("x-llmgw-endpoint", _header_value(rep.view.id))]
@@ -368,14 +378,19 @@ class Router:
             # A failed relay ends the request here (the head is out: no retry): counted as done.
             first = resp.first_byte_at if resp.first_byte_at is not None or outcome == "ok" or outcome is None \
                 else head_at
-            self._finish(plan, a, outcome, first, resp.status)
+            self._finish(plan, a, outcome, first, resp.status, resp)
 
     def _finish(self, plan: Plan, a: Attempt, outcome: UpstreamError | str | None, first: float | None,
-                status: int | None) -> None:
+                status: int | None, resp: UpstreamResponse | None = None) -> None:
         """``outcome``: "ok", the upstream error, or None when the client went away. The core
         gets a ``detail`` a client may read (the replica's id, never its address); the log
-        line, tied to the client's answer by the request id, has the whole error and URL."""
+        line, tied to the client's answer by the request id, has the whole error and URL.
+        ``resp``: the answer, when one came (its times and body bytes go to the trace)."""
         now = trio.current_time()
+        if resp is not None:
+            a.connected_at, a.head_at, a.bytes_in = resp.connected_at, resp.head_at, resp.body_bytes
+            if outcome == "ok" and resp.last_byte_at is not None:
+                now = resp.last_byte_at  # when the client got its last byte, not when this task woke
         if outcome == "ok":
             failure, detail = None, ""
         elif outcome is None:
@@ -416,6 +431,12 @@ def _header_value(text: str) -> str:
     return text if _CONTENT_TYPE.fullmatch(text) is not None else quote(text, safe="/")
 
 
+def _end_trace(plan: Plan, outcome: str, status: int) -> None:
+    """A request that ended outside the core's bookkeeping: its trace ends too (not left in flight)."""
+    if plan.trace is not None and plan.trace.ended is None:
+        plan.trace.end(trio.current_time(), outcome, status)
+
+
 def _log_alarm(on: bool) -> None:
     if on:
         log.warning("prefix routing: zero cache-affinity hits although requests share prefixes "
@@ -443,7 +464,7 @@ class _Relay:
         if not self.used:
             self.used = True
             self.resp.close()
-            self.router._finish(self.plan, self.attempt, None, None, self.resp.status)
+            self.router._finish(self.plan, self.attempt, None, None, self.resp.status, self.resp)
 
 
 def _consteq(a: str, b: str) -> bool:

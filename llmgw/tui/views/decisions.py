@@ -1,5 +1,5 @@
 """Decisions: the router's routing decisions as they happen, newest first; enter opens one's
-rationale (candidates × scorers, and the filters' drops)."""
+rationale (candidates × scorers, and the filters' drops), t its request's trace."""
 
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ class DecisionsView(ConsoleView):
     key = "3"
     view_id = "decisions"
     title = "Decisions"
-    summary = "routing decisions, live, newest first; enter shows why one was made"
+    summary = "routing decisions, live, newest first; enter shows why one was made, t its request's trace"
     sections = frozenset({"decisions"})
     BINDINGS: ClassVar = [Binding("enter", "rationale", "rationale",
-                                  tooltip="the selected decision's rationale: candidates × scorers, drops")]
+                                  tooltip="the selected decision's rationale: candidates × scorers, drops"),
+                          Binding("t", "trace", "trace", tooltip="the selected request's trace: phases, attempts")]
 
     def body(self) -> ComposeResult:
         yield Static(id="decisions-caption", classes="section-title", markup=False)
@@ -50,3 +51,9 @@ class DecisionsView(ConsoleView):
         key = row_key_at(self.query_one("#decisions-table", DataTable))
         if key is not None:
             self.host.open_rationale(int(key))
+
+    def action_trace(self) -> None:
+        key = row_key_at(self.query_one("#decisions-table", DataTable))
+        decision = self.host.state.decision(int(key)) if key is not None else None
+        if decision is not None and decision.get("request_id"):
+            self.host.open_trace(str(decision["request_id"]))

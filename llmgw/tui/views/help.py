@@ -51,7 +51,8 @@ def help_renderable(views: list[type[ConsoleView]], app_bindings: list[Binding])
         rows = _binding_rows([b for b in v.BINDINGS if isinstance(b, Binding)])
         if rows:
             sections.append((f"in {v.title}", rows))
-    sections += [("in a rationale", [("esc", "back to the decisions")]),
+    sections += [("in a rationale", [("t", "the request's trace"), ("esc", "back to the decisions")]),
+                 ("in a trace", [("esc", "back")]),
                  ("in the label editor", [("key=value", "sets an operator label (several: separate with spaces)"),
                                           ("key-", "removes one"), ("esc", "cancels")])]
     parts: list[Text | Table] = []
