@@ -153,7 +153,7 @@ class AdapterRouting:
         ld.waiters = max(0, ld.waiters - 1)
         core = self.core
         if cancelled:
-            core._done(plan, "client_cancelled", 499, None, None)
+            core._done(plan, "client_cancelled", 499, None, None, now)
             return
         f = ld.error
         if f is not None:
@@ -165,7 +165,7 @@ class AdapterRouting:
                          type_="timeout", code="adapter_load_failed")
         else:
             return
-        core._done(plan, "failed", e.status, None, None)
+        core._done(plan, "failed", e.status, None, None, now)
         e.counted = True
         raise e
 
@@ -174,7 +174,7 @@ class AdapterRouting:
         e = ApiError(503, f"Loading adapter `{plan.info.adapter}` failed: {f.reason} (tried again in {wait}s).",
                      type_="service_unavailable", code="adapter_load_failed",
                      headers=[("retry-after", str(wait))])
-        self.core._done(plan, "failed", 503, None, None)
+        self.core._done(plan, "failed", 503, None, None, now)
         e.counted = True
         return e
 
