@@ -4,20 +4,20 @@ A node is refused, by the first rule that fails, when it is in a **held** domain
 **selector** labels, has too few free **GPUs** (or too few with enough **GPU memory**), too little
 host **memory**, or when one more replica would take an enclosing domain past its **power** budget;
 a **hard spread** rule refuses a node whose domain would hold too many more of the model's replicas
-than the least-loaded eligible domain (spread.py). Among the nodes left, replicas spread: fewest of
-the model in the node's domains, outermost level first (soft spread), then fewest on the node, then
-the least-loaded node, then the name (so placement is deterministic). GPUs are taken best-fit: the
+than the least-loaded eligible domain (spread.py). Among the nodes left, replicas spread: fewest
+of the model in the node's domain at each spread level, outermost first (soft spread; ties go to
+the domain with the fewest replicas of any model), then fewest of the model on the node, then the
+least-loaded node, then the name (so placement is deterministic). GPUs are taken best-fit: the
 smallest free ones that are large enough, so large GPUs stay free for large models.
 
-A lazy heap keeps placing many replicas cheap: a popped node whose key has gone up since it was
-pushed (a sibling in its domain took a replica) is pushed back instead of taken. Multi-node
-replicas (``Policy.nodes > 1``) are placed all-or-nothing inside one domain of ``keep_within``
-(placement_group.py); the explanation of a placement is placement_explain.py.
+A tree of domains with a lazy heap at each level keeps placing many replicas cheap
+(placement_tree.py). Multi-node replicas (``Policy.nodes > 1``) are placed all-or-nothing inside
+one domain of ``keep_within`` (placement_group.py); a placement's explanation is
+placement_explain.py.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -25,6 +25,7 @@ from typing import Any
 
 from llmgw.fleet.domains import LEVELS, node_domains
 from llmgw.fleet.nodes import Node
+from llmgw.fleet.placement_tree import DomainTree, Skeleton
 from llmgw.fleet.power import NodePower, node_power, replica_watts
 from llmgw.fleet.spread import DEFAULT_SPREAD, MinCount, SpreadRule
 
@@ -92,6 +93,7 @@ class _Bin:
     power: NodePower
     held: str = ""  # the held domain it is in, if any
     capped: tuple[str, ...] = ()  # its domains with a power budget
+    max_over: float = 0.0  # the most one of its GPUs adds under load
     replicas_w: float = 0.0  # what the replicas placed on it add to its draw
     per_model: Counter[str] = field(default_factory=Counter)
     total: int = 0
@@ -136,7 +138,8 @@ class Placer:
             self.warnings += p.warnings
             b = _Bin(n.name, labels, doms, {g.index: g.memory_mb for g in n.facts.gpus}, n.facts.memory_mb or None,
                      p, held=next((d for d in doms if d and d in self.holds), ""),
-                     capped=tuple(d for d in doms if d and d in self.budgets))
+                     capped=tuple(d for d in doms if d and d in self.budgets),
+                     max_over=max(p.load_over_idle.values(), default=0.0))
             if n.schedulable:
                 self.bins[n.name] = b
             else:
@@ -156,12 +159,18 @@ class Placer:
             b.total += 1
             self.placed_on.setdefault(model, []).append(node)
         self.draw: Counter[str] = Counter()  # domain -> watts (every node but lost ones)
+        self.load: Counter[str] = Counter()  # domain -> replicas of any model
         for b in (*self.bins.values(), *self.others.values()):
             w = b.draw()
             for dom in b.domains:
                 if dom:
                     self.draw[dom] += w
+                    self.load[dom] += b.total
         self._counts: dict[str, list[Counter[str]]] = {}  # model -> per level: domain -> replicas
+        self._fits: dict[tuple[Demand, int], list[_Bin]] = {}
+        # per fits list (the object kept, so that its id is not reused): its skeleton, its domains
+        self._skeletons: dict[tuple[int, tuple[int, ...]], tuple[list[_Bin], Skeleton]] = {}
+        self._domsets: dict[tuple[int, int], tuple[list[_Bin], set[str]]] = {}
 
     def policy(self, model: str) -> Policy:
         return self.policies.get(model, DEFAULT_POLICY)
@@ -194,8 +203,12 @@ class Placer:
                 return "gpu_memory"
         if d.memory_mb and b.memory_free is not None and b.memory_free < d.memory_mb:
             return "memory"
-        if b.capped and self.over_budget(b, d, pol) is not None:
-            return "power"
+        if b.capped:
+            # the quick bound first: what the replica adds is at most this (power.py: draw is a max)
+            most = max(float(pol.watts), d.gpus * b.max_over)
+            if any(self.draw[dom] + most > self.budgets[dom] for dom in b.capped) \
+                    and self.over_budget(b, d, pol) is not None:
+                return "power"
         return None
 
     def added_watts(self, b: _Bin, d: Demand, pol: Policy) -> float:
@@ -222,14 +235,32 @@ class Placer:
                 return r, dom, counts[i][dom] + 1, mins[i].min
         return None
 
-    def eligible(self, d: Demand, pol: Policy) -> list[_Bin]:
-        return [b for b in self.bins.values() if self.misfit(b, d, pol) is None]
+    def eligible(self, d: Demand, pol: Policy, *, fresh: bool = False) -> list[_Bin]:
+        """The nodes that fit one replica. Cached per (demand, watts) for the round: models with the
+        same demand share it, and a node that stopped fitting since is dropped when it is picked."""
+        k = (d, pol.watts)
+        if fresh or k not in self._fits:
+            self._fits[k] = [b for b in self.bins.values() if self.misfit(b, d, pol) is None]
+        return self._fits[k]
 
-    def mins(self, model: str, fits: Iterable[_Bin], pol: Policy) -> dict[int, MinCount]:
+    def skeleton(self, fits: list[_Bin], pol: Policy) -> Skeleton:
+        levels = tuple(sorted({r.index for r in pol.spread}))
+        got = self._skeletons.get((id(fits), levels))
+        if got is None or got[0] is not fits:
+            got = self._skeletons[(id(fits), levels)] = (fits, Skeleton(fits, list(levels)))
+        return got[1]
+
+    def mins(self, model: str, fits: list[_Bin], pol: Policy) -> dict[int, MinCount]:
+        """The least count of the model over the eligible domains, per level of a hard rule."""
         counts = self.counts(model)
-        fits = list(fits)
-        return {r.index: MinCount(counts[r.index], {b.domains[r.index] for b in fits if b.domains[r.index]})
-                for r in pol.spread}
+        out = {}
+        for r in pol.spread:
+            i = r.index
+            got = self._domsets.get((id(fits), i))
+            if got is None or got[0] is not fits:
+                got = self._domsets[(id(fits), i)] = (fits, {b.domains[i] for b in fits if b.domains[i]})
+            out[i] = MinCount(counts[i], got[1])
+        return out
 
     # -- placing --------------------------------------------------------------------------------
     def take(self, b: _Bin, d: Demand, model: str, pol: Policy) -> tuple[int, ...]:
@@ -245,6 +276,7 @@ class Placer:
         for i, dom in enumerate(b.domains):
             if dom:
                 self.draw[dom] += added
+                self.load[dom] += 1
                 counts[i][dom] += 1
         b.per_model[model] += 1
         b.total += 1
@@ -255,55 +287,60 @@ class Placer:
         """Up to n single-node placements as (node, gpu indices); and why not all, when not all fit."""
         pol = self.policy(model)
         counts = self.counts(model)
-        levels = sorted({r.index for r in pol.spread})
         hard = [r for r in pol.spread if r.hard]
-
-        def key(b: _Bin) -> tuple[Any, ...]:
-            return (*(counts[i][b.domains[i]] if b.domains[i] else 0 for i in levels),
-                    b.per_model[model], b.total, b.name)
-
         fits = self.eligible(d, pol)
         mins = self.mins(model, fits, pol) if hard else {}
-        heap = [(key(b), b.name) for b in fits]
-        heapq.heapify(heap)
+        tree = DomainTree(self.skeleton(fits, pol), counts, self.load, model)
         out: list[tuple[str, tuple[int, ...]]] = []
         deferred: list[str] = []  # refused by a hard spread rule for now: the minimum may rise
         while len(out) < n:
-            if not heap:
+            best = tree.best()
+            if best is None:
                 if not deferred:
                     break
                 # Domains may have filled up since the minimum was taken: take it again, retry.
-                fits = self.eligible(d, pol)
-                fresh = self.mins(model, fits, pol)
+                fresh = self.mins(model, self.eligible(d, pol, fresh=True), pol)
                 if all(fresh[i].min == mins[i].min for i in fresh):
                     break
                 mins = fresh
-                heap = [(key(self.bins[nm]), nm) for nm in deferred]
-                heapq.heapify(heap)
+                for nm in deferred:
+                    tree.restore(nm)
                 deferred = []
                 continue
-            k, name = heapq.heappop(heap)
-            b = self.bins[name]
-            now = key(b)
-            if now != k:  # stale: its domain gained a replica since it was pushed
-                heapq.heappush(heap, (now, name))
-                continue
+            b = self.bins[best]
             if self.misfit(b, d, pol) is not None:  # a sibling's replica used the power budget
+                tree.remove(b.name)
                 continue
             if hard and self.spread_refusal(b, counts, mins, hard) is not None:
-                deferred.append(name)
+                tree.remove(b.name)
+                deferred.append(b.name)
                 continue
             old = [counts[i][b.domains[i]] for i in mins]
-            out.append((name, self.take(b, d, model, pol)))
+            out.append((b.name, self.take(b, d, model, pol)))
             for i, c in zip(list(mins), old, strict=True):
                 mins[i].bump(b.domains[i], c)
-            if self.misfit(b, d, pol) is None:
-                heapq.heappush(heap, (key(b), name))
-            if deferred and hard:
+            if self.misfit(b, d, pol) is not None:
+                tree.remove(b.name)
+            if deferred:
                 for nm in deferred:
-                    heapq.heappush(heap, (key(self.bins[nm]), nm))
+                    tree.restore(nm)
                 deferred = []
         return out, (None if len(out) == n else self.why_not(model, d, n - len(out)))
+
+    def choose(self, model: str, d: Demand) -> str | None:
+        """Where the next replica would go, taking nothing (the explanation's "chosen")."""
+        pol = self.policy(model)
+        counts = self.counts(model)
+        hard = [r for r in pol.spread if r.hard]
+        fits = self.eligible(d, pol, fresh=True)
+        mins = self.mins(model, fits, pol) if hard else {}
+        tree = DomainTree(self.skeleton(fits, pol), counts, self.load, model)
+        while (best := tree.best()) is not None:
+            b = self.bins[best]
+            if self.misfit(b, d, pol) is None and not (hard and self.spread_refusal(b, counts, mins, hard)):
+                return best
+            tree.remove(best)
+        return None
 
     def why_not(self, model: str, d: Demand, missing: int) -> str:
         pol = self.policy(model)

@@ -118,8 +118,9 @@ def explain(p: Placer, model: str, d: Demand, *, replica: str | None = None, nod
             cands = [c for c in cands if c.node != node]
         else:
             why = f"placed on {node}, which is no longer known"
-    elif cands and cands[0].verdict == "fits":
-        first = cands.pop(0)
+    elif (nxt := p.choose(model, d)) is not None:
+        first = next(c for c in cands if c.node == nxt)
+        cands.remove(first)
         chosen = Candidate(first.node, "chosen", first.detail, first.domains)
         why = f"the next replica would go to {first.node}: fewest {first.detail}"
     else:

@@ -73,12 +73,16 @@ class ModelDeploy:
         return replace(self.template, replica=replica, gpu_indices=gpus, generation=generation)
 
     def matches(self, a: Assignment) -> bool:
-        # Compared as the spec with its per-replica fields blanked, cached on the assignment until
-        # its spec changes: a steady round compares every assignment.
+        # Compared as the spec with its per-replica fields blanked; the answer is cached on the
+        # assignment while its spec, the template and the demand are the same objects (a steady
+        # round compares every assignment).
         m = a._match
-        if m is None or m[0] is not a.spec:
-            m = a._match = (a.spec, replace(a.spec, replica="", gpu_indices=(), generation=0))
-        return a.demand == self.demand and m[1] == self.template
+        if m is not None and m[0] is a.spec and m[1] is self.template and m[2] is self.demand \
+                and m[3] is a.demand:
+            return bool(m[4])
+        ok = a.demand == self.demand and replace(a.spec, replica="", gpu_indices=(), generation=0) == self.template
+        a._match = (a.spec, self.template, self.demand, a.demand, ok)
+        return ok
 
 
 @dataclass(frozen=True)
@@ -113,13 +117,17 @@ class Plan:
 _NOT_READY_RANK = {"ready": 3, "unhealthy": 2, "starting": 1, "pending": 1}
 
 
-def _draining_hold(node: Node | None, holds: dict[str, Hold]) -> str:
-    if node is None or not holds:
-        return ""
-    for dom in node_domains(node.labels):
-        if dom and dom in holds and holds[dom].drain:
-            return dom
-    return ""
+def _draining_nodes(nodes: dict[str, Node], holds: dict[str, Hold]) -> dict[str, str]:
+    """node -> the held-with-drain domain it is in (computed once a round, only with such holds)."""
+    drains = {d for d, h in holds.items() if h.drain}
+    if not drains:
+        return {}
+    out = {}
+    for name, n in nodes.items():
+        dom = next((d for d in node_domains(n.labels) if d in drains), "")
+        if dom:
+            out[name] = dom
+    return out
 
 
 def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignments: Iterable[Assignment],
@@ -156,13 +164,14 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
             plan.drain.append((a.replica, f"model {a.model}'s profile changed"))
         else:
             by_model.setdefault(a.model, []).append(a)
+    draining = _draining_nodes(nodes, fac.holds)
     for name in sorted(models):
         m = models[name]
         running = by_model.get(name, [])
         evict: list[tuple[Assignment, str]] = []
         keep: list[Assignment] = []
         for a in running:
-            dom = _draining_hold(nodes.get(a.node), fac.holds)
+            dom = draining.get(a.node) if draining else None
             if dom:
                 evict.append((a, f"domain {dom} is held with drain"))
             elif a.moving:
@@ -227,7 +236,7 @@ def _rebalance(plan: Plan, placer: Callable[[], Placer], models: dict[str, Model
                 or any(a.moving or a.engine_state != "ready" for a in running)):
             continue
         p = placer()
-        fits = p.eligible(m.demand, m.policy)
+        fits = p.eligible(m.demand, m.policy, fresh=True)
         doms = {a.replica: node_domains(nodes[a.node].labels) for a in running}
         for rule in m.policy.spread:
             i = rule.index
