@@ -48,8 +48,10 @@ def domain_key(level: str, value: str) -> str:
 
 
 def node_domains(labels: dict[str, str]) -> tuple[str, ...]:
-    """The node's domain at each level of LEVELS, in order ("" where it has no such label)."""
-    return tuple(domain_key(lv, v) if (v := labels.get(LABEL_PREFIX + lv)) else "" for lv in LEVELS)
+    """The node's domain at each level of LEVELS, in order ("" where it has no such label, or one
+    whose value is not a valid name: the config and the admin API refuse those, an agent's are ignored)."""
+    return tuple(domain_key(lv, v) if (v := labels.get(LABEL_PREFIX + lv)) and _VALUE.fullmatch(v) else ""
+                 for lv in LEVELS)
 
 
 def parse_domain(text: str, known: Iterable[str] | None = None) -> str:

@@ -38,7 +38,7 @@ from llmgw.daemon.agent.engines import EngineSupervisor
 from llmgw.daemon.agent.kv_subscriber import FLUSH_S, KvSubscribers
 from llmgw.daemon.agent.router_tls import RouterTls
 from llmgw.daemon.net.message_stream import MessageStream, StreamClosed, open_client
-from llmgw.fleet.facts import NVIDIA_SMI_QUERY, parse_meminfo_mb, parse_nvidia_smi
+from llmgw.fleet.facts import NVIDIA_SMI_POWER, NVIDIA_SMI_QUERY, parse_meminfo_mb, parse_nvidia_smi, parse_power_draw
 from llmgw.fleet.lifecycle import RestartPolicy
 from llmgw.fleet.types import EngineReport, GpuInfo, NodeFacts
 from llmgw.fleet.wire import (
@@ -105,7 +105,23 @@ async def gather_facts(acfg: AgentConfig) -> NodeFacts:
         except OSError:
             memory = 0
     return NodeFacts(cpus=os.cpu_count() or 0, memory_mb=memory, gpus=gpus, hostname=socket.gethostname(),
-                     agent_version=__version__)
+                     agent_version=__version__, declared_watts=acfg.declared_watts,
+                     measured_watts=await measure_power() if gpus and acfg.gpus is None else None)
+
+
+async def measure_power() -> float | None:
+    """The GPUs' power draw now (nvidia-smi power.draw, summed), for the router's power budgets;
+    None where nvidia-smi is missing or cannot say. Taken before every connection's hello."""
+    if not shutil.which(NVIDIA_SMI_POWER[0]):
+        return None
+    try:
+        with trio.fail_after(10):
+            done = await trio.run_process(NVIDIA_SMI_POWER, capture_stdout=True, check=False,
+                                          stderr=subprocess.DEVNULL)
+    except (OSError, trio.TooSlowError) as e:
+        log.warning("nvidia-smi power.draw failed: %s; reporting no measured power", e)
+        return None
+    return parse_power_draw(done.stdout.decode(errors="replace")[:65536])
 
 
 class Agent:
@@ -173,6 +189,8 @@ class Agent:
         delay = a.reconnect_min_s
         while True:
             self.welcomed = False
+            if self.facts.gpus and a.gpus is None:  # the power draw as of this hello (before the dial:
+                self.facts = replace(self.facts, measured_watts=await measure_power())  # no hello timeout)
             try:
                 ms = await open_client(self.router_host, self.router_port,
                                        ssl_context=self.tls.context if self.tls else None,
