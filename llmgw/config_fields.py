@@ -140,19 +140,18 @@ def facility_label_values(labels: dict[str, str]) -> str | None:
     return None
 
 
-def domain_budgets(budgets: dict[str, float]) -> str | None:
-    """[facility.budgets]: each key a facility domain (LEVEL=VALUE), each value watts > 0."""
+def domain_budget(key: str, watts: float) -> str | None:
+    """One [facility.budgets] entry: the key a facility domain (LEVEL=VALUE), the value watts > 0."""
     from llmgw.fleet.domains import DomainError, parse_domain
 
-    for k, w in budgets.items():
-        try:
-            d = parse_domain(k)
-        except DomainError as e:
-            return str(e)
-        if d != k:
-            return f"write the domain {k!r} as {d!r}"
-        if not 0 < w < 1e9:
-            return f"budget of {k}: must be > 0 and < 1e9 watts, got {w!r}"
+    try:
+        d = parse_domain(key)
+    except DomainError as e:
+        return str(e)
+    if d != key:
+        return f"write the domain {key!r} as {d!r}"
+    if not 0 < watts < 1e9:
+        return f"budget of {key}: must be > 0 and < 1e9 watts, got {watts!r}"
     return None
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from llmgw.config_fields import (
     _suggest, default_admin_socket, default_agent_state_dir, default_node_name,
-    cidr, default_store_path, domain_budgets, facility_label_values, facility_level, header_name, single_node, host_port, http_url, in_range, key_value, known_strategy,
+    cidr, default_store_path, domain_budget, facility_label_values, facility_level, header_name, single_node, host_port, http_url, in_range, key_value, known_strategy,
     label_keys, node_name, nonempty, one_of, opt, pem_certificate, positive,
 )
 from llmgw.config_locate import KeyPath
@@ -203,7 +203,7 @@ class SpreadConfig:
 @dataclass(frozen=True, kw_only=True)
 class FacilityConfig:
     """[facility]: power budgets per failure domain, and rebalancing replicas whose spread is off."""
-    budgets: dict[str, float] = opt(factory=dict, check=domain_budgets)  # "pdu=p7" = 11000 (watts)
+    budgets: dict[str, float] = opt(factory=dict)  # "pdu=p7" = 11000 (watts); checked by _facility_budgets
     rebalance: bool = opt(True)  # move replicas when nodes join and a model's spread is past its max skew
     rebalance_interval_s: float = opt(30.0, check=positive)  # at most one round of moves this often
     rebalance_max_moves: int = opt(1, check=in_range(1, 1000))  # replicas moved per round, fleet-wide
@@ -320,6 +320,13 @@ def _agent_token(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
             yield ("agent", key), f"{key} with tls = false"
     if a.tls_ca and a.tls_ca_pem:
         yield ("agent", "tls_ca_pem"), "set tls_ca or tls_ca_pem, not both"
+
+
+@_cross_check("facility")
+def _facility_budgets(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    for key, watts in cfg.facility.budgets.items():
+        if (msg := domain_budget(key, watts)) is not None:
+            yield ("facility", "budgets", key), msg
 
 
 @_cross_check("strategies")
