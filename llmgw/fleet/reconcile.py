@@ -201,7 +201,9 @@ def _create(plan: Plan, p: Placer, m: ModelDeploy, n: int, new_id: Callable[[str
         spots, why = p.place(m.name, m.demand, n)
     for node, gpus in spots:
         rid = new_id(m.name)
-        plan.create.append(Assignment(rid, m.name, node, m.spec_for(rid, gpus), m.demand, created_at=now_wall))
+        a = Assignment(rid, m.name, node, m.spec_for(rid, gpus), m.demand, created_at=now_wall)
+        a._match = (a.spec, m.template, m.demand, a.demand, True)  # made from the template: it matches
+        plan.create.append(a)
     if why:
         plan.unplaceable[m.name] = why
 
