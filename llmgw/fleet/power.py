@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from llmgw.fleet.types import NodeFacts
 
@@ -37,6 +38,7 @@ MAX_GPU_WATTS = 2000.0  # past this per GPU, a measured figure is absurd
 _MAX_HOST_WATTS = 10000.0  # the rest of a node (CPUs, fans, NICs) at most
 
 
+@lru_cache(maxsize=256)
 def card_watts(name: str) -> tuple[int, int] | None:
     """(idle, load) watts of a GPU by its nvidia-smi name; None for a card not in the table."""
     n = name.lower()
