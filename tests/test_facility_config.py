@@ -65,3 +65,12 @@ def test_nvidia_smi_power_draw() -> None:
     assert parse_power_draw("412.3\n[N/A]\n 88.1 \n") == 500.4
     assert parse_power_draw("[Not Supported]\n") is None and parse_power_draw("") is None
     assert parse_power_draw("-5\nnan\ninf\n") is None  # never negative: the router judges the rest
+
+
+def test_a_heartbeat_may_carry_the_measured_power() -> None:
+    from llmgw.fleet.wire import Heartbeat, WireProtocolError
+
+    assert Heartbeat().to_dict() == {} and Heartbeat.from_dict({}) == Heartbeat()
+    assert Heartbeat.from_dict(Heartbeat(measured_watts=412.5).to_dict()).measured_watts == 412.5
+    with pytest.raises(WireProtocolError, match="heartbeat.measured_watts: expected float, got str"):
+        Heartbeat.from_dict({"measured_watts": "lots"})

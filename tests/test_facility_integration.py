@@ -5,6 +5,7 @@ joins late gets its share by rebalancing."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -180,3 +181,33 @@ def test_a_late_joining_rack_gets_its_share_by_rebalancing(make_fleet: Any) -> N
     assert not load.failed, load.failed[:5]
     events = [h["event"] for h in f.get("/api/v1/history?model=m&limit=200")]
     assert "replica moving" in events
+
+
+def fake_nvidia_smi(tmp: Path) -> Path:
+    """An nvidia-smi on PATH that knows one H100 and answers power.draw with $FAKE_POWER_DRAW."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "nvidia-smi"
+    script.write_text("""#!/bin/sh
+case "$*" in
+  *power.draw*) echo "$FAKE_POWER_DRAW" ;;
+  *) echo "0, NVIDIA H100 80GB HBM3, 81559" ;;
+esac
+""")
+    script.chmod(0o755)
+    return bin_dir
+
+
+def test_measured_power_counts_and_a_bad_figure_is_not_used(
+        make_fleet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path)}:{os.environ['PATH']}")
+    f = make_fleet([sim_model(count=0)])
+    for node, answer in (("a", "412.3"), ("b", "-99999")):
+        monkeypatch.setenv("FAKE_POWER_DRAW", answer)  # each agent inherits its own
+        f.start_agent(node, labels={"llmgw.io/pdu": f"p-{node}"})
+    wait_for(lambda: len(f.nodes()) == 2 and all(n["state"] == "ready" for n in f.nodes().values()), 30)
+    facts = {name: n["facts"] for name, n in f.nodes().items()}
+    assert facts["a"]["measured_watts"] == 412.3 and facts["a"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert facts["b"]["measured_watts"] is None  # a negative draw is not even reported
+    draws = {d["domain"]: d["draw_w"] for d in f.get("/api/v1/facility")["domains"]}
+    assert draws == {"pdu=p-a": 412.3, "pdu=p-b": 70.0}  # measured beats the table's idle; the table otherwise

@@ -109,9 +109,13 @@ async def gather_facts(acfg: AgentConfig) -> NodeFacts:
                      measured_watts=await measure_power() if gpus and acfg.gpus is None else None)
 
 
+POWER_EVERY_S = 30.0  # the GPUs' power draw is measured this often, and sent with a heartbeat when it changed
+
+
 async def measure_power() -> float | None:
     """The GPUs' power draw now (nvidia-smi power.draw, summed), for the router's power budgets;
-    None where nvidia-smi is missing or cannot say. Taken before every connection's hello."""
+    None where nvidia-smi is missing or cannot say. Taken at the start, then every POWER_EVERY_S
+    (the hello carries the latest; a heartbeat carries it when it changed)."""
     if not shutil.which(NVIDIA_SMI_POWER[0]):
         return None
     try:
@@ -168,6 +172,8 @@ class Agent:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.kv.run)
                 await nursery.start(sup.run)
+                if self.facts.gpus and a.gpus is None:
+                    nursery.start_soon(self._power_loop)
                 if adopted:
                     await self._settle_adopted(sup)
                 task_status.started()
@@ -189,8 +195,6 @@ class Agent:
         delay = a.reconnect_min_s
         while True:
             self.welcomed = False
-            if self.facts.gpus and a.gpus is None:  # the power draw as of this hello (before the dial:
-                self.facts = replace(self.facts, measured_watts=await measure_power())  # no hello timeout)
             try:
                 ms = await open_client(self.router_host, self.router_port,
                                        ssl_context=self.tls.context if self.tls else None,
@@ -323,10 +327,24 @@ class Agent:
             await trio.sleep(FLUSH_S)
 
     async def _sender(self, ms: MessageStream, hb: float) -> None:
+        sent_power = self.facts.measured_watts  # the hello carried it
         while True:
             with trio.move_on_after(hb) as cs:
                 report = await self._outbox.receive()
-            await ms.send(Heartbeat() if cs.cancelled_caught else EngineUpdate(report))
+            if not cs.cancelled_caught:
+                await ms.send(EngineUpdate(report))
+                continue
+            power = self.facts.measured_watts
+            await ms.send(Heartbeat(measured_watts=power if power != sent_power else None))
+            sent_power = power
+
+    async def _power_loop(self) -> None:
+        """Measure the GPUs' power draw every POWER_EVERY_S (heartbeats carry it when it changed)."""
+        while True:
+            await trio.sleep(POWER_EVERY_S)
+            measured = await measure_power()
+            if measured is not None:
+                self.facts = replace(self.facts, measured_watts=measured)
 
 
 def _connect_error(e: BaseException) -> str:

@@ -195,6 +195,11 @@ class ControlPlane(OperatorActions):
     def agent_heard(self, node: str, agent_id: str) -> None:
         self._transitions(self.nodes.heard(node, agent_id, trio.current_time()))
 
+    def power_measured(self, node: str, watts: float) -> None:
+        n = self.nodes.nodes.get(node)
+        if n is not None:  # for placement's power budgets; kept in memory (the next hello carries it too)
+            n.facts = replace(n.facts, measured_watts=watts)
+
     def engine_reported(self, node: str, report: EngineReport) -> None:
         self._on_report(node, report)
         self._wake.set()
