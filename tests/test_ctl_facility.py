@@ -36,3 +36,14 @@ def test_facility_commands_parse() -> None:
     ns = parser().parse_args(["facility", "hold", "rack=r1", "--drain", "--reason", "x"])
     assert (ns.action, ns.domain, ns.drain, ns.reason) == ("hold", "rack=r1", True, "x")
     assert parser().parse_args(["explain-placement", "m/abc"]).target == "m/abc"
+
+
+def test_the_console_label_editor_takes_short_facility_keys() -> None:
+    import pytest
+
+    from llmgw.tui.labels import parse_label_edit
+
+    e = parse_label_edit("rack=r12 pdu=p7 tier=gold row-")
+    assert e.set == {"llmgw.io/rack": "r12", "llmgw.io/pdu": "p7", "tier": "gold"} and e.remove == ["llmgw.io/row"]
+    with pytest.raises(ValueError, match="facility label's value"):
+        parse_label_edit("rack=r/12")
