@@ -47,3 +47,11 @@ def test_the_console_label_editor_takes_short_facility_keys() -> None:
     assert e.set == {"llmgw.io/rack": "r12", "llmgw.io/pdu": "p7", "tier": "gold"} and e.remove == ["llmgw.io/row"]
     with pytest.raises(ValueError, match="facility label's value"):
         parse_label_edit("rack=r/12")
+
+
+def test_the_console_node_detail_shows_its_holds() -> None:
+    from llmgw.tui.rows import node_detail
+
+    lines = node_detail({"name": "a", "state": "ready", "held": ["rack=r1"], "facts": {}})
+    assert "held     rack=r1: nothing new is placed here (llmgw ctl facility)" in lines
+    assert not any(line.startswith("held") for line in node_detail({"name": "a", "state": "ready"}))
