@@ -53,6 +53,12 @@ class AdminAPI(Protocol):
 
     async def remove_labels(self, node: str, keys: list[str]) -> dict[str, Any]: ...
 
+    async def hold(self, domain: str, reason: str, drain: bool) -> dict[str, Any]: ...
+
+    async def release(self, domain: str) -> dict[str, Any]: ...
+
+    async def explain_placement(self, target: str) -> dict[str, Any]: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -128,6 +134,15 @@ class AdminClient:
 
     async def remove_labels(self, node: str, keys: list[str]) -> dict[str, Any]:
         return await self._call("DELETE", f"/nodes/{quote(node, safe='')}/labels", {"keys": keys})
+
+    async def hold(self, domain: str, reason: str, drain: bool) -> dict[str, Any]:
+        return await self._call("PUT", f"/facility/holds/{quote(domain, safe='=')}", {"reason": reason, "drain": drain})
+
+    async def release(self, domain: str) -> dict[str, Any]:
+        return await self._call("DELETE", f"/facility/holds/{quote(domain, safe='=')}", None)
+
+    async def explain_placement(self, target: str) -> dict[str, Any]:
+        return await self._call("GET", f"/placement/{quote(target, safe='')}", None)
 
     async def aclose(self) -> None:
         await self._http.aclose()
