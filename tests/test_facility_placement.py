@@ -235,3 +235,26 @@ def test_multi_node_replicas_stay_inside_one_domain(nodes: list[Node], n: int, s
         assert len(g) == size and len({name for name, _ in g}) == size
         assert len({by_name[name].labels[f"llmgw.io/{level}"] for name, _ in g}) == 1
     assert (len(groups) == n) == (why is None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5), st.lists(st.tuples(st.sampled_from(["", "rack=r0", "row=row0", "pdu=p1-0"]),
+                                             st.booleans(), st.integers(0, 2 ** 16)), min_size=1, max_size=12))
+def test_moving_replicas_never_lowers_the_ready_count(count: int, steps: list[tuple[str, bool, int]]) -> None:
+    """Holds with drain come and go and replacements become ready in any order: each round, the
+    model's ready replicas that keep serving never drop below min(count, what was ready before)."""
+    nodes = {n.name: n for n in fleet(3, 2, gpus=4)}
+    asg: dict[str, Assignment] = {}
+    new = ids()
+    for t, (held, drain, ready_mask) in enumerate(steps):
+        for k, a in enumerate(sorted(asg.values(), key=lambda a: a.replica)):
+            if a.report is None and ready_mask >> (k % 16) & 1:
+                a.report = EngineReport(a.replica, a.model, "ready")
+        before = sum(1 for a in asg.values() if a.engine_state == "ready")
+        fac = Facility(holds={held: Hold(drain=drain)} if held else {})
+        plan = reconcile({"m": deploy(count)}, nodes, asg.values(), new_id=new, now_wall=t, facility=fac)
+        apply(plan, asg)
+        after = sum(1 for a in asg.values() if a.engine_state == "ready")
+        assert after >= min(count, before)
+        if held:  # nothing new in a held domain
+            assert all(held not in node_domains(nodes[a.node].labels) for a in plan.create)
