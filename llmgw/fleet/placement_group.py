@@ -13,17 +13,15 @@ from __future__ import annotations
 from collections import Counter
 
 from llmgw.fleet.domains import LEVELS
-from llmgw.fleet.placement import Demand, Placer, _Bin
+from llmgw.fleet.placement import Demand, Placer, Policy, _Bin
 
 __all__ = ["Group", "place_groups"]
 
 Group = tuple[tuple[str, tuple[int, ...]], ...]  # ((node, gpu indices), ...), the serving node first
 
 
-def _joint_power_ok(p: Placer, nodes: list[_Bin], d: Demand, watts: int) -> str | None:
+def _joint_overdraw(p: Placer, nodes: list[_Bin], d: Demand, watts: int) -> str | None:
     """The first capped domain the parts together would take past its budget, or None."""
-    from llmgw.fleet.placement import Policy
-
     pol = Policy(watts=watts)
     add: Counter[str] = Counter()
     for b in nodes:
@@ -65,7 +63,7 @@ def place_groups(p: Placer, model: str, d: Demand, n: int) -> tuple[list[Group],
         choices.sort(key=lambda c: (c[0], c[1]))
         picked = None
         for _, dom, best in choices:
-            over = _joint_power_ok(p, best, d, pol.watts)
+            over = _joint_overdraw(p, best, d, pol.watts)
             if over is None:
                 picked = best
                 break

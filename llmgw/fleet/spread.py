@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from llmgw.fleet.domains import LEVELS
 
-__all__ = ["DEFAULT_SPREAD", "SpreadRule", "skew", "worst_skew"]
+__all__ = ["DEFAULT_SPREAD", "MinCount", "SpreadRule", "worst_skew"]
 
 
 @dataclass(frozen=True)
@@ -59,12 +59,6 @@ class MinCount:
             del self.hist[old]
             if old == self.min:
                 self.min = old + 1
-
-
-def skew(counts: Counter[str], eligible: Iterable[str]) -> int:
-    """Largest count minus the smallest over the eligible domains (0 with none)."""
-    cs = [counts[d] for d in eligible]
-    return (max(cs) - min(cs)) if cs else 0
 
 
 def worst_skew(placed_domains: Iterable[str], eligible: Iterable[str]) -> tuple[int, str, str]:

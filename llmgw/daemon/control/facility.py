@@ -9,7 +9,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from llmgw.admin.schema_facility import MAX_HOLD_REASON, DomainView, FacilityView, HoldView
+from llmgw.admin.schema_facility import (
+    MAX_HOLD_REASON,
+    DomainView,
+    FacilityView,
+    HoldView,
+)
 from llmgw.config import FacilityConfig
 from llmgw.daemon.control.store import Store
 from llmgw.daemon.control.store_guard import StoreGuard
