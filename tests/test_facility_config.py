@@ -74,3 +74,29 @@ def test_a_heartbeat_may_carry_the_measured_power() -> None:
     assert Heartbeat.from_dict(Heartbeat(measured_watts=412.5).to_dict()).measured_watts == 412.5
     with pytest.raises(WireProtocolError, match="heartbeat.measured_watts: expected float, got str"):
         Heartbeat.from_dict({"measured_watts": "lots"})
+
+
+def test_a_hold_is_written_first_and_refused_whole() -> None:
+    """Bad input or a store that cannot write: a clear error, and the holds (memory and store) unchanged."""
+    from llmgw.config import FacilityConfig
+    from llmgw.daemon.control.facility import FacilityControl
+    from llmgw.daemon.control.store_guard import StoreGuard, StoreUnavailable
+    from llmgw.fleet.domains import DomainError
+    from llmgw.fleet.nodes import Node
+
+    st = Store.memory()
+    fc = FacilityControl(FacilityConfig(), StoreGuard(st), st)
+    nodes = [Node("a", "ready", 0.0, agent_labels={"llmgw.io/rack": "r1"})]
+    with pytest.raises(DomainError, match="no node is in domain rack=r2; known: rack=r1"):
+        fc.hold("rack=r2", "", False, nodes, 1.0)
+    with pytest.raises(ValueError, match="printable"):
+        fc.hold("rack=r1", "bad\x1b[2J", False, nodes, 1.0)
+    assert fc.holds == {} and st.holds() == {}
+    fc.hold("rack=r1", "swap", True, nodes, 1.0)
+    assert list(st.holds()) == ["rack=r1"] and fc.round(0.0).holds["rack=r1"].drain
+    st._conn.close()  # the store fails every write from now on
+    with pytest.raises(StoreUnavailable):
+        fc.release("rack=r1")
+    assert "rack=r1" in fc.holds  # still held: not released in memory either
+    with pytest.raises(KeyError):
+        fc.release("pdu=p9")
