@@ -94,6 +94,8 @@ def test_a_hold_is_written_first_and_refused_whole() -> None:
     assert fc.holds == {} and st.holds() == {}
     fc.hold("rack=r1", "swap", True, nodes, 1.0)
     assert list(st.holds()) == ["rack=r1"] and fc.round(0.0).holds["rack=r1"].drain
+    # rebalancing: not in the first interval after a start, then once an interval
+    assert [fc.round(t).rebalance for t in (10.0, 30.0, 31.0, 59.0, 60.5)] == [False, True, False, False, True]
     st._conn.close()  # the store fails every write from now on
     with pytest.raises(StoreUnavailable):
         fc.release("rack=r1")

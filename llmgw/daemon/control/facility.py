@@ -39,11 +39,15 @@ class FacilityControl:
         self.holds: dict[str, tuple[Hold, float]] = {}  # domain -> (hold, created_at)
         for d, row in store.holds().items():
             self.holds[d] = (Hold(row.reason, row.drain), row.created_at)
-        self._next_rebalance = 0.0
+        self._next_rebalance: float | None = None  # the first round only starts the clock
         self.warnings: dict[str, None] = {}  # ordered set: the latest distinct ones
 
     # -- a reconcile round -----------------------------------------------------------------------
     def round(self, now: float) -> Facility:
+        """The facility for a reconcile round. Rebalancing is due one interval after the first round
+        (a router that just started moves nothing while its agents come back), then every interval."""
+        if self._next_rebalance is None:
+            self._next_rebalance = now + self.cfg.rebalance_interval_s
         due = self.cfg.rebalance and now >= self._next_rebalance
         if due:
             self._next_rebalance = now + self.cfg.rebalance_interval_s
