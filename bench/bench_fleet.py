@@ -12,6 +12,10 @@ the same methods a connection calls, without the sockets. Phases, each timed:
   restart    a new control plane loading everything from the store, then all 500 hellos
              (the router-restart path: nothing is re-placed)
 
+Then (unless --no-facility) bench/bench_facility.py: facility-aware placement of 10,000 replicas on
+2,000 nodes in 5 levels of domains with budgets and holds (full placement, steady reconcile, a
+hold with drain of one row planned), against issue 16's targets.
+
     .venv/bin/python bench/bench_fleet.py [--nodes 500] [--replicas 2000] [--models 50]
 """
 
@@ -148,8 +152,14 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=500)
     p.add_argument("--replicas", type=int, default=2000)
     p.add_argument("--models", type=int, default=50)
+    p.add_argument("--no-facility", action="store_true", help="skip the facility-aware placement phases")
     logging.basicConfig(level=logging.ERROR)
-    trio.run(run, p.parse_args())
+    ns = p.parse_args()
+    trio.run(run, ns)
+    if not ns.no_facility:
+        import bench_facility  # bench/ is on the path when this file runs as a script
+
+        bench_facility.run()
 
 
 if __name__ == "__main__":

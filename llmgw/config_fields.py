@@ -130,6 +130,44 @@ def label_keys(labels: dict[str, str]) -> str | None:
     return None
 
 
+def facility_label_values(labels: dict[str, str]) -> str | None:
+    """The llmgw.io/site|room|row|rack|pdu labels name failure domains: their values must be names."""
+    from llmgw.fleet.domains import check_label_value
+
+    for k, v in labels.items():
+        if (msg := check_label_value(k, v)) is not None:
+            return msg
+    return None
+
+
+def domain_budget(key: str, watts: float) -> str | None:
+    """One [facility.budgets] entry: the key a facility domain (LEVEL=VALUE), the value watts > 0."""
+    from llmgw.fleet.domains import DomainError, parse_domain
+
+    try:
+        d = parse_domain(key)
+    except DomainError as e:
+        return str(e)
+    if d != key:
+        return f"write the domain {key!r} as {d!r}"
+    if not 0 < watts < 1e9:
+        return f"budget of {key}: must be > 0 and < 1e9 watts, got {watts!r}"
+    return None
+
+
+def facility_level(v: str | None) -> str | None:
+    from llmgw.fleet.domains import LEVELS
+
+    return None if v is None or v in LEVELS else one_of(*LEVELS)(v)
+
+
+def single_node(v: int) -> str | None:
+    if v == 1:
+        return None
+    return (f"multi-node replicas (nodes = {v}) are placed by the router but not yet run by the agents; "
+            "use nodes = 1" if v > 1 else f"must be >= 1, got {v!r}")
+
+
 def key_value(v: str) -> str | None:
     k, sep, _ = v.partition("=")
     return None if sep and k.strip() else f"expected \"KEY=VALUE\", got {v!r}"

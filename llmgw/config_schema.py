@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from llmgw.config_fields import (
     _suggest, default_admin_socket, default_agent_state_dir, default_node_name,
-    cidr, default_store_path, header_name, host_port, http_url, in_range, key_value, known_strategy,
+    cidr, default_store_path, domain_budget, facility_label_values, facility_level, header_name, single_node, host_port, http_url, in_range, key_value, known_strategy,
     label_keys, node_name, nonempty, one_of, opt, pem_certificate, positive,
 )
 from llmgw.config_locate import KeyPath
@@ -101,7 +101,7 @@ class AgentConfig:
     tls_ca: str | None = opt(None, check=nonempty)  # PEM file of the CA that signed the router's cert
     tls_ca_pem: str | None = opt(None, check=pem_certificate)  # or that CA inline (`llmgw ctl join-info`)
     tls_server_name: str | None = opt(None, check=nonempty)  # the name to verify; default: the router's host
-    labels: dict[str, str] = opt(factory=dict, check=label_keys)  # llmgw.io/rack = "r12", ...
+    labels: dict[str, str] = opt(factory=dict, check=(label_keys, facility_label_values))  # llmgw.io/rack = "r12", ...
     advertise_host: str = opt("127.0.0.1", check=nonempty)  # engines listen here; the router dials it
     state_dir: str = opt(factory=default_agent_state_dir, check=nonempty)
     gpus: tuple[GpuConfig, ...] | None = opt(None)  # declared GPUs instead of nvidia-smi's
@@ -110,6 +110,7 @@ class AgentConfig:
     reconnect_max_s: float = opt(30.0, check=positive)
     stop_grace_s: float = opt(10.0, check=positive)  # TERM, this long, then KILL the engine's group
     restart: RestartConfig = opt(factory=RestartConfig)
+    declared_watts: int = opt(0, check=in_range(0, 1_000_000))  # this node's power draw for budgets; 0: none
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,6 +209,23 @@ class ReplicaConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SpreadConfig:
+    """[[models.deploy.spread]]: how evenly replicas spread over the domains of one level."""
+    level: str = opt(check=facility_level)  # site, room, row, rack or pdu
+    max_skew: int = opt(1, check=in_range(1, 1000))  # most replicas over the least-loaded eligible domain
+    hard: bool = opt(False)  # refuse a node past it (a replica may stay unplaced); else only prefer
+
+
+@dataclass(frozen=True, kw_only=True)
+class FacilityConfig:
+    """[facility]: power budgets per failure domain, and rebalancing replicas whose spread is off."""
+    budgets: dict[str, float] = opt(factory=dict)  # "pdu=p7" = 11000 (watts); checked by _facility_budgets
+    rebalance: bool = opt(True)  # move replicas when nodes join and a model's spread is past its max skew
+    rebalance_interval_s: float = opt(30.0, check=positive)  # at most one round of moves this often
+    rebalance_max_moves: int = opt(1, check=in_range(1, 1000))  # replicas moved per round, fleet-wide
+
+
+@dataclass(frozen=True, kw_only=True)
 class DeployConfig:
     """[models.deploy]: replicas the agents run for this model, placed by the router."""
     count: int = opt(1, check=in_range(0))
@@ -225,6 +243,11 @@ class DeployConfig:
     weight: float = opt(1.0, check=positive)
     # vLLM only: the engine publishes KV cache events (local, agent-owned sockets) for tier-2 routing
     kv_events: bool = opt(False)
+    # facility (docs/placement.md): unset spread = soft, max skew 1, over rooms, rows, racks and PDUs
+    spread: tuple[SpreadConfig, ...] | None = opt(None, unique="level")
+    watts: int = opt(0, check=in_range(0, 100_000))  # declared draw of one replica, for power budgets
+    nodes: int = opt(1, check=single_node)  # nodes per replica (multi-node replicas: not run yet)
+    keep_within: str | None = opt(None, check=facility_level)  # a multi-node replica's nodes in one domain
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,6 +292,7 @@ class Config:
     models: tuple[ModelConfig, ...] = opt((), unique="name")
     pools: tuple[PoolConfig, ...] = opt((), unique="name")
     strategies: tuple[StrategyConfig, ...] = opt((), unique="name")
+    facility: FacilityConfig = opt(factory=FacilityConfig)
 
 
 # ---------------------------------------------------------------------------------- cross checks
@@ -312,6 +336,13 @@ def _agent_token(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
             yield ("agent", key), f"{key} with tls = false"
     if a.tls_ca and a.tls_ca_pem:
         yield ("agent", "tls_ca_pem"), "set tls_ca or tls_ca_pem, not both"
+
+
+@_cross_check("facility")
+def _facility_budgets(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    for key, watts in cfg.facility.budgets.items():
+        if (msg := domain_budget(key, watts)) is not None:
+            yield ("facility", "budgets", key), msg
 
 
 @_cross_check("strategies")

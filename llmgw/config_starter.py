@@ -126,6 +126,12 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # source = "/models/lora/qwen-sql"   # a path on the engine's node; vLLM: or a repository id; llama.cpp: a .gguf
 # static = false                 # vLLM: true = loaded at start, never unloaded; else loaded on demand
 # scale = 1.0                    # llama.cpp: the scale a request for it applies (the others get 0)
+# Facility-aware placement (docs/placement.md): unset spread = soft, max skew 1, over rooms,
+# rows, racks and PDUs; a hard rule refuses a node past it (a replica may then stay unplaced).
+# spread = [{ level = "rack", max_skew = 1, hard = true }, { level = "pdu", max_skew = 1 }]
+# watts = 700                    # declared draw of one replica, for [facility.budgets] (0: from the GPU table)
+# nodes = 1                      # nodes per replica (multi-node replicas are not run by the agents yet)
+# keep_within = "rack"           # a multi-node replica's nodes all in one domain of this level
 
 [control]
 # The router's side of the agent stream. New nodes join with the join token (and get a
@@ -163,6 +169,7 @@ advertise_host = "127.0.0.1"     # engines listen here and the router dials it: 
 # state_dir = "/var/lib/llmgw/agent"       # default: $XDG_STATE_HOME/llmgw/agent
 # gpus = [{ name = "L4", memory_mb = 24000 }]   # declared GPUs instead of nvidia-smi's
 # memory_mb = 65536              # instead of /proc/meminfo
+declared_watts = 0               # this node's power draw for [facility.budgets]; 0: GPU table / nvidia-smi
 reconnect_min_s = 0.5            # reconnect backoff, jittered
 reconnect_max_s = 30.0
 stop_grace_s = 10.0              # TERM, this long, then KILL to the engine's process group
@@ -172,4 +179,16 @@ base_s = 1.0                     # first restart delay after a crash; doubles pe
 max_s = 60.0
 crashloop_after = 5              # this many crashes within window_s = crash loop (needs an operator)
 window_s = 300.0
+
+[facility]
+# Failure domains (the llmgw.io/site, room, row, rack and pdu labels), spread, holds and power
+# budgets: docs/placement.md. Holds are set with `llmgw ctl facility hold DOMAIN` and kept in the store.
+rebalance = true                 # move replicas when a model's spread is past its max skew (nodes joined)
+rebalance_interval_s = 30.0      # at most one round of moves this often
+rebalance_max_moves = 1          # replicas moved per round, fleet-wide (each surge first, then drain)
+
+[facility.budgets]
+# Watts a domain (LEVEL=VALUE, quoted) may draw: a replica that would take it past is not placed.
+# "pdu=p7" = 11000
+# "rack=r12" = 20000
 '''

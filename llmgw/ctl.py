@@ -24,6 +24,7 @@ from llmgw.admin_client.printable import printable
 from llmgw.admin_client.rationale import rationale_lines, text_table
 from llmgw.admin_client.trace_view import trace_lines
 from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
+from llmgw.ctl_facility import explanation_text, facility_text
 from llmgw.ctl_views import (
     ADAPTER_HEADERS, KV_HEADERS, adapter_rows, adapters_footer, kv_rows, kv_summary_lines, model_text,
     status_text, store_line,
@@ -149,8 +150,9 @@ def cmd_nodes(api: Admin, ns: argparse.Namespace) -> None:
         for n in nodes:
             gpus = n.get("facts", {}).get("gpus", [])
             rows.append([n["name"], n["state"], n.get("location") or "-", len(gpus),
-                         len(n.get("replicas", [])), _age(n.get("since_s")), n.get("reason", "")])
-        return table(rows, ["NAME", "STATE", "LOCATION", "GPUS", "ENGINES", "SINCE", "REASON"])
+                         len(n.get("replicas", [])), n.get("held") or "-", _age(n.get("since_s")),
+                         n.get("reason", "")])
+        return table(rows, ["NAME", "STATE", "LOCATION", "GPUS", "ENGINES", "HELD", "SINCE", "REASON"])
 
     emit(ns, nodes, render)
 
@@ -158,7 +160,8 @@ def cmd_nodes(api: Admin, ns: argparse.Namespace) -> None:
 def _render_node(n: dict[str, Any]) -> str:
     facts = n.get("facts", {})
     lines = [f"node       {n['name']}", f"state      {n['state']} for {_age(n.get('since_s'))} ({n.get('reason', '')})",
-             f"location   {n.get('location') or '-'}",
+             f"location   {n.get('location') or '-'}"
+             + (f"  (held: {', '.join(map(str, n['held']))})" if n.get("held") else ""),
              (f"facts      {facts.get('cpus', 0)} CPUs, {facts.get('memory_mb', 0)} MB memory, "
              f"{len(facts.get('gpus', []))} GPUs")]
     for g in facts.get("gpus", []):
@@ -234,15 +237,44 @@ def cmd_join_token(api: Admin, ns: argparse.Namespace) -> None:
                              f"keep their credentials.\nnew join token: {d['join_token']}")
 
 
+def _label_key(key: str) -> str:
+    """The facility's short keys (rack=r12), as `nodes --domain` takes them, are llmgw.io/ labels."""
+    key = key.strip()
+    return f"llmgw.io/{key}" if key in FACILITY else key
+
+
+def cmd_facility(api: Admin, ns: argparse.Namespace) -> None:
+    if ns.action is None:
+        if ns.domain is not None:
+            raise CtlError(f"facility {ns.domain}: expected `facility`, `facility hold DOMAIN` or "
+                           "`facility release DOMAIN`")
+        emit(ns, api.call("GET", "/facility"), facility_text)
+        return
+    if ns.domain is None:
+        raise CtlError(f"facility {ns.action}: which domain? e.g. `llmgw ctl facility {ns.action} rack=r12`")
+    if ns.action == "release" and (ns.drain or ns.reason):
+        raise CtlError("facility release: --drain and --reason go with hold")
+    path = f"/facility/holds/{quote(ns.domain, safe='=')}"
+    if ns.action == "hold":
+        api.call("PUT", path, body={"reason": ns.reason or "", "drain": ns.drain})
+    else:
+        api.call("DELETE", path)
+    emit(ns, api.call("GET", "/facility"), facility_text)
+
+
+def cmd_explain_placement(api: Admin, ns: argparse.Namespace) -> None:
+    emit(ns, api.call("GET", f"/placement/{quote(ns.target, safe='')}"), explanation_text)
+
+
 def cmd_label(api: Admin, ns: argparse.Namespace) -> None:
     sets: dict[str, str] = {}
     removes: list[str] = []
     for item in ns.labels:
         if item.endswith("-") and "=" not in item:
-            removes.append(item[:-1])
+            removes.append(_label_key(item[:-1]))
         elif "=" in item and item.split("=", 1)[0]:
             k, _, v = item.partition("=")
-            sets[k] = v
+            sets[_label_key(k)] = v
         else:
             raise CtlError(f"label {item!r}: expected key=value to set, or key- to remove")
     node = quote(ns.node, safe="")
@@ -429,9 +461,25 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("action", choices=["rotate"], help="rotate: a new random join token, in force at once")
     sp = add("label", cmd_label, "set (key=value) or remove (key-) operator labels on a node",
              "Set (key=value) or remove (key-) operator labels on a node: they override the agent's own "
-             "and survive restarts. Prints the node as it is then.")
+             "and survive restarts. The facility's short keys site, room, row, rack and pdu stand for "
+             "llmgw.io/site ... (rack=r12). Prints the node as it is then.")
     sp.add_argument("node", metavar="NODE", help="the node's name")
     sp.add_argument("labels", nargs="+", metavar="key=value|key-", help="set key to value, or remove key")
+    sp = add("facility", cmd_facility, "failure domains with holds, replicas and power; hold or release a domain",
+             "Without an action: every facility domain (from the llmgw.io/site, room, row, rack and pdu labels) "
+             "with its nodes, replicas, hold, and power draw against its budget. `hold DOMAIN`: nothing new is "
+             "placed there (--drain: its replicas move elsewhere first, each stopped once its replacement is "
+             "ready); `release DOMAIN` ends a hold. DOMAIN is LEVEL=VALUE, e.g. rack=r12 (docs/placement.md).")
+    sp.add_argument("action", nargs="?", choices=["hold", "release"], help="hold or release a domain")
+    sp.add_argument("domain", nargs="?", metavar="DOMAIN", help="LEVEL=VALUE, e.g. rack=r12 or pdu=p7")
+    sp.add_argument("--drain", action="store_true", help="with hold: move the domain's replicas elsewhere")
+    sp.add_argument("--reason", metavar="TEXT", help="with hold: why (shown with the hold)")
+    sp = add("explain-placement", cmd_explain_placement, "why a replica is on its node, or where a model's next "
+             "replica would go (every node's verdict)",
+             "For a replica (MODEL/ID): its node and domains and why, then every other node with the rule that "
+             "refused it (held, selector, gpus, gpu_memory, memory, power, spread, not_ready) or how it ranks. "
+             "For a model: the same for its next replica, or why none can be placed.")
+    sp.add_argument("target", metavar="MODEL|REPLICA", help="a model's name or a replica's id")
     sp = add("models", cmd_models, "models and their replicas' readiness (or one model in detail)",
              "Models with their ready/desired replicas and why any cannot be placed. With a name: that "
              "model's readiness, then its whole definition as the config file's keys (-o json: the "

@@ -14,7 +14,7 @@ import pytest
 from llmgw import cli
 from llmgw.completion import SHELLS, captured_parser
 
-CTL_COMMANDS = ["status", "nodes", "join-info", "join-token", "label", "models", "scale", "replicas", "restart",
+CTL_COMMANDS = ["status", "nodes", "join-info", "join-token", "label", "facility", "explain-placement", "models", "scale", "replicas", "restart",
                 "endpoints", "adapters", "decisions", "explain", "kv", "trace"]
 
 

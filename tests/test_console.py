@@ -243,10 +243,11 @@ def test_setting_a_label_on_a_node() -> None:
         app.screen.query_one("#label-input", Input).value = ""
         await pilot.press(*"rack=r9 tier-", "enter")
         await until(pilot, lambda a: len(client.calls) == 2, "the label calls")
-        assert client.calls == [("PUT", "gpu-a1", {"rack": "r9"}), ("DELETE", "gpu-a1", ["tier"])]
+        # rack is the facility's short key (issue 16): llmgw.io/rack
+        assert client.calls == [("PUT", "gpu-a1", {"llmgw.io/rack": "r9"}), ("DELETE", "gpu-a1", ["tier"])]
         await until(pilot, loaded)
         detail = str(app.query_one("#node-detail", Static).render())
-        assert "rack=r9*" in detail and "tier=" not in detail  # the daemon's answer, shown at once
+        assert "llmgw.io/rack=r9*" in detail and "tier=" not in detail  # the daemon's answer, shown at once
 
     drive(script)
 

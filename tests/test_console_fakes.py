@@ -288,6 +288,23 @@ class FakeClient:
             raise AdminRefused(404, f"No recent trace for request {request_id!r}.")
         return trace_of(request_id)
 
+    async def hold(self, domain: str, reason: str, drain: bool) -> dict[str, Any]:
+        self.calls.append(("HOLD", domain, (reason, drain)))
+        return {"domain": domain, "reason": reason, "drain": drain, "created_at": 0.0, "replicas": 0}
+
+    async def release(self, domain: str) -> dict[str, Any]:
+        self.calls.append(("RELEASE", domain, None))
+        return {}
+
+    async def explain_placement(self, target: str) -> dict[str, Any]:
+        self.calls.append(("EXPLAIN", target, None))
+        return {"model": target.split("/")[0], "replica": target if "/" in target else None, "node": "gpu-a1",
+                "domains": ["rack=r1"], "why": f"placed on gpu-a1 (rack=r1): fewest of {target}",
+                "counts": {"chosen": 1, "held": 1}, "truncated": 0, "warnings": [],
+                "candidates": [{"node": "gpu-a1", "verdict": "chosen", "detail": "0 in rack=r1", "domains": ["rack=r1"]},
+                               {"node": "cpu-b1", "verdict": "held", "detail": "in held domain rack=r2",
+                                "domains": ["rack=r2"]}]}
+
     async def aclose(self) -> None:
         self.closed = True
 

@@ -37,6 +37,7 @@ from llmgw.admin.schema import (
     Status,
 )
 from llmgw.admin.schema_traces import TraceSummary, TraceView
+from llmgw.admin.schema_facility import FacilityView, HoldBody, HoldView, PlacementExplanation
 
 __all__ = ["API_VERSION", "PREFIX", "ROUTES", "Link", "QueryParam", "Resolution", "Resolver", "Route"]
 
@@ -215,6 +216,28 @@ ROUTES: tuple[Route, ...] = (
                             maximum=MAX_LIMIT)), errors=(503,),
           description="Newest first: what the control plane did and saw, as kept in its store (503 if it "
                       "cannot be read; events of a time the store could not write join it once it can)."),
+    # the facility: failure domains, holds, power, placement explained (docs/placement.md)
+    Route("GET", f"{PREFIX}/facility", "get_facility", "Failure domains, holds and power", FacilityView,
+          tag="facility",
+          description="Every domain a node is in (from its llmgw.io/site, room, row, rack and pdu labels) with "
+                      "its nodes, replicas, hold, and power draw against its budget."),
+    Route("PUT", f"{PREFIX}/facility/holds/{{domain}}", "hold_domain", "Hold a domain", HoldView, body=HoldBody,
+          tag="facility", errors=(503,), links=(Link("release_domain", "domain", "domain"),),
+          description="Nothing new is placed in the domain (`rack=r12`, or `llmgw.io/rack=r12`); with `drain`, "
+                      "its replicas are placed elsewhere first and each is stopped once its replacement is "
+                      "ready and its requests have ended (with no room elsewhere, they stay). Holding a held "
+                      "domain changes its reason and drain. 404, naming the known domains, for a domain no "
+                      "node is in." + _STORE_503),
+    Route("DELETE", f"{PREFIX}/facility/holds/{{domain}}", "release_domain", "Release a held domain", None,
+          status=204, tag="facility", errors=(503,),
+          description="Placement may use the domain again (replicas moved away stay where they are, unless "
+                      "rebalancing moves them back). 404 for a domain not held." + _STORE_503),
+    Route("GET", f"{PREFIX}/placement/{{target}}", "explain_placement", "Explain a placement",
+          PlacementExplanation, tag="facility", greedy=frozenset({"target"}),
+          description="For a placed replica (`<model>/<hex>`): its node and domains and why, and every other "
+                      "node with the rule that refused it (held, selector, gpus, gpu_memory, memory, power, "
+                      "spread, not_ready) or, if it fits, how it ranks. For a model: the same table for its "
+                      "next replica, or why none can be placed. 404 for neither."),
     # the console's feed, and this document
     Route("GET", f"{PREFIX}/events", "events", "Live event stream", Event, tag="events", stream=True,
           description="NDJSON: a snapshot line, then decision lines as they happen and update lines with "

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from llmgw.admin.typeinfo import Shape, prop
 from llmgw.config import ENGINES, ModelConfig, label_keys
+from llmgw.config_fields import facility_label_values
 
 __all__ = [
     "MAX_REPLICAS",
@@ -99,6 +100,9 @@ class NodeFacts:
     hostname: str
     agent_version: str
     gpus: list[GpuFacts]
+    declared_watts: int = prop("the node's own power figure ([agent] declared_watts); 0: none", default=0)
+    measured_watts: float | None = prop("the sum of nvidia-smi power.draw at its last report; null: none",
+                                        default=None)
 
 
 @dataclass(slots=True)
@@ -116,6 +120,7 @@ class NodeView:
     location: str = prop("site/room/row/rack/pdu from the llmgw.io/* labels it has")
     facts: NodeFacts = prop("what the agent found on the node")
     replicas: list[str] = prop("replica ids assigned to it")
+    held: list[str] = prop("held facility domains it is in (nothing new is placed on it)", factory=list)
 
 
 @dataclass(slots=True)
@@ -124,7 +129,8 @@ class LabelsBody:
     labels: dict[str, str] = prop("label key → value, e.g. {\"llmgw.io/rack\": \"r12\"}")
 
     def problems(self) -> list[Problem]:
-        return [Problem(f"labels.{k}", msg) for k in self.labels if (msg := label_keys({k: ""})) is not None]
+        return [Problem(f"labels.{k}", msg) for k, v in self.labels.items()
+                if (msg := label_keys({k: ""}) or facility_label_values({k: v})) is not None]
 
 
 @dataclass(slots=True)

@@ -122,4 +122,5 @@ def scraped_metrics_view(s: ScrapeResult | None) -> ScrapedMetrics | None:
 def node_facts_view(f: fleet.NodeFacts) -> NodeFacts:
     """What the agent found, as the API shows it (``extra`` is not shown, as it is not sent)."""
     return NodeFacts(cpus=f.cpus, memory_mb=f.memory_mb, hostname=f.hostname, agent_version=f.agent_version,
-                     gpus=[GpuFacts(g.index, g.name, g.memory_mb) for g in f.gpus])
+                     gpus=[GpuFacts(g.index, g.name, g.memory_mb) for g in f.gpus],
+                     declared_watts=f.declared_watts, measured_watts=f.measured_watts)

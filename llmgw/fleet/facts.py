@@ -1,12 +1,31 @@
-"""Parsers for what an agent learns about its node: nvidia-smi's GPU list and /proc/meminfo."""
+"""Parsers for what an agent learns about its node: nvidia-smi's GPU list and power draw, and
+/proc/meminfo."""
 
 from __future__ import annotations
 
 from llmgw.fleet.types import GpuInfo
 
-__all__ = ["NVIDIA_SMI_QUERY", "parse_meminfo_mb", "parse_nvidia_smi"]
+__all__ = ["NVIDIA_SMI_POWER", "NVIDIA_SMI_QUERY", "parse_meminfo_mb", "parse_nvidia_smi", "parse_power_draw"]
 
 NVIDIA_SMI_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"]
+NVIDIA_SMI_POWER = ["nvidia-smi", "--query-gpu=power.draw", "--format=csv,noheader,nounits"]
+MAX_GPUS = 64  # lines read of nvidia-smi's power answer
+
+
+def parse_power_draw(text: str) -> float | None:
+    """The sum of the GPUs' power.draw in watts (`412.35` a line; `[N/A]` or `[Not Supported]` for
+    a GPU that cannot say is skipped); None when no line gives a figure. Only its form is checked:
+    whether the figure is plausible is the router's to judge (llmgw.fleet.power)."""
+    total, seen = 0.0, False
+    for line in text.splitlines()[:MAX_GPUS]:
+        try:
+            w = float(line.strip())
+        except ValueError:
+            continue
+        if w == w and 0 <= w < float("inf"):  # not NaN, not negative
+            total += w
+            seen = True
+    return round(total, 1) if seen else None
 
 
 def parse_nvidia_smi(text: str) -> tuple[GpuInfo, ...]:

@@ -146,15 +146,25 @@ class NodeFacts:
     hostname: str = ""
     agent_version: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    declared_watts: int = 0  # the node's own power figure ([agent] declared_watts); 0: none
+    measured_watts: float | None = None  # the sum of nvidia-smi power.draw, where the agent could read it
 
     def to_wire(self) -> dict[str, Any]:
-        return {"cpus": self.cpus, "memory_mb": self.memory_mb, "hostname": self.hostname,
-                "agent_version": self.agent_version,
-                "gpus": [{"index": g.index, "name": g.name, "memory_mb": g.memory_mb} for g in self.gpus]}
+        d: dict[str, Any] = {
+            "cpus": self.cpus, "memory_mb": self.memory_mb, "hostname": self.hostname,
+            "agent_version": self.agent_version,
+            "gpus": [{"index": g.index, "name": g.name, "memory_mb": g.memory_mb} for g in self.gpus]}
+        if self.declared_watts:  # only when known: a router that predates them reads the rest as before
+            d["declared_watts"] = self.declared_watts
+        if self.measured_watts is not None:
+            d["measured_watts"] = self.measured_watts
+        return d
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> NodeFacts:
         return cls(cpus=int(d.get("cpus", 0)), memory_mb=int(d.get("memory_mb", 0)),
                    hostname=str(d.get("hostname", "")), agent_version=str(d.get("agent_version", "")),
                    gpus=tuple(GpuInfo(int(g["index"]), str(g.get("name", "")), int(g.get("memory_mb", 0)))
-                              for g in d.get("gpus", ())))
+                              for g in d.get("gpus", ())),
+                   declared_watts=int(d.get("declared_watts", 0)),
+                   measured_watts=float(d["measured_watts"]) if d.get("measured_watts") is not None else None)

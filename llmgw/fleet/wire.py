@@ -44,6 +44,7 @@ from llmgw.fleet.wire_fields import (
     _bounded_str,
     _facts,
     _field,
+    _float,
     _int,
     _kv_block,
     _kv_counts,
@@ -145,16 +146,18 @@ class Hello:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """Either way: I'm alive (each side sends one every `Welcome.heartbeat_s`)."""
+    """Either way: I'm alive (each side sends one every `Welcome.heartbeat_s`). An agent's may carry
+    its GPUs' measured power draw when it changed (optional: a router that predates it ignores it)."""
 
     TYPE: ClassVar[str] = "heartbeat"
+    measured_watts: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {}
+        return {} if self.measured_watts is None else {"measured_watts": self.measured_watts}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Heartbeat:
-        return cls()
+        return cls(measured_watts=_field(d, cls.TYPE, "measured_watts", _opt(_float), None))
 
 
 @dataclass(frozen=True)

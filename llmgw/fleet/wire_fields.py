@@ -223,7 +223,11 @@ def _facts(v: Any, path: str) -> NodeFacts:
     return NodeFacts(cpus=_field(d, path, "cpus", _int, 0), memory_mb=_field(d, path, "memory_mb", _int, 0),
                      gpus=_field(d, path, "gpus", _tuple_of(_gpu), ()),
                      hostname=_field(d, path, "hostname", _str, ""),
-                     agent_version=_field(d, path, "agent_version", _str, ""))
+                     agent_version=_field(d, path, "agent_version", _str, ""),
+                     # power: a bad figure is the placement's to judge (ignored with a warning), not a
+                     # protocol error; only its type is checked here
+                     declared_watts=_field(d, path, "declared_watts", _int, 0),
+                     measured_watts=_field(d, path, "measured_watts", _opt(_float), None))
 
 
 def _kv_block(v: Any, path: str) -> tuple[str | None, int | bytes]:

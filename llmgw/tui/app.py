@@ -16,6 +16,8 @@ from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from llmgw.admin_client.printable import printable
 from llmgw.tui.client import AdminAPI, AdminError, Backoff, follow
+from llmgw.tui.facility_screens import PlacementScreen
+from llmgw.tui.holds import HoldEdit
 from llmgw.tui.labels import LabelEdit
 from llmgw.tui.rationale import RationaleScreen
 from llmgw.tui.rows import banner_text, status_line
@@ -178,3 +180,28 @@ class ConsoleApp(App[int]):
         if view:  # the daemon's answer, ahead of the stream's next update
             self._dirty |= self.state.put_node(view)
             self._redraw(force=True)
+
+    def apply_hold(self, edit: HoldEdit) -> None:
+        self.run_worker(self._apply_hold(edit), group="holds")
+
+    async def _apply_hold(self, edit: HoldEdit) -> None:
+        try:
+            if edit.action == "hold":
+                await self.client.hold(edit.domain, edit.reason, edit.drain)
+            else:
+                await self.client.release(edit.domain)
+        except AdminError as e:
+            self.notify(f"{edit.domain}: not changed: {e}", severity="error", timeout=8)
+        else:
+            self.notify(edit.describe())  # the nodes' held domains follow with the stream's next update
+
+    def explain_placement(self, target: str) -> None:
+        self.run_worker(self._explain_placement(target), group="placement")
+
+    async def _explain_placement(self, target: str) -> None:
+        try:
+            e = await self.client.explain_placement(target)
+        except AdminError as err:
+            self.notify(f"{target}: no explanation: {err}", severity="error", timeout=8)
+            return
+        self.push_screen(PlacementScreen(e))

@@ -55,6 +55,12 @@ class AdminAPI(Protocol):
 
     async def trace(self, request_id: str) -> dict[str, Any]: ...
 
+    async def hold(self, domain: str, reason: str, drain: bool) -> dict[str, Any]: ...
+
+    async def release(self, domain: str) -> dict[str, Any]: ...
+
+    async def explain_placement(self, target: str) -> dict[str, Any]: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -134,6 +140,15 @@ class AdminClient:
     async def trace(self, request_id: str) -> dict[str, Any]:
         """A request's trace (AdminRefused 404 once it has left the router's ring)."""
         return await self._call("GET", f"/traces/{quote(request_id, safe='')}", None)
+
+    async def hold(self, domain: str, reason: str, drain: bool) -> dict[str, Any]:
+        return await self._call("PUT", f"/facility/holds/{quote(domain, safe='=')}", {"reason": reason, "drain": drain})
+
+    async def release(self, domain: str) -> dict[str, Any]:
+        return await self._call("DELETE", f"/facility/holds/{quote(domain, safe='=')}", None)
+
+    async def explain_placement(self, target: str) -> dict[str, Any]:
+        return await self._call("GET", f"/placement/{quote(target, safe='')}", None)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -1,6 +1,8 @@
 """The label editor's little language, kubectl-style: ``key=value`` sets an operator label,
 ``key-`` removes one (a valid key never ends in "-"); several are separated by spaces or commas.
-Pure, so the parsing is tested without a terminal."""
+The facility's short keys (``rack=r12``, as ``llmgw ctl label`` takes them) stand for
+``llmgw.io/rack``; a facility label's value must be a name. Pure, so the parsing is tested without
+a terminal."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 
 from llmgw.config import label_keys
+from llmgw.config_fields import facility_label_values
+from llmgw.fleet.domains import expand_key
 
 __all__ = ["LabelEdit", "parse_label_edit"]
 
@@ -33,14 +37,14 @@ def parse_label_edit(text: str) -> LabelEdit:
         if eq:
             if not key:
                 raise ValueError(f"{token!r}: a label needs a key before '='")
-            sets[key] = value
+            sets[expand_key(key)] = value
         elif token.endswith("-") and len(token) > 1:
-            removes.append(token[:-1])
+            removes.append(expand_key(token[:-1]))
         else:
             raise ValueError(f"{token!r}: write key=value to set a label, key- to remove one")
     if not sets and not removes:
         raise ValueError("nothing to change: write key=value or key-")
-    if (msg := label_keys({k: "" for k in [*sets, *removes]})) is not None:
+    if (msg := label_keys({k: "" for k in [*sets, *removes]}) or facility_label_values(sets)) is not None:
         raise ValueError(msg)
     both = set(sets) & set(removes)
     if both:

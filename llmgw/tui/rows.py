@@ -192,6 +192,8 @@ def node_detail(node: Mapping[str, Any] | None) -> list[str]:
          f"last heard {fmt_age(node.get('last_seen_s'))} ago"),
         f"gpus     {gpu_line}",
         f"replicas {', '.join(replicas) or DASH}",
+        *([f"held     {', '.join(_strs(node.get('held')))}: nothing new is placed here (llmgw ctl facility)"]
+          if _strs(node.get("held")) else []),
         "(* = set by an operator, overriding the agent's; l edits)",
     ]
 

@@ -38,7 +38,7 @@ from llmgw.daemon.agent.engines import EngineSupervisor
 from llmgw.daemon.agent.kv_subscriber import FLUSH_S, KvSubscribers
 from llmgw.daemon.agent.router_tls import RouterTls
 from llmgw.daemon.net.message_stream import MessageStream, StreamClosed, open_client
-from llmgw.fleet.facts import NVIDIA_SMI_QUERY, parse_meminfo_mb, parse_nvidia_smi
+from llmgw.fleet.facts import NVIDIA_SMI_POWER, NVIDIA_SMI_QUERY, parse_meminfo_mb, parse_nvidia_smi, parse_power_draw
 from llmgw.fleet.lifecycle import RestartPolicy
 from llmgw.fleet.types import EngineReport, GpuInfo, NodeFacts
 from llmgw.fleet.wire import (
@@ -105,7 +105,27 @@ async def gather_facts(acfg: AgentConfig) -> NodeFacts:
         except OSError:
             memory = 0
     return NodeFacts(cpus=os.cpu_count() or 0, memory_mb=memory, gpus=gpus, hostname=socket.gethostname(),
-                     agent_version=__version__)
+                     agent_version=__version__, declared_watts=acfg.declared_watts,
+                     measured_watts=await measure_power() if gpus and acfg.gpus is None else None)
+
+
+POWER_EVERY_S = 30.0  # the GPUs' power draw is measured this often, and sent with a heartbeat when it changed
+
+
+async def measure_power() -> float | None:
+    """The GPUs' power draw now (nvidia-smi power.draw, summed), for the router's power budgets;
+    None where nvidia-smi is missing or cannot say. Taken at the start, then every POWER_EVERY_S
+    (the hello carries the latest; a heartbeat carries it when it changed)."""
+    if not shutil.which(NVIDIA_SMI_POWER[0]):
+        return None
+    try:
+        with trio.fail_after(10):
+            done = await trio.run_process(NVIDIA_SMI_POWER, capture_stdout=True, check=False,
+                                          stderr=subprocess.DEVNULL)
+    except (OSError, trio.TooSlowError) as e:
+        log.warning("nvidia-smi power.draw failed: %s; reporting no measured power", e)
+        return None
+    return parse_power_draw(done.stdout.decode(errors="replace")[:65536])
 
 
 class Agent:
@@ -152,6 +172,8 @@ class Agent:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.kv.run)
                 await nursery.start(sup.run)
+                if self.facts.gpus and a.gpus is None:
+                    nursery.start_soon(self._power_loop)
                 if adopted:
                     await self._settle_adopted(sup)
                 task_status.started()
@@ -305,10 +327,24 @@ class Agent:
             await trio.sleep(FLUSH_S)
 
     async def _sender(self, ms: MessageStream, hb: float) -> None:
+        sent_power = self.facts.measured_watts  # the hello carried it
         while True:
             with trio.move_on_after(hb) as cs:
                 report = await self._outbox.receive()
-            await ms.send(Heartbeat() if cs.cancelled_caught else EngineUpdate(report))
+            if not cs.cancelled_caught:
+                await ms.send(EngineUpdate(report))
+                continue
+            power = self.facts.measured_watts
+            await ms.send(Heartbeat(measured_watts=power if power != sent_power else None))
+            sent_power = power
+
+    async def _power_loop(self) -> None:
+        """Measure the GPUs' power draw every POWER_EVERY_S (heartbeats carry it when it changed)."""
+        while True:
+            await trio.sleep(POWER_EVERY_S)
+            measured = await measure_power()
+            if measured is not None:
+                self.facts = replace(self.facts, measured_watts=measured)
 
 
 def _connect_error(e: BaseException) -> str:

@@ -40,6 +40,7 @@ from llmgw.admin.schema import (
 )
 from llmgw.admin.schema_traces import trace_summary, trace_view
 from llmgw.admin.suite_schema import suite_json_schema
+from llmgw.admin.schema_facility import PlacementCandidate, PlacementExplanation
 from llmgw.admin.validate import Invalid, from_json, query_value
 from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
@@ -54,6 +55,7 @@ from llmgw.daemon.net.httpserver import (
     serve_unix,
 )
 from llmgw.daemon.router.control_port import RouterPort
+from llmgw.fleet.domains import DomainError
 from llmgw.route.types import Decision
 
 log = logging.getLogger("llmgw.admin")
@@ -252,6 +254,45 @@ class AdminApp:
             raise _Fail(404, f"No node {name!r}.")
         self.control.remove_labels(name, call.body.keys)
         return self._node_view(name)
+
+    # -- the facility (docs/placement.md) ------------------------------------------------------------
+    @_handles("get_facility")
+    async def _facility(self, call: _Call) -> Any:
+        return self.control.facility_view()
+
+    @_handles("hold_domain")
+    async def _hold(self, call: _Call) -> Any:
+        try:
+            view = self.control.hold(call.params["domain"], call.body.reason, call.body.drain)
+        except DomainError as e:  # unknown domains are 404, naming the known ones; bad syntax is 400
+            raise (_Fail(404, str(e)) if str(e).startswith("no node") else
+                   _invalid([Problem("domain", str(e))], "invalid_path")) from None
+        except ValueError as e:
+            raise _invalid([Problem("reason", str(e))], "invalid_body") from None
+        return next((h for h in self.control.facility_view().holds if h.domain == view.domain), view)
+
+    @_handles("release_domain")
+    async def _release(self, call: _Call) -> Any:
+        try:
+            self.control.release(call.params["domain"])
+        except DomainError as e:
+            raise _invalid([Problem("domain", str(e))], "invalid_path") from None
+        except KeyError:
+            raise _Fail(404, f"Domain {call.params['domain']!r} is not held.") from None
+        return None
+
+    @_handles("explain_placement")
+    async def _explain(self, call: _Call) -> Any:
+        target = call.params["target"]
+        try:
+            e = self.control.explain_placement(target)
+        except KeyError:
+            raise _Fail(404, f"No placed replica or deployed model {target!r}.") from None
+        return PlacementExplanation(
+            model=e.model, replica=e.replica, node=e.node, domains=list(e.domains), why=e.why, counts=e.counts,
+            truncated=e.truncated, warnings=e.warnings,
+            candidates=[PlacementCandidate(c.node, c.verdict, c.detail, [d for d in c.domains if d])
+                        for c in e.candidates])
 
     # -- node identity ------------------------------------------------------------------------------
     @_handles("revoke_node")

@@ -76,6 +76,10 @@ class SessionHost(Protocol):
 
     def agent_heard(self, node: str, agent_id: str) -> None: ...
 
+    def power_measured(self, node: str, watts: float) -> None:
+        """The node's agent measured its GPUs' power draw (judged by placement: absurd ones are ignored)."""
+        ...
+
     def engine_reported(self, node: str, report: EngineReport) -> None: ...
 
     def agent_left(self, node: str) -> None:
@@ -391,6 +395,8 @@ class AgentSessions:
                 return f"agent left: {msg.reason}"
             elif not isinstance(msg, Heartbeat):
                 raise WireProtocolError(f"unexpected {type(msg).TYPE} from an agent")
+            elif msg.measured_watts is not None:
+                self.host.power_measured(conn.node, msg.measured_watts)
 
     async def _sender(self, conn: _Conn, hb: float) -> None:
         while True:

@@ -4,8 +4,9 @@ replica demands of a node), and the error an operator's model change raises."""
 from __future__ import annotations
 
 from llmgw.config import ModelConfig
-from llmgw.fleet.placement import Demand
+from llmgw.fleet.placement import Demand, Policy
 from llmgw.fleet.reconcile import ModelDeploy
+from llmgw.fleet.spread import DEFAULT_SPREAD, SpreadRule
 from llmgw.fleet.types import EngineSpec, LoraLaunch
 
 __all__ = ["ModelError", "deploy_of", "lora_launch"]
@@ -25,7 +26,9 @@ def deploy_of(m: ModelConfig) -> ModelDeploy | None:
                           env=tuple(tuple(kv.split("=", 1)) for kv in d.env),  # type: ignore[misc]
                           health_timeout_s=d.health_timeout_s, kv_events=d.kv_events, lora=lora_launch(m))
     demand = Demand(d.gpus, d.gpu_memory_mb, d.memory_mb, tuple(sorted(d.node_selector.items())))
-    return ModelDeploy(m.name, d.count, demand, template)
+    spread = DEFAULT_SPREAD if d.spread is None else tuple(SpreadRule(r.level, r.max_skew, r.hard) for r in d.spread)
+    policy = Policy(spread=spread, watts=d.watts, nodes=d.nodes, keep_within=d.keep_within or "")
+    return ModelDeploy(m.name, d.count, demand, template, policy)
 
 
 def lora_launch(m: ModelConfig) -> LoraLaunch | None:

@@ -39,6 +39,7 @@ from llmgw.config import (
     model_to_dict,
 )
 from llmgw.daemon.control.agent_sessions import AgentSessions
+from llmgw.daemon.control.facility import FacilityControl
 from llmgw.daemon.control.model_deploy import ModelError, deploy_of
 from llmgw.daemon.control.plane_actions import OperatorActions
 from llmgw.daemon.control.plane_views import model_views, node_views, replica_views
@@ -75,6 +76,7 @@ class ControlPlane(OperatorActions):
         self.adopt = adopt
         self.fresh_store = fresh_store
         self.unknown = UnknownEngines(self.guard)
+        self.facility = FacilityControl(cfg.facility, self.guard, store)  # holds, budgets, rebalancing
         self.urls: dict[str, str] = {}  # replica -> where its engine last answered ready (kept in the store)
         self._seen_wall: dict[str, float] = {}  # node -> wall time of its last hello in this run
         self._unloadable: dict[str, dict[str, Any]] = {}  # stored models this llmgw cannot load, as stored
@@ -193,6 +195,11 @@ class ControlPlane(OperatorActions):
 
     def agent_heard(self, node: str, agent_id: str) -> None:
         self._transitions(self.nodes.heard(node, agent_id, trio.current_time()))
+
+    def power_measured(self, node: str, watts: float) -> None:
+        n = self.nodes.nodes.get(node)
+        if n is not None:  # for placement's power budgets; kept in memory (the next hello carries it too)
+            n.facts = replace(n.facts, measured_watts=watts)
 
     def engine_reported(self, node: str, report: EngineReport) -> None:
         self._on_report(node, report)
@@ -386,7 +393,8 @@ class ControlPlane(OperatorActions):
             nodes = {name: replace(n, state="not_ready") if name in held and n.state == "ready" else n
                      for name, n in nodes.items()}
         plan = reconcile(self.deploys, nodes, list(self.assignments.values()),
-                         new_id=self._new_id, now_wall=time.time())
+                         new_id=self._new_id, now_wall=time.time(), facility=self.facility.round(now))
+        self.facility.warn(plan.warnings)
         drain_timeout = self.cfg.control.drain_timeout_s
         with self.guard.transaction("reconcile"):
             for rid, why in plan.lost:
@@ -401,6 +409,11 @@ class ControlPlane(OperatorActions):
                                   detail=f"gpus {list(a.spec.gpu_indices)}" if a.spec.gpu_indices else "")
                 log.info("replica %s of %s placed on %s", a.replica, a.model, a.node)
                 self.agents.push(a.node)
+            for rid, why in plan.moving:  # surge first: each drains once its replacement is ready
+                a = self.assignments[rid]
+                a.moving = why
+                self.guard.record("replica moving", replica=rid, model=a.model, node=a.node, detail=why)
+                log.info("replica %s of %s on %s moves: %s", rid, a.model, a.node, why)
             for rid, why in plan.drain:
                 a = self.assignments[rid]
                 a.desired, a.drain_since, a.reason = "drain", now, why
@@ -448,7 +461,8 @@ class ControlPlane(OperatorActions):
 
     # -- views (plane_views.py) -------------------------------------------------------------------
     def node_views(self) -> list[NodeView]:
-        return node_views(self.nodes.nodes.values(), self.assignments.values(), trio.current_time())
+        return node_views(self.nodes.nodes.values(), self.assignments.values(), trio.current_time(),
+                          held=self.facility.held_domains)
 
     def replica_views(self) -> list[ReplicaView]:
         return replica_views(self.assignments.values(), self.router)

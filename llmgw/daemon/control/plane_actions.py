@@ -6,6 +6,7 @@ whose state it works on."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -93,6 +94,26 @@ class OperatorActions:
                                 now=trio.current_time())
         self.nodes.set_operator_labels(node, merged)
         self._wake.set()
+
+    # -- the facility (facility.py) -----------------------------------------------------------------
+    facility: Any
+
+    def hold(self, domain: str, reason: str, drain: bool) -> Any:
+        """Hold a domain (DomainError: bad, or no node is in it; StoreUnavailable: nothing changed)."""
+        view = self.facility.hold(domain, reason, drain, self.nodes.nodes.values(), time.time())
+        self._wake.set()
+        return view
+
+    def release(self, domain: str) -> str:
+        out = self.facility.release(domain)
+        self._wake.set()
+        return out
+
+    def facility_view(self) -> Any:
+        return self.facility.view(self.nodes.nodes, self.assignments.values(), self.deploys)
+
+    def explain_placement(self, target: str) -> Any:
+        return self.facility.explain(target, self.nodes.nodes, self.assignments, self.deploys)
 
     def remove_labels(self, node: str, keys: list[str]) -> None:
         self.guard.must_write("remove_node_labels", node, keys)

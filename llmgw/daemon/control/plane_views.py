@@ -3,7 +3,7 @@ models, built from the plane's tables at the time of asking."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from llmgw.admin.schema import ModelView, NodeView, ReplicaView
 from llmgw.admin.views import node_facts_view
@@ -15,7 +15,9 @@ from llmgw.fleet.reconcile import Assignment
 __all__ = ["model_views", "node_views", "replica_views"]
 
 
-def node_views(nodes: Iterable[Node], assignments: Iterable[Assignment], now: float) -> list[NodeView]:
+def node_views(nodes: Iterable[Node], assignments: Iterable[Assignment], now: float,
+               held: Callable[[dict[str, str]], list[str]] = lambda labels: []) -> list[NodeView]:
+    """`held`: a node's labels -> the held facility domains it is in."""
     by_node: dict[str, list[str]] = {}
     for a in assignments:
         by_node.setdefault(a.node, []).append(a.replica)
@@ -27,7 +29,7 @@ def node_views(nodes: Iterable[Node], assignments: Iterable[Assignment], now: fl
             last_seen_s=None if n.last_seen is None else round(now - n.last_seen, 3),
             labels=n.labels, agent_labels=n.agent_labels, operator_labels=n.operator_labels,
             location=location(n.labels), facts=node_facts_view(n.facts),
-            replicas=sorted(by_node.get(n.name, [])),
+            replicas=sorted(by_node.get(n.name, [])), held=held(n.labels),
         ))
     return out
 

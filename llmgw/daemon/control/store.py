@@ -18,6 +18,7 @@ from llmgw.daemon.control.store_rows import (
     AssignmentRow,
     CredentialRow,
     HistoryRow,
+    HoldRow,
     NodeRow,
     StoreCorrupt,
     StoreError,
@@ -33,7 +34,8 @@ from llmgw.daemon.control.store_rows import (
 
 log = logging.getLogger("llmgw.control")
 
-__all__ = ["DESIRED_STATES", "SCHEMA_VERSION", "AssignmentRow", "CredentialRow", "HistoryRow", "NodeRow", "Store",
+__all__ = ["DESIRED_STATES", "SCHEMA_VERSION", "AssignmentRow", "CredentialRow", "HistoryRow", "HoldRow", "NodeRow",
+           "Store",
            "StoreCorrupt", "StoreError", "describe", "private_store_files"]
 
 
@@ -68,6 +70,12 @@ MIGRATIONS: list[str] = [
     CREATE TABLE node_credentials (
         node TEXT PRIMARY KEY, hash TEXT NOT NULL, issued_at REAL NOT NULL,
         confirmed_at REAL, revoked_at REAL);
+    """,
+    # 2 -> 3: facility holds (llmgw.fleet.domains): nothing new is placed in a held domain.
+    """
+    CREATE TABLE holds (
+        domain TEXT PRIMARY KEY, reason TEXT NOT NULL DEFAULT '', drain INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL);
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -381,3 +389,24 @@ class Store:
         with self.transaction():
             return self._conn.execute("UPDATE node_credentials SET revoked_at = ? WHERE node = ? AND revoked_at IS NULL",
                                       (at, check_name(node, "node"))).rowcount > 0
+
+    # -- facility holds
+
+    def put_hold(self, domain: str, *, reason: str, drain: bool, now: float | None = None) -> None:
+        """Hold a domain (or change its hold's reason and drain)."""
+        check_name(domain, "domain")
+        if not isinstance(reason, str) or not isinstance(drain, bool):
+            raise TypeError("reason must be a string and drain a bool")
+        with self.transaction():
+            self._conn.execute(
+                "INSERT INTO holds (domain, reason, drain, created_at) VALUES (?, ?, ?, ?) ON CONFLICT (domain) "
+                "DO UPDATE SET reason = excluded.reason, drain = excluded.drain",
+                (domain, reason, int(drain), time.time() if now is None else now))
+
+    def delete_hold(self, domain: str) -> bool:
+        with self.transaction():
+            return self._conn.execute("DELETE FROM holds WHERE domain = ?", (check_name(domain, "domain"),)).rowcount > 0
+
+    def holds(self) -> dict[str, HoldRow]:
+        rows = self._conn.execute("SELECT domain, reason, drain, created_at FROM holds ORDER BY domain")
+        return {d: HoldRow(d, r, bool(dr), c) for d, r, dr, c in rows}

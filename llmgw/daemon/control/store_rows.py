@@ -52,6 +52,15 @@ def describe(e: BaseException) -> str:
     return text.split(":")[0][:60] or type(e).__name__
 
 
+@dataclass(frozen=True)
+class HoldRow:
+    """A facility domain an operator holds: nothing new is placed in it; `drain` moves what runs there."""
+    domain: str  # LEVEL=VALUE (llmgw.fleet.domains)
+    reason: str
+    drain: bool
+    created_at: float
+
+
 @dataclass
 class NodeRow:
     name: str

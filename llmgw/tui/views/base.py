@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import tzinfo
-from typing import TYPE_CHECKING, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -39,6 +39,14 @@ class ConsoleHost(Protocol):
     def open_trace(self, request_id: str) -> None: ...
 
     def apply_labels(self, node: str, edit: LabelEdit) -> None: ...
+
+    def apply_hold(self, edit: Any) -> None:
+        """Hold or release a facility domain (llmgw.tui.holds.HoldEdit)."""
+        ...
+
+    def explain_placement(self, target: str) -> None:
+        """Show the placement explanation of a replica id or a model name."""
+        ...
 
 
 def row_key_at(table: DataTable[Text | str]) -> str | None:

@@ -1,9 +1,13 @@
 """Models and their replicas: placed replicas with the router's view of each (inflight, engine
-queue, KV use, breaker), static endpoints after them, and the selected replica's last log lines."""
+queue, KV use, breaker), static endpoints after them, and the selected replica's last log lines;
+`p` explains the selected replica's placement (or the selected model's next one)."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from llmgw.admin_client.printable import printable
@@ -26,6 +30,8 @@ class ModelsView(ConsoleView):
     title = "Models"
     summary = "models, and their replicas: state, load, breaker, last log lines"
     sections = frozenset({"models", "replicas", "endpoints"})
+    BINDINGS: ClassVar = [Binding("p", "explain_placement", "placement",
+                                  tooltip="why the selected replica is on its node (or where the model's next goes)")]
 
     def body(self) -> ComposeResult:
         yield Static("models", classes="section-title")
@@ -49,3 +55,12 @@ class ModelsView(ConsoleView):
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id == "replicas-table":
             self._show_detail(event.row_key.value)
+
+    def action_explain_placement(self) -> None:
+        models = self.query_one("#models-table", DataTable)
+        replicas = self.query_one("#replicas-table", DataTable)
+        target = row_key_at(models) if models.has_focus else row_key_at(replicas)
+        if target is None:
+            self.notify("no replica or model selected", severity="warning")
+            return
+        self.host.explain_placement(target)
