@@ -121,17 +121,17 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # health_timeout_s = 600.0       # an engine not healthy by then is reported failed, with its log
 # pool = "default"
 # weight = 1.0
-# [[models.adapters]]            # a LoRA adapter, asked for by its own name in "model" (docs/lora.md)
-# name = "qwen-7b-sql"
-# source = "/models/lora/qwen-sql"   # a path on the engine's node; vLLM: or a repository id; llama.cpp: a .gguf
-# static = false                 # vLLM: true = loaded at start, never unloaded; else loaded on demand
-# scale = 1.0                    # llama.cpp: the scale a request for it applies (the others get 0)
 # Facility-aware placement (docs/placement.md): unset spread = soft, max skew 1, over rooms,
 # rows, racks and PDUs; a hard rule refuses a node past it (a replica may then stay unplaced).
 # spread = [{ level = "rack", max_skew = 1, hard = true }, { level = "pdu", max_skew = 1 }]
 # watts = 700                    # declared draw of one replica, for [facility.budgets] (0: from the GPU table)
 # nodes = 1                      # nodes per replica (multi-node replicas are not run by the agents yet)
 # keep_within = "rack"           # a multi-node replica's nodes all in one domain of this level
+# [[models.adapters]]            # a LoRA adapter, asked for by its own name in "model" (docs/lora.md)
+# name = "qwen-7b-sql"
+# source = "/models/lora/qwen-sql"   # a path on the engine's node; vLLM: or a repository id; llama.cpp: a .gguf
+# static = false                 # vLLM: true = loaded at start, never unloaded; else loaded on demand
+# scale = 1.0                    # llama.cpp: the scale a request for it applies (the others get 0)
 
 [control]
 # The router's side of the agent stream. New nodes join with the join token (and get a
