@@ -15,7 +15,7 @@ from llmgw import cli
 from llmgw.completion import SHELLS, captured_parser
 
 CTL_COMMANDS = ["status", "nodes", "join-info", "join-token", "label", "models", "scale", "replicas", "restart",
-                "endpoints", "decisions", "explain"]
+                "endpoints", "decisions", "explain", "eval", "jobs", "suites"]
 
 
 @pytest.fixture(scope="module")

@@ -169,7 +169,7 @@ def test_help_reads_well() -> None:
     top_help = top.format_help()
     assert "examples:" in top_help and "llmgw ctl explain REQUEST_ID" in top_help
     assert set(subs.choices) == {"status", "nodes", "join-info", "join-token", "label", "models", "scale",
-                                 "replicas", "restart", "endpoints", "decisions", "explain"}
+                                 "replicas", "restart", "endpoints", "decisions", "explain", "eval", "jobs", "suites"}
 
 
 def test_errors_say_what_to_do(tmp_path: Path) -> None:

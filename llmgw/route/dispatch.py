@@ -111,6 +111,7 @@ class RouterCore:
         self.cache_stats = cache_stats
         self.counters = RouterCounters(wall)
         self.rng = rng
+        self.canary: dict[str, float] = {}  # model -> share of its requests sent to its candidate
         # Per-replica caps (a pool's max_inflight_per_replica), taken check-and-reserve.
         self.caps = ConcurrencyCaps()
         for rep in table.all_replicas():
@@ -124,12 +125,26 @@ class RouterCore:
 
     # -- 1. the request ------------------------------------------------------------------------
     def plan(self, kind: str, body: bytes, rid: str, *, strategy: str | None, session: str | None,
-             now: float) -> Plan:
+             now: float, revision: str | None = None) -> Plan:
+        """`revision="candidate"`: to the model's candidate revision (the eval runner's requests;
+        the shell checks who may ask). Otherwise the live revision — or, for a model with a
+        canary share (set_canary), the candidate for that share of requests."""
         b = parse_body(body, kind=kind)
-        resolved = self.table.resolve(b.model)
-        if resolved is None:
-            raise ApiError(404, f"The model `{b.model}` does not exist.", param="model",
-                           code="model_not_found")
+        if revision == "candidate":
+            resolved = self.table.resolve_candidate(b.model)
+            if resolved is None:
+                raise ApiError(404, f"The model `{b.model}` has no candidate revision.", param="model",
+                               code="model_not_found")
+        else:
+            resolved = self.table.resolve(b.model)
+            if resolved is None:
+                raise ApiError(404, f"The model `{b.model}` does not exist.", param="model",
+                               code="model_not_found")
+            share = self.canary.get(resolved[0].name) if self.canary else None
+            if share and self.rng.random() < share:
+                cand = self.table.resolve_candidate(b.model)
+                if cand is not None and any(not r.draining for r in cand[0].replicas):
+                    resolved = cand
         entry, adapter = resolved
         strat = self.strategy(entry, strategy)
         salt = b.obj.get("cache_salt")
@@ -163,6 +178,13 @@ class RouterCore:
                        if getattr(w, k) > 0 and k in self.sched.scorers}
             out[sc.name] = Strategy(sc.name, weights, sc.picker, sc.temperature)
         return out
+
+    def set_canary(self, model: str, share: float) -> None:
+        """Send `share` (0–1) of `model`'s client requests to its candidate revision (0: none)."""
+        if share > 0:
+            self.canary[model] = min(1.0, share)
+        else:
+            self.canary.pop(model, None)
 
     # -- 2. an attempt ---------------------------------------------------------------------------
     def next(self, plan: Plan, now: float, wall: float) -> Attempt | Ticket:
