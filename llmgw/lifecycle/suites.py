@@ -40,6 +40,7 @@ PARAM_KEYS = {"max_tokens": int, "temperature": float, "top_p": float, "seed": i
 CHECK_KEYS = ("contains", "not_contains", "regex", "equals", "json", "json_schema", "max_tokens",
               "max_ttft_ms", "max_latency_ms")
 ROLES = ("system", "user", "assistant")
+_SYNTAX_AT = re.compile(r"^(.*) \(at line (\d+), column (\d+)\)$", re.S)  # tomllib's message
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -108,8 +109,11 @@ def parse_suite(text: str, file: str = "suite", *, name: str | None = None) -> S
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        line = getattr(e, "lineno", None)
-        raise ConfigError([ConfigProblem(file, "", line, f"not valid TOML: {e}")]) from None
+        msg, line, col = str(e), text.count("\n") + 1, None
+        if m := _SYNTAX_AT.match(msg):
+            msg, line, col = m.group(1), int(m.group(2)), int(m.group(3))
+        raise ConfigError([ConfigProblem(file, "", line, f"not valid TOML: {msg.removesuffix(' (at end of document)')}",
+                                         col)]) from None
     p = _Problems(file, text)
     known = {"name", "description", "pass_threshold", "concurrency", "timeout_s", "cases"}
     for k in doc:
@@ -140,10 +144,12 @@ def parse_suite(text: str, file: str = "suite", *, name: str | None = None) -> S
         seen: set[str] = set()
         for i, c in enumerate(raw_cases):
             case = _case(p, c, ("cases", i), i)
+            cname = c.get("name") if isinstance(c, dict) else None
+            if isinstance(cname, str):
+                if cname in seen:
+                    p.add(("cases", i, "name"), f"a second case named {cname!r}")
+                seen.add(cname)
             if case is not None:
-                if case.name in seen:
-                    p.add(("cases", i, "name"), f"a second case named {case.name!r}")
-                seen.add(case.name)
                 cases.append(case)
     if p.items:
         raise ConfigError(p.items)
