@@ -151,8 +151,27 @@ def test_update_eval_promote_under_load_fails_no_request(fleet_factory: Any) -> 
         # the eval went through the normal request path: its decisions chose the candidate
         cand_reps = {r["replica"] for r in f.replicas("m#candidate")}
         assert cand_reps and any(d["chosen"] in cand_reps for d in f.get("/api/v1/decisions?limit=200"))
+        # a long stream on the live replica, in flight across the switch
+        stream: dict[str, Any] = {}
+        started = threading.Event()
+
+        def long_stream() -> None:
+            with httpx.stream("POST", f"{f.router.url}/v1/chat/completions", timeout=30, json={
+                    "model": "m", "messages": [{"role": "user", "content": "tell"}], "max_tokens": 500,
+                    "stream": True, "ignore_eos": True}) as r:
+                stream.update(status=r.status_code, endpoint=r.headers.get("x-llmgw-endpoint"))
+                started.set()
+                stream["text"] = r.read().decode()
+
+        t = threading.Thread(target=long_stream)
+        t.start()
+        assert started.wait(10)
         p = api(f, "POST", "/models/m/promote", json={"require_suites": ["ok"]})
         assert p.status_code == 200, p.text
+        assert t.is_alive()  # the switch came while the stream was in flight
+        t.join(30)
+        assert stream["status"] == 200 and stream["text"].rstrip().endswith("data: [DONE]"), stream
+        assert stream["endpoint"] == live_id
         assert p.json()["state"] == "succeeded"
         wait_for(lambda: {r["replica"] for r in f.replicas("m")} == cand_reps, 30)
         after = load.ok
@@ -223,3 +242,55 @@ def test_a_router_restart_resumes_an_update_job(fleet_factory: Any) -> None:  # 
     assert any("router restarted: resumed" in s["name"] for s in j["steps"])
     # an eval running at the restart would have failed; promote still works after it
     assert api(f, "POST", "/models/m/promote").status_code == 200
+
+
+def test_a_canary_share_reaches_the_candidate_and_is_shown(fleet_factory: Any) -> None:  # noqa: F811
+    f = fleet_factory([])
+    f.start_agent("a")
+    api_model(f, count=1)
+    up = api(f, "POST", "/models/m/update?canary=20", json={"deploy": {"args": [*FAST, "--sim-seed", "9"]}}).json()
+    assert wait_job(f, up["id"])["state"] == "succeeded"
+    cand = {r["replica"] for r in f.replicas("m#candidate")}
+    hits = 0
+    with httpx.Client(timeout=10) as c:
+        for _ in range(2000):
+            r = c.post(f"{f.router.url}/v1/chat/completions",
+                       json={"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
+            assert r.status_code == 200, r.text
+            hits += r.headers["x-llmgw-endpoint"] in cand
+    assert abs(hits / 2000 - 0.20) <= 0.03, hits
+    view = f.get("/api/v1/models/m/revisions")["canary"]
+    assert view["share"] == 0.2 and view["candidate"]["requests"] == hits
+    assert view["live"]["requests"] == 2000 - hits and view["candidate"]["error_rate"] == 0.0
+    assert view["candidate"]["ttft_ms_mean"] is not None
+
+
+def test_a_case_that_times_out_fails_and_the_run_goes_on(fleet_factory: Any) -> None:  # noqa: F811
+    f = fleet_factory([])
+    f.start_agent("a")
+    api_model(f, count=1, args=["--sim-decode-ms-per-token", "20", "--sim-output-len", "200"])  # 4 s an answer
+    suite = """name = "slow"
+pass_threshold = 0.5
+timeout_s = 0.5
+concurrency = 2
+[[cases]]
+name = "long"
+prompt = "x"
+params = { max_tokens = 300, ignore_eos = true }
+[[cases]]
+name = "short"
+prompt = "y"
+params = { max_tokens = 2 }
+"""
+    r = api(f, "PUT", "/suites/slow", json={"toml": suite})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["problems"][0]["message"].startswith(
+        "suite slow:8: cases[0].params.ignore_eos: unknown sampling parameter")
+    assert api(f, "PUT", "/suites/slow", json={"toml": suite.replace(", ignore_eos = true", "")}).status_code == 200
+    res = wait_job(f, api(f, "POST", "/models/m/eval", json={"suite": "slow"}).json()["id"])["result"]
+    assert res["revision"] == "live" and res["passed"] is True
+    long, short = res["cases"]
+    assert not long["passed"] and long["failures"] == ["timed out after 0.5 s"]
+    assert short["passed"]
+    assert api(f, "POST", "/models/m/eval", json={"suite": "nope"}).status_code == 404
+    assert api(f, "POST", "/models/m/eval", json={"suite": "slow", "revision": "candidate"}).status_code == 409

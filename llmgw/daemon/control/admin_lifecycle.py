@@ -10,10 +10,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from llmgw.admin.lifecycle_schema import SuiteView
+from llmgw.config import ConfigError
 from llmgw.lifecycle.revisions import LifecycleError
 from llmgw.lifecycle.suites import Suite
 
-__all__ = ["LIFECYCLE_HANDLERS"]
+__all__ = ["LIFECYCLE_HANDLERS", "BodyProblems"]
 
 Handler = Callable[[Any, Any], Awaitable[Any]]
 
@@ -80,8 +81,19 @@ async def get_suite(app: Any, call: Any) -> Any:
     return _suite_view(s)
 
 
+class BodyProblems(Exception):
+    """Problems with the body, each (field, message): a 400 listing them."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        super().__init__("; ".join(f"{f}: {m}" for f, m in problems))
+        self.problems = problems
+
+
 async def put_suite(app: Any, call: Any) -> Any:
-    return _suite_view(app.control.lifecycle.put_suite(call.params["name"], call.body.toml))
+    try:
+        return _suite_view(app.control.lifecycle.put_suite(call.params["name"], call.body.toml))
+    except ConfigError as e:  # each problem of the file, with its line: `suite NAME:LINE: key: what`
+        raise BodyProblems([("toml", str(p)) for p in e.problems]) from None
 
 
 async def delete_suite(app: Any, call: Any) -> Any:

@@ -41,7 +41,7 @@ from llmgw.admin.schema import (
 from llmgw.admin.validate import Invalid, from_json, query_value
 from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
-from llmgw.daemon.control.admin_lifecycle import LIFECYCLE_HANDLERS
+from llmgw.daemon.control.admin_lifecycle import LIFECYCLE_HANDLERS, BodyProblems
 from llmgw.daemon.control.node_identity import RotateError
 from llmgw.daemon.control.plane import ControlPlane, ModelError
 from llmgw.daemon.control.store_guard import StoreUnavailable
@@ -143,8 +143,10 @@ class AdminApp:
                 resp = await self._dispatch(req)
             except LifecycleError as e:
                 raise _Fail(e.status, str(e)) from None
+            except BodyProblems as e:
+                raise _invalid([Problem(f, m) for f, m in e.problems], "invalid_body") from None
             except ConfigError as e:
-                raise _invalid([Problem(p.key, str(p)) for p in e.problems], "invalid_body") from None
+                raise _invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
             except StoreUnavailable as e:
                 raise _Fail(503, f"The router's store cannot write ({e.reason}: {e.detail}), so this change was not "
                                  "made. The router keeps running from memory; retry once `llmgw ctl status` shows "

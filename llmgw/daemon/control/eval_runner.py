@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +62,7 @@ async def _ask(pool: UpstreamPool, target: EvalTarget, suite: Suite, case: Case,
                revision: str) -> Answer:
     body = case.request_body(model)
     body["stream_options"] = {"include_usage": True}
-    headers = [("content-type", "application/json"), ("x-request-id", f"eval-{trio.current_time():.6f}")]
+    headers = [("content-type", "application/json"), ("x-request-id", f"eval-{secrets.token_hex(8)}")]
     if revision == "candidate":
         headers += [(REVISION_HEADER, "candidate"), (INTERNAL_HEADER, target.internal_token)]
     if target.api_key:
