@@ -223,3 +223,12 @@ def test_the_canary_share_is_kept_within_three_points_over_2000_requests(share: 
     assert abs(n / 2000 - share) <= 0.03, n
     core.set_canary("m", 0)
     assert all(core.plan("chat", BODY, "r", strategy=None, session=None, now=0).model == "m" for _ in range(200))
+
+
+def test_a_case_lists_a_bounded_number_of_failures() -> None:
+    from llmgw.lifecycle.evals import MAX_FAILURE_CHARS, MAX_FAILURES
+    many = parse_suite('name = "x"\n[[cases]]\nprompt = "p"\n[cases.checks]\ncontains = [' +
+                       ", ".join(f'"{"w" * 500}{i}"' for i in range(40)) + "]\n").cases[0]
+    v = judge(many, Answer("nothing", tokens=1, ttft_ms=1, latency_ms=1))
+    assert len(v["failures"]) == MAX_FAILURES and v["failures"][-1] == f"and {40 - MAX_FAILURES + 1} more"
+    assert all(len(f) <= MAX_FAILURE_CHARS for f in v["failures"])

@@ -21,6 +21,8 @@ __all__ = ["EXCERPT_CHARS", "MAX_ANSWER_CHARS", "Answer", "compare", "judge", "s
 
 MAX_ANSWER_CHARS = 256 * 1024  # what the runner keeps of an answer (checks see at most this)
 EXCERPT_CHARS = 300  # what a result keeps of it
+MAX_FAILURES = 12  # failed checks listed per case
+MAX_FAILURE_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ def judge(case: Case, a: Answer) -> dict[str, Any]:
             fails.append(f"TTFT {_ms(a.ttft_ms)} > {c.max_ttft_ms:g} ms")
         if c.max_latency_ms is not None and (a.latency_ms is None or a.latency_ms > c.max_latency_ms):
             fails.append(f"latency {_ms(a.latency_ms)} > {c.max_latency_ms:g} ms")
+    if len(fails) > MAX_FAILURES:
+        fails = fails[:MAX_FAILURES - 1] + [f"and {len(fails) - MAX_FAILURES + 1} more"]
+    fails = [f if len(f) <= MAX_FAILURE_CHARS else f[:MAX_FAILURE_CHARS - 1] + "…" for f in fails]
     return {"name": case.name, "passed": not fails, "failures": fails, "excerpt": a.text[:EXCERPT_CHARS],
             "ttft_ms": _round(a.ttft_ms), "latency_ms": _round(a.latency_ms), "tokens": a.tokens,
             "error": a.error}

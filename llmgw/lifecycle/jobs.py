@@ -14,7 +14,7 @@ from typing import Any
 __all__ = ["JOB_KINDS", "MAX_DETAIL", "MAX_JOBS", "MAX_STEPS", "Job", "Step", "after_restart", "job_from_dict"]
 
 JOB_KINDS = ("update", "eval", "promote", "rollback")
-MAX_STEPS = 64  # a job's steps beyond this are merged into the last one
+MAX_STEPS = 32  # a job's steps beyond this are merged into the last one
 MAX_DETAIL = 4000  # characters of a detail (an engine's log tail is cut to this)
 MAX_JOBS = 1000  # jobs kept in memory and in the store; the oldest finished ones go first
 

@@ -59,7 +59,7 @@ async def list_jobs(app: Any, call: Any) -> Any:
     lc = app.control.lifecycle
     model = call.query["model"]
     jobs = [j for j in reversed(lc.jobs.values()) if model is None or j.model == model]
-    return [lc.job_view(j) for j in jobs[:call.query["limit"]]]
+    return [lc.job_view(j, result=False) for j in jobs[:call.query["limit"]]]
 
 
 async def get_job(app: Any, call: Any) -> Any:

@@ -52,7 +52,8 @@ log = logging.getLogger("llmgw.lifecycle")
 __all__ = ["Lifecycle", "LifecycleError"]
 
 MAX_SUITES = 1000
-MAX_RESULTS = 1000
+MAX_RESULTS = 200  # eval results kept (the newest); each holds at most 1,000 cases of a few KiB
+MAX_RUNNING_EVALS = 4  # eval jobs at once (each with its suite's concurrency)
 DEFAULT_READY_TIMEOUT_S = 900.0
 _FAILED_STATES = ("crashed", "failed", "crashloop")
 
@@ -244,7 +245,8 @@ class Lifecycle:
             self._save_job(job)
             return
         reps = self._candidate_replicas(job.model)
-        want = self.plane.deploys[candidate_key(job.model)].count
+        dep = self.plane.deploys.get(candidate_key(job.model))
+        want = dep.count if dep is not None else 0
         bad = [a for a in reps if a.engine_state in _FAILED_STATES]
         ready = [a for a in reps if a.engine_state == "ready" and p.router.replica_state(a.replica) is not None]
         if bad:
@@ -376,6 +378,9 @@ class Lifecycle:
 
     def model_deleted(self, name: str) -> None:
         """The model is deleted: its candidate goes with it (its replicas drain), its revisions too."""
+        for key in [k for k, r in self.results.items() if r.get("model") == name]:
+            del self.results[key]
+            self.plane.guard.write("delete_doc", "result", key)
         revs = self.revisions.pop(name, None)
         if revs is not None:
             self.plane.guard.write("delete_doc", "revisions", name)
@@ -419,6 +424,9 @@ class Lifecycle:
             raise LifecycleError(409, f"model {name} has no candidate: `llmgw ctl models update {name}` makes one")
         if self._nursery is None or self._pool is None or self._target is None:
             raise LifecycleError(409, "the router's OpenAI port is not listening yet; retry in a moment")
+        running = [j.id for j in self.jobs.values() if j.kind == "eval" and not j.done]
+        if len(running) >= MAX_RUNNING_EVALS:
+            raise LifecycleError(409, f"{len(running)} eval jobs are running ({', '.join(running)}); wait for one")
         rid = revs.candidate.id if revision == "candidate" and revs.candidate else revs.live_id
         job = self._new_job("eval", name, rid, suite=suite_name, revision=revision)
         job.step(f"running {len(suite.cases)} cases on {revision} {rid}", job.created_at,
@@ -460,10 +468,12 @@ class Lifecycle:
         self.plane.guard.record("eval " + verdict, model=name, detail=f"{suite.name} on {rid} (job {job.id})")
 
     # -- views ------------------------------------------------------------------------------------
-    def job_view(self, job: Job) -> dict[str, Any]:
+    def job_view(self, job: Job, *, result: bool = True) -> dict[str, Any]:
+        """The job as the admin API answers it; with `result`, an eval's whole result (a list of
+        jobs leaves it out: a result may hold a thousand cases)."""
         d = job.to_dict()
         key = job.params.get("result")
-        d["result"] = self.results.get(key) if isinstance(key, str) else None
+        d["result"] = self.results.get(key) if result and isinstance(key, str) else None
         return d
 
     def revisions_view(self, name: str) -> dict[str, Any]:
