@@ -22,7 +22,12 @@ import httpx
 
 from llmgw.admin_client.printable import printable
 from llmgw.admin_client.rationale import rationale_lines, text_table
-from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
+from llmgw.admin_client.target import (
+    TOKEN_ENV,
+    TargetError,
+    add_target_arguments,
+    resolve_target,
+)
 from llmgw.ctl_lifecycle import MODEL_ACTIONS, add_model_options, model_action, register
 from llmgw.ctl_views import model_text, status_text, store_line
 

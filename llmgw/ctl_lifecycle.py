@@ -53,9 +53,9 @@ def _job_text(j: dict[str, Any]) -> str:
 
 def _result_text(r: dict[str, Any]) -> str:
     t = r["totals"]
-    out = [f"suite {r['suite']} on {r['revision']} {r['revision_id']}: {'PASSED' if r['passed'] else 'FAILED'} "
-           f"{t['passed']}/{t['cases']} ({r['pass_rate']:.0%}, {r['threshold']:.0%} needed); "
-           f"TTFT p50 {t.get('ttft_ms_p50')} ms, latency p50 {t.get('latency_ms_p50')} ms"]
+    out = [(f"suite {r['suite']} on {r['revision']} {r['revision_id']}: {'PASSED' if r['passed'] else 'FAILED'} "
+            f"{t['passed']}/{t['cases']} ({r['pass_rate']:.0%}, {r['threshold']:.0%} needed); "
+            f"TTFT p50 {t.get('ttft_ms_p50')} ms, latency p50 {t.get('latency_ms_p50')} ms")]
     rows = [[c["name"], "pass" if c["passed"] else "FAIL", c.get("ttft_ms"), c.get("latency_ms"),
              "; ".join(c.get("failures", []))[:120]] for c in r["cases"]]
     out.append(T.table(rows, ["CASE", "RESULT", "TTFT_MS", "LATENCY_MS", "WHY"]))

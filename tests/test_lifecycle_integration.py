@@ -7,12 +7,10 @@ engine's log tail and live traffic is untouched; a router restart resumes an upd
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from .test_fleet_integration import Fleet, fleet_factory, sim_model  # noqa: F401 (fixture)
 from .test_sim_vllm import wait_for
@@ -118,7 +116,7 @@ def test_update_eval_promote_under_load_fails_no_request(fleet_factory: Any) -> 
         assert early.status_code == 409
         done = wait_job(f, up["id"])
         assert done["state"] == "succeeded", done
-        assert [s["name"] for s in done["steps"]][0] == "placing candidate replicas"
+        assert done["steps"][0]["name"] == "placing candidate replicas"
         rev = f.get("/api/v1/models/m/revisions")
         assert rev["live"] == "r1" and rev["candidate"]["id"] == "r2" and rev["candidate"]["ready"] == 1
         # the candidate takes no client traffic: every client request went to the live replica

@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 from llmgw.config import parse_config
 from llmgw.lifecycle.evals import Answer, compare, judge, summarize
-from llmgw.lifecycle.jobs import MAX_DETAIL, MAX_STEPS, Job, after_restart, job_from_dict
+from llmgw.lifecycle.jobs import (
+    MAX_DETAIL,
+    MAX_STEPS,
+    Job,
+    after_restart,
+    job_from_dict,
+)
 from llmgw.lifecycle.revisions import (
     LifecycleError,
     ModelRevisions,

@@ -270,6 +270,7 @@ def _open_store(path: str) -> tuple[Any, bool]:
 async def _router_role(cfg: Config, token: str | None, settle_s: float | None, adopt: bool,
                        task_status: trio.TaskStatus[dict[str, Any]]) -> None:
     from llmgw.daemon.control.admin_server import AdminApp, AdminSetupError, serve_admin
+    from llmgw.daemon.control.eval_runner import EvalTarget
     from llmgw.daemon.control.plane import ControlPlane
     from llmgw.daemon.control.store import StoreCorrupt
     from llmgw.daemon.control.store_guard import StoreMetrics
@@ -277,7 +278,6 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
     from llmgw.daemon.net.httpserver import serve_tcp
     from llmgw.daemon.net.upstream import UpstreamPool
     from llmgw.daemon.router.control_port import RouterAdapter
-    from llmgw.daemon.control.eval_runner import EvalTarget
     from llmgw.daemon.router.proxy import Router
     from llmgw.daemon.router.ready import announce_when_ready
     from llmgw.route.readiness import readiness

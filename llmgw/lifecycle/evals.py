@@ -111,7 +111,7 @@ def compare(result: dict[str, Any], live: dict[str, Any] | None) -> dict[str, An
 def _strip_fence(text: str) -> str:
     """Models often wrap JSON in a ``` fence: the fenced part, if the whole answer is one."""
     s = text.strip()
-    m = re.fullmatch(r"```[A-Za-z0-9]*\n(.*)\n```", s, re.S)
+    m = re.fullmatch(r"```[A-Za-z0-9]*\n(.*)\n```", s, re.DOTALL)
     return m.group(1) if m else s
 
 

@@ -86,9 +86,8 @@ def validate(value: Any, s: dict[str, Any], at: str = "$") -> str | None:
         return f"{at}: must equal {s['const']!r}"
     if "enum" in s and value not in s["enum"]:
         return f"{at}: not one of the enum values"
-    if isinstance(value, str):
-        if len(value) < s.get("minLength", 0) or len(value) > s.get("maxLength", len(value)):
-            return f"{at}: length {len(value)} out of bounds"
+    if isinstance(value, str) and not s.get("minLength", 0) <= len(value) <= s.get("maxLength", len(value)):
+        return f"{at}: length {len(value)} out of bounds"
     if type(value) in (int, float):
         if "minimum" in s and value < s["minimum"]:
             return f"{at}: below the minimum {s['minimum']}"

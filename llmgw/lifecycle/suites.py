@@ -40,7 +40,7 @@ PARAM_KEYS = {"max_tokens": int, "temperature": float, "top_p": float, "seed": i
 CHECK_KEYS = ("contains", "not_contains", "regex", "equals", "json", "json_schema", "max_tokens",
               "max_ttft_ms", "max_latency_ms")
 ROLES = ("system", "user", "assistant")
-_SYNTAX_AT = re.compile(r"^(.*) \(at line (\d+), column (\d+)\)$", re.S)  # tomllib's message
+_SYNTAX_AT = re.compile(r"^(.*) \(at line (\d+), column (\d+)\)$", re.DOTALL)  # tomllib's message
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 

@@ -42,18 +42,18 @@ from .breaker import NO_SLOT, FailureKind, Permit
 from .cache_stats import CacheStats
 from .counters import RouterCounters
 from .filters import is_saturated
-from .openai_req import ApiError, parse_body
 from .kv_scorer import KvCacheScorer
-from .prefix_scorer import PrefixRouting, PrefixScorerConfig
+from .names import PRESET_NAMES, SCORER_NAMES
+from .openai_req import ApiError, parse_body
 from .prefix_capacity import Capacity, PrefixConfig
+from .prefix_scorer import PrefixRouting, PrefixScorerConfig
 from .replicas import ModelEntry, Replica, ReplicaTable
 from .request_head import request_head
 from .scheduler import Scheduler
-from .names import PRESET_NAMES, SCORER_NAMES
 from .strategies import Strategy, StrategyError, resolve
 from .types import Decision, RequestInfo, SchedulerConfig
 
-__all__ = ["Plan", "RouterCore", "STRATEGY_HEADER", "KINDS"]
+__all__ = ["KINDS", "STRATEGY_HEADER", "Plan", "RouterCore"]
 
 STRATEGY_HEADER = "x-llmgw-strategy"
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}

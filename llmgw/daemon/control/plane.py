@@ -47,7 +47,12 @@ from llmgw.daemon.control.restore import restore_routing
 from llmgw.daemon.control.store import AssignmentRow, Store
 from llmgw.daemon.control.store_guard import StoreGuard
 from llmgw.daemon.control.store_state import read_state, write_state
-from llmgw.daemon.control.unknown_engines import KEPT_STATES, MAX_PER_NODE, UnknownEngines, adopted_model
+from llmgw.daemon.control.unknown_engines import (
+    KEPT_STATES,
+    MAX_PER_NODE,
+    UnknownEngines,
+    adopted_model,
+)
 from llmgw.daemon.router.control_port import RouterPort
 from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
@@ -362,7 +367,7 @@ class ControlPlane(OperatorActions):
         while True:
             try:
                 self.reconcile_once()
-            except Exception:  # noqa: BLE001 — a bug here must not take the router down with it
+            except Exception:
                 log.exception("reconcile failed; retrying")
             with trio.move_on_after(period):
                 await self._wake.wait()

@@ -48,15 +48,15 @@ from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
 from llmgw.route.dispatch import KINDS, STRATEGY_HEADER, Plan, RouterCore
+from llmgw.route.names import is_candidate_key
 from llmgw.route.openai_req import ApiError, error_body
 from llmgw.route.prefix_scorer import PrefixRouting
-from llmgw.route.names import is_candidate_key
 from llmgw.route.readiness import readiness
 from llmgw.route.types import Decision
 
 log = logging.getLogger("llmgw.router")
 
-__all__ = ["INTERNAL_HEADER", "REVISION_HEADER", "Router", "STRATEGY_HEADER"]
+__all__ = ["INTERNAL_HEADER", "REVISION_HEADER", "STRATEGY_HEADER", "Router"]
 
 REVISION_HEADER = "x-llmgw-revision"  # "candidate": to the model's candidate revision
 INTERNAL_HEADER = "x-llmgw-internal"  # with the router's internal token
