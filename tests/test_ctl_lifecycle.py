@@ -103,3 +103,22 @@ def test_bad_input_says_what_to_do(daemon: dict[str, Any]) -> None:
     assert r.returncode == 1 and "No suite 'nope'" in r.stderr
     r = ctl(*s, "models", "update", "m", "--canary", "150%")
     assert r.returncode == 2 and "0% to 100%" in r.stderr
+
+
+def test_a_profile_file_and_set_pairs_make_one_change(tmp_path: Path) -> None:
+    import argparse
+
+    from llmgw import ctl  # registers the helpers ctl_lifecycle uses
+    from llmgw.ctl_lifecycle import _change
+
+    ctl.parser()
+    prof = tmp_path / "p.toml"
+    prof.write_text('[[models]]\nstrategy = "batch"\n[models.deploy]\ncount = 3\nargs = ["--a"]\n')
+    ns = argparse.Namespace(file=str(prof), set=["deploy.count=4", "deploy.env=[\"X=1\"]"])
+    assert _change(ns) == {"strategy": "batch", "deploy": {"count": 4, "args": ["--a"], "env": ["X=1"]}}
+    assert _change(argparse.Namespace(file=None, set=None)) is None
+    prof.write_text("count = ")
+    with pytest.raises(ctl.CtlError, match="not valid TOML"):
+        _change(argparse.Namespace(file=str(prof), set=None))
+    with pytest.raises(ctl.CtlError, match="No such file"):
+        _change(argparse.Namespace(file=str(tmp_path / "none.toml"), set=None))

@@ -227,18 +227,25 @@ def test_a_candidate_that_never_becomes_ready_fails_its_job_and_live_serves_on(f
     assert f.get("/api/v1/models/m/revisions")["candidate"] is None
 
 
-def test_a_router_restart_resumes_an_update_job(fleet_factory: Any) -> None:  # noqa: F811
+def test_a_router_restart_resumes_an_update_job_and_fails_an_eval(fleet_factory: Any) -> None:  # noqa: F811
     f = fleet_factory([])
     f.start_agent("a")
-    api_model(f, count=1)
+    slow = ["--sim-decode-ms-per-token", "50"]  # 64 tokens: 3 s an answer
+    api_model(f, count=1, args=slow)
+    long = 'name = "long"\n[[cases]]\nprompt = "x"\nparams = { max_tokens = 60 }\n'  # about 3 s
+    assert api(f, "PUT", "/suites/long", json={"toml": long}).status_code == 200
     up = api(f, "POST", "/models/m/update",
-             json={"deploy": {"args": [*FAST, "--sim-load-seconds", "3"]}}).json()
+             json={"deploy": {"args": [*slow, "--sim-load-seconds", "3"]}}).json()
+    ev = api(f, "POST", "/models/m/eval", json={"suite": "long", "revision": "live"}).json()
+    assert job(f, ev["id"])["state"] == "running"
     f.stop_router()
     f.start_router()
+    gone = job(f, ev["id"])
+    assert gone["state"] == "failed" and "the router restarted" in gone["detail"]
+    assert gone["steps"][-1]["state"] == "failed"
     j = wait_job(f, up["id"], 40)
     assert j["state"] == "succeeded", j
     assert any("router restarted: resumed" in s["name"] for s in j["steps"])
-    # an eval running at the restart would have failed; promote still works after it
     assert api(f, "POST", "/models/m/promote").status_code == 200
 
 
