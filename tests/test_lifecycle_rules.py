@@ -238,3 +238,12 @@ def test_a_case_lists_a_bounded_number_of_failures() -> None:
     v = judge(many, Answer("nothing", tokens=1, ttft_ms=1, latency_ms=1))
     assert len(v["failures"]) == MAX_FAILURES and v["failures"][-1] == f"and {40 - MAX_FAILURES + 1} more"
     assert all(len(f) <= MAX_FAILURE_CHARS for f in v["failures"])
+
+
+def test_a_damaged_stored_live_result_is_compared_without_raising() -> None:
+    every, _ = SUITE.cases
+    cases = [judge(every, Answer("red", tokens=1, ttft_ms=10, latency_ms=20))]
+    mine = {**summarize(SUITE, cases), "cases": cases}
+    for live in ({"cases": "x", "totals": 3}, {"cases": [1, None, {"name": "all"}]}, {}):
+        c = compare(mine, live)
+        assert c is not None and c["newly_failing"] == [] and c["live_ttft_ms_p50"] is None

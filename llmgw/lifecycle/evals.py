@@ -98,8 +98,9 @@ def compare(result: dict[str, Any], live: dict[str, Any] | None) -> dict[str, An
     if live is None:
         return None
     mine = {c["name"]: c["passed"] for c in result["cases"]}
-    theirs = {c["name"]: c["passed"] for c in live.get("cases", [])}
-    t, lt = result["totals"], live.get("totals", {})
+    cases = live.get("cases")  # a stored result: what the disk holds is checked, not trusted
+    theirs = {c.get("name"): c.get("passed") for c in cases if isinstance(c, dict)} if isinstance(cases, list) else {}
+    t, lt = result["totals"], live.get("totals") if isinstance(live.get("totals"), dict) else {}
     return {"live_revision_id": live.get("revision_id"), "live_at": live.get("ended_at"),
             "pass_rate": result["pass_rate"], "live_pass_rate": live.get("pass_rate"),
             "ttft_ms_p50": t.get("ttft_ms_p50"), "live_ttft_ms_p50": lt.get("ttft_ms_p50"),

@@ -86,7 +86,7 @@ class Lifecycle(EvalsAndViews):
                 self.suites[name] = parse_suite(str(d["toml"]), f"stored suite {name}", name=name)
             except (ConfigError, KeyError) as e:
                 log.error("stored suite %s is invalid and is ignored: %s", name, e)
-        self.results = st.docs("result")
+        self.results = {k: r for k, r in st.docs("result").items() if isinstance(r, dict)}
         for jid, d in st.docs("job").items():
             try:
                 self.jobs[jid] = job_from_dict(d)

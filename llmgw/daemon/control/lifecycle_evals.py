@@ -95,15 +95,17 @@ class EvalsAndViews:
         return job
 
     async def _eval(self, job: Job, suite: Suite, name: str, revision: str, rid: str) -> None:
+        try:
+            await self._run_eval(job, suite, name, revision, rid)
+        except Exception as e:  # noqa: BLE001 — a bug (or a damaged stored result) fails the job, never the router
+            log.exception("eval job %s failed", job.id)
+            job.fail(time.time(), f"the eval failed: {e}")
+            self._save_job(job)
+
+    async def _run_eval(self, job: Job, suite: Suite, name: str, revision: str, rid: str) -> None:
         assert self._pool is not None and self._target is not None
         started = time.time()
-        try:
-            cases = await run_cases(self._pool, self._target, suite, name, revision)
-        except Exception as e:
-            log.exception("eval job %s failed", job.id)
-            job.fail(time.time(), f"the runner failed: {e}")
-            self._save_job(job)
-            return
+        cases = await run_cases(self._pool, self._target, suite, name, revision)
         result = {"suite": suite.name, "model": name, "revision": revision, "revision_id": rid,
                   "job": job.id, "started_at": started, "ended_at": time.time(), **summarize(suite, cases),
                   "cases": cases}
