@@ -29,6 +29,7 @@ from llmgw.ctl_views import (
     ADAPTER_HEADERS, KV_HEADERS, adapter_rows, adapters_footer, kv_rows, kv_summary_lines, model_text,
     status_text, store_line,
 )
+from llmgw.ctl_lifecycle import MODEL_ACTIONS, add_model_options, model_action, register
 
 __all__ = ["CtlError", "main", "store_line"]
 
@@ -286,6 +287,12 @@ def cmd_label(api: Admin, ns: argparse.Namespace) -> None:
 
 
 def cmd_models(api: Admin, ns: argparse.Namespace) -> None:
+    if ns.name in MODEL_ACTIONS and ns.target:
+        model_action(api, ns)
+        return
+    if ns.target is not None:
+        raise CtlError(f"models {ns.name} {ns.target}: expected `models [NAME]` or `models "
+                       f"{'|'.join(MODEL_ACTIONS)} NAME`")
     if ns.name:
         definition = api.call("GET", f"/models/{quote(ns.name, safe='')}")
         if ns.output == "json":
@@ -484,7 +491,11 @@ def parser() -> argparse.ArgumentParser:
              "Models with their ready/desired replicas and why any cannot be placed. With a name: that "
              "model's readiness, then its whole definition as the config file's keys (-o json: the "
              "definition alone).")
-    sp.add_argument("name", nargs="?", metavar="NAME", help="one model's name: show it in detail")
+    sp.add_argument("name", nargs="?", metavar="NAME | " + " | ".join(MODEL_ACTIONS),
+                    help="one model's name: show it in detail; or update, promote, rollback, revisions with the "
+                         "MODEL to act on (docs/lifecycle.md)")
+    sp.add_argument("target", nargs="?", metavar="MODEL", help="with an action: the model")
+    add_model_options(sp)
     sp = add("scale", cmd_scale, "set a model's replica count")
     sp.add_argument("model", metavar="MODEL", help="the model's name")
     sp.add_argument("replicas", type=int, metavar="N",
@@ -521,6 +532,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", help="with no REQUEST_ID: only this model's traces")
     sp.add_argument("--outcome", help="with no REQUEST_ID: only traces that ended so (ok, upstream_failed, ...)")
     sp.add_argument("--limit", type=int, default=20, metavar="N", help="at most N, newest first (default: 20)")
+    register(add, {"emit": emit, "table": table, "error": CtlError})
     return p
 
 

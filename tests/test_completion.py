@@ -15,7 +15,7 @@ from llmgw import cli
 from llmgw.completion import SHELLS, captured_parser
 
 CTL_COMMANDS = ["status", "nodes", "join-info", "join-token", "label", "facility", "explain-placement", "models", "scale", "replicas", "restart",
-                "endpoints", "adapters", "decisions", "explain", "kv", "trace"]
+                "endpoints", "adapters", "decisions", "explain", "kv", "trace", "eval", "jobs", "suites"]
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ def test_facility_label_values_are_names() -> None:
 
 def test_holds_are_kept_in_the_store() -> None:
     st = Store.memory()
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION >= 3  # holds came with 3
     st.put_hold("rack=r1", reason="swap", drain=True, now=5.0)
     st.put_hold("rack=r1", reason="swap PDU", drain=False, now=9.0)  # changes reason and drain, keeps the time
     h = st.holds()["rack=r1"]

@@ -1,6 +1,6 @@
 """The layering contract of llmgw, read from the source with ``ast`` (nothing is imported):
 
-- the pure core (llmgw/route, fleet, kv, admin, sim, http1) imports no I/O, concurrency or OS
+- the pure core (llmgw/route, fleet, kv, admin, sim, http1, lifecycle) imports no I/O, concurrency or OS
   module and nothing of the shell (llmgw.daemon) or of the commands (tui, ctl, cli), neither at
   the top nor inside functions;
 - the core reads no clock and draws no randomness of its own: a clock or an rng comes in as a
@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "llmgw"
-CORE = ("route", "fleet", "kv", "admin", "sim", "http1")  # folders of llmgw/ that are the pure core
+CORE = ("route", "fleet", "kv", "admin", "sim", "http1", "lifecycle")  # folders of llmgw/ that are the pure core
 
 # What the core may not import (these modules and everything under them).
 CORE_MAY_NOT_IMPORT = (

@@ -152,7 +152,7 @@ def _operation(r: Route, c: _Components) -> dict[str, Any]:
     if params:
         op["parameters"] = params
     if r.body is not None:
-        op["requestBody"] = {"required": True, "content": {_JSON: {"schema": c.schema(r.body)}}}
+        op["requestBody"] = {"required": not r.body_optional, "content": {_JSON: {"schema": c.schema(r.body)}}}
     responses: dict[str, Any] = {}
     for status in r.statuses:
         if status == r.status:

@@ -16,6 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
+from llmgw.admin.lifecycle_schema import (
+    EvalBody,
+    JobView,
+    PromoteBody,
+    RevisionsView,
+    SuiteBody,
+    SuiteView,
+    UpdateBody,
+)
 from llmgw.admin.schema import (
     AdapterSummary,
     CacheSummary,
@@ -88,6 +97,7 @@ class Route:
     stream: bool = False  # NDJSON: one `response` a line, until the client leaves
     greedy: frozenset[str] = field(default_factory=frozenset)  # path parameters that may hold "/"
     links: tuple[Link, ...] = ()
+    body_optional: bool = False  # the body may be left out (an empty request body)
 
     @property
     def path_params(self) -> tuple[str, ...]:
@@ -163,6 +173,52 @@ ROUTES: tuple[Route, ...] = (
           body=ScaleBody, errors=(409, 503), tag="models", greedy=frozenset({"name"}),
           description="Sets its deploy profile's count (409 if it has none: static replicas do not scale). "
                       "A config-file model may be scaled: the count is an operator override." + _STORE_503),
+    # the model lifecycle: revisions, evals, jobs, suites (docs/lifecycle.md)
+    Route("POST", f"{PREFIX}/models/{{name}}/update", "update_model", "Make a candidate revision", JobView,
+          status=202, body=UpdateBody, body_optional=True, errors=(409, 503), tag="lifecycle",
+          greedy=frozenset({"name"}), links=(Link("get_job", "id", "id"),),
+          query=(QueryParam("canary", float, "percent of the model's client requests sent to the candidate once "
+                            "it is ready", default=0.0, minimum=0, maximum=100),
+                 QueryParam("ready_timeout_s", float, "the job fails if the candidate is not ready by then",
+                            default=900.0, minimum=1, maximum=86400)),
+          description="The body holds the changed parts of the definition (tables merge key by key); no body "
+                      "re-rolls the current one. The candidate's replicas are placed beside the live ones and "
+                      "take no client traffic (but the canary share). Answers the update job at once: it "
+                      "succeeds when every candidate replica is ready, or fails with the engines' log tail "
+                      "(the candidate is then discarded; live traffic is never touched). 409: a candidate or "
+                      "an update job exists, a model from the config file, static replicas only." + _STORE_503),
+    Route("POST", f"{PREFIX}/models/{{name}}/promote", "promote_model", "Make the candidate live", JobView,
+          body=PromoteBody, body_optional=True, errors=(409, 503), tag="lifecycle", greedy=frozenset({"name"}),
+          description="Its replicas take the model's client traffic at once; the old ones drain after their "
+                      "in-flight requests. 409 (nothing changes) without a candidate, with candidate replicas "
+                      "not ready, or when a required suite has not passed on this candidate." + _STORE_503),
+    Route("POST", f"{PREFIX}/models/{{name}}/rollback", "rollback_model", "Discard the candidate, or undo a promote",
+          JobView, errors=(409, 503), tag="lifecycle", greedy=frozenset({"name"}),
+          description="With a candidate: it is discarded (its replicas drain and stop). Without one, within "
+                      "an hour of a promote: the previous revision comes back as a candidate and is promoted "
+                      "once ready. 409 when there is nothing to roll back." + _STORE_503),
+    Route("POST", f"{PREFIX}/models/{{name}}/eval", "eval_model", "Run an eval suite", JobView, status=202,
+          body=EvalBody, errors=(409,), tag="lifecycle", greedy=frozenset({"name"}),
+          links=(Link("get_job", "id", "id"),),
+          description="Runs the suite against the revision's replicas through the router's OpenAI port (so "
+                      "routing, decisions and metrics apply) and answers the eval job at once; its `result` "
+                      "is there when it ends. 409: no candidate to run on."),
+    Route("GET", f"{PREFIX}/models/{{name}}/revisions", "get_revisions", "A model's revisions", RevisionsView,
+          tag="lifecycle", greedy=frozenset({"name"}),
+          description="Live, candidate (with its replicas' readiness) and the revision a rollback brings back; "
+                      "with a canary, the candidate's and the live revision's error rates and TTFT."),
+    Route("GET", f"{PREFIX}/jobs", "list_jobs", "Lifecycle jobs", list[JobView], tag="lifecycle",
+          query=(QueryParam("model", str, "only this model's"),
+                 QueryParam("limit", int, "at most this many, the newest", default=100, minimum=1, maximum=1000)),
+          description="Newest first, with their steps (an eval's result: GET the job)."),
+    Route("GET", f"{PREFIX}/jobs/{{id}}", "get_job", "A job", JobView, tag="lifecycle"),
+    Route("GET", f"{PREFIX}/suites", "list_suites", "Eval suites", list[SuiteView], tag="lifecycle"),
+    Route("GET", f"{PREFIX}/suites/{{name}}", "get_suite", "An eval suite", SuiteView, tag="lifecycle"),
+    Route("PUT", f"{PREFIX}/suites/{{name}}", "put_suite", "Create or replace an eval suite", SuiteView,
+          body=SuiteBody, errors=(409, 503), tag="lifecycle", links=(Link("get_suite", "name", "name"),),
+          description="The TOML text; 400 lists every problem as `suite NAME:LINE: key: what`." + _STORE_503),
+    Route("DELETE", f"{PREFIX}/suites/{{name}}", "delete_suite", "Delete an eval suite", None, status=204,
+          errors=(503,), tag="lifecycle", description="Its stored results stay." + _STORE_503),
     # replicas and endpoints
     Route("GET", f"{PREFIX}/replicas", "list_replicas", "List placed replicas", list[ReplicaView], tag="replicas",
           query=(QueryParam("model", str, "only this model's"), QueryParam("node", str, "only this node's"))),

@@ -270,6 +270,7 @@ def _open_store(path: str) -> tuple[Any, bool]:
 async def _router_role(cfg: Config, token: str | None, settle_s: float | None, adopt: bool,
                        task_status: trio.TaskStatus[dict[str, Any]]) -> None:
     from llmgw.daemon.control.admin_server import AdminApp, AdminSetupError, serve_admin
+    from llmgw.daemon.control.eval_runner import EvalTarget
     from llmgw.daemon.control.plane import ControlPlane
     from llmgw.daemon.control.store import StoreCorrupt
     from llmgw.daemon.control.store_guard import StoreMetrics
@@ -345,7 +346,20 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                     router.handle, cfg.server.host, cfg.server.port, task_status=task_status,
                     **router.server_options()))
                 url = f"http://{cfg.server.host}:{port}"
+                # eval runs go through the OpenAI port, as a client on this machine (lifecycle.py)
+                control.lifecycle.attach(inner, pool, EvalTarget(
+                    _loopback_url(cfg.server.host, port), router.internal_token,
+                    cfg.server.api_keys[0] if cfg.server.api_keys else None))
                 info.update({"url": url, "port": port, "models": [m.name for m in cfg.models]})
                 log.info("router listening on %s", url)
                 inner.start_soon(lambda: announce_when_ready(lambda: readiness(router.registry), url))
                 task_status.started(info)
+
+
+def _loopback_url(host: str, port: int) -> str:
+    """The OpenAI port as this machine reaches it (a wildcard address is dialled on loopback)."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -44,20 +44,21 @@ from .breaker import NO_SLOT, FailureKind, Permit
 from .cache_stats import CacheStats
 from .counters import RouterCounters
 from .filters import is_saturated
-from .openai_req import ApiError, parse_body
 from .kv_scorer import KvCacheScorer
 from .lora_body import request_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
+from .names import PRESET_NAMES, SCORER_NAMES, is_candidate_key
+from .openai_req import ApiError, parse_body
 from .prefix_capacity import Capacity, PrefixConfig
+from .prefix_scorer import PrefixRouting, PrefixScorerConfig
 from .replicas import ModelEntry, Replica, ReplicaTable
 from .request_head import request_head
 from .scheduler import Scheduler
-from .names import PRESET_NAMES, SCORER_NAMES
 from .strategies import Strategy, StrategyError, resolve
 from .trace import MAX_NAME, AttemptRecord, Trace, TraceRing
 from .types import Decision, RequestInfo, SchedulerConfig
 
-__all__ = ["Plan", "RouterCore", "STRATEGY_HEADER", "KINDS"]
+__all__ = ["KINDS", "STRATEGY_HEADER", "Plan", "RouterCore"]
 
 STRATEGY_HEADER = "x-llmgw-strategy"
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
@@ -125,6 +126,7 @@ class RouterCore:
         # each one as it ends.
         self.traces = TraceRing(rc.traces.kept)
         self.on_trace_end: Callable[[Trace], None] | None = None
+        self.canary: dict[str, float] = {}  # model -> share of its requests sent to its candidate
         # Per-replica caps (a pool's max_inflight_per_replica), taken check-and-reserve.
         self.caps = ConcurrencyCaps()
         for rep in table.all_replicas():
@@ -142,18 +144,34 @@ class RouterCore:
 
     # -- 1. the request ------------------------------------------------------------------------
     def plan(self, kind: str, body: bytes, rid: str, *, strategy: str | None, session: str | None,
-             now: float) -> Plan:
+             now: float, revision: str | None = None) -> Plan:
+        """`revision="candidate"`: to the model's candidate revision (the eval runner's requests;
+        the shell checks who may ask). Otherwise the live revision — or, for a model with a
+        canary share (set_canary), the candidate for that share of requests."""
         trace = Trace(rid, name=kind, started=now, wall=self._wall(), bytes_out=len(body))
         trace.mark("prepare", now)
         self.traces.add(trace)
         try:
             b = parse_body(body, kind=kind)
             trace.model, trace.stream = b.model[:MAX_NAME], b.stream  # a client's name: bounded
-            resolved = self.table.resolve(b.model)
-            if resolved is None:
-                raise ApiError(404, f"The model `{b.model}` does not exist.", param="model",
-                               code="model_not_found")
+            if revision == "candidate":
+                resolved = self.table.resolve_candidate(b.model)
+                if resolved is None:
+                    raise ApiError(404, f"The model `{b.model}` has no candidate revision.", param="model",
+                                   code="model_not_found")
+            else:
+                resolved = self.table.resolve(b.model)
+                if resolved is None:
+                    raise ApiError(404, f"The model `{b.model}` does not exist.", param="model",
+                                   code="model_not_found")
+                share = self.canary.get(resolved[0].name) if self.canary else None
+                if share and self.rng.random() < share:
+                    cand = self.table.resolve_candidate(b.model)
+                    if cand is not None and any(not r.draining for r in cand[0].replicas):
+                        resolved = cand
             entry, adapter = resolved
+            if is_candidate_key(entry.name):  # an eval's request, or the canary's share
+                trace.revision = "candidate"
             strat = self.strategy(entry, strategy)
         except ApiError as e:  # refused: its trace ends here (the shell counts the request)
             self._trace_done(trace, now, "rejected", e.status)
@@ -189,6 +207,13 @@ class RouterCore:
                        if getattr(w, k) > 0 and k in self.sched.scorers}
             out[sc.name] = Strategy(sc.name, weights, sc.picker, sc.temperature)
         return out
+
+    def set_canary(self, model: str, share: float) -> None:
+        """Send `share` (0–1) of `model`'s client requests to its candidate revision (0: none)."""
+        if share > 0:
+            self.canary[model] = min(1.0, share)
+        else:
+            self.canary.pop(model, None)
 
     # -- 2. an attempt ---------------------------------------------------------------------------
     def next(self, plan: Plan, now: float, wall: float) -> Attempt | Ticket | Load:
@@ -266,7 +291,7 @@ class RouterCore:
             if trace is not None:
                 if trace.attempts:
                     trace.attempts[-1].retried = True
-                a.record = AttemptRecord(plan.attempts, chosen, rep.node, getattr(rep, "revision", ""),
+                a.record = AttemptRecord(plan.attempts, chosen, rep.node, trace.revision,
                                          trace.decisions - 1, now)
                 trace.attempts.append(a.record)
             plan.retry_5xx = plan.suspect is None and plan.attempts < self.rc.max_attempts

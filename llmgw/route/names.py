@@ -13,10 +13,24 @@ A new scorer, picker or preset: add its name here, then its implementation.
 
 from __future__ import annotations
 
-__all__ = ["SCORER_NAMES", "PICKER_NAMES", "PRESET_NAMES", "DEFAULT_PICKER"]
+__all__ = ["CANDIDATE_SUFFIX", "SCORER_NAMES", "PICKER_NAMES", "PRESET_NAMES", "DEFAULT_PICKER", "candidate_key",
+           "is_candidate_key"]
 
 SCORER_NAMES = ("load", "queue", "kv", "inflight", "weight", "session", "prefix", "kv_cache")
 PICKER_NAMES = ("max-score", "power-of-two", "softmax", "round-robin")
 PRESET_NAMES = ("chat", "batch", "long-context", "load-balance")
 
 DEFAULT_PICKER = "max-score"  # a strategy that names no picker
+
+
+# A model's candidate revision is routed under its own key (llmgw.lifecycle.revisions): no client
+# request resolves to it (ReplicaTable.resolve), only the eval runner's and the canary share.
+CANDIDATE_SUFFIX = "#candidate"
+
+
+def candidate_key(model: str) -> str:
+    return model + CANDIDATE_SUFFIX
+
+
+def is_candidate_key(name: str) -> bool:
+    return name.endswith(CANDIDATE_SUFFIX)

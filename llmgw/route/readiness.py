@@ -5,7 +5,8 @@ Ready means every model that should have replicas has at least one that can take
 routed in (the control plane routes a placed replica in once its engine answers; a static one is
 routed from the start), not draining, and its breaker not open. A model "should have replicas"
 when its config asks for some (static ``[[models.replicas]]`` or a ``[models.deploy] count`` above
-0) or when it has some routed anyway (adopted). A router with no such model is ready: there is
+0) or when it has some routed anyway (adopted). A candidate revision's replicas
+(llmgw.lifecycle) are not waited for: they take no client traffic. A router with no such model is ready: there is
 nothing to wait for. Pure: reads the replica table, changes nothing."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .breaker import OPEN
+from .names import is_candidate_key
 from .replicas import ModelEntry, Replica, ReplicaTable
 
 __all__ = ["ModelReadiness", "Readiness", "readiness"]
@@ -73,4 +75,5 @@ def _of(entry: ModelEntry) -> ModelReadiness:
 
 def readiness(table: ReplicaTable) -> Readiness:
     """The router's readiness now: each model that should have replicas, and whether one serves."""
-    return Readiness(tuple(_of(e) for name, e in sorted(table.models.items()) if e.wanted > 0 or e.replicas))
+    return Readiness(tuple(_of(e) for name, e in sorted(table.models.items())
+                           if (e.wanted > 0 or e.replicas) and not is_candidate_key(name)))

@@ -16,6 +16,7 @@ from llmgw.config import AdapterConfig, Config, ModelConfig
 
 from .breaker import Breaker, BreakerConfig
 from .contract import DrainRate, ScrapeResult
+from .names import candidate_key, is_candidate_key
 from .types import EndpointView
 
 __all__ = ["ModelEntry", "Replica", "ReplicaTable", "wanted_replicas"]
@@ -141,12 +142,25 @@ class ReplicaTable:
         return entry.replicas
 
     def resolve(self, name: str) -> tuple[ModelEntry, str | None] | None:
-        """A requested model name → (base model entry, adapter or None)."""
+        """A requested model name → (base model entry, adapter or None). A candidate revision's
+        key (``NAME#candidate``) resolves to nothing here: see resolve_candidate."""
         entry = self.models.get(name)
-        if entry is not None:
+        if entry is not None and not is_candidate_key(name):
             return entry, None
         for entry in self.models.values():
-            if name in entry.adapters or name in entry.declared:
+            if (name in entry.adapters or name in entry.declared) and not is_candidate_key(entry.name):
+                return entry, name
+        return None
+
+    def resolve_candidate(self, name: str) -> tuple[ModelEntry, str | None] | None:
+        """Model `name`'s candidate revision (its entry, or the entry holding adapter `name`)."""
+        entry = self.models.get(candidate_key(name))
+        if entry is not None:
+            return entry, None
+        live = self.resolve(name)
+        if live is not None and live[1] is not None:
+            entry = self.models.get(candidate_key(live[0].name))
+            if entry is not None and (name in entry.adapters or name in entry.declared):
                 return entry, name
         return None
 

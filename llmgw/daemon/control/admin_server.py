@@ -44,6 +44,7 @@ from llmgw.admin.schema_facility import PlacementCandidate, PlacementExplanation
 from llmgw.admin.validate import Invalid, from_json, query_value
 from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
+from llmgw.daemon.control.admin_lifecycle import LIFECYCLE_HANDLERS, BodyProblems
 from llmgw.daemon.control.node_identity import RotateError
 from llmgw.daemon.control.plane import ControlPlane, ModelError
 from llmgw.daemon.control.store_guard import StoreUnavailable
@@ -56,6 +57,7 @@ from llmgw.daemon.net.httpserver import (
 )
 from llmgw.daemon.router.control_port import RouterPort
 from llmgw.fleet.domains import DomainError
+from llmgw.lifecycle.revisions import LifecycleError
 from llmgw.route.types import Decision
 
 log = logging.getLogger("llmgw.admin")
@@ -118,6 +120,9 @@ def _handles(name: str) -> Callable[[_Handler], _Handler]:
     return register
 
 
+_HANDLERS.update(LIFECYCLE_HANDLERS)  # the model lifecycle's (admin_lifecycle.py)
+
+
 class AdminApp:
     def __init__(self, control: ControlPlane, router: RouterPort, *, token: str | None = None,
                  events_tick_s: float = 1.0, ping_s: float = 5.0, decisions_poll_s: float = 0.1) -> None:
@@ -140,6 +145,12 @@ class AdminApp:
         try:
             try:
                 resp = await self._dispatch(req)
+            except LifecycleError as e:
+                raise _Fail(e.status, str(e)) from None
+            except BodyProblems as e:
+                raise _invalid([Problem(f, m) for f, m in e.problems], "invalid_body") from None
+            except ConfigError as e:
+                raise _invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
             except StoreUnavailable as e:
                 raise _Fail(503, f"The router's store cannot write ({e.reason}: {e.detail}), so this change was not "
                                  "made. The router keeps running from memory; retry once `llmgw ctl status` shows "
@@ -205,6 +216,8 @@ class AdminApp:
         if route.body is None:
             return None
         if not req.body.strip():
+            if route.body_optional:
+                return None
             raise _Fail(400, "A JSON body is required.", code="invalid_body")
         try:
             data = json.loads(req.body)

@@ -40,6 +40,7 @@ from llmgw.config import (
 )
 from llmgw.daemon.control.agent_sessions import AgentSessions
 from llmgw.daemon.control.facility import FacilityControl
+from llmgw.daemon.control.lifecycle import Lifecycle
 from llmgw.daemon.control.model_deploy import ModelError, deploy_of
 from llmgw.daemon.control.plane_actions import OperatorActions
 from llmgw.daemon.control.plane_views import model_views, node_views, replica_views
@@ -47,7 +48,12 @@ from llmgw.daemon.control.restore import restore_routing
 from llmgw.daemon.control.store import AssignmentRow, Store
 from llmgw.daemon.control.store_guard import StoreGuard
 from llmgw.daemon.control.store_state import read_state, write_state
-from llmgw.daemon.control.unknown_engines import KEPT_STATES, MAX_PER_NODE, UnknownEngines, adopted_model
+from llmgw.daemon.control.unknown_engines import (
+    KEPT_STATES,
+    MAX_PER_NODE,
+    UnknownEngines,
+    adopted_model,
+)
 from llmgw.daemon.router.control_port import RouterPort
 from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
@@ -55,6 +61,7 @@ from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.fleet.wire import Hello, KvEvents
+from llmgw.route.names import CANDIDATE_SUFFIX
 
 if TYPE_CHECKING:
     from llmgw.daemon.net.upstream import UpstreamPool
@@ -98,6 +105,7 @@ class ControlPlane(OperatorActions):
         # Placing before the fleet has joined would stack every replica on the first agent in.
         self._settle_until = self._started + (c.settle_s if settle_s is None else settle_s)
         self._reconciles = 0
+        self.lifecycle = Lifecycle(self)  # revisions, eval suites and results, jobs (lifecycle.py)
         self._load()
         self.guard.rewrite = self._rewrite
         self._from_store = {n for n, node in self.nodes.nodes.items() if not node.connected}
@@ -138,12 +146,14 @@ class ControlPlane(OperatorActions):
         if self.assignments:
             log.info("store: %d models, %d nodes, %d assignments; waiting for agents to reconnect",
                      len(self.models), len(self.nodes.nodes), len(self.assignments))
+        self.lifecycle.load()
 
     def _rewrite(self, st: Store) -> None:
         """The whole state from memory into `st` (the StoreGuard's recovery, in one transaction)."""
         models = {n: {"source": self.sources.get(n, "api"), "model": model_to_dict(m)} for n, m in self.models.items()}
         write_state(st, models={**self._unloadable, **models}, nodes=self.nodes.nodes, seen_wall=self._seen_wall,
                     assignments={rid: self._row(a) for rid, a in self.assignments.items()})
+        self.lifecycle.rewrite(st)
 
     def _set_model(self, m: ModelConfig, source: str) -> None:
         self.models[m.name] = m
@@ -322,7 +332,7 @@ class ControlPlane(OperatorActions):
 
     def _route(self, a: Assignment) -> None:
         r = a.report
-        m = self.models.get(a.model)
+        m = self.models.get(a.model) or self.lifecycle.router_model(a.model)  # a candidate's: lifecycle.py
         routable = (r is not None and r.state == "ready" and r.url and m is not None
                     and a.desired in ("run", "drain") and self.nodes.nodes.get(a.node) is not None
                     and self.nodes.nodes[a.node].state != "lost")
@@ -365,7 +375,7 @@ class ControlPlane(OperatorActions):
         while True:
             try:
                 self.reconcile_once()
-            except Exception:  # noqa: BLE001 — a bug here must not take the router down with it
+            except Exception:
                 log.exception("reconcile failed; retrying")
             with trio.move_on_after(period):
                 await self._wake.wait()
@@ -446,8 +456,10 @@ class ControlPlane(OperatorActions):
                 log.warning("model %s: %s", name, why)
                 self.guard.record("unplaceable", model=name, detail=why)
         self.unplaceable = plan.unplaceable if settled else {}
+        self.lifecycle.tick()
 
     def _new_id(self, model: str) -> str:
+        model = model.removesuffix(CANDIDATE_SUFFIX)  # a candidate's replica keeps its id when promoted
         while True:
             rid = f"{model}/{secrets.token_hex(3)}"
             if rid not in self.assignments:

@@ -29,6 +29,7 @@ class OperatorActions:
     guard: Any
     nodes: Any
     agents: Any
+    lifecycle: Any
     _wake: trio.Event
 
     def _set_model(self, m: ModelConfig, source: str) -> None:
@@ -71,6 +72,7 @@ class OperatorActions:
             raise ModelError(f"model {name} is defined in the config file; remove it there")
         self.guard.must_write("delete_model", name)
         self.guard.record("model deleted", model=name)
+        self.lifecycle.model_deleted(name)  # its candidate goes too
         del self.models[name]
         self.sources.pop(name, None)
         self.deploys.pop(name, None)

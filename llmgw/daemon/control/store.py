@@ -77,7 +77,14 @@ MIGRATIONS: list[str] = [
         domain TEXT PRIMARY KEY, reason TEXT NOT NULL DEFAULT '', drain INTEGER NOT NULL DEFAULT 0,
         created_at REAL NOT NULL);
     """,
+    # 3 -> 4: the model lifecycle (llmgw.lifecycle): revisions, eval suites and results, jobs.
+    """
+    CREATE TABLE lifecycle (
+        kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, updated_at REAL NOT NULL,
+        PRIMARY KEY (kind, key));
+    """,
 ]
+LIFECYCLE_KINDS = ("revisions", "suite", "result", "job")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -222,6 +229,24 @@ class Store:
     def model(self, name: str) -> dict[str, Any] | None:
         row = self._conn.execute("SELECT spec FROM models WHERE name = ?", (check_name(name),)).fetchone()
         return None if row is None else json.loads(row[0])
+
+    # -- the model lifecycle: one JSON document per (kind, key)
+
+    def put_doc(self, kind: str, key: str, value: dict[str, Any], *, now: float | None = None) -> None:
+        if kind not in LIFECYCLE_KINDS:
+            raise ValueError(f"unknown lifecycle kind {kind!r}")
+        text = dumps_json(check_obj(value, kind))
+        with self.transaction():
+            self._conn.execute("INSERT OR REPLACE INTO lifecycle (kind, key, value, updated_at) VALUES (?, ?, ?, ?)",
+                               (kind, check_name(key, "key"), text, time.time() if now is None else now))
+
+    def delete_doc(self, kind: str, key: str) -> bool:
+        with self.transaction():
+            return self._conn.execute("DELETE FROM lifecycle WHERE kind = ? AND key = ?", (kind, key)).rowcount > 0
+
+    def docs(self, kind: str) -> dict[str, dict[str, Any]]:
+        return {k: json.loads(v) for k, v in self._conn.execute(
+            "SELECT key, value FROM lifecycle WHERE kind = ? ORDER BY updated_at, key", (kind,))}
 
     # -- nodes
 

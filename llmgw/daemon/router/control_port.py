@@ -60,6 +60,13 @@ class RouterPort(Protocol):
     def replica_state(self, rid: str) -> ReplicaState | None:
         """None when the router does not route to `rid` at all."""
 
+    def set_canary(self, model: str, share: float) -> None:
+        """Send `share` (0–1) of `model`'s client requests to its candidate revision."""
+
+    def request_counts(self, model: str) -> tuple[int, int, float, int]:
+        """`model`'s requests so far: (all, failed — 5xx and the router's own failures —, the sum of
+        their times to the first byte in s, how many have one)."""
+
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:
         """The recent routing decisions, oldest first: the router's live ring, to read at once
@@ -114,6 +121,20 @@ class RouterAdapter:
         if rep is None:
             return None
         return ReplicaState(routable=not rep.draining, inflight=rep.view.inflight)
+
+    def set_canary(self, model: str, share: float) -> None:
+        self._router.core.set_canary(model, share)
+
+    def request_counts(self, model: str) -> tuple[int, int, float, int]:
+        c = self._router.core.counters
+        total = failed = 0
+        for (m, outcome, code), (n, _) in c.requests.items():
+            if m == model:
+                total += n
+                if outcome != "ok" and (code >= 500 or outcome == "failed"):
+                    failed += n
+        h = c.ttft.get((model,))
+        return total, failed, (h.sum if h is not None else 0.0), (sum(h.counts) if h is not None else 0)
 
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:

@@ -19,6 +19,7 @@ import json
 import logging
 import random
 import re
+import secrets
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -51,6 +52,7 @@ from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
 from llmgw.route.dispatch import KINDS, STRATEGY_HEADER, Plan, RouterCore
+from llmgw.route.names import is_candidate_key
 from llmgw.route.openai_req import ApiError, error_body
 from llmgw.route.prefix_scorer import PrefixRouting
 from llmgw.route.readiness import readiness
@@ -58,7 +60,10 @@ from llmgw.route.types import Decision
 
 log = logging.getLogger("llmgw.router")
 
-__all__ = ["Router", "STRATEGY_HEADER"]
+__all__ = ["INTERNAL_HEADER", "REVISION_HEADER", "STRATEGY_HEADER", "Router"]
+
+REVISION_HEADER = "x-llmgw-revision"  # "candidate": to the model's candidate revision
+INTERNAL_HEADER = "x-llmgw-internal"  # with the router's internal token
 
 _JSON = "application/json"
 # Request ids: 32 random hex digits like uuid4().hex at a sixth of its cost (no getrandom()
@@ -124,6 +129,9 @@ class Router:
             self.core.on_trace_end = self.trace_log.on_end
         self.api_keys = set(cfg.server.api_keys)
         self.rid_header = cfg.server.request_id_header.lower()
+        # What the control plane's eval runner sends (INTERNAL_HEADER) to reach a candidate
+        # revision (REVISION_HEADER): a secret of this process, never logged or answered.
+        self.internal_token = secrets.token_hex(16)
 
     @property
     def decisions(self) -> deque[Decision]:
@@ -244,6 +252,8 @@ class Router:
         """OpenAI's model objects: each model, then its adapters (``parent`` names the base)."""
         created = int(time.time())
         for m in self.registry.models.values():
+            if is_candidate_key(m.name):
+                continue
             yield {"id": m.name, "object": "model", "created": created, "owned_by": "llmgw",
                    "root": m.name, "parent": None, "replicas": len(m.replicas)}
             for a in sorted({*m.adapters, *m.declared}):  # declared ones, and what replicas list
@@ -266,8 +276,13 @@ class Router:
     # -- the request path ---------------------------------------------------------------------
     async def _proxy(self, req: Request, kind: str, rid: str) -> Response:
         core = self.core
+        revision = req.header(REVISION_HEADER)
+        if revision is not None and (revision != "candidate"
+                                     or not _consteq(req.header(INTERNAL_HEADER) or "", self.internal_token)):
+            raise ApiError(403, f"The {REVISION_HEADER} header is for llmgw's own eval runner.",
+                           param=REVISION_HEADER, code="forbidden")
         plan = core.plan(kind, req.body, rid, strategy=req.header(STRATEGY_HEADER),
-                         session=req.header("x-session-id"), now=trio.current_time())
+                         session=req.header("x-session-id"), now=trio.current_time(), revision=revision)
         headers = [("content-type", "application/json"), ("x-request-id", rid)]
         try:
             if self.tier2.wants(plan):

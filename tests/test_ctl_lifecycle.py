@@ -1,0 +1,124 @@
+"""`llmgw ctl`'s lifecycle commands against a one-process daemon (router + agent + simulated
+engines): suites put (a bad file names its line), models update --set --wait, revisions, eval
+(exit status follows the verdict), promote --require-suite, jobs, rollback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .test_ctl import ctl
+from .test_router_integration import Daemon
+from .test_sim_vllm import wait_for
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "suites"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("ctl-lifecycle")
+    sock = tmp / "admin" / "admin.sock"
+    cfg = tmp / "llmgw.toml"
+    cfg.write_text(f"""
+[server]
+host = "127.0.0.1"
+[router]
+scrape_interval_s = 0.2
+[admin]
+socket = {json.dumps(str(sock))}
+[control]
+listen = "127.0.0.1:0"
+drain_timeout_s = 5.0
+store = {json.dumps(str(tmp / "router.db"))}
+[agent]
+node = "box-1"
+state_dir = {json.dumps(str(tmp / "agent"))}
+[sim]
+replicas = 1
+""")
+    d = Daemon(cfg, role="router,agent")
+    try:
+        admin = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x")
+        r = admin.post("/api/v1/models", json={"name": "m", "engine": "vllm", "deploy": {
+            "count": 1, "simulate": True, "args": ["--sim-decode-ms-per-token", "1"]}})
+        assert r.status_code == 201, r.text
+        wait_for(lambda: any(x["model"] == "m" and x["state"] == "ready" for x in admin.get("/api/v1/replicas").json()),
+                 30)
+        yield {"socket": str(sock), "tmp": tmp}
+    finally:
+        d.stop()
+
+
+def test_the_whole_cycle_from_ctl(daemon: dict[str, Any]) -> None:
+    s = ["--socket", daemon["socket"]]
+    bad = daemon["tmp"] / "bad.toml"
+    bad.write_text('name = "bad"\n[[cases]]\nprompt = "x"\nchecks = { contians = ["a"] }\n')
+    r = ctl(*s, "suites", "put", "bad", str(bad))
+    assert r.returncode == 1 and "suite bad:4: cases[0].checks.contians: unknown check" in r.stderr, r.stderr
+    r = ctl(*s, "suites", "put", "smoke", str(EXAMPLES / "smoke.toml"))
+    assert r.returncode == 0 and "suite smoke stored: 2 cases" in r.stdout, r.stderr
+    assert "smoke" in ctl(*s, "suites").stdout
+    assert ctl(*s, "suites", "smoke").stdout.startswith("# A smoke suite")
+
+    r = ctl(*s, "models", "promote", "m")
+    assert r.returncode == 1 and "no candidate to promote" in r.stderr
+    r = ctl(*s, "models", "update", "m", "--set", 'deploy.args=["--sim-decode-ms-per-token", "2"]', "--wait")
+    assert r.returncode == 0, r.stderr
+    assert "update m r2 — succeeded" in r.stdout and "placing candidate replicas" in r.stdout
+    rev = json.loads(ctl(*s, "models", "revisions", "m", "-o", "json").stdout)
+    assert rev["live"] == "r1" and rev["candidate"]["id"] == "r2"
+    assert "candidate r2: 1/1 replicas ready" in ctl(*s, "models", "revisions", "m").stdout
+
+    r = ctl(*s, "eval", "m", "--suite", "smoke")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "suite smoke on candidate r2: PASSED 2/2" in r.stdout and "greets" in r.stdout
+    r = ctl(*s, "models", "promote", "m", "--require-suite", "smoke")
+    assert r.returncode == 0 and "r2 is live" in r.stdout, r.stderr
+    jobs = ctl(*s, "jobs", "--model", "m").stdout
+    assert jobs.splitlines()[0].split()[:2] == ["JOB", "KIND"] and "promote" in jobs and "eval" in jobs
+    r = ctl(*s, "models", "rollback", "m", "--wait")
+    assert r.returncode == 0, r.stderr
+    assert "succeeded" in r.stdout
+    wait_for(lambda: json.loads(ctl(*s, "models", "revisions", "m", "-o", "json").stdout)["live"] == "r3", 30)
+    assert json.loads(ctl(*s, "models", "m", "-o", "json").stdout)["deploy"]["args"] == [
+        "--sim-decode-ms-per-token", "1"]
+
+
+def test_bad_input_says_what_to_do(daemon: dict[str, Any]) -> None:
+    s = ["--socket", daemon["socket"]]
+    r = ctl(*s, "models", "update", "m", "--set", "deploy.count")
+    assert r.returncode == 1 and "expected key=value" in r.stderr
+    r = ctl(*s, "models", "update", "m", "--set", "deploy.count=-1")
+    assert r.returncode == 1 and "deploy.count" in r.stderr
+    r = ctl(*s, "models", "update", "nope")
+    assert r.returncode == 1 and "No model 'nope'" in r.stderr
+    r = ctl(*s, "models", "update", "sim-model")
+    assert r.returncode == 1 and "defined in the config file" in r.stderr
+    r = ctl(*s, "eval", "m", "--suite", "nope")
+    assert r.returncode == 1 and "No suite 'nope'" in r.stderr
+    r = ctl(*s, "models", "update", "m", "--canary", "150%")
+    assert r.returncode == 2 and "0% to 100%" in r.stderr
+
+
+def test_a_profile_file_and_set_pairs_make_one_change(tmp_path: Path) -> None:
+    import argparse
+
+    from llmgw import ctl  # registers the helpers ctl_lifecycle uses
+    from llmgw.ctl_lifecycle import _change
+
+    ctl.parser()
+    prof = tmp_path / "p.toml"
+    prof.write_text('[[models]]\nstrategy = "batch"\n[models.deploy]\ncount = 3\nargs = ["--a"]\n')
+    ns = argparse.Namespace(file=str(prof), set=["deploy.count=4", "deploy.env=[\"X=1\"]"])
+    assert _change(ns) == {"strategy": "batch", "deploy": {"count": 4, "args": ["--a"], "env": ["X=1"]}}
+    assert _change(argparse.Namespace(file=None, set=None)) is None
+    prof.write_text("count = ")
+    with pytest.raises(ctl.CtlError, match="not valid TOML"):
+        _change(argparse.Namespace(file=str(prof), set=None))
+    with pytest.raises(ctl.CtlError, match="No such file"):
+        _change(argparse.Namespace(file=str(tmp_path / "none.toml"), set=None))
