@@ -47,6 +47,11 @@ class _Resp:
         self.status, self.content_type, self.body, self.breaks = status, content_type, body, breaks
         self.first_byte_at: float | None = None
         self.url = "http://127.0.0.1:1"
+        # what an UpstreamResponse records for the request's trace
+        self.connected_at: float | None = None
+        self.head_at: float | None = None
+        self.last_byte_at: float | None = None
+        self.body_bytes = 0
 
     def header(self, name: str) -> str | None:
         return self.content_type if name == "content-type" else None
@@ -56,6 +61,7 @@ class _Resp:
         if self.body:
             self.first_byte_at = trio.current_time()
             sink.send_nowait(self.body, end=not self.breaks)
+            self.body_bytes += len(self.body)
         if self.breaks:
             raise UpstreamClosed("upstream closed the connection mid-response", received=True, url=self.url)
 
