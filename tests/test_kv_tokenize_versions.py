@@ -114,3 +114,20 @@ def test_the_next_turn_is_tokenized_again_and_hashes_only_its_new_blocks() -> No
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("tokens", [[True] + TOKENS, TOKENS + [False], TOKENS + [1.0], TOKENS + [-1],
+                                    TOKENS + [1 << 32], TOKENS + ["7"], TOKENS + [[1]], TOKENS + [None]])
+def test_a_token_list_with_anything_but_token_ids_is_garbage(tokens: list[Any]) -> None:
+    engine = Engine()
+    engine.tokens = tokens
+    t, (p,) = _run(engine, (("x",), {}))
+    assert p.info.kv_hashes is None and p.info.kv_note == "tokenize on m/0 answered garbage"
+    assert t.outcomes["garbage"] == 1
+
+
+def test_token_ids_0_and_1_are_ids() -> None:
+    engine = Engine()
+    engine.tokens = [0, 1] * 16
+    _, (p,) = _run(engine, (("x",), {}))
+    assert p.info.kv_hashes == _want("0.33.0", [0, 1] * 16)

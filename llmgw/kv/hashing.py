@@ -366,7 +366,7 @@ class _UintCbor(dict[int, bytes]):
     """token id -> its canonical CBOR (shortest unsigned int head), filled on first sight and bounded
     (a vocabulary is ~10^5 ids; past the cap an id is encoded again each time, never stored)."""
 
-    CAP = 1 << 19
+    CAP = 1 << 18
 
     def __missing__(self, t: int) -> bytes:
         if type(t) is not int or not 0 <= t < 1 << 64:

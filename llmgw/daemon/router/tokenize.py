@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from array import array
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from typing import Any
@@ -156,14 +157,17 @@ class Tier2Tokenizer:
             return self._fail(plan, "error", f"tokenize on {rep.id} answered {reply.status}")
         try:
             tokens = json.loads(reply.body)["tokens"]
-            if not (isinstance(tokens, list) and len(tokens) <= MAX_TOKENS
-                    and all(type(t) is int and 0 <= t < 1 << 32 for t in tokens)):
+            if not isinstance(tokens, list) or len(tokens) > MAX_TOKENS:
                 raise ValueError
-        except (ValueError, KeyError, TypeError, RecursionError):
+            ids = array("I", tokens)  # raises for anything but ints in 0..2^32-1, at C speed ...
+            if (ids.count(0) or ids.count(1)) and any(type(t) is bool for t in tokens):
+                raise ValueError  # ... except JSON true/false, which it takes for 1 and 0
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
             return self._fail(plan, "garbage", f"tokenize on {rep.id} answered garbage")
         ctx = self._context(version, bs, self.seeds[plan.entry.name])
         t0 = time.perf_counter()
-        hashes = self.chains.hashes(ctx, tokens[:MAX_BLOCKS * bs], lora, info.cache_salt)
+        end = MAX_BLOCKS * bs
+        hashes = self.chains.hashes(ctx, tokens[:end], lora, info.cache_salt, ids=ids[:end])
         self.hash_seconds += time.perf_counter() - t0
         self.outcomes["ok"] += 1
         info.kv_hashes = hashes
