@@ -14,8 +14,10 @@ of multi-turn conversations (users resending their history) of the same tenants 
 prompts), open-loop arrivals:
 
 - pressure: the conversations alone; the working set is --pressure x the fleet's KV.
-- burst: the same, while bursts of unique long prompts hit the engines directly (another gateway
-  sharing them): the engines evict what the router believes they hold.
+- burst: the same, while waves of unique long prompts evict: through the router by default (tier 1
+  records them as held, and its model of each engine's cache forgets the tenants' prefixes that the
+  engine, evicting a sequence's tail first, still holds), or with --burst-via engines straight to
+  the engines (another gateway sharing them: the router sees none of it).
 - restart: the first replica's engine is killed as the phase starts (the agent restarts it, empty);
   the router is not told what it lost.
 
@@ -41,13 +43,14 @@ import httpx
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_prefix_routing import text, working_set_blocks  # noqa: E402
-from loadgen import Conn, Latencies, build_request  # noqa: E402
-from procs import spawn, stop  # noqa: E402
+from bench_prefix_routing import text, working_set_blocks
+from loadgen import Conn, Latencies, build_request
+from procs import spawn, stop
 
 MODELS = {"rr": "round robin", "t1": "tier 1", "t2": "tier 2"}
 PHASES = ("pressure", "burst", "restart")
 TOKEN = "bench-join-token-0"
+ROUTER_PORT = [0]
 
 
 def conversations(seed: int, tenants: int, users: int, turns: int, sys_words: int) -> list[list[dict]]:
@@ -89,6 +92,7 @@ class Fleet:
             f'state_dir = "{tmp / "agent"}"', '[agent.restart]', 'base_s = 0.2', 'max_s = 1.0']) + "\n")
         r, info = self._spawn("router")
         self.url = info["url"]
+        ROUTER_PORT[0] = int(info["port"])
         self.router_pid = r.pid
         self._spawn("agent")
         self.admin = httpx.Client(transport=httpx.HTTPTransport(uds=str(tmp / "admin.sock")),
@@ -146,7 +150,7 @@ async def one(port: int, model: str, messages: list[dict], ph: Phase | None, max
         t0 = time.perf_counter()
         # rr is routed by the [[strategies]] "rr", asked for by header (a deploy model's own strategy
         # must be a preset today: the control plane's store checks it against the presets only)
-        headers = {"x-llmgw-strategy": "rr"} if model == "rr" and ph is not None else {}
+        headers = {"x-llmgw-strategy": "rr"} if model == "rr" and port == ROUTER_PORT[0] else {}
         await c.stream.send_all(build_request("POST", "/v1/chat/completions", body, headers=headers))
         end = await c._until(b"\r\n\r\n")
         ok = bytes(c.buf[:end]).startswith(b"HTTP/1.1 200")
@@ -182,7 +186,7 @@ async def one(port: int, model: str, messages: list[dict], ph: Phase | None, max
 
 
 async def run_phase(port: int, model: str, convs: list[dict], rate: float, seed: int, ph: Phase,
-                    burst: tuple[list[str], int] | None) -> None:
+                    burst: tuple[list[str], int, bool, str] | None) -> None:
     rng = random.Random(seed)
     turns = sum(len(c["turns"]) for c in convs) / len(convs)
     starts, t = [], 0.0
@@ -199,16 +203,23 @@ async def run_phase(port: int, model: str, convs: list[dict], rate: float, seed:
             history.append({"role": "assistant", "content": await one(port, model, history, ph)})
             await trio.sleep(crng.expovariate(1 / 0.3))
 
-    async def bursts(urls: list[str], words: int) -> None:
-        # another gateway's traffic straight to the engines: unique prompts, a wave every second
+    async def bursts(urls: list[str], words: int, via_router: bool, kind: str) -> None:
+        # a wave of unique long prompts every second, one per replica: through the router (tier 1
+        # records them as held, tier 2 sees what the engines keep) or straight to the engines
+        # (another gateway sharing them: the router sees nothing)
         brng = random.Random(seed + 1)
+        systems = sorted({c["system"] for c in convs})
         for wave in range(int(t) + 1):
             await trio.sleep_until(t_start + wave)
             async with trio.open_nursery() as n:
                 for u in urls:
-                    host, p = u.rsplit("/", 1)[-1].rsplit(":", 1)
-                    msg = [{"role": "user", "content": text(brng, words)}]
-                    n.start_soon(lambda p=int(p), msg=msg: one(p, model, msg, None, 1))
+                    if kind == "tenants":  # a tenant's new user, as a gateway without affinity sends it
+                        msg = [{"role": "system", "content": brng.choice(systems)},
+                               {"role": "user", "content": text(brng, 40)}]
+                    else:
+                        msg = [{"role": "user", "content": text(brng, words)}]
+                    to = port if via_router else int(u.rsplit(":", 1)[1])
+                    n.start_soon(lambda to=to, msg=msg: one(to, model, msg, None, 1))
 
     async with trio.open_nursery() as nursery:
         if burst is not None:
@@ -231,11 +242,16 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=6.0, help="requests/s offered (open loop)")
     ap.add_argument("--pressure", type=float, default=1.5, help="working set / the fleet's KV")
     ap.add_argument("--burst-words", type=int, default=300, help="size of a burst prompt")
+    ap.add_argument("--burst-via", choices=["router", "engines"], default="router")
+    ap.add_argument("--burst-kind", choices=["unique", "tenants"], default="unique",
+                    help="unique long prompts, or the tenants' new users (with --burst-via engines: a "
+                         "second gateway without affinity in front of the same engines)")
     ap.add_argument("--prefill-ms", type=float, default=0.25, help="the simulator's prefill cost per token")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--decisions", help="append each phase's routing decisions (chosen, note) here, JSON lines")
     a = ap.parse_args()
     phases = conversations(a.seed, a.tenants, a.users, a.turns, a.sys_words)
     ws = working_set_blocks([c for p in phases for c in p], 8)
@@ -260,10 +276,15 @@ def main() -> None:
                 if name == "restart":  # behind the router's back: the engine dies, the agent restarts it
                     victim = fleet.replicas(model)[0]
                     __import__("os").kill(victim["pid"], signal.SIGKILL)
-                burst = (urls, a.burst_words) if name == "burst" else None
-                trio.run(run_phase, int(fleet.url.rsplit(":", 1)[1]), model, phases[i], a.rate, a.seed + i, ph, burst)
+                burst = (urls, a.burst_words, a.burst_via == "router", a.burst_kind) if name == "burst" else None
+                trio.run(run_phase, ROUTER_PORT[0], model, phases[i], a.rate, a.seed + i, ph, burst)
                 res[name] = {"hit_rate": ph.cached / max(1, ph.prompt), "ttft_p50_ms": pct(ph, 50),
                              "ttft_p90_ms": pct(ph, 90), "requests": len(ph.ttft.values), "errors": ph.errors}
+                if a.decisions:
+                    ds = fleet.admin.get("/api/v1/decisions", params={"model": model, "limit": 1000}).json()
+                    with open(a.decisions, "a") as f:
+                        f.writelines(json.dumps({"model": model, "phase": name, "chosen": d.get("chosen"),
+                                                "note": d.get("note")}) + "\n" for d in reversed(ds[:res[name]["requests"] + 64]))
                 if name == "restart":
                     fleet.wait_ready(model, a.replicas)
             if model == "t2":

@@ -53,7 +53,7 @@ class Engine:
 def _plan(port: int, content: str, salt: str | None = None, adapter: str | None = None) -> Any:
     rep = SimpleNamespace(id="m/0", view=SimpleNamespace(available=True, url=f"http://127.0.0.1:{port}"),
                           last_scrape=SimpleNamespace(block_size=16))
-    return SimpleNamespace(entry=SimpleNamespace(name="m", replicas=[rep]),
+    return SimpleNamespace(entry=SimpleNamespace(name="m", replicas=[rep]), strategy=PRESETS["chat"],
                            info=RequestInfo("r", adapter or "m", "m", adapter=adapter, cache_salt=salt),
                            body={"model": adapter or "m", "messages": [{"role": "user", "content": content}],
                                  "max_tokens": 3})
@@ -71,7 +71,9 @@ def test_tokenize_hash_cache_and_every_failure_falls_back_to_tier_1() -> None:
         async with trio.open_nursery() as nursery, UpstreamPool() as pool:
             port = await nursery.start(serve_tcp, engine.handle, "127.0.0.1", 0)
             t = Tier2Tokenizer(_cfg(), pool, timeout=0.3)
-            assert not t.wants(SimpleNamespace(entry=SimpleNamespace(name="plain")))
+            assert not t.wants(SimpleNamespace(entry=SimpleNamespace(name="plain"), strategy=PRESETS["chat"]))
+            # a strategy that does not weigh tier 2 does not pay for its hashes
+            assert not t.wants(SimpleNamespace(entry=SimpleNamespace(name="m"), strategy=PRESETS["batch"]))
 
             p = _plan(port, "hello")
             assert t.wants(p)

@@ -29,16 +29,35 @@ class KvCacheScorer:
 
     def __init__(self, lookup: LeadingBlocks | None = None) -> None:
         self.lookup = lookup
+        self._memo: tuple[RequestInfo, float, Mapping[Any, int]] | None = None
+
+    def held(self, req: RequestInfo, now: float) -> Mapping[Any, int] | None:
+        """The index's answer for ``req`` (None: no hashes or no index), asked once per decision."""
+        hashes = req.kv_hashes
+        if not hashes or self.lookup is None:
+            return None
+        memo = self._memo
+        if memo is not None and memo[0] is req and memo[1] == now:
+            return memo[2]
+        held = self.lookup(hashes)
+        self._memo = (req, now, held)
+        return held
+
+    def decides(self, req: RequestInfo, endpoints: Sequence[Any], now: float) -> bool:
+        """Tier 2 has a verdict: a candidate's engine holds at least the request's first block.
+        Tier 1 stands aside then (``PrefixRouting.defer``)."""
+        held = self.held(req, now)
+        return bool(held) and any(held.get(e.id, 0) > 0 for e in endpoints)
 
     def __call__(self, ctx: ScoreContext) -> Scores:
         req = ctx.req
         hashes = req.kv_hashes
-        if hashes is None or self.lookup is None or not hashes:
+        held = self.held(req, ctx.now)
+        if held is None or hashes is None:
             if hashes is not None or req.kv_note:
                 why = req.kv_note or ("no tier-2 index" if self.lookup is None else "no full block")
                 ctx.keep(self, f"tier 2 unavailable: {why}; tier 1 decides")
             return Scores.constant(0.0)
-        held = self.lookup(hashes)
         total = len(hashes)
         vals: dict[int, float] = {}
         best, best_id = 0, ""

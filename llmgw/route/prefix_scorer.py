@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
 from typing import Any
@@ -97,6 +97,7 @@ class _Pending:
     gated: dict[str, int] = field(default_factory=dict)  # holder withdrawn -> its count
     live: int = 0  # candidate holders that kept their affinity
     cands: int = -1  # candidates holding the prefix (-1: not scored)
+    deferred: bool = False  # tier 2 knew who holds the prefix: this vote stood aside
 
 
 class ZeroHitAlarm:
@@ -176,6 +177,12 @@ class PrefixRouting:
         self.scored = 0
         self._buckets = [0] * (len(MATCH_BUCKETS) + 1)  # last = +Inf
         self._matched_sum = 0
+        # Tier 2's "the engines' own events name a holder of this request's first block" (the
+        # router core wires the kv_cache scorer's here). Then this vote stands aside: what the
+        # router sent where is a guess, what an engine reports holding is not, and a stale guess
+        # would otherwise outvote the truth (e.g. a holder that evicted the prefix or restarted).
+        self.defer: Callable[[RequestInfo, Sequence[EndpointView], float], bool] | None = None
+        self.deferred = 0
 
     # -- wiring ---------------------------------------------------------------------------------
     @property
@@ -220,6 +227,10 @@ class PrefixRouting:
         p.live = 0
         p.cands = 0
         self.scored += 1
+        if self.defer is not None and self.defer(req, eps, ctx.now):
+            p.deferred = True
+            self.deferred += 1
+            return Scores.constant(0.0)
         if not m.holders:
             return self._cold(eps)
         pos = self._positions(eps)
@@ -340,6 +351,8 @@ class PrefixRouting:
             note = (f"prefix {outcome}: {', '.join(sorted(p.gated))} over the load gate, "
                     f"{chosen} recorded" + (f" as extra holder (count {count})"
                                             if outcome == "spilled" else ""))
+        if p.deferred:
+            note += " (tier 1 stood aside: tier 2 decides)"
         return PrefixOutcome(outcome, got, n, len(holders), note)
 
     def _observe_length(self, got: int) -> None:

@@ -97,7 +97,9 @@ class Tier2Tokenizer:
         self.hash_seconds = 0.0  # CPU spent hashing (the chains' cost), for the metrics
 
     def wants(self, plan: Plan) -> bool:
-        return plan.entry.name in self.seeds
+        """A kv_events model's request under a strategy that weighs tier 2 (``kv_cache``): only
+        then are hashes worth their cost — and only then may tier 1 stand aside for tier 2."""
+        return plan.entry.name in self.seeds and plan.strategy.weights.get("kv_cache", 0.0) > 0.0
 
     def _fail(self, plan: Plan, outcome: str, why: str) -> None:
         self.outcomes[outcome] += 1
