@@ -6,8 +6,10 @@ blocks with vLLM's scheme (``RequestInfo.kv_hashes``, the events' 64-bit int for
 asks the index (a callable handed in at construction: the pure core never sees the daemon's
 object) how many of those hashes each replica holds contiguously from the first, and scores a
 candidate ``held / len(hashes)``. No hashes (a model without kv_events, or tokenization failed)
-or no index: every candidate scores 0 and tier 1 (``prefix``) decides alone. Either way the
-decision's note says which tier decided and why (``observe``).
+or no index: every candidate scores 0 and tier 1 (``prefix``) decides alone. Where a candidate
+holds at least the first block, tier 1 stands aside (:meth:`KvCacheScorer.decides`, wired to
+``PrefixRouting.defer``): the engines' report beats the router's guess. Either way the decision's
+note says which tier decided and why (``observe``).
 """
 
 from __future__ import annotations
