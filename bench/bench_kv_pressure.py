@@ -1,7 +1,7 @@
 """Where tier 1 breaks down and tier 2 does not: round robin vs tier 1 (the chat preset, no KV
 events) vs tier 2 (the chat preset with kv_events), in one run, per phase.
 
-    .venv/bin/python bench/bench_kv_pressure.py [--replicas 3] [--tenants 8] [--users 2] [--turns 4]
+    .venv/bin/python bench/bench_kv_pressure.py [--replicas 3] [--tenants 8] [--users 4] [--turns 4]
         [--rate 6] [--pressure 1.5] [--json FILE]
 
 One fleet over real processes: a router with its control plane, one agent, and three models that
@@ -236,7 +236,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--tenants", type=int, default=8)
-    ap.add_argument("--users", type=int, default=2, help="new users per tenant in each phase")
+    ap.add_argument("--users", type=int, default=4, help="new users per tenant in each phase")
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--sys-words", type=int, default=400)
     ap.add_argument("--rate", type=float, default=6.0, help="requests/s offered (open loop)")

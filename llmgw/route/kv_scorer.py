@@ -7,8 +7,9 @@ asks the index (a callable handed in at construction: the pure core never sees t
 object) how many of those hashes each replica holds contiguously from the first, and scores a
 candidate ``held / len(hashes)``. No hashes (a model without kv_events, or tokenization failed)
 or no index: every candidate scores 0 and tier 1 (``prefix``) decides alone. Where a candidate
-holds at least the first block, tier 1 stands aside (:meth:`KvCacheScorer.decides`, wired to
-``PrefixRouting.defer``): the engines' report beats the router's guess. Either way the decision's
+holds at least the first block, tier 1 votes tier 2's shares instead of its own guess
+(:meth:`KvCacheScorer.verdict`, wired to ``PrefixRouting.defer``): the engines' report beats the
+router's guess, and the affinity keeps both tiers' weight. Either way the decision's
 note says which tier decided and why (``observe``).
 """
 
@@ -45,11 +46,16 @@ class KvCacheScorer:
         self._memo = (req, now, held)
         return held
 
-    def decides(self, req: RequestInfo, endpoints: Sequence[Any], now: float) -> bool:
-        """Tier 2 has a verdict: a candidate's engine holds at least the request's first block.
-        Tier 1 stands aside then (``PrefixRouting.defer``)."""
+    def verdict(self, req: RequestInfo, endpoints: Sequence[Any], now: float) -> dict[int, float] | None:
+        """Tier 2's shares by candidate index where a candidate's engine holds at least the
+        request's first block, else None. Tier 1 then votes these instead of its own guess
+        (``PrefixRouting.defer``), so the affinity keeps both tiers' weight."""
         held = self.held(req, now)
-        return bool(held) and any(held.get(e.id, 0) > 0 for e in endpoints)
+        if not held:
+            return None
+        total = len(req.kv_hashes or ())
+        vals = {i: min(n, total) / total for i, e in enumerate(endpoints) if (n := held.get(e.id, 0)) > 0}
+        return vals or None
 
     def __call__(self, ctx: ScoreContext) -> Scores:
         req = ctx.req
