@@ -99,7 +99,8 @@ def sim_counters(urls: list[str]) -> tuple[float, float]:
     return loads, waits
 
 
-def start_fleet(a: argparse.Namespace, policy: str, procs: list[subprocess.Popen[bytes]]) -> tuple[list[str], str]:
+def start_fleet(a: argparse.Namespace, policy: str, procs: list[subprocess.Popen[bytes]],
+                tmp: Path) -> tuple[list[str], str]:
     """Fresh simulated replicas and a router in front of them; returns (replica URLs, router URL)."""
     names = adapter_names(a.adapters)
     cmd = [sys.executable, "-m", "llmgw", "sim", "--engine", "vllm", "base", "--host", "127.0.0.1", "--port", "0",
@@ -119,7 +120,10 @@ def start_fleet(a: argparse.Namespace, policy: str, procs: list[subprocess.Popen
     lines += [f'[[models.replicas]]\nurl = "{u}"' for u in urls]
     if policy == "llmgw":
         lines += [f'[[models.adapters]]\nname = "{n}"\nsource = "/adapters/{n}"' for n in names]
-    cfg = Path(tempfile.mkdtemp(prefix="bench-lora-")) / f"{policy}.toml"
+    # The router's store and admin socket in the run's own directory, not the user's state directory.
+    lines += ["[control]", f"store = {json.dumps(str(tmp / 'router.db'))}",
+              "[admin]", f"socket = {json.dumps(str(tmp / 'admin' / 'admin.sock'))}"]
+    cfg = tmp / f"{policy}.toml"
     cfg.write_text("\n".join(lines) + "\n")
     rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(cfg), "--port", "0",
                        "--log-level", "warning"])
@@ -155,7 +159,11 @@ async def replay(port: int, plan: list[tuple[float, str, str]], max_tokens: int)
         body = json.dumps({"model": adapter, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                            "ignore_eos": True}).encode()
         with trio.move_on_after(REQUEST_TIMEOUT_S):
-            c = await Conn.open("127.0.0.1", port)
+            try:
+                c = await Conn.open("127.0.0.1", port)
+            except OSError:
+                status["connect_error"] += 1
+                return
             try:
                 t0 = time.perf_counter()
                 await c.stream.send_all(build_request("POST", "/v1/completions", body))
@@ -174,6 +182,8 @@ async def replay(port: int, plan: list[tuple[float, str, str]], max_tokens: int)
                 lat.values.append(time.perf_counter() - t0)
                 while b"data: [DONE]" not in c.buf:
                     await c._more()
+            except ConnectionError:
+                status["cut_short"] += 1
             finally:
                 await c.aclose()
             return
@@ -187,8 +197,9 @@ async def replay(port: int, plan: list[tuple[float, str, str]], max_tokens: int)
 
 def run_policy(a: argparse.Namespace, policy: str, plan: list[tuple[float, str, str]]) -> dict:
     procs: list[subprocess.Popen[bytes]] = []
+    tmp = tempfile.TemporaryDirectory(prefix="bench-lora-")
     try:
-        urls, router = start_fleet(a, policy, procs)
+        urls, router = start_fleet(a, policy, procs, Path(tmp.name))
         l0, w0 = sim_counters(urls)
         m0 = httpx.get(f"{router}/metrics").text
         t0 = time.monotonic()
@@ -206,6 +217,7 @@ def run_policy(a: argparse.Namespace, policy: str, plan: list[tuple[float, str, 
     finally:
         for p in procs:
             stop(p)
+        tmp.cleanup()
 
 
 def main() -> None:
