@@ -98,6 +98,8 @@ class Lifecycle(EvalsAndViews):
         now = time.time()
         for job in self.jobs.values():
             if not job.done:
+                job.start_trace(trio.current_time, now)  # its stored trace goes on, on this router's clock
+                self.plane.router.traces().add(job.trace)
                 revs = self.revisions.get(job.model)
                 outcome = after_restart(job, now, candidate_exists=revs is not None and revs.candidate is not None)
                 log.warning("job %s (%s %s) was running when the router stopped: %s", job.id, job.kind, job.model,
@@ -121,6 +123,8 @@ class Lifecycle(EvalsAndViews):
     def _new_job(self, kind: str, model: str, revision_id: str = "", **params: Any) -> Job:
         job = Job(f"{kind}-{secrets.token_hex(4)}", kind, model, time.time(), revision_id=revision_id,
                   params=params)
+        job.start_trace(trio.current_time, job.created_at)  # its steps as a trace's phases (kept with it)
+        self.plane.router.traces().add(job.trace)  # GET /api/v1/traces lists it while it is recent
         self.jobs[job.id] = job
         done = [j for j in self.jobs.values() if j.done]
         for old in done[:max(0, len(self.jobs) - MAX_JOBS)]:
