@@ -126,3 +126,19 @@ def test_a_stored_trace_is_bounded() -> None:
     d["trace"]["phases"] = [{"name": "x" * 10_000, "start_ms": i, "note": "n" * 10_000} for i in range(10_000)]
     t = trace_from_dict(d["trace"], started=0.0)
     assert len(t.marks) == 64 and max(len(m[0]) for m in t.marks) <= 256 and max(len(m[3]) for m in t.marks) <= 512
+
+
+def test_an_ended_job_whose_stored_trace_was_left_open_gets_one_from_its_steps() -> None:
+    clock = Clock()
+    job = Job("rollback-1", "rollback", "qwen", 1000.0, revision_id="r2")
+    job.start_trace(clock, 1000.0)
+    job.step("discarding the candidate", 1000.0)
+    d = job.to_dict()  # saved while running...
+    job.succeed(1000.25, "discarded")
+    d.update(state="succeeded", ended_at=1000.25, detail="discarded",
+             steps=[{**d["steps"][0], "state": "done", "ended_at": 1000.25}])  # ...and the job alone saved after
+    back = job_from_dict(d)
+    assert back.trace is not None and back.trace.ended is None
+    back.start_trace(Clock(7.0), 2000.0)
+    t = back.trace.to_dict()  # type: ignore[union-attr]
+    assert t["outcome"] == "ok" and t["total_ms"] == 250.0 and t["phases"][-1]["note"] == "discarded"

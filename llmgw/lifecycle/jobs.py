@@ -61,6 +61,8 @@ class Job:
         self.clock = clock
         now = clock()
         elapsed = max(0.0, wall_now - self.created_at)
+        if self.done and self.trace is not None and self.trace.ended is None:
+            self.trace = None  # a stored trace left open by an ended job is not to be trusted: rebuilt
         if self.trace is None:
             t = self.trace = new_job_trace(self.id, self.kind, self.model, self.revision_id, started=now - elapsed,
                                            wall=self.created_at)

@@ -97,8 +97,9 @@ class Lifecycle(EvalsAndViews):
                 revs.candidate = None
         now = time.time()
         for job in self.jobs.values():
+            if job.trace is None or job.trace.ended is None:  # stored before traces, or still running
+                job.start_trace(trio.current_time, now)  # a running one's trace goes on, on this clock
             if not job.done:
-                job.start_trace(trio.current_time, now)  # its stored trace goes on, on this router's clock
                 self.plane.router.traces().add(job.trace)
                 revs = self.revisions.get(job.model)
                 outcome = after_restart(job, now, candidate_exists=revs is not None and revs.candidate is not None)
