@@ -232,6 +232,7 @@ def test_a_request_for_a_cold_adapter_waits_on_the_one_load_then_goes_to_its_hol
                        now=0.0) for i in range(3)]
     steps = [core.next(p, 0.0, 0.0) for p in plans]
     assert all(s is steps[0] for s in steps) and isinstance(steps[0], Load) and steps[0].waiters == 3
+    assert core.adapters.book.waits_total == 3  # counted once per request that waits (the one that began it too)
     core.adapters.load_done(steps[0], 0.2, None)
     for p in plans[:2]:
         core.adapters.waited(p, 0.2)
@@ -242,6 +243,7 @@ def test_a_request_for_a_cold_adapter_waits_on_the_one_load_then_goes_to_its_hol
     core.adapters.waited(plans[2], 0.2)
     spread = core.next(plans[2], 0.2, 0.0)
     assert isinstance(spread, Load) and spread.replica != steps[0].replica and spread.unload is None
+    assert core.adapters.book.waits_total == 4
 
 
 def test_a_failed_load_is_an_error_for_every_waiter_and_then_backs_off() -> None:

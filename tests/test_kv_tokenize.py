@@ -24,12 +24,20 @@ TOKENS = list(range(100, 140))  # 40 tokens: 2 full blocks of 16
 
 
 class Engine:
-    def __init__(self) -> None:
+    def __init__(self, version: bytes = b'{"version":"0.33.0"}') -> None:
         self.mode = "ok"
         self.calls = 0
+        self.version = version
+        self.version_calls = 0
+        self.tokens = TOKENS
         self.bodies: list[dict[str, Any]] = []
 
     async def handle(self, req: Request) -> Response:
+        if req.path == "/version":
+            self.version_calls += 1
+            if self.version == b"hang":
+                await trio.sleep_forever()
+            return Response(200, [("content-type", "application/json")], self.version)
         self.calls += 1
         self.bodies.append(json.loads(req.body))
         if self.mode == "hang":
@@ -39,20 +47,21 @@ class Engine:
         if self.mode == "garbage":
             return Response(200, [("content-type", "application/json")], b'{"tokens": ["x", -1]}')
         return Response(200, [("content-type", "application/json")],
-                        json.dumps({"count": len(TOKENS), "tokens": TOKENS}).encode())
+                        json.dumps({"count": len(self.tokens), "tokens": self.tokens}).encode())
 
 
-def _plan(port: int, content: str, salt: str | None = None) -> Any:
+def _plan(port: int, content: str, salt: str | None = None, adapter: str | None = None) -> Any:
     rep = SimpleNamespace(id="m/0", view=SimpleNamespace(available=True, url=f"http://127.0.0.1:{port}"),
                           last_scrape=SimpleNamespace(block_size=16))
-    return SimpleNamespace(entry=SimpleNamespace(name="m", replicas=[rep]),
-                           info=RequestInfo("r", "m", "m", cache_salt=salt),
-                           body={"model": "m", "messages": [{"role": "user", "content": content}],
+    return SimpleNamespace(entry=SimpleNamespace(name="m", replicas=[rep]), strategy=PRESETS["chat"],
+                           info=RequestInfo("r", adapter or "m", "m", adapter=adapter, cache_salt=salt),
+                           body={"model": adapter or "m", "messages": [{"role": "user", "content": content}],
                                  "max_tokens": 3})
 
 
 def _cfg() -> Any:
-    return SimpleNamespace(models=[SimpleNamespace(name="m", deploy=SimpleNamespace(kv_events=True, env=())),
+    return SimpleNamespace(models=[SimpleNamespace(name="m", deploy=SimpleNamespace(kv_events=True, env=()),
+                                                   adapters=[SimpleNamespace(name="sql-lora", source="/adapters/sql-lora")]),
                                    SimpleNamespace(name="plain", deploy=None)])
 
 
@@ -62,7 +71,9 @@ def test_tokenize_hash_cache_and_every_failure_falls_back_to_tier_1() -> None:
         async with trio.open_nursery() as nursery, UpstreamPool() as pool:
             port = await nursery.start(serve_tcp, engine.handle, "127.0.0.1", 0)
             t = Tier2Tokenizer(_cfg(), pool, timeout=0.3)
-            assert not t.wants(SimpleNamespace(entry=SimpleNamespace(name="plain")))
+            assert not t.wants(SimpleNamespace(entry=SimpleNamespace(name="plain"), strategy=PRESETS["chat"]))
+            # a strategy that does not weigh tier 2 does not pay for its hashes
+            assert not t.wants(SimpleNamespace(entry=SimpleNamespace(name="m"), strategy=PRESETS["batch"]))
 
             p = _plan(port, "hello")
             assert t.wants(p)

@@ -89,6 +89,7 @@ def test_a_cold_adapter_is_loaded_once_for_20_concurrent_requests(procs: list[An
     assert loads(d) == 1 and loads(d, "failed") == 0
     assert sum("sql" in listed(s) for s in sims) == 1
     assert router_metric(d, "llmgw_adapter_load_waiting") == 0
+    assert 1 <= router_metric(d, "llmgw_adapter_load_waits_total") <= 20  # exported (late arrivals find it loaded)
 
 
 def test_at_the_cap_the_least_recently_used_idle_adapter_is_unloaded(procs: list[Any], tmp_path: Path) -> None:
@@ -259,3 +260,38 @@ def test_an_adapter_that_does_not_fit_the_base_model_gets_the_engine_s_reason(pr
     assert r.status_code == 502 and "LoRA rank 64 is greater than max_lora_rank 16" in r.json()["error"]["message"]
     assert loads(d, "failed") == 1 and listed(s) == set()
     assert ask(d, "m").status_code == 200  # the base model is untouched
+
+
+def sim_metric(s: SimProc, name: str) -> float:
+    for line in httpx.get(f"{s.url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rpartition(" ")[2])
+    return 0.0
+
+
+def test_the_simulator_loads_a_cold_adapter_once_for_every_request_arriving_meanwhile(procs: list[Any]) -> None:
+    # What bench/bench_lora.py reads: one worker-cache load, and every request that waited for it.
+    s = lora_sim(procs, "--sim-decode-ms-per-token", "0", "--sim-prefill-ms-per-token", "0",
+                 "--sim-lora-load-ms", "1000", "--max-cpu-loras", "1")
+    for name in ("a", "b"):  # b pushes a out of the one-adapter worker cache
+        r = httpx.post(f"{s.url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": f"/ad/{name}"}, timeout=10)
+        assert r.status_code == 200
+    assert sim_metric(s, "llmgw_sim_lora_loads_total") == 2
+    answers: list[int] = []
+    go = threading.Barrier(5)
+
+    def one() -> None:
+        go.wait()
+        answers.append(httpx.post(f"{s.url}/v1/completions", json={"model": "a", "prompt": "x", "max_tokens": 1},
+                                  timeout=30).status_code)
+
+    threads = [threading.Thread(target=one) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert answers == [200] * 5
+    assert sim_metric(s, "llmgw_sim_lora_loads_total") == 3  # a, once
+    assert sim_metric(s, "llmgw_sim_lora_load_waits_total") == 5
+    assert httpx.post(f"{s.url}/v1/completions", json={"model": "a", "prompt": "x", "max_tokens": 1}).status_code == 200
+    assert sim_metric(s, "llmgw_sim_lora_load_waits_total") == 5  # warm now

@@ -254,7 +254,9 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", f"{PREFIX}/traces/{{request_id}}", "get_trace", "A request's trace", TraceView, tag="traces",
           description="Its phases (contiguous: their durations add up to `total_ms`) and attempts, each with "
                       "its replica, the index of its decision in `GET /api/v1/decisions/{request_id}`, its "
-                      "times and bytes, and why it was retried. 404 once it has left the ring."),
+                      "times and bytes, and why it was retried. 404 once it has left the ring. A lifecycle "
+                      "job's id answers the job's trace (kind `job`: its steps as phases), kept with the job "
+                      "in the store."),
     Route("GET", f"{PREFIX}/cache", "get_cache", "Cache-hit summary", CacheSummary, tag="cache",
           query=(QueryParam("window_s", float, "the window, ending now", default=MAX_WINDOW_S, minimum=10,
                             maximum=MAX_WINDOW_S),),

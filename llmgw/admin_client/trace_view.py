@@ -52,11 +52,13 @@ def trace_lines(t: dict[str, Any], tz: tzinfo | None = None) -> list[str]:
     started = t.get("started_at")
     when = datetime.fromtimestamp(started, tz).strftime("%H:%M:%S.%f")[:-3] \
         if isinstance(started, int | float) and not isinstance(started, bool) and 0 <= started < 1e11 else "-"
+    job = t.get("kind") == "job"  # a job's trace: its steps, no attempts or bytes
     head = [f"{p(t.get('kind'))} {p(t.get('id'))}  {p(t.get('name'))}  model {p(t.get('model'))}"
             + ("  stream" if t.get("stream") else ""),
-            f"  {p(t.get('outcome'))} {p(t.get('status'))}  total {_ms(total)} ms  started {when}  "
-            f"{len(attempts)} attempt(s), {p(t.get('retries', 0))} retried  "
-            f"sent {_bytes(t.get('bytes_out'))}, received {_bytes(t.get('bytes_in'))}"
+            f"  {p(t.get('outcome'))}" + ("" if job else f" {p(t.get('status'))}")
+            + f"  total {_ms(total)} ms  started {when}  "
+            + ("" if job else f"{len(attempts)} attempt(s), {p(t.get('retries', 0))} retried  "
+                              f"sent {_bytes(t.get('bytes_out'))}, received {_bytes(t.get('bytes_in'))}")
             + (f"  revision {p(t.get('revision'))}" if t.get("revision") else ""), ""]
     rows = []
     for ph in phases:
@@ -64,7 +66,10 @@ def trace_lines(t: dict[str, Any], tz: tzinfo | None = None) -> list[str]:
         rows.append([_ms(ph.get("start_ms")), _ms(ph.get("duration_ms")) if ph.get("duration_ms") is not None
                      else "…", p(ph.get("name")), f"#{n}" if n else "",
                      _bar(_num(ph.get("start_ms")), ph.get("duration_ms"), span), printable(str(ph.get("note") or ""))])
-    lines = head + text_table(["START ms", "TOOK ms", "PHASE", "TRY", "TIMELINE", "NOTE"], rows)
+    if job:
+        rows = [r[:3] + r[4:] for r in rows]
+    lines = head + text_table(["START ms", "TOOK ms", "STEP" if job else "PHASE"] + ([] if job else ["TRY"])
+                              + ["TIMELINE", "NOTE"], rows)
     if attempts:
         lines.append("")
         lines.append("attempts:")

@@ -288,7 +288,38 @@ class HashContext:
     def hash_tokens(self, tokens: Sequence[int], lora: LoRA | None = None,
                     cache_salt: str | None = None) -> list[bytes]:
         """Digests of all full blocks of ``tokens`` (the router's prompt chain)."""
-        return self.hasher(lora, cache_salt).extend(tokens)
+        return self.chain(None, tokens[:len(tokens) - len(tokens) % self.block_size], 0, lora, cache_salt)
+
+    def chain(self, parent: bytes | None, tokens: Sequence[int], first_block: int,
+              lora: LoRA | None = None, cache_salt: str | None = None) -> list[bytes]:
+        """Digests of the full blocks of ``tokens`` (a multiple of the block size is used; a partial
+        tail is ignored), block ``first_block`` onwards, chained to ``parent`` (the digest of block
+        ``first_block - 1``; None for block 0). Token ids are ints.
+
+        ``*_cbor`` algorithms take a fast path that writes the canonical CBOR of each block itself
+        (the bytes ``cbor2.dumps(..., canonical=True)`` gives, checked against it and vLLM's golden
+        vectors in the tests) — 3× cheaper than a cbor2 call per block; anything it does not cover
+        (a token id outside 0..2^64-1) goes the generic way."""
+        bs, v = self.block_size, self.version
+        n = len(tokens) // bs
+        if n == 0:
+            return []
+        if parent is None and first_block != 0:
+            raise ValueError("a chain that starts after block 0 needs its parent digest")
+        keys0 = block_extra_keys(v, lora, cache_salt, first_block * bs)
+        keys_rest = block_extra_keys(v, lora, cache_salt, bs) if n > 1 else None
+        digest = _CBOR_DIGESTS.get(self.algo)
+        if digest is not None:
+            try:
+                return _cbor_chain(digest, parent or self.none_hash, tokens, bs, n, keys0, keys_rest)
+            except _NotFast:
+                pass
+        out: list[bytes] = []
+        for i in range(n):
+            parent = self.hash_fn((parent or self.none_hash, tuple(tokens[i * bs:(i + 1) * bs]),
+                                   keys0 if i == 0 else keys_rest))
+            out.append(parent)
+        return out
 
 
 class BlockHasher:
@@ -313,21 +344,88 @@ class BlockHasher:
         bs, ctx = self.ctx.block_size, self.ctx
         buf = self._tail + list(tokens)
         self.num_tokens += len(buf) - len(self._tail)
-        new: list[bytes] = []
-        pos = 0
-        while len(buf) - pos >= bs:
-            block = buf[pos:pos + bs]
-            pos += bs
-            start = len(self.block_hashes) * bs
-            keys = block_extra_keys(ctx.version, self.lora, self.cache_salt, start)
-            parent = self.block_hashes[-1] if self.block_hashes else None
-            digest = hash_block_tokens(ctx.hash_fn, parent, block, keys,
-                                       none_hash=ctx.none_hash)
-            self.block_hashes.append(digest)
-            self.extra_keys.append(keys)
-            new.append(digest)
-        self._tail = buf[pos:]
+        full = len(buf) - len(buf) % bs
+        first = len(self.block_hashes)
+        parent = self.block_hashes[-1] if self.block_hashes else None
+        new = ctx.chain(parent, buf[:full], first, self.lora, self.cache_salt)
+        self.block_hashes += new
+        self.extra_keys += [block_extra_keys(ctx.version, self.lora, self.cache_salt, (first + i) * bs)
+                            for i in range(len(new))]
+        self._tail = buf[full:]
         return new
+
+
+
+# --------------------------------------------------------------------------- fast CBOR chain
+
+class _NotFast(Exception):
+    """A value the hand-written CBOR below does not cover: hash it the generic way."""
+
+
+class _UintCbor(dict[int, bytes]):
+    """token id -> its canonical CBOR (shortest unsigned int head), filled on first sight and bounded
+    (a vocabulary is ~10^5 ids; past the cap an id is encoded again each time, never stored)."""
+
+    CAP = 1 << 18
+
+    def __missing__(self, t: int) -> bytes:
+        if type(t) is not int or not 0 <= t < 1 << 64:
+            raise _NotFast
+        enc = _cbor_head(0, t)
+        if len(self) < self.CAP:
+            self[t] = enc
+        return enc
+
+
+def _cbor_head(major: int, n: int) -> bytes:
+    m = major << 5
+    if n < 24:
+        return bytes((m | n,))
+    if n < 1 << 8:
+        return bytes((m | 24, n))
+    if n < 1 << 16:
+        return bytes((m | 25,)) + n.to_bytes(2, "big")
+    if n < 1 << 32:
+        return bytes((m | 26,)) + n.to_bytes(4, "big")
+    return bytes((m | 27,)) + n.to_bytes(8, "big")
+
+
+_UINT = _UintCbor()
+
+
+def _digest_sha256(b: bytes) -> bytes:
+    return hashlib.sha256(b).digest()
+
+
+def _digest_xxh128(b: bytes) -> bytes:
+    return _xxhash_module().xxh3_128_digest(b)
+
+
+_CBOR_DIGESTS: dict[str, Callable[[bytes], bytes]] = {"sha256_cbor": _digest_sha256,
+                                                        "xxhash_cbor": _digest_xxh128}
+
+
+def _cbor_chain(digest: Callable[[bytes], bytes], parent: bytes, tokens: Sequence[int], bs: int, n: int,
+                keys0: tuple[Any, ...] | None, keys_rest: tuple[Any, ...] | None) -> list[bytes]:
+    """sha256/xxh3(canonical CBOR of ``(parent, tuple(block), extra_keys)``) for ``n`` blocks: an
+    array of 3, the parent as a byte string, the block as an array of uints, the keys as cbor2
+    writes them (a canonical item is the same alone or nested)."""
+    arr = _cbor_head(4, bs)
+    tail0 = b"\xf6" if keys0 is None else cbor2.dumps(keys0, canonical=True)
+    tail = b"\xf6" if keys_rest is None else cbor2.dumps(keys_rest, canonical=True)
+    plen = len(parent)
+    bhead = b"\x83" + _cbor_head(2, plen)
+    enc = _UINT.__getitem__
+    join = b"".join
+    out: list[bytes] = []
+    for i in range(n):
+        if len(parent) != plen:
+            bhead = b"\x83" + _cbor_head(2, len(parent))
+            plen = len(parent)
+        parent = digest(join((bhead, parent, arr, join(map(enc, tokens[i * bs:(i + 1) * bs])),
+                              tail0 if i == 0 else tail)))
+        out.append(parent)
+    return out
 
 
 # --------------------------------------------------------------------------- event form

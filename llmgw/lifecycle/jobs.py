@@ -1,6 +1,8 @@
 """Jobs: every lifecycle step an operator starts (update, eval, promote, rollback) is a job with
-a state and timestamped steps — the job's trace until requests' traces exist. Plain data, kept in
-the store (as `to_dict`) and answered by the admin API. Pure: times are passed in (Unix time).
+a state and timestamped steps (Unix time), and a trace of kind ``job`` whose phases are those steps
+on the router's monotonic clock (job_trace.py). Plain data, kept in the store (as `to_dict`, the
+trace with it) and answered by the admin API. Pure: times are passed in, and the trace's clock is
+injected by the shell (:meth:`Job.start_trace`).
 
 States: ``running`` → ``succeeded`` | ``failed``. A step is ``running`` → ``done`` | ``failed``.
 A job is never left running by a restarted router: what it does with one is
@@ -8,8 +10,12 @@ A job is never left running by a restarted router: what it does with one is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from llmgw.lifecycle.job_trace import new_job_trace, rebase, trace_from_dict
+from llmgw.route.trace import MAX_NOTE, Trace
 
 __all__ = ["JOB_KINDS", "MAX_DETAIL", "MAX_JOBS", "MAX_STEPS", "Job", "Step", "after_restart", "job_from_dict"]
 
@@ -40,14 +46,50 @@ class Job:
     revision_id: str = ""  # the revision it acts on
     params: dict[str, Any] = field(default_factory=dict)
     steps: list[Step] = field(default_factory=list)
+    # The job's trace, marked at each step once the shell gave it a clock (start_trace).
+    trace: Trace | None = field(default=None, repr=False, compare=False)
+    clock: Callable[[], float] | None = field(default=None, repr=False, compare=False)
 
     @property
     def done(self) -> bool:
         return self.state != "running"
 
+    def start_trace(self, clock: Callable[[], float], wall_now: float) -> None:
+        """Mark the trace on `clock` from now on: a new job's trace begins; a stored one that was
+        running goes on (its start moved onto this clock: the time the router was down counts in
+        the step that was running); a job stored without a trace gets one from its steps."""
+        self.clock = clock
+        now = clock()
+        elapsed = max(0.0, wall_now - self.created_at)
+        if self.done and self.trace is not None and self.trace.ended is None:
+            self.trace = None  # a stored trace left open by an ended job is not to be trusted: rebuilt
+        if self.trace is None:
+            t = self.trace = new_job_trace(self.id, self.kind, self.model, self.revision_id, started=now - elapsed,
+                                           wall=self.created_at)
+            for s in self.steps:
+                t.mark(s.name, t.started + max(0.0, s.started_at - self.created_at), note=s.detail)
+            if self.done:
+                t.mark(self.state, t.started + max(0.0, (self.ended_at or wall_now) - self.created_at),
+                       note=self.detail[:MAX_NOTE])
+                t.end(t.started + max(0.0, (self.ended_at or wall_now) - self.created_at), _OUTCOME[self.state])
+        elif self.trace.ended is None:
+            last = self.trace.marks[-1][1] - self.trace.started if self.trace.marks else 0.0
+            rebase(self.trace, now - max(elapsed, last))
+
+    def _mark(self, phase: str, note: str) -> None:
+        if self.trace is not None and self.clock is not None:  # the first step starts with the job
+            self.trace.mark(phase, self.clock() if self.trace.marks else self.trace.started, note=note)
+
+    def _end_trace(self) -> None:
+        if self.trace is not None and self.clock is not None:
+            now = self.clock()
+            self.trace.mark(self.state, now, note=self.detail)
+            self.trace.end(now, _OUTCOME[self.state])
+
     def step(self, name: str, now: float, detail: str = "") -> None:
         """A new step begins (the one running before it is done)."""
         self._close(now, "done")
+        self._mark(name, detail)
         if len(self.steps) >= MAX_STEPS:
             last = self.steps[-1]
             last.name, last.state, last.ended_at, last.detail = name, "running", None, _cut(detail)
@@ -58,18 +100,21 @@ class Job:
         """More about the running step (its detail is replaced)."""
         if self.steps:
             self.steps[-1].detail = _cut(detail)
+            _renote(self.trace, detail)
 
     def succeed(self, now: float, detail: str = "") -> None:
         if self.done:
             return
         self._close(now, "done")
         self.state, self.ended_at, self.detail = "succeeded", now, _cut(detail)
+        self._end_trace()
 
     def fail(self, now: float, detail: str) -> None:
         if self.done:
             return
         self._close(now, "failed", detail)
         self.state, self.ended_at, self.detail = "failed", now, _cut(detail)
+        self._end_trace()
 
     def _close(self, now: float, state: str, detail: str = "") -> None:
         if self.steps and self.steps[-1].state == "running":
@@ -77,9 +122,24 @@ class Job:
             s.state, s.ended_at = state, now
             if detail and not s.detail:
                 s.detail = _cut(detail)
+                _renote(self.trace, detail)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready; ``trace`` is the trace as GET /api/v1/traces/{id} answers it (None: none)."""
+        return {"id": self.id, "kind": self.kind, "model": self.model, "created_at": self.created_at,
+                "state": self.state, "ended_at": self.ended_at, "detail": self.detail,
+                "revision_id": self.revision_id, "params": self.params, "steps": [asdict(s) for s in self.steps],
+                "trace": None if self.trace is None else self.trace.to_dict()}
+
+
+_OUTCOME = {"succeeded": "ok", "failed": "failed", "running": "in_flight"}
+
+
+def _renote(trace: Trace | None, detail: str) -> None:
+    """The running step's note in the trace is `detail` (a job's step is noted as it goes)."""
+    if trace is not None and trace.ended is None and trace.marks:
+        name, at, attempt, _ = trace.marks[-1]
+        trace.marks[-1] = (name, at, attempt, detail[:MAX_NOTE])
 
 
 def job_from_dict(d: dict[str, Any]) -> Job:
@@ -92,6 +152,14 @@ def job_from_dict(d: dict[str, Any]) -> Job:
               str(d.get("revision_id", "")), dict(d.get("params", {})), steps)
     if job.kind not in JOB_KINDS or job.state not in ("running", "succeeded", "failed"):
         raise ValueError(f"job {job.id}: kind {job.kind!r} or state {job.state!r} unknown")
+    if d.get("trace") is not None:
+        try:
+            job.trace = trace_from_dict(d["trace"], started=0.0)
+        except (KeyError, TypeError, ValueError):
+            job.trace = None  # a damaged trace is not worth the job: start_trace makes one from its steps
+        else:
+            if job.trace.id != job.id:
+                job.trace = None
     return job
 
 

@@ -112,6 +112,7 @@ class AdapterRouting:
         ld = book.load_for(name)
         if ld is not None:
             ld.waiters += 1
+            book.waits_total += 1
             plan.load = ld
             return ld
         others = sorted((r for r in live if not book.holds(r.id, name) and not is_saturated(r.view, cfg)),
@@ -121,6 +122,7 @@ class AdapterRouting:
         if isinstance(got, Load):
             got.model = entry.name
             got.waiters = 1
+            book.waits_total += 1
             plan.load = got
             self._sync(core.table.replicas[got.replica])
             return got

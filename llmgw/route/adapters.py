@@ -99,6 +99,7 @@ class AdapterBook:
         self.unloads_total = dict.fromkeys(UNLOAD_OUTCOMES, 0)
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)  # per bucket, the last one +Inf
         self.latency_sum = 0.0
+        self.waits_total = 0  # requests that waited for a load (one that waited for two counts twice)
 
     # -- replicas ------------------------------------------------------------------------------
     def add_replica(self, rid: str, cap: int, pinned: Iterable[str] = ()) -> None:

@@ -116,6 +116,7 @@ class RouterCore:
                                spill_factor=pc.spill_factor, spill_slack=pc.spill_slack))
         # tier 2: its index lookup is set by the shell once the control plane's index exists
         self.kv_cache = KvCacheScorer()
+        self.prefix.defer = self.kv_cache.verdict  # where tier 2 knows the holders, tier 1 votes its shares
         self.sched = Scheduler(SchedulerConfig(kv_ceiling=rc.kv_ceiling, saturation_load=rc.saturation_load),
                                scorers={**self.prefix.scorers(), "kv_cache": self.kv_cache})
         self.cache_stats = cache_stats

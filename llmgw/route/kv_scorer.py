@@ -6,8 +6,11 @@ blocks with vLLM's scheme (``RequestInfo.kv_hashes``, the events' 64-bit int for
 asks the index (a callable handed in at construction: the pure core never sees the daemon's
 object) how many of those hashes each replica holds contiguously from the first, and scores a
 candidate ``held / len(hashes)``. No hashes (a model without kv_events, or tokenization failed)
-or no index: every candidate scores 0 and tier 1 (``prefix``) decides alone. Either way the
-decision's note says which tier decided and why (``observe``).
+or no index: every candidate scores 0 and tier 1 (``prefix``) decides alone. Where a candidate
+holds at least the first block, tier 1 votes tier 2's shares instead of its own guess
+(:meth:`KvCacheScorer.verdict`, wired to ``PrefixRouting.defer``): the engines' report beats the
+router's guess, and the affinity keeps both tiers' weight. Either way the decision's
+note says which tier decided and why (``observe``).
 
 What it counts (:class:`KvDecisionStats`, exact: one count per committed decision of a kv_events
 model) — the outcome of each decision (``decided``: tier 2 voted; else why tier 1 decided, see
@@ -33,17 +36,22 @@ LeadingBlocks = Callable[[Sequence[int]], Mapping[Any, int]]
 # llmgw_kv_decisions_total{outcome}: decided — tier 2 voted (a candidate holds the first block);
 # then why tier 1 decided: miss (candidates have events, none holds the first block), no_events
 # (no candidate has reported a block yet), no_full_block (the prompt is shorter than a block),
-# no_index, timeout / tokenize_failed / no_replica (the /tokenize step), lora (an adapter's
-# request), unsupported (nothing to tokenize).
+# no_index, timeout / tokenize_failed / no_replica (the /tokenize step), version (the engine's vLLM
+# release is unknown or hashes otherwise), lora (an adapter's request), unsupported (nothing to tokenize).
 OUTCOMES = ("decided", "miss", "no_events", "no_full_block", "no_index", "timeout", "tokenize_failed",
-            "no_replica", "lora", "unsupported")
+            "no_replica", "version", "lora", "unsupported")
+# the /tokenize step's own outcome (RequestInfo.kv_outcome) -> the decision's
+_TOKENIZE_OUTCOMES = {"timeout": "timeout", "no_replica": "no_replica", "version": "version",
+                      "error": "tokenize_failed", "garbage": "tokenize_failed"}
 MATCHED_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 MAX_REPLICAS = 4096  # per-replica tier counts kept (the oldest leave first)
 
 
-def fallback_reason(note: str) -> str:
-    """The outcome for a request whose /tokenize step left no hashes, from its note (the words
-    llmgw.daemon.router.tokenize writes)."""
+def fallback_reason(note: str, tokenize_outcome: str = "") -> str:
+    """The outcome for a request whose /tokenize step left no hashes: from the step's outcome
+    when it says, else from its note (the words llmgw.daemon.router.tokenize writes)."""
+    if tokenize_outcome in _TOKENIZE_OUTCOMES:
+        return _TOKENIZE_OUTCOMES[tokenize_outcome]
     if "timed out" in note:
         return "timeout"
     if "adapter" in note or "LoRA" in note:
@@ -73,21 +81,45 @@ class KvCacheScorer:
         self.lookup = lookup
         self.alarmed = alarmed
         self.stats = KvDecisionStats()
+        self._memo: tuple[RequestInfo, float, Mapping[Any, int]] | None = None
+
+    def held(self, req: RequestInfo, now: float) -> Mapping[Any, int] | None:
+        """The index's answer for ``req`` (None: no hashes or no index), asked once per decision."""
+        hashes = req.kv_hashes
+        if not hashes or self.lookup is None:
+            return None
+        memo = self._memo
+        if memo is not None and memo[0] is req and memo[1] == now:
+            return memo[2]
+        held = self.lookup(hashes)
+        self._memo = (req, now, held)
+        return held
+
+    def verdict(self, req: RequestInfo, endpoints: Sequence[Any], now: float) -> dict[int, float] | None:
+        """Tier 2's shares by candidate index where a candidate's engine holds at least the
+        request's first block, else None. Tier 1 then votes these instead of its own guess
+        (``PrefixRouting.defer``), so the affinity keeps both tiers' weight."""
+        held = self.held(req, now)
+        if not held:
+            return None
+        total = len(req.kv_hashes or ())
+        vals = {i: min(n, total) / total for i, e in enumerate(endpoints) if (n := held.get(e.id, 0)) > 0}
+        return vals or None
 
     def __call__(self, ctx: ScoreContext) -> Scores:
         req = ctx.req
         hashes = req.kv_hashes
-        if hashes is None or self.lookup is None or not hashes:
+        held = self.held(req, ctx.now)
+        if held is None or hashes is None:
             if hashes is not None or req.kv_note:
                 if hashes is None:
-                    outcome, why = fallback_reason(req.kv_note), req.kv_note
+                    outcome, why = fallback_reason(req.kv_note, req.kv_outcome), req.kv_note
                 elif self.lookup is None:
                     outcome, why = "no_index", "no tier-2 index"
                 else:
                     outcome, why = "no_full_block", req.kv_note or "no full block"
                 ctx.keep(self, (outcome, f"tier 2 unavailable: {why}; tier 1 decides", None))
             return Scores.constant(0.0)
-        held = self.lookup(hashes)
         total = len(hashes)
         vals: dict[int, float] = {}
         best, best_id = 0, ""

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
 from typing import Any
@@ -97,6 +97,7 @@ class _Pending:
     gated: dict[str, int] = field(default_factory=dict)  # holder withdrawn -> its count
     live: int = 0  # candidate holders that kept their affinity
     cands: int = -1  # candidates holding the prefix (-1: not scored)
+    deferred: bool = False  # tier 2 knew who holds the prefix: this scorer voted its shares
 
 
 class ZeroHitAlarm:
@@ -176,6 +177,15 @@ class PrefixRouting:
         self.scored = 0
         self._buckets = [0] * (len(MATCH_BUCKETS) + 1)  # last = +Inf
         self._matched_sum = 0
+        # Tier 2's verdict where the engines' own events name a holder of this request's first
+        # block: its shares by candidate index (the router core wires the kv_cache scorer's
+        # here). Then this scorer's own guess counts only for candidates the engines confirm,
+        # and tier 2's shares for the rest: what the router sent where goes stale behind its
+        # back (a holder evicted the prefix, restarted) and must not outvote what an engine
+        # reports, while voting the engines' view with this weight too keeps a conversation as
+        # sticky as when both tiers agree.
+        self.defer: Callable[[RequestInfo, Sequence[EndpointView], float], dict[int, float] | None] | None = None
+        self.deferred = 0
 
     # -- wiring ---------------------------------------------------------------------------------
     @property
@@ -220,14 +230,18 @@ class PrefixRouting:
         p.live = 0
         p.cands = 0
         self.scored += 1
+        verdict = self.defer(req, eps, ctx.now) if self.defer is not None else None
+        if verdict is not None:
+            p.deferred = True
+            self.deferred += 1
         if not m.holders:
-            return self._cold(eps)
+            return Scores(verdict) if verdict is not None else self._cold(eps)
         pos = self._positions(eps)
         get = pos.get
         held = [(i, r, mb, c) for r, (mb, c) in m.holders.items() if (i := get(r)) is not None]
         p.cands = len(held)
         if not held:
-            return self._cold(eps)
+            return Scores(verdict) if verdict is not None else self._cold(eps)
         # Both gates reduce to one load threshold per decision: imbalance withdraws a holder
         # when load - least > abs_gap AND load > rel_gap × least, i.e. load > max(least +
         # abs_gap, rel_gap × least); spill when load > spill_factor × mean + spill_slack.
@@ -268,6 +282,11 @@ class PrefixRouting:
                 ctx.flag(i, why.format(ctx.loads[i]))
             else:
                 ctx.flag(i, f"prefix {mb}/{n} B held, sent {c}×")
+        if verdict is not None:
+            # this guess stands only where the engine confirms it holds the prefix's first
+            # block (it may know of a turn whose events are still on their way); elsewhere
+            # the engines' shares
+            vals = {i: max(v, vals.get(i, 0.0)) for i, v in verdict.items()}
         return Scores(vals) if vals else Scores.constant(0.0)
 
     def _cold(self, eps: Sequence[EndpointView]) -> Scores:
@@ -340,6 +359,8 @@ class PrefixRouting:
             note = (f"prefix {outcome}: {', '.join(sorted(p.gated))} over the load gate, "
                     f"{chosen} recorded" + (f" as extra holder (count {count})"
                                             if outcome == "spilled" else ""))
+        if p.deferred:
+            note += " (tier 1 voted where tier 2 confirms)"
         return PrefixOutcome(outcome, got, n, len(holders), note)
 
     def _observe_length(self, got: int) -> None:

@@ -84,6 +84,7 @@ class RequestInfo:
     # why not, when it was tried and failed (it goes into the decision's note).
     kv_hashes: tuple[int, ...] | None = None
     kv_note: str = ""
+    kv_outcome: str = ""  # why the /tokenize step left no hashes (its outcome label), if it says
 
 
 @dataclass(slots=True)

@@ -19,6 +19,8 @@ from llmgw.tui.client import AdminAPI, AdminError, Backoff, follow
 from llmgw.tui.facility_screens import PlacementScreen
 from llmgw.tui.holds import HoldEdit
 from llmgw.tui.labels import LabelEdit
+from llmgw.tui.lifecycle_fetch import fetch_lifecycle
+from llmgw.tui.lifecycle_rows import lifecycle_models
 from llmgw.tui.rationale import RationaleScreen
 from llmgw.tui.rows import banner_text, status_line
 from llmgw.tui.state import ConsoleState
@@ -135,6 +137,7 @@ class ConsoleApp(App[int]):
         if view.stale:
             view.refresh_from(self.state)
         view.focus_main()
+        view.shown()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # over a rationale or a dialog the views' filters are out of reach
@@ -205,3 +208,41 @@ class ConsoleApp(App[int]):
             self.notify(f"{target}: no explanation: {err}", severity="error", timeout=8)
             return
         self.push_screen(PlacementScreen(e))
+
+    # -- the model lifecycle (views/lifecycle.py) -------------------------------------------------------
+    def refresh_lifecycle(self) -> None:
+        self.run_worker(self._refresh_lifecycle(), group="lifecycle", exclusive=True)
+
+    async def _refresh_lifecycle(self) -> None:
+        before = self.state.lifecycle
+        try:
+            data = await fetch_lifecycle(self.client, lifecycle_models(self.state), before)
+        except AdminError as e:
+            data = {**before, "error": str(e)}
+        data["last_action"] = before.get("last_action")
+        self._dirty |= self.state.put_lifecycle(data)
+        self._redraw(force=True)
+
+    def lifecycle_action(self, action: str, model: str, args: tuple[str, ...]) -> None:
+        self.run_worker(self._lifecycle_action(action, model, args), group="lifecycle-action")
+
+    async def _lifecycle_action(self, action: str, model: str, args: tuple[str, ...]) -> None:
+        c = self.client
+        try:
+            if action == "update":
+                job = await c.update_model(model)
+            elif action == "eval":
+                job = await c.eval_model(model, args[0], args[1])
+            elif action == "promote":
+                job = await c.promote(model, list(args))
+            else:
+                job = await c.rollback(model)
+        except AdminError as e:
+            text, tone = f"{action} {model} refused: {e}", "bad"
+            self.notify(printable(text), severity="error", timeout=12)
+        else:
+            text, tone = f"{action} {model}: job {job.get('id', '?')} {job.get('state', '?')}", "good"
+            self.notify(printable(text))
+        self.state.lifecycle["last_action"] = {"text": text, "tone": tone}
+        self._dirty.add("lifecycle")
+        await self._refresh_lifecycle()

@@ -61,6 +61,19 @@ class AdminAPI(Protocol):
 
     async def explain_placement(self, target: str) -> dict[str, Any]: ...
 
+    # the model lifecycle (the Lifecycle view; docs/lifecycle.md)
+    async def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        """Any GET under /api/v1 (the Lifecycle view's jobs, revisions, suites)."""
+        ...
+
+    async def update_model(self, model: str) -> dict[str, Any]: ...
+
+    async def eval_model(self, model: str, suite: str, revision: str) -> dict[str, Any]: ...
+
+    async def promote(self, model: str, require_suites: list[str]) -> dict[str, Any]: ...
+
+    async def rollback(self, model: str) -> dict[str, Any]: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -121,15 +134,38 @@ class AdminClient:
         except OSError as e:
             raise DaemonUnreachable(_reason(e)) from e
 
-    async def _call(self, method: str, path: str, body: Any) -> dict[str, Any]:
+    async def _request(self, method: str, path: str, body: Any, params: dict[str, Any] | None = None) -> Any:
         try:
-            r = await self._http.request(method, f"{PREFIX}{path}", json=body)
+            r = await self._http.request(method, f"{PREFIX}{path}", json=body,
+                                         params={k: v for k, v in (params or {}).items() if v is not None})
         except (httpx.HTTPError, OSError) as e:
             raise DaemonUnreachable(_reason(e)) from e
         if r.status_code >= 400:
             raise AdminRefused(r.status_code, _error_message(r))
-        out = r.json() if r.content else {}
+        try:
+            return r.json() if r.content else {}
+        except ValueError as e:
+            raise DaemonUnreachable(f"the daemon's answer is not JSON ({e})") from e
+
+    async def _call(self, method: str, path: str, body: Any) -> dict[str, Any]:
+        out = await self._request(method, path, body)
         return out if isinstance(out, dict) else {}
+
+    async def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        return await self._request("GET", path, None, params)
+
+    async def update_model(self, model: str) -> dict[str, Any]:
+        """A re-roll: a candidate of the model's current definition (the update job)."""
+        return await self._call("POST", f"/models/{quote(model, safe='')}/update", None)
+
+    async def eval_model(self, model: str, suite: str, revision: str) -> dict[str, Any]:
+        return await self._call("POST", f"/models/{quote(model, safe='')}/eval", {"suite": suite, "revision": revision})
+
+    async def promote(self, model: str, require_suites: list[str]) -> dict[str, Any]:
+        return await self._call("POST", f"/models/{quote(model, safe='')}/promote", {"require_suites": require_suites})
+
+    async def rollback(self, model: str) -> dict[str, Any]:
+        return await self._call("POST", f"/models/{quote(model, safe='')}/rollback", None)
 
     async def set_labels(self, node: str, labels: dict[str, str]) -> dict[str, Any]:
         return await self._call("PUT", f"/nodes/{quote(node, safe='')}/labels", {"labels": labels})

@@ -63,6 +63,9 @@ class ConsoleState:
     store: dict[str, Any] = field(default_factory=dict)  # the router's store: {"state": "ok" | "degraded", ...}
     adapters: dict[str, Any] = field(default_factory=dict)  # LoRA adapters per vLLM replica (GET /adapters)
     kv: dict[str, Any] = field(default_factory=dict)  # tier 2: its index and parity per replica (GET /api/v1/kv)
+    # revisions, jobs, suites and eval results: not on the stream, fetched while the Lifecycle view
+    # is shown (lifecycle_fetch.py; the shape is in lifecycle_rows.py)
+    lifecycle: dict[str, Any] = field(default_factory=dict)
     decisions: deque[DecisionEntry] = field(init=False)  # newest first
     link: Link = field(default_factory=Link)
     _seq: int = field(default=0, init=False)
@@ -143,6 +146,11 @@ class ConsoleState:
         """The models the daemon has now: defined, or with a replica or an endpoint."""
         names = {m.get("name") for m in self.models} | {r.get("model") for r in (*self.replicas, *self.endpoints)}
         return {n for n in names if isinstance(n, str)}
+
+    def put_lifecycle(self, data: Mapping[str, Any]) -> frozenset[str]:
+        """The lifecycle's state as the admin API answered it (lifecycle_fetch.py)."""
+        self.lifecycle = dict(data)
+        return frozenset({"lifecycle"})
 
     def node(self, name: str) -> dict[str, Any] | None:
         return next((n for n in self.nodes if n.get("name") == name), None)

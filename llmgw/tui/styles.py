@@ -81,8 +81,14 @@ TabPane {
 }
 
 /* label editor */
-LabelEditor {
+LabelEditor, ChoiceScreen {
     align: center middle;
+}
+
+#choice-list {
+    height: auto;
+    max-height: 12;
+    margin: 1 0;
 }
 
 #label-dialog {

@@ -447,9 +447,12 @@ class AdminApp:
     async def _trace(self, call: _Call) -> Any:
         rid = call.params["request_id"]
         t = self.router.traces().get(rid)
+        if t is None:  # a job's trace is kept with the job, after the ring has forgotten it
+            job = self.control.lifecycle.jobs.get(rid)
+            t = job.trace if job is not None else None
         if t is None:
             raise _Fail(404, f"No recent trace for request {rid!r} (the router keeps the last "
-                             f"router.traces.kept).")
+                             f"router.traces.kept; a job's trace is kept with the job).")
         return trace_view(t, trio.current_time())
 
     def _cache(self, window_s: float | None = None) -> CacheSummary:

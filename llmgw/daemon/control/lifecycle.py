@@ -97,7 +97,10 @@ class Lifecycle(EvalsAndViews):
                 revs.candidate = None
         now = time.time()
         for job in self.jobs.values():
+            if job.trace is None or job.trace.ended is None:  # stored before traces, or still running
+                job.start_trace(trio.current_time, now)  # a running one's trace goes on, on this clock
             if not job.done:
+                self.plane.router.traces().add(job.trace)
                 revs = self.revisions.get(job.model)
                 outcome = after_restart(job, now, candidate_exists=revs is not None and revs.candidate is not None)
                 log.warning("job %s (%s %s) was running when the router stopped: %s", job.id, job.kind, job.model,
@@ -121,6 +124,8 @@ class Lifecycle(EvalsAndViews):
     def _new_job(self, kind: str, model: str, revision_id: str = "", **params: Any) -> Job:
         job = Job(f"{kind}-{secrets.token_hex(4)}", kind, model, time.time(), revision_id=revision_id,
                   params=params)
+        job.start_trace(trio.current_time, job.created_at)  # its steps as a trace's phases (kept with it)
+        self.plane.router.traces().add(job.trace)  # GET /api/v1/traces lists it while it is recent
         self.jobs[job.id] = job
         done = [j for j in self.jobs.values() if j.done]
         for old in done[:max(0, len(self.jobs) - MAX_JOBS)]:

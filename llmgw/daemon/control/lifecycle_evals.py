@@ -133,6 +133,7 @@ class EvalsAndViews:
         """The job as the admin API answers it; with `result`, an eval's whole result (a list of
         jobs leaves it out: a result may hold a thousand cases)."""
         d = job.to_dict()
+        d.pop("trace")  # GET /api/v1/traces/{job_id} answers it
         key = job.params.get("result")
         d["result"] = self.results.get(key) if result and isinstance(key, str) else None
         return d

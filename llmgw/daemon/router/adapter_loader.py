@@ -168,7 +168,7 @@ def _bounded(text: str) -> str:
 class AdapterMetrics(Collector):
     """llmgw_adapters_loaded{replica}, llmgw_adapter_loads_total{outcome},
     llmgw_adapter_unloads_total{outcome}, llmgw_adapter_load_seconds,
-    llmgw_adapter_load_waiting."""
+    llmgw_adapter_load_waiting, llmgw_adapter_load_waits_total."""
 
     def __init__(self, core: RouterCore) -> None:
         self.core = core
@@ -200,3 +200,5 @@ class AdapterMetrics(Collector):
         yield h
         yield GaugeMetricFamily("llmgw_adapter_load_waiting", "Requests waiting for a LoRA adapter load.",
                                 value=float(book.waiting()))
+        yield CounterMetricFamily("llmgw_adapter_load_waits", "Requests that waited for a LoRA adapter load "
+                                  "(one that waited for two loads counts twice).", value=float(book.waits_total))

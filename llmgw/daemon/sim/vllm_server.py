@@ -84,6 +84,8 @@ class VllmSim:
             raise ArgError(str(e)) from None
         self.enable_lora = ns.enable_lora
         self.loras = vs.LoraRegistry(self.served, ns.max_lora_rank, ns.max_cpu_loras or ns.max_loras, self.version)
+        self._lora_loading: dict[str, trio.Event] = {}  # adapters being loaded into the worker cache now
+        self.lora_waits = 0  # requests that waited for a worker-cache load
         for m in parse_lora_modules(ns.lora_modules):
             if not self.enable_lora:
                 raise ArgError("--lora-modules needs --enable-lora")
@@ -194,7 +196,15 @@ class VllmSim:
         return Response(200, list(_JSON), vs.dumps({"server_load": self.server_load}))
 
     async def _metrics(self, req: Request) -> Response:
-        return Response(200, [("content-type", "text/plain; version=0.0.4; charset=utf-8")], self.metrics.render())
+        body = self.metrics.render()
+        if self.enable_lora:  # the simulator's own counters (no vLLM has them): what LoRA benchmarks read
+            body += (b"# HELP llmgw_sim_lora_loads_total Simulator only: adapter loads into the worker's LoRA cache.\n"
+                     b"# TYPE llmgw_sim_lora_loads_total counter\n"
+                     b"llmgw_sim_lora_loads_total %d\n"
+                     b"# HELP llmgw_sim_lora_load_waits_total Simulator only: requests that waited for such a load.\n"
+                     b"# TYPE llmgw_sim_lora_load_waits_total counter\n"
+                     b"llmgw_sim_lora_load_waits_total %d\n" % (self.loras.loads, self.lora_waits))
+        return Response(200, [("content-type", "text/plain; version=0.0.4; charset=utf-8")], body)
 
     async def _kv_sources(self, req: Request) -> Response:
         if self.publisher is None:
@@ -276,6 +286,23 @@ class VllmSim:
             return True, int(json.loads((p / "adapter_config.json").read_text()).get("r", 8))
         except (OSError, ValueError, AttributeError):
             return True, 8
+
+    async def _lora_ready(self, name: str) -> None:
+        """A cold adapter is loaded into the worker cache before its request runs, once: requests for
+        it that arrive during the load wait for that same load. Counted (the simulator's own
+        llmgw_sim_lora_* metrics, which benchmarks read)."""
+        while (ev := self._lora_loading.get(name)) is not None:
+            self.lora_waits += 1
+            await ev.wait()
+        if not self.loras.touch(name) or self.opts.lora_load_ms <= 0:
+            return
+        self.lora_waits += 1
+        ev = self._lora_loading[name] = trio.Event()
+        try:
+            await trio.sleep(self.opts.lora_load_ms / 1e3)
+        finally:
+            del self._lora_loading[name]
+            ev.set()
 
     async def _unload_lora(self, req: Request) -> Response:
         msg = self.loras.unload(self._body(req).get("lora_name"))
@@ -370,8 +397,8 @@ class VllmSim:
     async def _generate(self, body: dict[str, Any], params: GenParams, prompts: list[list[int]],
                         lora: LoraRef | None, *, chat: bool) -> Response:
         max_tokens = [self._check_len(len(p), params) for p in prompts]
-        if lora is not None and self.loras.touch(lora.name) and self.opts.lora_load_ms > 0:
-            await trio.sleep(self.opts.lora_load_ms / 1e3)  # a cold adapter is loaded before it runs
+        if lora is not None:
+            await self._lora_ready(lora.name)
         model = body.get("model") or self.served[0]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())

@@ -8,12 +8,14 @@ from llmgw.tui.views.base import ConsoleView
 from llmgw.tui.views.cache import CacheView
 from llmgw.tui.views.decisions import DecisionsView
 from llmgw.tui.views.help import HelpView
+from llmgw.tui.views.lifecycle import LifecycleView
 from llmgw.tui.views.models import ModelsView
 from llmgw.tui.views.nodes import NodesView
 
 __all__ = ["VIEWS", "ConsoleView"]
 
-VIEWS: tuple[type[ConsoleView], ...] = (NodesView, ModelsView, DecisionsView, CacheView, AdaptersView, HelpView)
+VIEWS: tuple[type[ConsoleView], ...] = (NodesView, ModelsView, DecisionsView, CacheView, AdaptersView, LifecycleView,
+                                       HelpView)
 
 if len({v.key for v in VIEWS}) != len(VIEWS) or len({v.view_id for v in VIEWS}) != len(VIEWS):
     raise RuntimeError("two console views share a key or an id")

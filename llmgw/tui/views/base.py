@@ -48,6 +48,16 @@ class ConsoleHost(Protocol):
         """Show the placement explanation of a replica id or a model name."""
         ...
 
+    def active_view(self) -> ConsoleView: ...
+
+    def refresh_lifecycle(self) -> None:
+        """Fetch the lifecycle section again (the Lifecycle view, while shown)."""
+        ...
+
+    def lifecycle_action(self, action: str, model: str, args: tuple[str, ...]) -> None:
+        """update, eval (suite, revision), promote (required suites) or rollback, then refresh."""
+        ...
+
 
 def row_key_at(table: DataTable[Text | str]) -> str | None:
     """The key of the row under the cursor, or None for an empty table."""
@@ -137,6 +147,9 @@ class ConsoleView(Vertical):
 
     def render_state(self, state: ConsoleState) -> None:
         raise NotImplementedError
+
+    def shown(self) -> None:
+        """The view came on screen (a view that fetches its data asks for it here)."""
 
     def refresh_from(self, state: ConsoleState) -> None:
         self.render_state(state)

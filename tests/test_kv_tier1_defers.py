@@ -1,0 +1,72 @@
+"""Where tier 2 knows who holds a request's first block, tier 1's guess counts only where the
+engines confirm it, tier 2's shares elsewhere: a stale tier-1 belief (the router sent the prefix
+to m/0, whose engine has since evicted it or restarted) must not outvote what the engines report
+(m/1 holds most of it), while a confirmed holder keeps tier 1's fresher view (a turn whose events
+are still on their way). Where tier 2 knows nothing, tier 1 decides as before. Wired as the
+router core wires them."""
+
+from __future__ import annotations
+
+import random
+
+from llmgw.route.kv_scorer import KvCacheScorer
+from llmgw.route.prefix_scorer import PrefixRouting
+from llmgw.route.scheduler import Scheduler
+from llmgw.route.strategies import PRESETS
+from llmgw.route.types import EndpointView, RequestInfo
+
+HEAD = b"system\0" + b"a long shared system prompt " * 80
+
+
+def _eps() -> list[EndpointView]:
+    return [EndpointView(id=f"m/{i}", model="m", url=f"http://e{i}", running=0.0, waiting=0.0,
+                         kv_usage=0.1, stale=False) for i in range(3)]
+
+
+def _fleet(held: dict[str, int]) -> tuple[Scheduler, PrefixRouting]:
+    prefix = PrefixRouting()
+    kv = KvCacheScorer(lambda h: held)
+    prefix.defer = kv.verdict  # as llmgw.route.dispatch.RouterCore wires them
+    sched = Scheduler(scorers={**prefix.scorers(), "kv_cache": kv})
+    # tier 1 learns that m/0 was sent the head
+    first = sched.decide(RequestInfo("r0", "m", "m", head=HEAD), _eps()[:1], PRESETS["chat"], now=0.0,
+                         wall=0.0, rng=random.Random(1))
+    assert first.chosen == "m/0"
+    return sched, prefix
+
+
+def test_a_stale_tier_1_belief_does_not_outvote_the_engines_events() -> None:
+    sched, prefix = _fleet({"m/1": 40})  # m/0's engine no longer holds it; m/1's holds 40 of 70 blocks
+    d = sched.decide(RequestInfo("r1", "m", "m", head=HEAD, kv_hashes=tuple(range(70))), _eps(), PRESETS["chat"],
+                     now=1.0, wall=1.0, rng=random.Random(1))
+    assert d.chosen == "m/1", d.note
+    assert "tier 2: 40/70 blocks on m/1" in d.note and "tier 1 voted where tier 2 confirms" in d.note
+    # tier 1's vote is tier 2's verdict: the affinity keeps both tiers' weight
+    assert {c.endpoint_id: (c.scores["prefix"], c.scores["kv_cache"]) for c in d.candidates} == \
+        {"m/0": (0.0, 0.0), "m/1": (40 / 70, 40 / 70), "m/2": (0.0, 0.0)}
+    assert prefix.deferred == 1
+
+
+def test_a_confirmed_holder_keeps_tier_1s_fresher_view() -> None:
+    # m/0's engine reports 10 of 70 blocks (its last turn's events are not in yet), m/1's 40:
+    # tier 1 knows m/0 was sent the whole head, and m/0's engine confirms holding its start
+    sched, _ = _fleet({"m/0": 10, "m/1": 40})
+    d = sched.decide(RequestInfo("r1", "m", "m", head=HEAD, kv_hashes=tuple(range(70))), _eps(), PRESETS["chat"],
+                     now=1.0, wall=1.0, rng=random.Random(1))
+    scores = {c.endpoint_id: c.scores["prefix"] for c in d.candidates}
+    assert scores["m/0"] > 0.9 and scores["m/1"] == 40 / 70 and scores["m/2"] == 0.0
+
+
+def test_where_tier_2_knows_no_holder_tier_1_decides() -> None:
+    sched, prefix = _fleet({})
+    d = sched.decide(RequestInfo("r1", "m", "m", head=HEAD, kv_hashes=tuple(range(70))), _eps(), PRESETS["chat"],
+                     now=1.0, wall=1.0, rng=random.Random(1))
+    assert d.chosen == "m/0" and "prefix hit" in d.note and "voted where" not in d.note
+    assert "no candidate holds the first of 70 blocks; tier 1 decides" in d.note and prefix.deferred == 0
+
+
+def test_without_hashes_tier_1_is_untouched() -> None:
+    sched, prefix = _fleet({"m/1": 40})
+    d = sched.decide(RequestInfo("r1", "m", "m", head=HEAD), _eps(), PRESETS["chat"], now=1.0, wall=1.0,
+                     rng=random.Random(1))
+    assert d.chosen == "m/0" and prefix.deferred == 0
