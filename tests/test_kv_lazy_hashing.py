@@ -1,0 +1,87 @@
+"""Hashing only as far as any replica can hold (PrefixChains.hashes with ``held_any``): what is
+hashed is always a prefix of the full chain, all of it when every block is held, one chunk when
+nothing is, and a partial chain remembered is extended later, hashing only the new blocks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmgw.kv.hashing import HashContext, event_hash
+from llmgw.kv.index import KVIndex
+from llmgw.kv.mirror import Snapshot
+from llmgw.kv.prefix_chains import PrefixChains
+
+CTX = HashContext.create("0.33.0", "sha256_cbor", 4, "0")
+
+
+def want(tokens: list[int], salt: str | None = None) -> tuple[int, ...]:
+    return tuple(event_hash(d) for d in CTX.hash_tokens(tokens, None, salt))  # type: ignore[misc]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 200), st.integers(0, 120)), min_size=1, max_size=10),
+       st.integers(1, 5), st.integers(1, 6), st.sampled_from([None, "s"]))
+def test_always_a_prefix_of_the_full_chain_and_long_enough(steps: list[tuple[int, int, int]], chunk: int,
+                                                           at_least: int, salt: str | None) -> None:
+    rng = random.Random(len(steps))
+    pc = PrefixChains(max_chains=4, max_tokens=600, per_head=2)
+    held: set[int] = set()
+    convs = [[7, 7, 7, 7] for _ in range(3)]
+    for conv, store, grow in steps:
+        toks = convs[conv] + [rng.randrange(3) for _ in range(grow)]
+        convs[conv] = toks
+        full = want(toks, salt)
+        got = pc.hashes(CTX, toks, None, salt, held_any=held.__contains__, chunk=chunk, at_least=at_least)
+        assert got == full[:len(got)]
+        assert len(got) >= min(len(full), at_least)
+        # exact stop: every block hashed past the minimum follows a held block, and it stops only
+        # at the end or after a block no replica holds (a chunk's last, or the remembered last)
+        if len(got) < len(full):
+            assert got[-1] not in held
+        held.update(full[:store % (len(full) + 1)])  # an engine stores some of the prompt's blocks
+
+
+def test_everything_held_hashes_every_block_nothing_held_one_chunk() -> None:
+    toks = list(range(400))  # 100 blocks of 4
+    full = want(toks)
+    pc = PrefixChains()
+    assert pc.hashes(CTX, toks, held_any=lambda h: True, chunk=16) == full
+    assert pc.hashed_blocks == 100 and pc.skipped_blocks == 0
+    pc = PrefixChains()
+    asked: list[int] = []
+    got = pc.hashes(CTX, toks, held_any=lambda h: asked.append(h) or False, chunk=16)
+    assert got == full[:16] and asked == [full[15]]  # one chunk, one look at the index
+    assert pc.hashed_blocks == 16 and pc.skipped_blocks == 84
+    # the minimum covers the parity check's 16 leading hashes even with a smaller chunk
+    assert PrefixChains().hashes(CTX, toks, held_any=lambda h: False, chunk=5) == full[:16]
+    assert PrefixChains().hashes(CTX, toks[:20], held_any=lambda h: False) == full[:5]  # fewer than 16: all
+    # held up to block 40: hashing stops at the first chunk end past it
+    assert PrefixChains().hashes(CTX, toks, held_any=set(full[:40]).__contains__, chunk=16) == full[:48]
+    with pytest.raises(ValueError):
+        pc.hashes(CTX, toks, held_any=lambda h: False, chunk=0)
+
+
+def test_a_partial_chain_is_extended_once_its_blocks_are_held() -> None:
+    toks = list(range(400))
+    full = want(toks)
+    idx = KVIndex()
+    pc = PrefixChains()
+    assert pc.hashes(CTX, toks, held_any=idx.holds_any) == full[:16]
+    assert pc.chains == 1 and pc.tokens == 16 * 4  # remembered: the blocks hashed, not the prompt
+    # nothing held yet: a repeat takes the 16 remembered hashes and hashes nothing
+    assert pc.hashes(CTX, toks, held_any=idx.holds_any) == full[:16] and pc.hashed_blocks == 16
+    idx.replace("m/0", Snapshot(1, {"GPU": frozenset(full)}))  # the engine stored the whole prompt
+    assert pc.hashes(CTX, toks, held_any=idx.holds_any) == full
+    assert pc.hashed_blocks == 100 and pc.reused_blocks == 32 and pc.chains == 1  # extended, one chain
+    # another replica's blocks count too, in any medium
+    idx2 = KVIndex()
+    idx2.replace("m/0", Snapshot(1, {"GPU": frozenset()}))
+    idx2.replace("m/1", Snapshot(1, {"CPU": frozenset(full[:20])}))
+    assert idx2.holds_any(full[19]) and not idx2.holds_any(full[20])
+    assert PrefixChains().hashes(CTX, toks, held_any=idx2.holds_any) == full[:32]
+    idx2.remove_replica("m/1")
+    assert not idx2.holds_any(full[0])
