@@ -85,3 +85,26 @@ def test_a_partial_chain_is_extended_once_its_blocks_are_held() -> None:
     assert PrefixChains().hashes(CTX, toks, held_any=idx2.holds_any) == full[:32]
     idx2.remove_replica("m/1")
     assert not idx2.holds_any(full[0])
+
+
+def test_the_share_is_of_the_prompts_blocks_not_of_the_hashes_computed() -> None:
+    import random as _r
+
+    from llmgw.route.kv_scorer import KvCacheScorer
+    from llmgw.route.scheduler import Scheduler
+    from llmgw.route.strategies import PRESETS
+    from llmgw.route.types import EndpointView, RequestInfo
+
+    eps = [EndpointView(id=f"m/{i}", model="m", url=f"http://e{i}", running=0.0, waiting=0.0, kv_usage=0.1,
+                        stale=False) for i in range(2)]
+    # 32 of a 256-block prompt hashed; m/1 holds all 32: its share is 32/256, not 1
+    sc = KvCacheScorer(lambda h: {"m/0": 0, "m/1": len(h)})
+    req = RequestInfo("r", "m", "m", kv_hashes=tuple(range(32)), kv_blocks=256)
+    d = Scheduler(scorers={"kv_cache": sc}).decide(req, eps, PRESETS["chat"], now=0.0, wall=0.0, rng=_r.Random(1))
+    assert d.chosen == "m/1" and "tier 2: 32/256 blocks on m/1" in d.note
+    assert {c.endpoint_id: c.scores["kv_cache"] for c in d.candidates} == {"m/0": 0.0, "m/1": 32 / 256}
+    assert sc.verdict(req, eps, 1.0) == {1: 32 / 256}
+    assert sc.stats.matched_sum == 32
+    # kv_blocks 0 (not set): the hashes are all the blocks
+    req = RequestInfo("r", "m", "m", kv_hashes=tuple(range(32)))
+    assert sc.verdict(req, eps, 2.0) == {1: 1.0}
