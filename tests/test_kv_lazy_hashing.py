@@ -108,3 +108,53 @@ def test_the_share_is_of_the_prompts_blocks_not_of_the_hashes_computed() -> None
     # kv_blocks 0 (not set): the hashes are all the blocks
     req = RequestInfo("r", "m", "m", kv_hashes=tuple(range(32)))
     assert sc.verdict(req, eps, 2.0) == {1: 1.0}
+
+
+def test_a_repeated_prompt_is_hashed_further_once_the_engine_stored_it() -> None:
+    """Over a real socket: the first request of a long prompt nobody holds hashes 16 blocks (not
+    300); the cached repeat keeps them while nothing is held; once the engine has stored the
+    prompt, the repeat is hashed further (only the new blocks, no second /tokenize)."""
+    import trio
+
+    from llmgw.daemon.net.httpserver import serve_tcp
+    from llmgw.daemon.net.upstream import UpstreamPool
+    from llmgw.daemon.router.kv_index import RouterKvIndex
+    from llmgw.daemon.router.tokenize import Tier2Metrics, Tier2Tokenizer
+    from llmgw.fleet.wire import KvEvents
+    from tests.test_kv_tokenize import Engine, _cfg, _plan
+
+    ctx16 = HashContext.create("0.33.0", "sha256_cbor", 16, "0")
+    tokens = [random.Random(3).randrange(150_000) for _ in range(300 * 16 + 5)]
+    full = tuple(event_hash(d) for d in ctx16.hash_tokens(tokens))  # type: ignore[misc]
+
+    async def main() -> None:
+        engine = Engine()
+        engine.tokens = tokens
+        async with trio.open_nursery() as nursery, UpstreamPool() as pool:
+            port = await nursery.start(serve_tcp, engine.handle, "127.0.0.1", 0)
+            t = Tier2Tokenizer(_cfg(), pool, timeout=2.0)
+            kv = RouterKvIndex(clock=lambda: 0.0)
+            t.held_any = kv.holds_any  # as RouterProxy.set_kv_index hands it over
+            p = _plan(port, "long")
+            await t.annotate(p)
+            assert p.info.kv_hashes == full[:16] and p.info.kv_blocks == 300
+            assert t.chains.hashed_blocks == 16 and t.chains.skipped_blocks == 284
+            assert t.cached_bytes == 16 * 44 + 300 * 16 * 4  # the ids of a partial entry count
+            again = _plan(port, "long")
+            await t.annotate(again)  # nothing held yet: the partial hashes stand
+            assert again.info.kv_hashes == full[:16] and again.info.kv_blocks == 300
+            assert t.chains.hashed_blocks == 16 and engine.calls == 1
+            # the engine stored the prompt (its agent's kv_events reach the index)
+            kv.apply(KvEvents(replica="m/0", event_seq=1, reset=True, added=tuple(("GPU", h) for h in full), removed=()))
+            third = _plan(port, "long")
+            await t.annotate(third)
+            assert third.info.kv_hashes == full and third.info.kv_blocks == 300
+            assert engine.calls == 1  # not tokenized again
+            assert t.chains.hashed_blocks == 300 and t.chains.reused_blocks == 16  # only the new blocks
+            assert t.cached_hashes == 300 and t.cached_bytes == 300 * 44  # complete: ids dropped
+            m = {s.labels["how"]: s.value for f in Tier2Metrics(t).collect() if f.name == "llmgw_kv_hash_blocks"
+                 for s in f.samples}
+            assert m == {"hashed": 300.0, "reused": 16.0, "skipped": 284.0}
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
