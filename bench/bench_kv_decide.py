@@ -155,7 +155,8 @@ def main() -> None:
     for name, us in rows:
         print(f"  {name:52} {us:8.1f}")
     r = dict(rows)
-    look, look16 = r[f"index lookup ({a.replicas} replicas)"], r[f"index lookup, 16 hashes nobody holds ({a.replicas} replicas)"]
+    look = r[f"index lookup ({a.replicas} replicas)"]
+    look16 = r[f"index lookup, 16 hashes nobody holds ({a.replicas} replicas)"]
     score = r["scoring (decision with hashes - without)"]
     for name, hash_row, lk in (
             ("never seen, nothing held", "hash, never seen, nothing held", look16),

@@ -145,7 +145,8 @@ def test_a_repeated_prompt_is_hashed_further_once_the_engine_stored_it() -> None
             assert again.info.kv_hashes == full[:16] and again.info.kv_blocks == 300
             assert t.chains.hashed_blocks == 16 and engine.calls == 1
             # the engine stored the prompt (its agent's kv_events reach the index)
-            kv.apply(KvEvents(replica="m/0", event_seq=1, reset=True, added=tuple(("GPU", h) for h in full), removed=()))
+            kv.apply(KvEvents(replica="m/0", event_seq=1, reset=True, added=tuple(("GPU", h) for h in full),
+                              removed=()))
             third = _plan(port, "long")
             await t.annotate(third)
             assert third.info.kv_hashes == full and third.info.kv_blocks == 300
@@ -158,3 +159,10 @@ def test_a_repeated_prompt_is_hashed_further_once_the_engine_stored_it() -> None
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_the_blocks_always_hashed_cover_the_parity_checks_leading_hashes() -> None:
+    from llmgw.kv.parity import ParityConfig
+    from llmgw.kv.prefix_chains import CHUNK_BLOCKS, MIN_BLOCKS
+
+    assert MIN_BLOCKS >= ParityConfig().max_expected and CHUNK_BLOCKS >= 1

@@ -262,8 +262,8 @@ class Tier2Metrics(Collector):
         g.add_metric([], float(len(self.t.cache)))
         yield g
         b = CounterMetricFamily("llmgw_kv_hash_blocks", "Tier 2's prompt blocks by how their hash was had: "
-                                "hashed, reused from a prompt with the same leading tokens, or skipped (no replica held the "
-                                "block before them).", labels=["how"])
+                                "hashed, reused from a prompt with the same leading tokens, or skipped (no "
+                                "replica held the block before them).", labels=["how"])
         b.add_metric(["hashed"], float(self.t.chains.hashed_blocks))
         b.add_metric(["reused"], float(self.t.chains.reused_blocks))
         b.add_metric(["skipped"], float(self.t.chains.skipped_blocks))
