@@ -7,7 +7,8 @@ as it will for the request), within ``TIMEOUT_S``; the full blocks are hashed wi
 the vLLM release that replica runs (``GET /version``, once per replica: engine_versions.py), as a
 kv_events engine is started (``sha256_cbor``, its PYTHONHASHSEED, the block size its scrape
 reports, else 16), with the request's ``cache_salt`` and LoRA adapter, and put in
-``RequestInfo.kv_hashes`` in the events' 64-bit int form.
+``RequestInfo.kv_hashes`` in the events' 64-bit int form — the leading ones, as far as any replica
+holds them (below); ``RequestInfo.kv_blocks`` is the prompt's full block count.
 
 What is reused, and the rule that makes it safe:
 
