@@ -5,15 +5,21 @@ tokenize excluded and reported separately.
 
 Rows (median µs over --reps, single thread):
 - hash, the definition: vLLM's loop, one cbor2 call per block (what llmgw did before)
-- hash, cold: the router's hashing of a prompt never seen (HashContext's hand-written CBOR)
+- hash, cold, all blocks: a prompt never seen, every block hashed (HashContext's hand-written
+  CBOR; what the router does without an index)
+- hash, never seen, nothing held: the same with the router's index asked where to stop
+  (PrefixChains.hashes held_any=KVIndex.holds_any; --replicas replicas holding other blocks): one
+  chunk of 16 blocks
+- hash, never seen, fully held by a replica (another router's prompt): the index says every block
+  is held, so every block is hashed (plus a look at the index per chunk)
 - hash, next turn: the same conversation one turn later (+--turn-tokens): the blocks it shares
   with the turn before are taken from the remembered chain (PrefixChains), only the new ones hashed
 - hash, repeat: the same tokens again (a retry, a shared prompt)
 - index lookup: KVIndex.leading_blocks for the prompt's hashes, --replicas replicas, one holding
-  3/4 of them
+  3/4 of them (and for the 16 hashes of a prompt nobody holds)
 - scoring: a chat-preset decision with the hashes minus the same decision without (the kv_cache
   scorer's vote)
-Then the sums (cold / next turn), and separately: parsing and checking the /tokenize answer, and
+Then the sums (per case), and separately: parsing and checking the /tokenize answer, and
 (unless --no-roundtrip) a /tokenize round trip to a simulated vLLM over loopback. Memory: the
 remembered chains per token (tracemalloc)."""
 
@@ -97,7 +103,23 @@ def main() -> None:
     rows.append(("hash, the definition (cbor2 per block)", med_us(lambda: definition(prompt), a.reps)))
     from array import array
     ids = array("I", prompt)  # the tokenize step has them as an array too (its check of the answer)
-    rows.append(("hash, cold", med_us(lambda: PrefixChains().hashes(CTX, prompt, ids=ids), a.reps)))
+    rows.append(("hash, cold, all blocks (no index)", med_us(lambda: PrefixChains().hashes(CTX, prompt, ids=ids),
+                                                              a.reps)))
+    hashes = tuple(ref)
+    others = [frozenset(rng.getrandbits(64) for _ in range(2000)) for _ in range(a.replicas)]
+    idx = KVIndex()  # replica 0 holds 3/4 of the prompt, the others other blocks
+    empty = KVIndex()  # nobody holds any of the prompt's blocks
+    full = KVIndex()  # replica 0 holds all of it (another router sent it there)
+    for r in range(a.replicas):
+        idx.replace(f"m/{r}", Snapshot(1, {"GPU": frozenset(hashes[:len(hashes) * 3 // 4]) if r == 0 else others[r]}))
+        empty.replace(f"m/{r}", Snapshot(1, {"GPU": others[r]}))
+        full.replace(f"m/{r}", Snapshot(1, {"GPU": frozenset(hashes) if r == 0 else others[r]}))
+    unheld = PrefixChains().hashes(CTX, prompt, held_any=empty.holds_any)
+    assert unheld == hashes[:16] and PrefixChains().hashes(CTX, prompt, held_any=full.holds_any) == hashes
+    rows.append(("hash, never seen, nothing held",
+                 med_us(lambda: PrefixChains().hashes(CTX, prompt, ids=ids, held_any=empty.holds_any), a.reps)))
+    rows.append(("hash, never seen, fully held by a replica",
+                 med_us(lambda: PrefixChains().hashes(CTX, prompt, ids=ids, held_any=full.holds_any), a.reps)))
 
     def next_turn() -> None:
         pc = PrefixChains()
@@ -114,12 +136,9 @@ def main() -> None:
     warm.hashes(CTX, prompt)
     rows.append(("hash, repeat", med_us(lambda: warm.hashes(CTX, prompt, ids=ids), a.reps)))
 
-    hashes = tuple(ref)
-    idx = KVIndex()
-    for r in range(a.replicas):
-        held = hashes[:len(hashes) * 3 // 4] if r == 0 else tuple(rng.getrandbits(64) for _ in range(2000))
-        idx.replace(f"m/{r}", Snapshot(1, {"GPU": frozenset(held)}))
     rows.append((f"index lookup ({a.replicas} replicas)", med_us(lambda: idx.leading_blocks(hashes), a.reps)))
+    rows.append((f"index lookup, 16 hashes nobody holds ({a.replicas} replicas)",
+                 med_us(lambda: empty.leading_blocks(unheld), a.reps)))
 
     eps = [EndpointView(id=f"m/{i}", model="m", url="", running=float(i % 5), waiting=0.0, stale=False,
                         kv_usage=0.3, scraped_at=0.0) for i in range(a.replicas)]
@@ -135,10 +154,17 @@ def main() -> None:
           f"median of {a.reps}, µs:")
     for name, us in rows:
         print(f"  {name:52} {us:8.1f}")
-    look, score = rows[4][1], rows[5][1]
-    print(f"  {'total, cold prompt':52} {rows[1][1] + look + score:8.1f}   target <= 100")
-    print(f"  {'total, next turn of a conversation':52} {rows[2][1] + look + score:8.1f}   target <= 100")
-    print(f"  {'total, repeated prompt':52} {rows[3][1] + look + score:8.1f}   target <= 100")
+    r = dict(rows)
+    look = r[f"index lookup ({a.replicas} replicas)"]
+    look16 = r[f"index lookup, 16 hashes nobody holds ({a.replicas} replicas)"]
+    score = r["scoring (decision with hashes - without)"]
+    for name, hash_row, lk in (
+            ("never seen, nothing held", "hash, never seen, nothing held", look16),
+            ("never seen, fully held by a replica", "hash, never seen, fully held by a replica", look),
+            ("never seen, no index (all blocks)", "hash, cold, all blocks (no index)", look),
+            ("next turn of a conversation", next(k for k in r if k.startswith("hash, next turn")), look),
+            ("repeated prompt", "hash, repeat", look)):
+        print(f"  {'total, ' + name:52} {r[hash_row] + lk + score:8.1f}   target <= 100")
 
     def parse() -> None:  # as Tier2Tokenizer checks it
         toks = json.loads(answer)["tokens"]

@@ -6,7 +6,8 @@ Fed only with what the agents' mirrors (:mod:`llmgw.kv.mirror`) send: :meth:`KVI
 caller's check (an agent writes only the replicas its node runs), not this module's.
 
 :meth:`KVIndex.leading_blocks` answers the kv scorer's question: for a request's block hashes, how
-many of the leading ones each replica holds contiguously from the first (any medium).
+many of the leading ones each replica holds contiguously from the first (any medium);
+:meth:`KVIndex.holds_any` whether any replica holds a block (where hashing a prompt may stop).
 
 Bounds: a replica holds at most ``max_blocks_per_replica`` blocks (its engine's KV block count, or
 a generous default). A delta or snapshot that would exceed it does not grow the index: the replica
@@ -80,6 +81,15 @@ class KVIndex:
         """Does the replica hold block `h` (any medium)?"""
         r = self._replicas.get(replica)
         if r is not None:
+            for s in r.media.values():
+                if h in s:
+                    return True
+        return False
+
+    def holds_any(self, h: ExternalBlockHash) -> bool:
+        """Does any replica hold block `h` (any medium)? O(replicas). The tokenize step asks it to
+        stop hashing a prompt where no replica's leading run can reach (PrefixChains.hashes)."""
+        for r in self._replicas.values():
             for s in r.media.values():
                 if h in s:
                     return True

@@ -8,6 +8,16 @@ blocks a remembered chain shares with the new tokens — compared token by token
 and hashes only the blocks after it. The result is exactly ``ctx.hash_tokens(tokens, lora, salt)``
 (tests check it on every path).
 
+**Hashing only as far as any replica can hold** (``held_any``, the router's index's
+``holds_any``): a replica's vote counts the leading blocks it holds contiguously from the first,
+so once no replica holds block k-1, blocks k and later cannot add to any replica's count and
+hashing them is wasted (~1 µs a block). With ``held_any``, the blocks after the remembered ones
+are hashed ``chunk`` at a time (at least ``at_least`` in all), and hashing stops after a chunk
+whose last block no replica holds; the result is then a prefix of the full chain (the caller
+knows the prompt's full block count: the scorer's share is of that). The chain remembered is the
+partial one (its tokens cut to the blocks hashed), so a later request with the same leading
+tokens — the same prompt once an engine has stored it — extends it, hashing only the new blocks.
+
 Chains are grouped by what partitions them (hash context, LoRA, salt) and their first block's
 tokens: a tenant's conversations share a system prompt, so a group holds up to ``per_head`` of
 them (most recent first), and a new chain that extends one replaces it. Bounded: at most
@@ -21,12 +31,16 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from .hashing import HashContext, LoRA
 
-__all__ = ["Chain", "PrefixChains"]
+__all__ = ["CHUNK_BLOCKS", "MIN_BLOCKS", "Chain", "PrefixChains"]
+
+CHUNK_BLOCKS = 16  # with held_any: blocks hashed between two looks at the index (one look ~0.2 µs a replica)
+MIN_BLOCKS = 16  # ... and blocks always hashed (all there are, if fewer): the parity check's leading
+# hashes (llmgw.kv.parity.ParityConfig.max_expected) and a miss's first blocks
 
 
 @dataclass(slots=True)
@@ -77,14 +91,22 @@ class PrefixChains:
         self.chains = 0
         self.tokens = 0  # the whole blocks' tokens the chains hold
         self.reused_blocks = 0  # counters: blocks taken from a remembered chain ...
-        self.hashed_blocks = 0  # ... and blocks hashed
+        self.hashed_blocks = 0  # ... blocks hashed ...
+        self.skipped_blocks = 0  # ... and blocks not hashed: no replica held the block before them
 
     def hashes(self, ctx: HashContext, tokens: Sequence[int], lora: LoRA | None = None,
-               cache_salt: str | None = None, *, ids: array[int] | None = None) -> tuple[int, ...]:
-        """The event-form (64-bit int) hashes of every full block of ``tokens`` (ints in
-        0..2^64-1). ``ids``: the same tokens as an array (typecode I or Q) where the caller has
-        one, saving a conversion; ``tokens`` is still what is hashed (a list's ints are read
-        faster than an array's)."""
+               cache_salt: str | None = None, *, ids: array[int] | None = None,
+               held_any: Callable[[int], bool] | None = None, chunk: int = CHUNK_BLOCKS,
+               at_least: int = MIN_BLOCKS) -> tuple[int, ...]:
+        """The event-form (64-bit int) hashes of the leading full blocks of ``tokens`` (ints in
+        0..2^64-1): all of them without ``held_any``; with it, hashing stops where no replica can
+        hold more (see the module's doc) — at least ``at_least`` blocks (or all there are) and then
+        ``chunk`` blocks at a time, so the result is a prefix of the full chain, maybe shorter.
+        ``ids``: the same tokens as an array (typecode I or Q) where the caller has one, saving a
+        conversion; ``tokens`` is still what is hashed (a list's ints are read faster than an
+        array's)."""
+        if chunk < 1 or at_least < 1:
+            raise ValueError("chunk and at_least must be >= 1")
         bs = ctx.block_size
         n = len(tokens) // bs
         if n == 0:
@@ -104,18 +126,29 @@ class PrefixChains:
                     best, shared = ch, k
                     if k == n:
                         break
-        if best is not None and shared == n:
-            self.reused_blocks += n
-            return tuple(best.ints[:n])
+        first = min(n, at_least)
+        if best is not None and (shared == n or (held_any is not None and shared >= first
+                                                 and not held_any(best.ints[shared - 1]))):
+            # all of them remembered, or no replica holds the last one remembered: nothing to hash
+            self.reused_blocks += shared
+            self.skipped_blocks += n - shared
+            return tuple(best.ints[:shared])
         digests = best.digests[:shared] if best is not None else []
         ints = best.ints[:shared] if best is not None else []
-        new = ctx.chain(digests[-1] if digests else None, tokens[shared * bs:n * bs], shared, lora, cache_salt)
-        digests += new
-        ints += map(_int64, new)
+        done = shared
+        while done < n:
+            end = n if held_any is None else min(n, max(done + chunk, first))
+            new = ctx.chain(digests[-1] if digests else None, tokens[done * bs:end * bs], done, lora, cache_salt)
+            digests += new
+            ints += map(_int64, new)
+            done = end
+            if held_any is not None and done < n and not held_any(ints[-1]):
+                break  # no replica holds block done-1: none holds a longer run of this prompt's blocks
         self.reused_blocks += shared
-        self.hashed_blocks += len(new)
+        self.hashed_blocks += done - shared
+        self.skipped_blocks += n - done
         self._remember(key, group, best if best is not None and shared == len(best.digests) else None,
-                       Chain(raw, digests, ints, n * bs))
+                       Chain(raw[:done * step], digests, ints, done * bs))
         return tuple(ints)
 
     def _remember(self, key: Hashable, group: list[Chain] | None, extended: Chain | None, ch: Chain) -> None:

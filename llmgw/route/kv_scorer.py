@@ -5,7 +5,9 @@ The router's shell tokenizes the request through an engine's ``/tokenize`` and h
 blocks with vLLM's scheme (``RequestInfo.kv_hashes``, the events' 64-bit int form); this scorer
 asks the index (a callable handed in at construction: the pure core never sees the daemon's
 object) how many of those hashes each replica holds contiguously from the first, and scores a
-candidate ``held / len(hashes)``. No hashes (a model without kv_events, or tokenization failed)
+candidate ``held / blocks``, ``blocks`` being the prompt's full blocks (``RequestInfo.kv_blocks``:
+the hashes may stop short of them where no replica holds the block before, so no replica holds
+more than were hashed). No hashes (a model without kv_events, or tokenization failed)
 or no index: every candidate scores 0 and tier 1 (``prefix``) decides alone. Where a candidate
 holds at least the first block, tier 1 votes tier 2's shares instead of its own guess
 (:meth:`KvCacheScorer.verdict`, wired to ``PrefixRouting.defer``): the engines' report beats the
@@ -63,6 +65,11 @@ def fallback_reason(note: str, tokenize_outcome: str = "") -> str:
     return "tokenize_failed"
 
 
+def _total(req: RequestInfo) -> int:
+    """The prompt's full blocks: what a share is of (at least the hashes computed)."""
+    return max(req.kv_blocks, len(req.kv_hashes or ()))
+
+
 @dataclass(slots=True)
 class KvDecisionStats:
     outcomes: dict[str, int] = field(default_factory=lambda: {o: 0 for o in OUTCOMES})
@@ -102,7 +109,7 @@ class KvCacheScorer:
         held = self.held(req, now)
         if not held:
             return None
-        total = len(req.kv_hashes or ())
+        total = _total(req)
         vals = {i: min(n, total) / total for i, e in enumerate(endpoints) if (n := held.get(e.id, 0)) > 0}
         return vals or None
 
@@ -120,7 +127,7 @@ class KvCacheScorer:
                     outcome, why = "no_full_block", req.kv_note or "no full block"
                 ctx.keep(self, (outcome, f"tier 2 unavailable: {why}; tier 1 decides", None))
             return Scores.constant(0.0)
-        total = len(hashes)
+        total = _total(req)
         vals: dict[int, float] = {}
         best, best_id = 0, ""
         for i, e in enumerate(ctx.endpoints):
@@ -152,7 +159,7 @@ class KvCacheScorer:
         st.outcomes[outcome] += 1
         chosen = decision.chosen
         if held is not None:
-            n = min(held.get(chosen, 0), len(req.kv_hashes or ())) if chosen is not None else 0
+            n = min(held.get(chosen, 0), _total(req)) if chosen is not None else 0
             st.matched[bisect_left(MATCHED_BUCKETS, n)] += 1
             st.matched_sum += n
         if chosen is not None:

@@ -83,6 +83,9 @@ class RequestInfo:
     # name them (64-bit ints), from the shell's /tokenize step; None = not computed. kv_note says
     # why not, when it was tried and failed (it goes into the decision's note).
     kv_hashes: tuple[int, ...] | None = None
+    # the prompt's full blocks (its share's denominator), hashed or not: the step stops hashing
+    # where no replica holds the block before (llmgw.kv.prefix_chains); 0 = len(kv_hashes)
+    kv_blocks: int = 0
     kv_note: str = ""
     kv_outcome: str = ""  # why the /tokenize step left no hashes (its outcome label), if it says
 

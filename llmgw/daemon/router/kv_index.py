@@ -124,6 +124,11 @@ class RouterKvIndex:
     def size(self, replica: str) -> int:
         return self.index.size(replica)
 
+    def holds_any(self, h: int) -> bool:
+        """Does any replica's engine hold block `h`? (the tokenize step's early stop, see
+        llmgw.kv.prefix_chains)"""
+        return self.index.holds_any(h)
+
     def alarmed(self, replica: str) -> bool:
         """Is the replica's parity alarm on (its engine hashes differently from the router)?"""
         rp = self.parity.replicas.get(replica)

@@ -143,6 +143,7 @@ class Router:
         the engines' reported blocks carry the hashes the router computes (parity)."""
         self.core.kv_cache.lookup = kv.index.leading_blocks
         self.core.kv_cache.alarmed = kv.alarmed
+        self.tier2.held_any = kv.holds_any  # hash a prompt only as far as any replica holds it
         self.kv = kv
 
     @property

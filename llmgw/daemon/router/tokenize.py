@@ -7,13 +7,22 @@ as it will for the request), within ``TIMEOUT_S``; the full blocks are hashed wi
 the vLLM release that replica runs (``GET /version``, once per replica: engine_versions.py), as a
 kv_events engine is started (``sha256_cbor``, its PYTHONHASHSEED, the block size its scrape
 reports, else 16), with the request's ``cache_salt`` and LoRA adapter, and put in
-``RequestInfo.kv_hashes`` in the events' 64-bit int form.
+``RequestInfo.kv_hashes`` in the events' 64-bit int form — the leading ones, as far as any replica
+holds them (below); ``RequestInfo.kv_blocks`` is the prompt's full block count.
 
 What is reused, and the rule that makes it safe:
 
 - The **same request head** (model, messages or prompt, template options, block size, salt,
   adapter, engine release) is not tokenized again: a bounded LRU keyed by its digest holds its
   hashes.
+- **Only as far as a replica can hold**: hashing stops where no replica's engine holds the block
+  before (the router's index, ``held_any``; llmgw.kv.prefix_chains), so a prompt never seen costs
+  one chunk of blocks, not all of them; ``RequestInfo.kv_blocks`` keeps the prompt's full block
+  count for the share. A cached head whose hashes stopped short keeps its token ids (4 B a token,
+  counted in the cache's bound) and, once an engine holds its last hashed block (it stored the
+  prompt), is hashed further through the remembered chains — only the new blocks — rather than
+  tokenized again: a ``/tokenize`` round trip costs milliseconds, extending it microseconds, and
+  the ids are exactly what the engine answered for this very head.
 - A **conversation's next turn** is tokenized again, whole: the router cannot render the engine's
   chat template, and a template may render earlier turns differently once a turn follows (drop an
   earlier answer's reasoning, mark the last message, number tool calls), and a tokenizer merges
@@ -40,7 +49,8 @@ import json
 import time
 from array import array
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -59,7 +69,8 @@ __all__ = ["OUTCOMES", "TIMEOUT_S", "Tier2Metrics", "Tier2Tokenizer"]
 
 TIMEOUT_S = 0.5  # a /tokenize slower than this is not worth waiting for: tier 1 decides
 CACHE_ENTRIES = 1024  # request heads whose hashes are kept for a repeat
-CACHE_HASHES = 1 << 18  # ... and at most this many hashes in all (~12 MB)
+CACHE_BYTES = 12 << 20  # ... and at most this much memory in all: their hashes, and the token ids of
+HASH_BYTES = 44  # ... the partially hashed ones (a hash: a tuple slot and a 64-bit int object, measured)
 MAX_BLOCKS = 4096  # the leading blocks hashed (64k tokens at 16): the share is of these
 MAX_TOKENS = 1 << 20  # an answer with more tokens than this is garbage
 MAX_ANSWER_BYTES = 16 << 20
@@ -78,6 +89,20 @@ def _seed(env: tuple[str, ...]) -> str:
     return KV_HASH_SEED
 
 
+@dataclass(slots=True)
+class _Cached:
+    """A request head's hashes; ``ids`` (its full blocks' tokens) while they are partial, to
+    extend them once an engine holds their last block."""
+
+    hashes: tuple[int, ...]
+    blocks: int  # the prompt's full blocks (RequestInfo.kv_blocks)
+    ids: array[int] | None
+
+    @property
+    def cost(self) -> int:
+        return len(self.hashes) * HASH_BYTES + (0 if self.ids is None else len(self.ids) * self.ids.itemsize)
+
+
 class Tier2Tokenizer:
     def __init__(self, cfg: Config, pool: UpstreamPool, *, timeout: float = TIMEOUT_S,
                  cache_entries: int = CACHE_ENTRIES) -> None:
@@ -88,10 +113,16 @@ class Tier2Tokenizer:
         # (model, adapter) -> where the agent loads it from (vLLM's lora_path)
         self.adapters = {(m.name, a.name): a.source for m in kv_models for a in getattr(m, "adapters", ())}
         self.versions = EngineVersions(pool, timeout=timeout)
-        self.cache: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+        self.cache: OrderedDict[bytes, _Cached] = OrderedDict()
         self.cache_entries = cache_entries
-        self.cached_hashes = 0
+        self.cache_bytes = CACHE_BYTES
+        self.cached_hashes = 0  # the hashes the cache holds ...
+        self.cached_bytes = 0  # ... and their cost, with the partial entries' token ids (_Cached.cost)
         self.chains = PrefixChains()
+        # "does any replica hold this block?" — the router's index (RouterKvIndex.holds_any), set
+        # once the control plane has one: hashing stops where no replica's run can reach. None:
+        # every block is hashed.
+        self.held_any: Callable[[int], bool] | None = None
         self.contexts: dict[tuple[VllmVersion, int, str], HashContext] = {}
         self.outcomes: Counter[str] = Counter({o: 0 for o in OUTCOMES})
         self.hash_seconds = 0.0  # CPU spent hashing (the chains' cost), for the metrics
@@ -145,7 +176,11 @@ class Tier2Tokenizer:
         if hit is not None:
             self.cache.move_to_end(key)
             self.outcomes["cached"] += 1
-            info.kv_hashes = hit
+            if hit.ids is not None and (self.held_any is None or self.held_any(hit.hashes[-1])):
+                # partial, and an engine now holds its last block (it stored the prompt): extend
+                self._extend(key, hit, self._context(version, bs, self.seeds[plan.entry.name]), lora,
+                             info.cache_salt)
+            info.kv_hashes, info.kv_blocks = hit.hashes, hit.blocks
             return None
         with trio.move_on_after(self.timeout) as scope:
             try:
@@ -169,16 +204,37 @@ class Tier2Tokenizer:
             return self._fail(plan, "garbage", f"tokenize on {rep.id} answered garbage")
         ctx = self._context(version, bs, self.seeds[plan.entry.name])
         t0 = time.perf_counter()
-        end = MAX_BLOCKS * bs
-        hashes = self.chains.hashes(ctx, tokens[:end], lora, info.cache_salt, ids=ids[:end])
+        blocks = min(len(tokens) // bs, MAX_BLOCKS)
+        end = blocks * bs
+        hashes = self.chains.hashes(ctx, tokens[:end], lora, info.cache_salt, ids=ids[:end],
+                                    held_any=self.held_any)
         self.hash_seconds += time.perf_counter() - t0
         self.outcomes["ok"] += 1
-        info.kv_hashes = hashes
-        self.cache[key] = hashes
+        info.kv_hashes, info.kv_blocks = hashes, blocks
+        entry = _Cached(hashes, blocks, ids[:end] if len(hashes) < blocks else None)
+        self.cache[key] = entry
         self.cached_hashes += len(hashes)
-        while len(self.cache) > self.cache_entries or self.cached_hashes > CACHE_HASHES:
-            self.cached_hashes -= len(self.cache.popitem(last=False)[1])
+        self.cached_bytes += entry.cost
+        while len(self.cache) > self.cache_entries or self.cached_bytes > self.cache_bytes:
+            old = self.cache.popitem(last=False)[1]
+            self.cached_hashes -= len(old.hashes)
+            self.cached_bytes -= old.cost
         return None
+
+    def _extend(self, key: bytes, entry: _Cached, ctx: HashContext, lora: LoRA | None, salt: str | None) -> None:
+        """Hash a cached partial entry further, through the remembered chains (only the blocks
+        after the ones hashed before are hashed, while the chain is still remembered)."""
+        assert entry.ids is not None
+        t0 = time.perf_counter()
+        hashes = self.chains.hashes(ctx, entry.ids, lora, salt, ids=entry.ids, held_any=self.held_any)
+        self.hash_seconds += time.perf_counter() - t0
+        self.cached_hashes -= len(entry.hashes)
+        self.cached_bytes -= entry.cost
+        entry.hashes = hashes
+        if len(hashes) >= entry.blocks:
+            entry.ids = None
+        self.cached_hashes += len(hashes)
+        self.cached_bytes += entry.cost
 
     def _context(self, version: VllmVersion, block_size: int, seed: str) -> HashContext:
         ctx = self.contexts.get((version, block_size, seed))
@@ -207,9 +263,11 @@ class Tier2Metrics(Collector):
         g.add_metric([], float(len(self.t.cache)))
         yield g
         b = CounterMetricFamily("llmgw_kv_hash_blocks", "Tier 2's prompt blocks by how their hash was had: "
-                                "hashed, or reused from a prompt with the same leading tokens.", labels=["how"])
+                                "hashed, reused from a prompt with the same leading tokens, or skipped (no "
+                                "replica held the block before them).", labels=["how"])
         b.add_metric(["hashed"], float(self.t.chains.hashed_blocks))
         b.add_metric(["reused"], float(self.t.chains.reused_blocks))
+        b.add_metric(["skipped"], float(self.t.chains.skipped_blocks))
         yield b
         yield CounterMetricFamily("llmgw_kv_hash_seconds", "CPU seconds tier 2 spent hashing prompt blocks.",
                                   value=self.t.hash_seconds)
