@@ -95,7 +95,6 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # url = "http://10.0.0.5:8000"
 # pool = "default"
 # weight = 1.0
-# kv_events = false             # vLLM only: publish KV cache events for tier-2 routing
 #
 # [[models.replicas]]
 # url = "http://10.0.0.6:8000"
@@ -121,6 +120,7 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # health_timeout_s = 600.0       # an engine not healthy by then is reported failed, with its log
 # pool = "default"
 # weight = 1.0
+# kv_events = false             # vLLM only: publish KV cache events for tier-2 routing
 # Facility-aware placement (docs/placement.md): unset spread = soft, max skew 1, over rooms,
 # rows, racks and PDUs; a hard rule refuses a node past it (a replica may then stay unplaced).
 # spread = [{ level = "rack", max_skew = 1, hard = true }, { level = "pdu", max_skew = 1 }]

@@ -35,7 +35,7 @@ def test_after_the_engine_evicts_a_prompt_tier_2_stops_voting_while_tier_1_still
     f.start_agent("a")
     wait_for(lambda: len(f.ready("m")) == 2, 30)
     urls = {r["replica"]: r["url"] for r in f.ready("m")}
-    prompt = {"model": "m", "messages": [{"role": "user", "content": _words("shared", 120)}], "max_tokens": 1}
+    prompt = {"model": "m", "messages": [{"role": "user", "content": _words("common", 120)}], "max_tokens": 1}
 
     def chat(body: dict[str, Any], rid: str) -> dict[str, Any]:
         r = httpx.post(f"{f.router.url}/v1/chat/completions", json=body, timeout=10, headers={"x-request-id": rid})
