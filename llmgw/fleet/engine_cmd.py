@@ -1,5 +1,10 @@
 """The command line and environment an agent starts an engine with: `vllm serve`, `llama-server`, or
-the simulator (`llmgw sim`), which takes the same flags as the engine it imitates."""
+the simulator (`llmgw sim`), which takes the same flags as the engine it imitates.
+
+Multi-node replicas (``spec.group``): a worker runs llama.cpp's ``rpc-server`` (the simulator:
+``llmgw sim worker``, which only answers /health); the head is the serving engine, told its workers
+with ``--rpc HOST:PORT,...`` (llama.cpp's flag; the simulator takes it too). vLLM's multi-node
+launch is not run by the agents yet (the config refuses it)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import json
 from llmgw.fleet.types import EngineSpec, LoraLaunch
 
 __all__ = ["KV_HASH_ALGO", "KV_HASH_SEED", "KV_TOPIC", "RUNTIME_LORA_ENV", "build_command", "build_env",
-           "health_path", "kv_events_args", "lora_args"]
+           "health_path", "kv_events_args", "lora_args", "probes_tcp", "rpc_server_binary"]
 
 #: What a kv_events engine hashes with: the router computes the same chain (vllm-wire.md §2).
 KV_HASH_ALGO = "sha256_cbor"
@@ -64,7 +69,19 @@ def build_command(spec: EngineSpec, host: str, port: int, python: str,
         raise ValueError(f"kv_events needs engine vllm ({spec.engine} publishes no KV events)")
     if spec.kv_events and kv is None:
         raise ValueError("kv_events engine without KV-event endpoints")
+    g = spec.group
+    if g is not None:
+        if spec.engine == "vllm" and not spec.simulate:
+            raise ValueError("multi-node vLLM replicas are not run by the agents (use llamacpp or simulate)")
+        if g.role == "worker":
+            if spec.simulate:
+                return [python, "-m", "llmgw", "sim", "worker", "--host", host, "--port", str(port)]
+            return [rpc_server_binary(spec), "-H", host, "-p", str(port)]
+        if len(g.peers) != g.size - 1:
+            raise ValueError(f"head of a {g.size}-node replica without its workers' addresses")
     listen = ["--host", host, "--port", str(port)]
+    if g is not None:
+        listen += ["--rpc", ",".join(g.peers)]
     if spec.kv_events and kv is not None:
         listen += kv_events_args(*kv)
     # After the model: --lora-modules takes every word up to the next flag (a positional MODEL too).
@@ -98,6 +115,18 @@ def build_env(spec: EngineSpec, base_env: dict[str, str]) -> dict[str, str]:
         # The placement decision wins over a CUDA_VISIBLE_DEVICES in spec.env.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_indices)
     return env
+
+
+def rpc_server_binary(spec: EngineSpec) -> str:
+    """llama.cpp's RPC worker: next to the profile's llama-server binary, else `rpc-server` on PATH."""
+    if spec.binary and "/" in spec.binary:
+        return spec.binary.rsplit("/", 1)[0] + "/rpc-server"
+    return "rpc-server"
+
+
+def probes_tcp(spec: EngineSpec) -> bool:
+    """A worker that speaks no HTTP (llama.cpp's rpc-server): up means it accepts a connection."""
+    return spec.is_worker and not spec.simulate
 
 
 def health_path(spec: EngineSpec) -> str:

@@ -51,7 +51,7 @@ from llmgw.daemon.agent.processes import (
     signal_group,
 )
 from llmgw.daemon.private_files import private_dir, tighten_file, write_private
-from llmgw.fleet.engine_cmd import build_command, build_env, health_path
+from llmgw.fleet.engine_cmd import build_command, build_env, health_path, probes_tcp
 from llmgw.fleet.engine_record import EngineRecord
 from llmgw.fleet.lifecycle import RestartPolicy
 from llmgw.fleet.types import RUNNING_STATES, EngineReport, EngineSpec
@@ -397,6 +397,8 @@ class EngineSupervisor:
             try:
                 stream = await trio.open_tcp_stream(host, eng.port or 0)
                 async with stream:
+                    if probes_tcp(eng.spec):
+                        return True  # rpc-server: accepting connections is all it shows
                     await stream.send_all(req)
                     buf = b""
                     while b"\r\n" not in buf and len(buf) < 4096:

@@ -40,6 +40,7 @@ from llmgw.config import (
 )
 from llmgw.daemon.control.agent_sessions import AgentSessions
 from llmgw.daemon.control.facility import FacilityControl
+from llmgw.daemon.control.groups import head_of, head_startable, routable_group, stop_workers, sync_head
 from llmgw.daemon.control.lifecycle import Lifecycle
 from llmgw.daemon.control.model_deploy import ModelError, deploy_of
 from llmgw.daemon.control.plane_actions import OperatorActions
@@ -257,7 +258,8 @@ class ControlPlane(OperatorActions):
     def desired_for(self, node: str) -> list[EngineSpec]:
         """What `node` should run: its session sends this as the node's desired set. Engines the
         store does not know are in it too, so that the agent leaves them running."""
-        mine = [a.spec for a in self.assignments.values() if a.node == node and a.desired in ("run", "drain")]
+        mine = [a.spec for a in self.assignments.values()
+                if a.node == node and a.desired in ("run", "drain") and head_startable(a)]
         return mine + self.unknown.specs_for(node)
 
     # -- engine reports → scheduler ------------------------------------------------------------
@@ -331,11 +333,18 @@ class ControlPlane(OperatorActions):
         return True
 
     def _route(self, a: Assignment) -> None:
+        if a.spec.is_worker:  # never routed; its head is, while the whole group is ready
+            head = head_of(self, a)
+            if head is not None:
+                sync_head(self, head)
+                self._route(head)
+            return
         r = a.report
         m = self.models.get(a.model) or self.lifecycle.router_model(a.model)  # a candidate's: lifecycle.py
         routable = (r is not None and r.state == "ready" and r.url and m is not None
                     and a.desired in ("run", "drain") and self.nodes.nodes.get(a.node) is not None
-                    and self.nodes.nodes[a.node].state != "lost")
+                    and self.nodes.nodes[a.node].state != "lost"
+                    and (a.spec.group is None or routable_group(self, a)))
         if not routable:
             self.router.withdraw_replica(a.replica)
             self.kv_index.remove(a.replica)
@@ -430,7 +439,7 @@ class ControlPlane(OperatorActions):
                 self.guard.write("set_desired", rid, "drain")
                 self.guard.record("replica draining", replica=rid, model=a.model, node=a.node, detail=why)
                 self._route(a)
-            for a in [a for a in self.assignments.values() if a.desired == "drain"]:
+            for a in [a for a in self.assignments.values() if a.desired == "drain" and not a.spec.is_worker]:
                 st = self.router.replica_state(a.replica)
                 idle = st is None or st.inflight == 0
                 if idle or now - (a.drain_since or now) >= drain_timeout:
@@ -438,6 +447,7 @@ class ControlPlane(OperatorActions):
                     self.guard.write("set_desired", a.replica, "stop")
                     self.router.withdraw_replica(a.replica)
                     self.agents.push(a.node)
+                    stop_workers(self, a)
             for a in [a for a in self.assignments.values() if a.desired == "stop"]:
                 n = self.nodes.nodes.get(a.node)
                 if n is not None and n.connected and (a.report is None or a.report.state == "stopped"):

@@ -55,7 +55,8 @@ def model_views(models: Mapping[str, ModelConfig], sources: Mapping[str, str], a
                 unplaceable: Mapping[str, str]) -> list[ModelView]:
     by_model: dict[str, list[Assignment]] = {}
     for a in assignments:
-        by_model.setdefault(a.model, []).append(a)
+        if not a.spec.is_worker:  # a multi-node replica counts once: its head
+            by_model.setdefault(a.model, []).append(a)
     out = []
     for name in sorted(models):
         m = models[name]
