@@ -1,0 +1,80 @@
+"""Multi-node replicas over real processes: a router daemon, four agents in two racks, simulated
+engines. A nodes = 2, keep_within = "rack" model comes up with its head and its worker in one rack,
+serves through the head only, survives a router restart as the same group, and when the worker's
+agent stops, leaves routing and is re-placed whole in the other rack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .test_fleet_integration import Fleet, sim_model
+from .test_sim_vllm import wait_for
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Any:
+    f = Fleet(tmp_path, [sim_model(count=1, nodes=2, keep_within="rack")], lost_after=2.0)
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def parts(f: Fleet) -> dict[str, dict[str, Any]]:
+    return {r["replica"]: r for r in f.replicas("m")}
+
+
+def group(f: Fleet) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(head, worker) when the one group's two parts are ready."""
+    ps = parts(f)
+    heads = [r for r in ps.values() if not r["replica"].endswith("-w1") and r["desired"] == "run"]
+    if len(heads) != 1:
+        return None
+    w = ps.get(heads[0]["replica"] + "-w1")
+    if w is None or heads[0]["state"] != "ready" or w["state"] != "ready":
+        return None
+    return heads[0], w
+
+
+def test_a_two_node_replica_runs_in_one_rack_serves_and_is_replaced_whole(fleet: Fleet) -> None:
+    f = fleet
+    racks = {"a": "r1", "b": "r1", "c": "r2", "d": "r2"}
+    for node, rack in racks.items():
+        f.start_agent(node, labels={"llmgw.io/rack": rack})
+    wait_for(lambda: group(f) is not None and f.get("/api/v1/models")[0]["ready"] == 1, 40)
+    got = group(f)
+    assert got is not None
+    head, worker = got
+    assert head["node"] != worker["node"] and racks[head["node"]] == racks[worker["node"]]
+    assert f.get("/api/v1/models")[0]["replicas"] == 1  # the group counts once
+    wait_for(lambda: f.chat("m").status_code == 200, 10)
+    routed = {r["replica"] for r in f.replicas("m") if r["routable"]}
+    assert routed == {head["replica"]}  # routing only ever goes to the head
+
+    # A router restart keeps the group: same parts, same processes.
+    before = {rid: (r["node"], r["pid"]) for rid, r in parts(f).items()}
+    f.stop_router()
+    f.start_router()
+    wait_for(lambda: group(f) is not None and {rid: (r["node"], r["pid"]) for rid, r in parts(f).items()} == before,
+             20)
+    wait_for(lambda: f.chat("m").status_code == 200, 10)
+
+    # The worker's agent stops: the head leaves routing at once, and the group is re-placed whole.
+    victim = worker["node"]
+    f.agents[victim].stop()
+    wait_for(lambda: not any(r["routable"] for r in f.replicas("m")), 5)
+    wait_for(lambda: f.nodes()[victim]["state"] == "lost", 15)
+    old_rack = racks[victim]
+
+    def moved() -> bool:
+        g = group(f)
+        return g is not None and g[0]["replica"] != head["replica"] and {racks[g[0]["node"]], racks[g[1]["node"]]} \
+            == ({"r1", "r2"} - {old_rack}) and set(parts(f)) == {g[0]["replica"], g[1]["replica"]}
+
+    wait_for(moved, 40)
+    wait_for(lambda: f.chat("m").status_code == 200, 10)
+    events = [(h["event"], h.get("replica")) for h in f.get("/api/v1/history?limit=500")]
+    assert ("group ready", head["replica"]) in events
