@@ -203,3 +203,25 @@ def test_group_on_the_wire_is_checked_and_bounded() -> None:
     assert "s.group.peers[0]: expected host:port" in bad(peers=["a,b:1"])
     assert "a head of 2 nodes has 1" in bad(peers=["a:1", "b:2"])
     assert "s.group.peers: 65 items, at most 64" in bad(peers=["a:1"] * 65)
+
+
+def test_a_hold_with_drain_on_a_worker_s_domain_moves_the_group() -> None:
+    from llmgw.fleet.reconcile import Facility, Hold
+
+    nodes = {n.name: n for n in (node("b1", "r2"), node("b2", "r2"), node("c1", "r3"), node("c2", "r3"))}
+    nodes = {k: replace(n, agent_labels={**n.agent_labels, "llmgw.io/pdu": f"p-{k}"}) for k, n in nodes.items()}
+    asg: dict[str, Assignment] = {}
+    new = ids()
+    run({"big": big(1)}, nodes, asg, new)
+    (gid, _), = groups(asg).items()
+    w = asg[worker_id(gid, 1)]
+    fac = Facility(holds={f"pdu=p-{w.node}": Hold(drain=True)})
+    plan = reconcile({"big": big(1)}, nodes, list(asg.values()), new_id=new, now_wall=0.0, facility=fac)
+    assert len(plan.create) == 2 and w.node not in {a.node for a in plan.create}  # surge: a whole new group
+    assert not plan.drain  # the old one drains once the new one is ready
+    for a in plan.create:
+        asg[a.replica] = a
+    for a in asg.values():
+        a.report = EngineReport(a.replica, "big", "ready")
+    plan = reconcile({"big": big(1)}, nodes, list(asg.values()), new_id=new, now_wall=0.0, facility=fac)
+    assert {rid for rid, _ in plan.drain} == {gid, w.replica}

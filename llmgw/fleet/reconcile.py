@@ -178,6 +178,7 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
         else:
             by_model.setdefault(a.model, []).append(a)
     draining = _draining_nodes(nodes, fac.holds)
+    grouped = workers_of(live) if draining and any(a.spec.group is not None for a in live) else {}
     for name in sorted(models):
         m = models[name]
         running = by_model.get(name, [])
@@ -185,6 +186,8 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
         keep: list[Assignment] = []
         for a in running:
             dom = draining.get(a.node) if draining else None
+            if draining and not dom and a.replica in grouped:  # a worker's node in the held domain
+                dom = next((draining[w.node] for w in grouped[a.replica] if w.node in draining), None)
             if dom:
                 evict.append((a, f"domain {dom} is held with drain"))
             elif a.moving:
