@@ -63,6 +63,7 @@ class ConsoleState:
     store: dict[str, Any] = field(default_factory=dict)  # the router's store: {"state": "ok" | "degraded", ...}
     adapters: dict[str, Any] = field(default_factory=dict)  # LoRA adapters per vLLM replica (GET /adapters)
     kv: dict[str, Any] = field(default_factory=dict)  # tier 2: its index and parity per replica (GET /api/v1/kv)
+    facility: dict[str, Any] = field(default_factory=dict)  # GET /api/v1/facility: fetched, not streamed
     decisions: deque[DecisionEntry] = field(init=False)  # newest first
     link: Link = field(default_factory=Link)
     _seq: int = field(default=0, init=False)
@@ -146,6 +147,11 @@ class ConsoleState:
 
     def node(self, name: str) -> dict[str, Any] | None:
         return next((n for n in self.nodes if n.get("name") == name), None)
+
+    def put_facility(self, view: Any) -> frozenset[str]:
+        """The facility's domains and holds as GET /api/v1/facility answered (not in the stream)."""
+        self.facility = as_dict(view)
+        return frozenset({"facility"})
 
     def put_node(self, view: Mapping[str, Any]) -> frozenset[str]:
         """A node as an admin call answered it (e.g. after setting labels), ahead of the next update."""
