@@ -10,7 +10,12 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable
 
 from llmgw.tui.app import ConsoleApp
-from llmgw.tui.facility_rows import facility_detail, facility_rows, facility_summary_lines, fmt_watts
+from llmgw.tui.facility_rows import (
+    facility_detail,
+    facility_rows,
+    facility_summary_lines,
+    fmt_watts,
+)
 from llmgw.tui.facility_screens import HoldEditor
 from llmgw.tui.state import ConsoleState
 

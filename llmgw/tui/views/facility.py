@@ -11,7 +11,12 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from llmgw.admin_client.printable import printable
-from llmgw.tui.facility_rows import FACILITY_COLUMNS, facility_detail, facility_rows, facility_summary_lines
+from llmgw.tui.facility_rows import (
+    FACILITY_COLUMNS,
+    facility_detail,
+    facility_rows,
+    facility_summary_lines,
+)
 from llmgw.tui.facility_screens import HoldEditor
 from llmgw.tui.holds import HoldEdit
 from llmgw.tui.state import ConsoleState, as_list
