@@ -54,6 +54,19 @@ def test_a_two_node_replica_runs_in_one_rack_serves_and_is_replaced_whole(fleet:
     routed = {r["replica"] for r in f.replicas("m") if r["routable"]}
     assert routed == {head["replica"]}  # routing only ever goes to the head
 
+    # Restarting the replica restarts its whole group (a worker's id restarts only that worker).
+    r = f.admin.post(f"/api/v1/replicas/{head['replica']}/restart")
+    assert r.status_code == 202, r.text
+    old_pids = {head["pid"], worker["pid"]}
+
+    def restarted() -> bool:
+        g = group(f)
+        return g is not None and not {g[0]["pid"], g[1]["pid"]} & old_pids and any(x["routable"] for x in g)
+
+    wait_for(restarted, 30)
+    head, worker = group(f)  # type: ignore[misc]
+    wait_for(lambda: f.chat("m").status_code == 200, 10)
+
     # A router restart keeps the group: same parts, same processes.
     before = {rid: (r["node"], r["pid"]) for rid, r in parts(f).items()}
     f.stop_router()

@@ -225,3 +225,34 @@ def test_a_hold_with_drain_on_a_worker_s_domain_moves_the_group() -> None:
         a.report = EngineReport(a.replica, "big", "ready")
     plan = reconcile({"big": big(1)}, nodes, list(asg.values()), new_id=new, now_wall=0.0, facility=fac)
     assert {rid for rid, _ in plan.drain} == {gid, w.replica}
+
+
+def test_a_group_counts_ready_only_when_whole_and_the_head_says_why_not() -> None:
+    from llmgw.config import model_from_dict
+    from llmgw.daemon.control.plane_views import model_views, replica_views
+
+    class Router:
+        def replica_state(self, rid: str) -> None:
+            return None
+
+    nodes, asg, new = fleet(), {}, ids()
+    run({"big": big(1)}, nodes, asg, new)
+    (gid, _), = groups(asg).items()
+    head, w = asg[gid], asg[worker_id(gid, 1)]
+    m = {"big": model_from_dict({"name": "big", "engine": "llamacpp", "deploy": {"nodes": 2, "simulate": True}})}
+
+    def counts() -> tuple[int | None, int]:
+        (v,) = model_views(m, {}, asg.values(), {})
+        return v.replicas, v.ready
+
+    def detail() -> str:
+        return next(v.detail for v in replica_views(asg.values(), Router()) if v.replica == gid)  # type: ignore[arg-type]
+
+    assert counts() == (1, 0) and detail() == "waiting for its workers: 0 of 1 ready"
+    head.report = EngineReport(gid, "big", "ready", detail="")
+    assert counts() == (1, 0)  # the head alone is not the replica
+    w.report = EngineReport(w.replica, "big", "ready", url="http://10.0.0.2:5001")
+    head.spec = replace(head.spec, group=replace(head.spec.group, peers=("10.0.0.2:5001",)))  # type: ignore[arg-type]
+    assert counts() == (1, 1) and detail() == ""
+    w.report = EngineReport(w.replica, "big", "crashed", detail="exited with status 1")
+    assert counts() == (1, 0) and detail() == "not routed until its workers: 0 of 1 ready"
