@@ -54,6 +54,9 @@ def test_a_two_node_replica_runs_in_one_rack_serves_and_is_replaced_whole(fleet:
     routed = {r["replica"] for r in f.replicas("m") if r["routable"]}
     assert routed == {head["replica"]}  # routing only ever goes to the head
 
+    why = f.get(f"/api/v1/placement/{head['replica']}")["why"]
+    assert f"the head of a 2-node replica on {head['node']}, {worker['node']}, all inside one rack" in why, why
+
     # Restarting the replica restarts its whole group (a worker's id restarts only that worker).
     r = f.admin.post(f"/api/v1/replicas/{head['replica']}/restart")
     assert r.status_code == 202, r.text
