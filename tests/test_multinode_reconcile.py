@@ -256,3 +256,23 @@ def test_a_group_counts_ready_only_when_whole_and_the_head_says_why_not() -> Non
     assert counts() == (1, 1) and detail() == ""
     w.report = EngineReport(w.replica, "big", "crashed", detail="exited with status 1")
     assert counts() == (1, 0) and detail() == "not routed until its workers: 0 of 1 ready"
+
+
+def test_groups_go_only_to_agents_that_run_their_parts() -> None:
+    nodes, asg, new = fleet(), {}, ids()
+    plan = reconcile({"big": big(1)}, nodes, [], new_id=new, now_wall=0.0, group_nodes={"a1", "b1", "c1", "c2"})
+    assert {a.node for a in plan.create} == {"c1", "c2"}  # rack r2 has only one capable node
+    plan = reconcile({"big": big(1)}, nodes, [], new_id=new, now_wall=0.0, group_nodes={"a1", "b1", "c1"})
+    assert not plan.create
+    assert "(2 nodes with an agent too old to run multi-node replicas left out)" in plan.unplaceable["big"]
+    run({"big": big(1)}, nodes, asg, new)
+    (gid, _), = groups(asg).items()
+    w = asg[worker_id(gid, 1)]
+    everyone = set(nodes)
+    plan = reconcile({"big": big(1)}, nodes, list(asg.values()), new_id=new, now_wall=0.0,
+                     group_nodes=everyone - {w.node})  # its agent came back as an older release
+    assert {rid for rid, _ in plan.lost} == {gid, w.replica}
+    assert any("agent does not run multi-node replicas" in why for _, why in plan.lost)
+    away = {**nodes, w.node: replace(nodes[w.node], connected=False)}
+    assert not reconcile({"big": big(1)}, away, list(asg.values()), new_id=new, now_wall=0.0,
+                         group_nodes=everyone - {w.node}).lost  # not back yet: not judged

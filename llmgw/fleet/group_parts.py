@@ -12,7 +12,7 @@ the head's with ``-wRANK`` — and the rules that keep a group whole.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
@@ -60,9 +60,11 @@ def _parts(assignments: Iterable[Assignment]) -> dict[str, list[Assignment]]:
     return by_group
 
 
-def broken_groups(assignments: Iterable[Assignment], nodes: Mapping[str, Node]) -> dict[str, str]:
+def broken_groups(assignments: Iterable[Assignment], nodes: Mapping[str, Node],
+                  capable: Collection[str] | None = None) -> dict[str, str]:
     """replica -> why, for every part of a group that cannot stand: a part's node is lost or
-    unknown, or the group lacks a part (a head or a rank). Stopped parts are not counted."""
+    unknown, or its agent does not run group parts (`capable`: the nodes whose agents do; None:
+    all), or the group lacks a part (a head or a rank). Stopped parts are not counted."""
     out: dict[str, str] = {}
     for gid, parts in _parts(assignments).items():
         live = [a for a in parts if a.desired != "stop"]
@@ -74,6 +76,9 @@ def broken_groups(assignments: Iterable[Assignment], nodes: Mapping[str, Node]) 
             n = nodes.get(a.node)
             if n is None or n.state == "lost":
                 why = f"node {a.node} of its {size}-node group {gid} is {'lost' if n else 'unknown'}"
+                break
+            if capable is not None and a.node not in capable and n.connected:
+                why = f"node {a.node}'s agent does not run multi-node replicas (an older llmgw: upgrade it)"
                 break
         if not why:
             ranks = {a.spec.group.rank for a in live}  # type: ignore[union-attr]

@@ -25,7 +25,7 @@ The placer (placement.py) is built only when something is to be placed: a steady
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 from llmgw.fleet.nodes import Node
@@ -138,12 +138,14 @@ def _draining_nodes(nodes: dict[str, Node], holds: dict[str, Hold]) -> dict[str,
 
 
 def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignments: Iterable[Assignment],
-              *, new_id: Callable[[str], str], now_wall: float, facility: Facility | None = None) -> Plan:
+              *, new_id: Callable[[str], str], now_wall: float, facility: Facility | None = None,
+              group_nodes: Collection[str] | None = None) -> Plan:
+    """`group_nodes`: the nodes whose agents run multi-node replicas' parts (None: every node)."""
     fac = facility or Facility()
     plan = Plan()
     live: list[Assignment] = []
     everything = list(assignments)
-    broken = broken_groups(everything, nodes)  # replica -> why its group is written off
+    broken = broken_groups(everything, nodes, group_nodes)  # replica -> why its group is written off
     for a in everything:
         node = nodes.get(a.node)
         if node is None or node.state == "lost":
@@ -195,7 +197,7 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
             else:
                 keep.append(a)
         if len(keep) < m.count:
-            _create(plan, placer(), m, m.count - len(keep), new_id, now_wall)
+            _create(plan, placer(), m, m.count - len(keep), new_id, now_wall, group_nodes)
         if evict:
             _drain_moving(plan, m, keep, evict)
         if len(keep) > m.count:
@@ -213,9 +215,10 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
     return plan
 
 
-def _create(plan: Plan, p: Placer, m: ModelDeploy, n: int, new_id: Callable[[str], str], now_wall: float) -> None:
+def _create(plan: Plan, p: Placer, m: ModelDeploy, n: int, new_id: Callable[[str], str], now_wall: float,
+            group_nodes: Collection[str] | None = None) -> None:
     if m.policy.nodes > 1:
-        groups, why = place_groups(p, m.name, m.demand, n)
+        groups, why = place_groups(p, m.name, m.demand, n, group_nodes)
         for group in groups:
             rid = new_id(m.name)
             for part_id, node, gpus, spec in group_specs(m.spec_for(rid, ()), group):

@@ -61,7 +61,7 @@ from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
-from llmgw.fleet.wire import Hello, KvEvents
+from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents
 from llmgw.route.names import CANDIDATE_SUFFIX
 
 if TYPE_CHECKING:
@@ -97,6 +97,7 @@ class ControlPlane(OperatorActions):
         self.deploys: dict[str, ModelDeploy] = {}
         self.assignments: dict[str, Assignment] = {}
         self.unplaceable: dict[str, str] = {}
+        self.group_nodes: set[str] = set()  # nodes whose agents run multi-node parts (FEATURE_GROUPS)
         self.kv_index = RouterKvIndex()  # tier 2: what each replica's engine holds, fed by kv_events
         self.agents = AgentSessions(self, c, token)
         self._wake = trio.Event()
@@ -189,6 +190,10 @@ class ControlPlane(OperatorActions):
         self._transitions(self.nodes.connected(node, hello.agent_id, labels=hello.labels, facts=hello.facts,
                                                now=now))
         n = self.nodes.nodes[node]
+        if hello.has(FEATURE_GROUPS):
+            self.group_nodes.add(node)
+        else:
+            self.group_nodes.discard(node)
         self._seen_wall[node] = time.time()
         self.guard.write("upsert_node", node, agent_labels=hello.labels, facts=hello.facts.to_wire(),
                          seen_at=self._seen_wall[node])
@@ -412,7 +417,8 @@ class ControlPlane(OperatorActions):
             nodes = {name: replace(n, state="not_ready") if name in held and n.state == "ready" else n
                      for name, n in nodes.items()}
         plan = reconcile(self.deploys, nodes, list(self.assignments.values()),
-                         new_id=self._new_id, now_wall=time.time(), facility=self.facility.round(now))
+                         new_id=self._new_id, now_wall=time.time(), facility=self.facility.round(now),
+                         group_nodes=self.group_nodes)
         self.facility.warn(plan.warnings)
         drain_timeout = self.cfg.control.drain_timeout_s
         with self.guard.transaction("reconcile"):
