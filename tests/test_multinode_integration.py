@@ -94,3 +94,32 @@ def test_a_two_node_replica_runs_in_one_rack_serves_and_is_replaced_whole(fleet:
     wait_for(lambda: f.chat("m").status_code == 200, 10)
     events = [(h["event"], h.get("replica")) for h in f.get("/api/v1/history?limit=500")]
     assert ("group ready", head["replica"]) in events
+
+
+def test_the_simulated_worker_answers_health_only_and_stops_on_sigterm() -> None:
+    import json
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "sim", "worker", "--port", "0"], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        assert ready["ready"] and ready["role"] == "worker"
+        url = ready["url"]
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+        assert httpx.get(f"{url}/v1/models", timeout=5).status_code == 404
+        with socket.create_connection(("127.0.0.1", ready["port"]), timeout=5) as s:  # an endless head: cut
+            s.sendall(b"GET /health HTTP/1.1\r\n" + b"X: " + b"a" * 8275)  # 8300 bytes, all read: no RST
+            assert s.recv(4096).startswith(b"HTTP/1.1 400")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)

@@ -2,7 +2,8 @@
 llama.cpp's rpc-server is to llama-server). It only stays up and answers ``GET /health`` with 200
 (anything else 404); the head (`llmgw sim ... --rpc HOST:PORT,...`) is told its workers.
 
-Bounded: a request head over 8 KiB, or one not complete in 10 s, closes the connection."""
+Bounded: a request head over 8 KiB, or one not complete in 10 s, is answered 400 and the
+connection closed."""
 
 from __future__ import annotations
 
@@ -31,9 +32,14 @@ async def _answer(stream: trio.SocketStream) -> None:
                 break
             buf += chunk
     line = buf.split(b"\r\n", 1)[0].split(b" ")
-    ok = len(line) == 3 and line[0] == b"GET" and line[1] == b"/health"
-    body = b'{"status":"ok","role":"worker"}' if ok else b'{"error":"not found"}'
-    status = b"200 OK" if ok else b"404 Not Found"
+    whole = b"\r\n\r\n" in buf[:_MAX_HEAD + 4]
+    ok = whole and len(line) == 3 and line[0] == b"GET" and line[1] == b"/health"
+    if not whole:  # too long, cut short, or too slow
+        body, status = b'{"error":"bad request"}', b"400 Bad Request"
+    elif ok:
+        body, status = b'{"status":"ok","role":"worker"}', b"200 OK"
+    else:
+        body, status = b'{"error":"not found"}', b"404 Not Found"
     try:
         await stream.send_all(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
                               + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
@@ -60,8 +66,8 @@ async def _serve(host: str, port: int) -> None:
 def worker_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="llmgw sim worker",
                                 description="A simulated worker process of a multi-node replica: answers /health.")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--host", default="127.0.0.1", help="the address it listens on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="the port it listens on (default: ephemeral)")
     args = p.parse_args(argv)
     if not 0 <= args.port < 65536:
         p.error(f"--port must be 0..65535, got {args.port}")
