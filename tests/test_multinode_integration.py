@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from .test_fleet_integration import Fleet, sim_model
+from .test_fleet_integration import Fleet, group_alive, sim_model
 from .test_sim_vllm import wait_for
 
 
@@ -91,6 +91,7 @@ def test_a_two_node_replica_runs_in_one_rack_serves_and_is_replaced_whole(fleet:
             == ({"r1", "r2"} - {old_rack}) and set(parts(f)) == {g[0]["replica"], g[1]["replica"]}
 
     wait_for(moved, 40)
+    wait_for(lambda: not group_alive(head["pid"]), 15)  # the old head, on a live node, was stopped too
     wait_for(lambda: f.chat("m").status_code == 200, 10)
     events = [(h["event"], h.get("replica")) for h in f.get("/api/v1/history?limit=500")]
     assert ("group ready", head["replica"]) in events
