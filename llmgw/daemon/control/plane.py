@@ -427,6 +427,7 @@ class ControlPlane(OperatorActions):
                 if a is not None:
                     log.warning("replica %s of %s written off: %s", rid, a.model, why)
                     self._forget(a, f"lost: {why}")
+                    self.agents.push(a.node)  # a multi-node part on a live node: its agent stops it
             for a in plan.create:
                 self.assignments[a.replica] = a
                 self.guard.write("put_assignment", self._row(a))
