@@ -156,7 +156,12 @@ def test_the_head_is_told_its_ready_workers() -> None:
     assert head_peers(head, ws) == ("10.0.0.2:5001", "[fd00::3]:5002")
     assert not group_ready(head, ws)  # not yet told
     head.spec = replace(head.spec, group=replace(head.spec.group, peers=("10.0.0.2:5001", "[fd00::3]:5002")))  # type: ignore[arg-type]
+    head.report = EngineReport(gid, "big", "ready", spec_hash="old", generation=0)
+    assert not group_ready(head, ws)  # the head's process predates being told
+    head.report = EngineReport(gid, "big", "ready", spec_hash=head.spec.spec_hash(), generation=0)
     assert group_ready(head, ws)
+    head.spec = replace(head.spec, generation=1)  # restarted: the old process's report is not it
+    assert not group_ready(head, ws)
     ws[0].report = EngineReport(ws[0].replica, "big", "ready", url="ftp://x:1")
     assert head_peers(head, ws) is None
 
@@ -253,6 +258,8 @@ def test_a_group_counts_ready_only_when_whole_and_the_head_says_why_not() -> Non
     assert counts() == (1, 0)  # the head alone is not the replica
     w.report = EngineReport(w.replica, "big", "ready", url="http://10.0.0.2:5001")
     head.spec = replace(head.spec, group=replace(head.spec.group, peers=("10.0.0.2:5001",)))  # type: ignore[arg-type]
+    assert counts() == (1, 0)  # still the process started before it was told
+    head.report = EngineReport(gid, "big", "ready", spec_hash=head.spec.spec_hash())
     assert counts() == (1, 1) and detail() == ""
     w.report = EngineReport(w.replica, "big", "crashed", detail="exited with status 1")
     assert counts() == (1, 0) and detail() == "not routed until its workers: 0 of 1 ready"
@@ -276,3 +283,54 @@ def test_groups_go_only_to_agents_that_run_their_parts() -> None:
     away = {**nodes, w.node: replace(nodes[w.node], connected=False)}
     assert not reconcile({"big": big(1)}, away, list(asg.values()), new_id=new, now_wall=0.0,
                          group_nodes=everyone - {w.node}).lost  # not back yet: not judged
+
+
+def test_the_plane_tells_the_head_and_restarts_it_when_a_worker_is_a_new_process() -> None:
+    from llmgw.daemon.control.groups import head_startable, sync_head
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[Any, ...]] = []
+
+        def write(self, *a: Any) -> None:
+            self.calls.append(("write", a[0]))
+
+        def record(self, event: str, **kw: Any) -> None:
+            self.calls.append(("record", event))
+
+        def push(self, node: str) -> None:
+            self.calls.append(("push", node))
+
+    class Plane:
+        def __init__(self, asg: dict[str, Assignment]) -> None:
+            self.assignments = asg
+            self.guard = self.agents = Recorder()
+            self.told_workers: dict[str, tuple[int | None, ...]] = {}
+
+        def _row(self, a: Assignment) -> str:
+            return a.replica
+
+    nodes, asg, new = fleet(), {}, ids()
+    run({"big": big(1)}, nodes, asg, new)
+    (gid, _), = groups(asg).items()
+    head, w = asg[gid], asg[worker_id(gid, 1)]
+    plane = Plane(asg)
+    assert not head_startable(head) and head_startable(w)
+    sync_head(plane, head)  # type: ignore[arg-type]
+    assert plane.guard.calls == []  # the worker is not ready: nothing to tell
+    w.report = EngineReport(w.replica, "big", "ready", url="http://10.0.0.2:5001", pid=100)
+    sync_head(plane, head)  # type: ignore[arg-type]
+    assert head.spec.group.peers == ("10.0.0.2:5001",) and head_startable(head)  # type: ignore[union-attr]
+    assert ("push", head.node) in plane.guard.calls and ("record", "group ready") in plane.guard.calls
+    plane.guard.calls.clear()
+    sync_head(plane, head)  # type: ignore[arg-type]
+    assert plane.guard.calls == [] and head.spec.generation == 0  # steady
+    w.report = EngineReport(w.replica, "big", "ready", url="http://10.0.0.2:5001", pid=200)  # restarted, same port
+    sync_head(plane, head)  # type: ignore[arg-type]
+    assert head.spec.generation == 1 and ("push", head.node) in plane.guard.calls
+    w.report = EngineReport(w.replica, "big", "ready", url="http://10.0.0.2:5009", pid=300)  # another port
+    sync_head(plane, head)  # type: ignore[arg-type]
+    assert head.spec.group.peers == ("10.0.0.2:5009",)  # type: ignore[union-attr]
+    fresh = Plane(asg)  # a restarted router: what runs is taken as told, nothing restarted
+    sync_head(fresh, head)  # type: ignore[arg-type]
+    assert fresh.guard.calls == [] and fresh.told_workers == {gid: (300,)}

@@ -131,9 +131,12 @@ def head_peers(head: Assignment, workers: list[Assignment]) -> tuple[str, ...] |
 
 
 def group_ready(head: Assignment, workers: list[Assignment]) -> bool:
-    """The head serves with every worker of its group ready (and told to it)."""
+    """The head serves with every worker of its group ready and told to it: the head's report is of
+    the process started with the workers' present addresses (its spec and generation)."""
     g = head.spec.group
     if g is None:
         return True
     peers = head_peers(head, workers)
-    return peers is not None and peers == g.peers
+    r = head.report
+    return (peers is not None and peers == g.peers and r is not None and r.generation == head.spec.generation
+            and r.spec_hash == head.spec.spec_hash())

@@ -19,6 +19,7 @@ class ControlPlane(Protocol):
     assignments: dict[str, Assignment]
     guard: Any
     agents: Any
+    told_workers: dict[str, tuple[int | None, ...]]  # head -> its workers' pids when it was (last) told
 
     def _row(self, a: Assignment) -> Any: ...
 
@@ -60,15 +61,33 @@ def routable_group(plane: ControlPlane, head: Assignment) -> bool:
 
 
 def sync_head(plane: ControlPlane, head: Assignment) -> None:
-    """When every worker is ready, tell the head their addresses (a changed address restarts the
-    head: its old workers are gone). Written to the store as the head's spec."""
+    """When every worker is ready, tell the head their addresses; written to the store as the head's
+    spec. A head already told is restarted when a worker is a new process (another address, or
+    another pid at the same one): what the head had placed on its old workers is gone (a llama.cpp
+    rpc-server keeps nothing across a restart)."""
     ws = workers(plane, head)
     g = head.spec.group
     if ws is None or g is None or head.desired != "run":
         return
     peers = head_peers(head, ws)
-    if peers is None or peers == g.peers:
+    if peers is None:
         return
+    pids = tuple(w.report.pid if w.report is not None else None for w in ws)
+    told = plane.told_workers
+    if peers == g.peers:
+        before = told.setdefault(head.replica, pids)  # first seen since this router started: as is
+        if before == pids:
+            return
+        told[head.replica] = pids
+        head.spec = replace(head.spec, generation=head.spec.generation + 1)
+        plane.guard.write("put_assignment", plane._row(head))
+        plane.guard.record("replica restart", replica=head.replica, model=head.model, node=head.node,
+                           detail="a worker of its group was restarted")
+        log.warning("replica %s of %s: a worker restarted; restarting its head on %s", head.replica, head.model,
+                    head.node)
+        plane.agents.push(head.node)
+        return
+    told[head.replica] = pids
     head.spec = replace(head.spec, group=replace(g, peers=peers))
     head._match = None
     plane.guard.write("put_assignment", plane._row(head))

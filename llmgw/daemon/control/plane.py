@@ -98,6 +98,7 @@ class ControlPlane(OperatorActions):
         self.assignments: dict[str, Assignment] = {}
         self.unplaceable: dict[str, str] = {}
         self.group_nodes: set[str] = set()  # nodes whose agents run multi-node parts (FEATURE_GROUPS)
+        self.told_workers: dict[str, tuple[int | None, ...]] = {}  # multi-node heads: groups.py
         self.kv_index = RouterKvIndex()  # tier 2: what each replica's engine holds, fed by kv_events
         self.agents = AgentSessions(self, c, token)
         self._wake = trio.Event()
@@ -363,6 +364,7 @@ class ControlPlane(OperatorActions):
 
     def _forget(self, a: Assignment, why: str) -> None:
         self.assignments.pop(a.replica, None)
+        self.told_workers.pop(a.replica, None)
         self.kv_index.remove(a.replica)
         self.urls.pop(a.replica, None)
         self.unknown.removed(a.replica)
