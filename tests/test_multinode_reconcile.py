@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.fleet.engine_cmd import build_command, probes_tcp
+from llmgw.fleet.engine_cmd import build_command, probes_tcp, rpc_server_candidates
 from llmgw.fleet.group_parts import group_ready, head_peers, worker_id
 from llmgw.fleet.nodes import Node
 from llmgw.fleet.placement import Demand, Policy
@@ -179,7 +179,11 @@ def test_commands_of_a_group() -> None:
     cmd = build_command(told, "10.0.0.1", 5000, "py")
     assert cmd[cmd.index("--rpc") + 1] == "10.0.0.2:5001"
     real_w = replace(w.spec, simulate=False, binary="/opt/llama/llama-server")
-    assert build_command(real_w, "10.0.0.2", 5001, "py") == ["/opt/llama/rpc-server", "-H", "10.0.0.2", "-p", "5001"]
+    assert build_command(real_w, "10.0.0.2", 5001, "py") == ["/opt/llama/ggml-rpc-server", "-H", "10.0.0.2", "-p",
+                                                             "5001"]
+    assert build_command(real_w, "h", 1, "py", rpc_server="/usr/bin/rpc-server")[0] == "/usr/bin/rpc-server"
+    assert rpc_server_candidates(real_w) == ["/opt/llama/ggml-rpc-server", "/opt/llama/rpc-server", "ggml-rpc-server",
+                                             "rpc-server"]
     assert probes_tcp(real_w) and not probes_tcp(w.spec)
     real_head = replace(told, simulate=False)
     cmd = build_command(real_head, "10.0.0.1", 5000, "py")
@@ -334,3 +338,22 @@ def test_the_plane_tells_the_head_and_restarts_it_when_a_worker_is_a_new_process
     fresh = Plane(asg)  # a restarted router: what runs is taken as told, nothing restarted
     sync_head(fresh, head)  # type: ignore[arg-type]
     assert fresh.guard.calls == [] and fresh.told_workers == {gid: (300,)}
+
+
+def test_the_agent_finds_llama_cpp_s_rpc_worker_under_either_name(tmp_path: Any, monkeypatch: Any) -> None:
+    from llmgw.daemon.agent.processes import find_rpc_server
+
+    spec = EngineSpec("m/1-w1", "m", "llamacpp", "m.gguf", binary=str(tmp_path / "llama-server"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert find_rpc_server(spec) is None
+    old = tmp_path / "rpc-server"
+    old.write_text("#!/bin/sh\n")
+    assert find_rpc_server(spec) is None  # not executable
+    old.chmod(0o755)
+    assert find_rpc_server(spec) == str(old)
+    new = tmp_path / "ggml-rpc-server"
+    new.write_text("#!/bin/sh\n")
+    new.chmod(0o755)
+    assert find_rpc_server(spec) == str(new)  # the verified build's name first
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert find_rpc_server(replace(spec, binary=None)) == "ggml-rpc-server"

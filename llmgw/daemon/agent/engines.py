@@ -42,6 +42,7 @@ import trio
 from llmgw.daemon.agent.engine_logs import EngineLog
 from llmgw.daemon.agent.processes import (
     dial_host,
+    find_rpc_server,
     free_port,
     group_exists,
     host_port,
@@ -298,7 +299,8 @@ class EngineSupervisor:
         cmd = [spec.binary or spec.engine]
         try:
             eng.port = free_port(self._host, eng.port)
-            cmd = build_command(spec, self._host, eng.port, self._python, self._kv_endpoints(spec))
+            cmd = build_command(spec, self._host, eng.port, self._python, self._kv_endpoints(spec),
+                                rpc_server=find_rpc_server(spec) if probes_tcp(spec) else None)
             with eng.logfile.open_for_engine(cmd) as out:
                 proc = await trio.lowlevel.open_process(cmd, env=build_env(spec, dict(os.environ)),
                                                         stdin=subprocess.DEVNULL, stdout=out,
