@@ -5,6 +5,7 @@ agent stops, leaves routing and is re-placed whole in the other rack."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +125,33 @@ def test_the_simulated_worker_answers_health_only_and_stops_on_sigterm() -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+@pytest.mark.skipif(not os.environ.get("LLMGW_LLAMA_RPC_SERVER"),
+                    reason="LLMGW_LLAMA_RPC_SERVER (a llama-server built with -DGGML_RPC=ON) is not set")
+def test_real_llama_cpp_head_and_rpc_worker_end_to_end(tmp_path: Path) -> None:
+    """A real llama-server head and ggml-rpc-server worker, started by two agents: the head is told
+    its worker and serves. LLMGW_LLAMA_RPC_SERVER: that llama-server, with its ggml-rpc-server next
+    to it; LLMGW_TINY_GGUF: the model (default: tiny.gguf two levels up, as build-llama-server.sh
+    lays it out)."""
+    binary = Path(os.environ["LLMGW_LLAMA_RPC_SERVER"])
+    gguf = Path(os.environ.get("LLMGW_TINY_GGUF") or binary.parent.parent / "tiny.gguf")
+    if not gguf.exists():
+        pytest.skip(f"{gguf} not found")
+    model = {"name": "tiny", "engine": "llamacpp",
+             "deploy": {"count": 1, "nodes": 2, "keep_within": "rack", "binary": str(binary),
+                        "model_path": str(gguf), "args": ["-c", "512", "-np", "1", "-t", "1"],
+                        "health_timeout_s": 90.0}}
+    f = Fleet(tmp_path, [model])
+    try:
+        for node in ("a", "b"):
+            f.start_agent(node, labels={"llmgw.io/rack": "r1"})
+        wait_for(lambda: f.get("/api/v1/models")[0]["ready"] == 1, 120)
+        ps = {r["replica"]: r for r in f.replicas("tiny")}
+        (worker,) = [r for r in ps.values() if r["replica"].endswith("-w1")]
+        assert worker["state"] == "ready" and len(ps) == 2
+        r = f.chat("tiny")
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] is not None
+    finally:
+        f.close()
