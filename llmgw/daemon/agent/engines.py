@@ -397,10 +397,15 @@ class EngineSupervisor:
                f"Connection: close\r\n\r\n").encode()
         with trio.move_on_after(self._probe_timeout):
             try:
+                if probes_tcp(eng.spec) and eng.state in ("ready", "unhealthy"):
+                    # llama.cpp's RPC server serves one client (its head) at a time with a backlog
+                    # of 1: once it is up, connecting would queue and fail. Its process is its
+                    # liveness then (an exit is a crash, watched apart).
+                    return True
                 stream = await trio.open_tcp_stream(host, eng.port or 0)
                 async with stream:
                     if probes_tcp(eng.spec):
-                        return True  # rpc-server: accepting connections is all it shows
+                        return True  # it accepts connections: up
                     await stream.send_all(req)
                     buf = b""
                     while b"\r\n" not in buf and len(buf) < 4096:
