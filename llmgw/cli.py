@@ -23,6 +23,8 @@ commands:
   sim --engine vllm|llamacpp [engine flags]   run one simulated engine replica
   sim fleet N [--engine E] [--base-port P] [-- engine flags]
                                               run N simulated replicas (demos, benchmarks)
+  sim worker [--host H] [--port P]            a simulated worker of a multi-node replica (answers
+                                              /health only; the head takes --rpc HOST:PORT,...)
   config init [PATH] [--force]                write a starter config file
   config check [PATH]                         validate a config file (default: the daemon's), listing
                                               every problem
@@ -164,13 +166,15 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     from llmgw.ctl import parser as ctl_parser
     from llmgw.daemon.main import main as daemon_main
     from llmgw.daemon.sim.main import fleet_main
+    from llmgw.daemon.sim.worker import worker_main
     from llmgw.kv_cli import parser as kv_parser
     from llmgw.sim.args import build_llamacpp_parser, build_vllm_parser
     from llmgw.tui.main import _parser as console_parser
 
     return {"daemon": captured_parser(daemon_main), "ctl": ctl_parser(), "console": console_parser(),
             "config": config_parser(), "kv": kv_parser(), "completion": completion_parser(), "sim": build_vllm_parser(),
-            "sim fleet": captured_parser(fleet_main), "sim --engine=llamacpp": build_llamacpp_parser(),
+            "sim fleet": captured_parser(fleet_main), "sim worker": captured_parser(worker_main),
+            "sim --engine=llamacpp": build_llamacpp_parser(),
             "help": help_parser()}
 
 

@@ -161,11 +161,13 @@ def facility_level(v: str | None) -> str | None:
     return None if v is None or v in LEVELS else one_of(*LEVELS)(v)
 
 
-def single_node(v: int) -> str | None:
-    if v == 1:
+MAX_REPLICA_NODES = 64  # nodes of one multi-node replica (the agent stream's bound too)
+
+
+def replica_nodes(v: int) -> str | None:
+    if 1 <= v <= MAX_REPLICA_NODES:
         return None
-    return (f"multi-node replicas (nodes = {v}) are placed by the router but not yet run by the agents; "
-            "use nodes = 1" if v > 1 else f"must be >= 1, got {v!r}")
+    return f"must be 1..{MAX_REPLICA_NODES}, got {v!r}"
 
 
 def key_value(v: str) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from llmgw.config_fields import (
     _suggest, default_admin_socket, default_agent_state_dir, default_node_name,
-    cidr, default_store_path, domain_budget, facility_label_values, facility_level, header_name, single_node, host_port, http_url, in_range, key_value, known_strategy,
+    cidr, default_store_path, domain_budget, facility_label_values, facility_level, header_name, replica_nodes, host_port, http_url, in_range, key_value, known_strategy,
     label_keys, node_name, nonempty, one_of, opt, pem_certificate, positive,
 )
 from llmgw.config_locate import KeyPath
@@ -246,7 +246,7 @@ class DeployConfig:
     # facility (docs/placement.md): unset spread = soft, max skew 1, over rooms, rows, racks and PDUs
     spread: tuple[SpreadConfig, ...] | None = opt(None, unique="level")
     watts: int = opt(0, check=in_range(0, 100_000))  # declared draw of one replica, for power budgets
-    nodes: int = opt(1, check=single_node)  # nodes per replica (multi-node replicas: not run yet)
+    nodes: int = opt(1, check=replica_nodes)  # nodes per replica: one engine process on each
     keep_within: str | None = opt(None, check=facility_level)  # a multi-node replica's nodes in one domain
 
 
@@ -371,6 +371,17 @@ def _kv_events_engine(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
     for i, m in enumerate(cfg.models):
         if m.deploy is not None and m.deploy.kv_events and m.engine != "vllm":
             yield ("models", i, "deploy", "kv_events"), f"needs engine = \"vllm\" ({m.engine} publishes no KV events)"
+
+
+@_cross_check("models")
+def multi_node_engine(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    """Multi-node replicas run llama.cpp (rpc-server workers) or the simulator; not real vLLM yet."""
+    for i, m in enumerate(cfg.models):
+        d = m.deploy
+        if d is not None and d.nodes > 1 and m.engine == "vllm" and not d.simulate:
+            yield (("models", i, "deploy", "nodes"),
+                   f"multi-node replicas (nodes = {d.nodes}) of engine vllm are not run by the agents yet; "
+                   "use engine = \"llamacpp\" (rpc-server workers), simulate = true, or nodes = 1")
 
 
 @_cross_check("models")

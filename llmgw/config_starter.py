@@ -125,7 +125,7 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # rows, racks and PDUs; a hard rule refuses a node past it (a replica may then stay unplaced).
 # spread = [{ level = "rack", max_skew = 1, hard = true }, { level = "pdu", max_skew = 1 }]
 # watts = 700                    # declared draw of one replica, for [facility.budgets] (0: from the GPU table)
-# nodes = 1                      # nodes per replica (multi-node replicas are not run by the agents yet)
+# nodes = 1                      # nodes per replica, 1..64: one engine process on each (docs/placement.md)
 # keep_within = "rack"           # a multi-node replica's nodes all in one domain of this level
 # [[models.adapters]]            # a LoRA adapter, asked for by its own name in "model" (docs/lora.md)
 # name = "qwen-7b-sql"

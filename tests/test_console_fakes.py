@@ -296,6 +296,26 @@ class FakeClient:
         self.calls.append(("RELEASE", domain, None))
         return {}
 
+    async def facility(self) -> dict[str, Any]:
+        """Two racks on their PDUs; a rack held by a HOLD call so far shows as held."""
+        held = {c[1]: c[2] for c in self.calls if c[0] == "HOLD"}
+        for c in self.calls:
+            if c[0] == "RELEASE":
+                held.pop(c[1], None)
+
+        def dom(name: str, level: str, parent: str | None, draw: float, cap: float | None) -> dict[str, Any]:
+            reason, drain = held.get(name, ("", False))
+            return {"domain": name, "level": level, "parent": parent, "nodes": 2, "ready_nodes": 2, "replicas": 3,
+                    "held": name in held, "hold_reason": reason, "hold_drain": drain, "draw_w": draw,
+                    "cap_w": cap, "unknown_power_nodes": 0}
+
+        return {"domains": [dom("rack=r12", "rack", "row=row3", 2800.0, None),
+                            dom("rack=r13", "rack", "row=row3", 1400.0, None),
+                            dom("pdu=pdu-2", "pdu", "rack=r12", 10900.0, 11000.0)],
+                "holds": [{"domain": d, "reason": r, "drain": dr, "created_at": 0.0, "replicas": 3}
+                          for d, (r, dr) in held.items()],
+                "budgets_without_nodes": [], "warnings": []}
+
     async def explain_placement(self, target: str) -> dict[str, Any]:
         self.calls.append(("EXPLAIN", target, None))
         return {"model": target.split("/")[0], "replica": target if "/" in target else None, "node": "gpu-a1",

@@ -37,9 +37,31 @@ def test_a_profile_s_facility_keys() -> None:
     assert dep is not None and dep.policy.spread == (SpreadRule("rack", 2, True),) and dep.policy.watts == 700
     assert deploy_of(parse_config(DEPLOY).models[0]).policy.spread == DEFAULT_SPREAD  # type: ignore[union-attr]
     text = errors(DEPLOY + 'nodes = 2\nkeep_within = "bay"\nspread = [{ level = "rack" }, { level = "rack" }]\n')
-    assert "models[0].deploy.nodes: multi-node replicas (nodes = 2) are placed by the router but not yet run" in text
     assert "models[0].deploy.keep_within: expected one of 'site', 'room', 'row', 'rack', 'pdu'; got 'bay'" in text
     assert "models[0].deploy.spread[1].level: duplicate level 'rack'" in text
+
+
+def test_multi_node_profiles_run_on_llamacpp_and_the_simulator() -> None:
+    for body in ('simulate = true\nnodes = 2\nkeep_within = "rack"\n', 'nodes = 3\n'):
+        text = body
+        engine = "vllm" if "simulate" in body else "llamacpp"
+        cfg = parse_config(DEPLOY.replace('"vllm"', f'"{engine}"') + text)
+        dep = deploy_of(cfg.models[0])
+        assert dep is not None and dep.policy.nodes == int(text.split("nodes = ")[1][0])
+    assert "models[0].deploy.nodes: multi-node replicas (nodes = 2) of engine vllm are not run by the agents yet" \
+        in errors(DEPLOY + "nodes = 2\n")
+    assert "models[0].deploy.nodes: must be 1..64, got 65" in errors(DEPLOY + "simulate = true\nnodes = 65\n")
+    assert "models[0].deploy.nodes: must be 1..64, got 0" in errors(DEPLOY + "nodes = 0\n")
+
+
+def test_multi_node_vllm_is_refused_on_the_admin_api_too() -> None:
+    import pytest as _pytest
+
+    from llmgw.config import ConfigError, model_from_dict
+
+    with _pytest.raises(ConfigError, match="deploy.nodes: multi-node replicas .nodes = 2. of engine vllm"):
+        model_from_dict({"name": "m", "engine": "vllm", "deploy": {"nodes": 2}})
+    assert model_from_dict({"name": "m", "engine": "llamacpp", "deploy": {"nodes": 2}}).deploy.nodes == 2  # type: ignore[union-attr]
 
 
 def test_facility_label_values_are_names() -> None:

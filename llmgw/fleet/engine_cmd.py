@@ -1,5 +1,11 @@
 """The command line and environment an agent starts an engine with: `vllm serve`, `llama-server`, or
-the simulator (`llmgw sim`), which takes the same flags as the engine it imitates."""
+the simulator (`llmgw sim`), which takes the same flags as the engine it imitates.
+
+Multi-node replicas (``spec.group``): a worker runs llama.cpp's RPC server, ``ggml-rpc-server
+-H HOST -p PORT`` (``rpc-server`` in older releases; flags as in its tools/rpc/rpc-server.cpp) (the simulator:
+``llmgw sim worker``, which only answers /health); the head is the serving engine, told its workers
+with ``--rpc HOST:PORT,...`` (llama.cpp's flag; the simulator takes it too). vLLM's multi-node
+launch is not run by the agents yet (the config refuses it)."""
 
 from __future__ import annotations
 
@@ -8,7 +14,8 @@ import json
 from llmgw.fleet.types import EngineSpec, LoraLaunch
 
 __all__ = ["KV_HASH_ALGO", "KV_HASH_SEED", "KV_TOPIC", "RUNTIME_LORA_ENV", "build_command", "build_env",
-           "health_path", "kv_events_args", "lora_args"]
+           "RPC_SERVER_NAMES", "health_path", "kv_events_args", "lora_args", "probes_tcp",
+           "rpc_server_binary", "rpc_server_candidates"]
 
 #: What a kv_events engine hashes with: the router computes the same chain (vllm-wire.md §2).
 KV_HASH_ALGO = "sha256_cbor"
@@ -55,16 +62,29 @@ def kv_events_args(endpoint: str, replay: str) -> list[str]:
 
 
 def build_command(spec: EngineSpec, host: str, port: int, python: str,
-                  kv: tuple[str, str] | None = None) -> list[str]:
+                  kv: tuple[str, str] | None = None, rpc_server: str | None = None) -> list[str]:
     """argv for `spec` listening on host:port; `python` runs the simulator; `kv`: the (endpoint,
-    replay endpoint) a kv_events engine binds."""
+    replay endpoint) a kv_events engine binds; `rpc_server`: llama.cpp's RPC worker binary as the
+    agent found it (default: the first of ``rpc_server_candidates``)."""
     if spec.engine not in _DEFAULT_BINARY:
         raise ValueError(f"unknown engine {spec.engine!r} (want vllm or llamacpp)")
     if spec.kv_events and spec.engine != "vllm":
         raise ValueError(f"kv_events needs engine vllm ({spec.engine} publishes no KV events)")
     if spec.kv_events and kv is None:
         raise ValueError("kv_events engine without KV-event endpoints")
+    g = spec.group
+    if g is not None:
+        if spec.engine == "vllm" and not spec.simulate:
+            raise ValueError("multi-node vLLM replicas are not run by the agents (use llamacpp or simulate)")
+        if g.role == "worker":
+            if spec.simulate:
+                return [python, "-m", "llmgw", "sim", "worker", "--host", host, "--port", str(port)]
+            return [rpc_server or rpc_server_binary(spec), "-H", host, "-p", str(port)]
+        if len(g.peers) != g.size - 1:
+            raise ValueError(f"head of a {g.size}-node replica without its workers' addresses")
     listen = ["--host", host, "--port", str(port)]
+    if g is not None:
+        listen += ["--rpc", ",".join(g.peers)]
     if spec.kv_events and kv is not None:
         listen += kv_events_args(*kv)
     # After the model: --lora-modules takes every word up to the next flag (a positional MODEL too).
@@ -98,6 +118,29 @@ def build_env(spec: EngineSpec, base_env: dict[str, str]) -> dict[str, str]:
         # The placement decision wins over a CUDA_VISIBLE_DEVICES in spec.env.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_indices)
     return env
+
+
+#: llama.cpp's RPC worker's names: `ggml-rpc-server` in the verified build (tools/rpc's target),
+#: `rpc-server` in older releases. The agent takes the first it finds (``rpc_server_candidates``).
+RPC_SERVER_NAMES = ("ggml-rpc-server", "rpc-server")
+
+
+def rpc_server_candidates(spec: EngineSpec) -> list[str]:
+    """Where llama.cpp's RPC worker may be, best first: next to the profile's llama-server binary
+    (when it names a directory), then on PATH."""
+    near = [spec.binary.rsplit("/", 1)[0] + "/" + n for n in RPC_SERVER_NAMES] \
+        if spec.binary and "/" in spec.binary else []
+    return [*near, *RPC_SERVER_NAMES]
+
+
+def rpc_server_binary(spec: EngineSpec) -> str:
+    """The RPC worker's binary when nothing was looked up: the first candidate."""
+    return rpc_server_candidates(spec)[0]
+
+
+def probes_tcp(spec: EngineSpec) -> bool:
+    """A worker that speaks no HTTP (llama.cpp's rpc-server): up means it accepts a connection."""
+    return spec.is_worker and not spec.simulate
 
 
 def health_path(spec: EngineSpec) -> str:

@@ -11,6 +11,7 @@ group is the one that serves.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 
 from llmgw.fleet.domains import LEVELS
 from llmgw.fleet.placement import Demand, Placer, Policy, _Bin
@@ -34,8 +35,10 @@ def _joint_overdraw(p: Placer, nodes: list[_Bin], d: Demand, watts: int) -> str 
     return None
 
 
-def place_groups(p: Placer, model: str, d: Demand, n: int) -> tuple[list[Group], str | None]:
-    """Up to n multi-node replicas of `model`; and why not all, when not all fit."""
+def place_groups(p: Placer, model: str, d: Demand, n: int,
+                 capable: Collection[str] | None = None) -> tuple[list[Group], str | None]:
+    """Up to n multi-node replicas of `model`; and why not all, when not all fit. `capable`: the
+    nodes whose agents run the parts of multi-node replicas (None: all)."""
     pol = p.policy(model)
     size = max(1, pol.nodes)
     level = LEVELS.index(pol.keep_within) if pol.keep_within in LEVELS else None
@@ -46,7 +49,7 @@ def place_groups(p: Placer, model: str, d: Demand, n: int) -> tuple[list[Group],
     while len(out) < n:
         by_dom: dict[str, list[_Bin]] = {}
         for b in p.bins.values():
-            if p.misfit(b, d, pol) is None:
+            if (capable is None or b.name in capable) and p.misfit(b, d, pol) is None:
                 dom = b.domains[level] if level is not None else "*"
                 if dom:
                     by_dom.setdefault(dom, []).append(b)
@@ -77,5 +80,8 @@ def place_groups(p: Placer, model: str, d: Demand, n: int) -> tuple[list[Group],
     if len(out) == n:
         return out, None
     missing = n - len(out)
+    old = sum(1 for b in p.bins if b not in capable) if capable is not None else 0
+    if old:
+        why += f" ({old} node{'s' if old > 1 else ''} with an agent too old to run multi-node replicas left out)"
     return out, (f"{missing} replica{'s' if missing > 1 else ''} of {size} nodes each cannot be placed "
                  f"(each node needs {d.describe()}): {why}")

@@ -12,6 +12,10 @@ The plan is pure data; the control plane applies it (store, agents, scheduler). 
 - an assignment in a domain held with drain, or chosen by rebalancing, is *moving*: a replacement is
   placed elsewhere first (surge), and the moving one drains only as its replacements are ready, so
   the model's ready replicas never drop below its count (or below what it had, with no room);
+- a multi-node replica (``Policy.nodes > 1``) is a group of assignments, one per node: its head
+  (the replica: counted, routed) and its workers, which follow it. The group is whole or gone: a
+  part on a lost node, or a part missing, writes the whole group off (lost) and a new group is
+  placed; a head that drains takes its workers with it (group_parts.py);
 - rebalancing (``Facility.rebalance``): a model whose replicas are all ready and whose spread at a
   level is past its max skew moves one replica from its most-loaded domain, when the move lowers
   the skew; at most ``Facility.max_moves`` moves a round (the shell rate-limits the rounds).
@@ -21,12 +25,13 @@ The placer (placement.py) is built only when something is to be placed: a steady
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 from llmgw.fleet.nodes import Node
 from llmgw.fleet.domains import node_domains
 from llmgw.fleet.placement import DEFAULT_POLICY, Demand, Placer, Policy
+from llmgw.fleet.group_parts import broken_groups, group_specs, workers_of
 from llmgw.fleet.placement_group import place_groups
 from llmgw.fleet.spread import worst_skew
 from llmgw.fleet.types import EngineReport, EngineSpec
@@ -80,7 +85,9 @@ class ModelDeploy:
         if m is not None and m[0] is a.spec and m[1] is self.template and m[2] is self.demand \
                 and m[3] is a.demand:
             return bool(m[4])
-        ok = a.demand == self.demand and replace(a.spec, replica="", gpu_indices=(), generation=0) == self.template
+        g = a.spec.group
+        ok = (a.demand == self.demand and (g.size if g is not None else 1) == max(1, self.policy.nodes)
+              and replace(a.spec, replica="", gpu_indices=(), generation=0, group=None) == self.template)
         a._match = (a.spec, self.template, self.demand, a.demand, ok)
         return ok
 
@@ -131,14 +138,20 @@ def _draining_nodes(nodes: dict[str, Node], holds: dict[str, Hold]) -> dict[str,
 
 
 def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignments: Iterable[Assignment],
-              *, new_id: Callable[[str], str], now_wall: float, facility: Facility | None = None) -> Plan:
+              *, new_id: Callable[[str], str], now_wall: float, facility: Facility | None = None,
+              group_nodes: Collection[str] | None = None) -> Plan:
+    """`group_nodes`: the nodes whose agents run multi-node replicas' parts (None: every node)."""
     fac = facility or Facility()
     plan = Plan()
     live: list[Assignment] = []
-    for a in assignments:
+    everything = list(assignments)
+    broken = broken_groups(everything, nodes, group_nodes)  # replica -> why its group is written off
+    for a in everything:
         node = nodes.get(a.node)
         if node is None or node.state == "lost":
             plan.lost.append((a.replica, f"node {a.node} is lost" if node else f"node {a.node} is unknown"))
+        elif a.replica in broken:
+            plan.lost.append((a.replica, broken[a.replica]))
         else:
             live.append(a)
     placer_: list[Placer] = []
@@ -154,6 +167,8 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
     by_model: dict[str, list[Assignment]] = {}
     busy: set[str] = set()  # models with a replica draining: not rebalanced this round
     for a in live:
+        if a.spec.is_worker:
+            continue  # follows its head
         if a.desired != "run":
             busy.add(a.model)
             continue
@@ -165,6 +180,7 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
         else:
             by_model.setdefault(a.model, []).append(a)
     draining = _draining_nodes(nodes, fac.holds)
+    grouped = workers_of(live) if draining and any(a.spec.group is not None for a in live) else {}
     for name in sorted(models):
         m = models[name]
         running = by_model.get(name, [])
@@ -172,6 +188,8 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
         keep: list[Assignment] = []
         for a in running:
             dom = draining.get(a.node) if draining else None
+            if draining and not dom and a.replica in grouped:  # a worker's node in the held domain
+                dom = next((draining[w.node] for w in grouped[a.replica] if w.node in draining), None)
             if dom:
                 evict.append((a, f"domain {dom} is held with drain"))
             elif a.moving:
@@ -179,7 +197,7 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
             else:
                 keep.append(a)
         if len(keep) < m.count:
-            _create(plan, placer(), m, m.count - len(keep), new_id, now_wall)
+            _create(plan, placer(), m, m.count - len(keep), new_id, now_wall, group_nodes)
         if evict:
             _drain_moving(plan, m, keep, evict)
         if len(keep) > m.count:
@@ -190,15 +208,25 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
             plan.drain += [(a.replica, f"scaled to {m.count}") for a in extra]
     if fac.rebalance and fac.max_moves > 0:
         _rebalance(plan, placer, models, nodes, by_model, busy, fac, new_id, now_wall)
+    if any(a.spec.group is not None for a in live):  # a draining head takes its workers along
+        parts = workers_of(live)
+        plan.drain += [(w.replica, f"its head {rid} drains: {why}") for rid, why in list(plan.drain)
+                       for w in parts.get(rid, ()) if w.desired == "run"]
     return plan
 
 
-def _create(plan: Plan, p: Placer, m: ModelDeploy, n: int, new_id: Callable[[str], str], now_wall: float) -> None:
+def _create(plan: Plan, p: Placer, m: ModelDeploy, n: int, new_id: Callable[[str], str], now_wall: float,
+            group_nodes: Collection[str] | None = None) -> None:
     if m.policy.nodes > 1:
-        groups, why = place_groups(p, m.name, m.demand, n)
-        spots = [g[0] for g in groups]  # the serving node (the agents run one engine per replica so far)
-    else:
-        spots, why = p.place(m.name, m.demand, n)
+        groups, why = place_groups(p, m.name, m.demand, n, group_nodes)
+        for group in groups:
+            rid = new_id(m.name)
+            for part_id, node, gpus, spec in group_specs(m.spec_for(rid, ()), group):
+                plan.create.append(Assignment(part_id, m.name, node, spec, m.demand, created_at=now_wall))
+        if why:
+            plan.unplaceable[m.name] = why
+        return
+    spots, why = p.place(m.name, m.demand, n)
     for node, gpus in spots:
         rid = new_id(m.name)
         a = Assignment(rid, m.name, node, m.spec_for(rid, gpus), m.demand, created_at=now_wall)

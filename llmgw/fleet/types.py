@@ -8,8 +8,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["ENGINE_STATES", "RUNNING_STATES", "EngineReport", "EngineSpec", "EngineState", "GpuInfo", "LoraLaunch",
-           "NodeFacts"]
+__all__ = ["ENGINE_STATES", "RUNNING_STATES", "EngineReport", "EngineSpec", "EngineState", "GpuInfo", "GroupLaunch",
+           "LoraLaunch", "NodeFacts"]
 
 EngineState = Literal["starting", "ready", "unhealthy", "crashed", "failed", "crashloop", "stopping", "stopped"]
 ENGINE_STATES: tuple[str, ...] = ("starting", "ready", "unhealthy", "crashed", "failed", "crashloop",
@@ -40,6 +40,29 @@ class LoraLaunch:
 
 
 @dataclass(frozen=True)
+class GroupLaunch:
+    """One node's part of a multi-node replica (docs/placement.md, "Multi-node replicas"). The head
+    (rank 0) serves and is the replica (``group`` is its replica id); each worker (rank 1..size-1)
+    runs the engine's worker process on its node. The head is told its workers' addresses
+    (``peers``, host:port in rank order) once they all run; until then it is not started."""
+
+    role: str  # "head" | "worker"
+    group: str  # the head's replica id
+    rank: int
+    size: int
+    peers: tuple[str, ...] = ()  # head only: the workers' host:port, rank 1 first
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"role": self.role, "group": self.group, "rank": self.rank, "size": self.size,
+                "peers": list(self.peers)}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> GroupLaunch:
+        return cls(role=str(d["role"]), group=str(d["group"]), rank=int(d["rank"]), size=int(d["size"]),
+                   peers=tuple(str(p) for p in d.get("peers", ())))
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     """One replica the router wants an agent to run. `generation` is bumped by an operator to
     restart the engine or to clear its crash loop; any other change means a different engine."""
@@ -57,6 +80,11 @@ class EngineSpec:
     generation: int = 0
     kv_events: bool = False  # vLLM publishes KV cache events (the agent picks the endpoints)
     lora: LoraLaunch | None = None  # the model declares LoRA adapters
+    group: GroupLaunch | None = None  # a part of a multi-node replica
+
+    @property
+    def is_worker(self) -> bool:
+        return self.group is not None and self.group.role == "worker"
 
     def spec_hash(self) -> str:
         """Identity of the engine process: everything but `generation`."""
@@ -72,7 +100,8 @@ class EngineSpec:
                 "health_timeout_s": self.health_timeout_s, "generation": self.generation,
                 # only when on: the spec_hash of every engine without it stays as it was (no restarts)
                 **({"kv_events": True} if self.kv_events else {}),
-                **({"lora": self.lora.to_wire()} if self.lora is not None else {})}
+                **({"lora": self.lora.to_wire()} if self.lora is not None else {}),
+                **({"group": self.group.to_wire()} if self.group is not None else {})}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> EngineSpec:
@@ -82,7 +111,8 @@ class EngineSpec:
                    gpu_indices=tuple(int(i) for i in d.get("gpu_indices", ())),
                    health_timeout_s=float(d.get("health_timeout_s", 600.0)),
                    generation=int(d.get("generation", 0)), kv_events=bool(d.get("kv_events", False)),
-                   lora=LoraLaunch.from_wire(d["lora"]) if isinstance(d.get("lora"), dict) else None)
+                   lora=LoraLaunch.from_wire(d["lora"]) if isinstance(d.get("lora"), dict) else None,
+                   group=GroupLaunch.from_wire(d["group"]) if isinstance(d.get("group"), dict) else None)
 
 
 @dataclass

@@ -63,6 +63,7 @@ from llmgw.fleet.wire_fields import (
 __all__ = [
     "AGENT_FEATURES",
     "FEATURE_CREDENTIAL",
+    "FEATURE_GROUPS",
     "FEATURE_KV_EVENTS",
     "FEATURE_REPORT_REJECTED",
     "FROM_AGENT",
@@ -97,7 +98,10 @@ MAX_HELLO = 64 << 10  # a router's default frame cap until it has accepted a hel
 FEATURE_CREDENTIAL = "credential"  # keeps the node credential a welcome issues, presents it in hellos
 FEATURE_REPORT_REJECTED = "report_rejected"  # understands the report_rejected message
 FEATURE_KV_EVENTS = "kv_events"  # sends kv_events messages (a router accepts them only then)
-AGENT_FEATURES = (FEATURE_CREDENTIAL, FEATURE_REPORT_REJECTED, FEATURE_KV_EVENTS)
+# runs the parts of multi-node replicas (EngineSpec.group); an older agent would run a worker's spec
+# as a whole engine, so a router places multi-node replicas only on agents listing it
+FEATURE_GROUPS = "groups"
+AGENT_FEATURES = (FEATURE_CREDENTIAL, FEATURE_REPORT_REJECTED, FEATURE_KV_EVENTS, FEATURE_GROUPS)
 # What a router may list in its welcome's `features`: messages it accepts beyond the first release
 # (an older router would close the stream on a message type it does not know).
 ROUTER_FEATURES = (FEATURE_KV_EVENTS,)

@@ -9,7 +9,7 @@ import reprlib
 from collections.abc import Callable
 from typing import Any
 
-from llmgw.fleet.types import ENGINE_STATES, EngineReport, EngineSpec, GpuInfo, LoraLaunch, NodeFacts
+from llmgw.fleet.types import ENGINE_STATES, EngineReport, EngineSpec, GpuInfo, GroupLaunch, LoraLaunch, NodeFacts
 
 MAX_NAME = 253  # a DNS name: node names and label keys
 MAX_LABEL_VALUE = 1024
@@ -29,6 +29,8 @@ MAX_KV_COUNT_NAME = 64
 MAX_KV_COUNT = 1 << 32  # one counter's increment in one message
 MAX_LORA_ADAPTERS = 1024  # adapters an engine spec loads at start
 MAX_LORA_TEXT = 4096  # an adapter's name or source, in chars
+MAX_GROUP_NODES = 64  # nodes of one multi-node replica
+MAX_PEER = MAX_NAME + 8  # a worker's address, host:port
 
 
 class WireProtocolError(Exception):
@@ -174,7 +176,31 @@ def _spec(v: Any, path: str) -> EngineSpec:
         gpu_indices=_field(d, path, "gpu_indices", _tuple_of(_int), ()),
         health_timeout_s=_field(d, path, "health_timeout_s", _positive, 600.0),
         generation=_field(d, path, "generation", _int, 0), kv_events=_field(d, path, "kv_events", _bool, False),
-        lora=_field(d, path, "lora", _opt(_lora), None))
+        lora=_field(d, path, "lora", _opt(_lora), None), group=_field(d, path, "group", _opt(_group), None))
+
+
+def _peer(v: Any, path: str) -> str:
+    s = _bounded_str(MAX_PEER, empty=False)(v, path)
+    host, sep, port = s.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c in s for c in " ,/@\\"):
+        raise WireProtocolError(f"{path}: expected host:port, got {_short.repr(v)}")
+    return s
+
+
+def _group(v: Any, path: str) -> GroupLaunch:
+    d = _map(v, path)
+    role = _field(d, path, "role", _str)
+    if role not in ("head", "worker"):
+        raise WireProtocolError(f"{path}.role: expected head or worker, got {_short.repr(role)}")
+    size = _field(d, path, "size", _count(MAX_GROUP_NODES))
+    rank = _field(d, path, "rank", _count(MAX_GROUP_NODES))
+    if size < 2 or rank >= size or (rank == 0) != (role == "head"):
+        raise WireProtocolError(f"{path}: rank {rank} of {size} does not fit role {role}")
+    peers = _field(d, path, "peers", _tuple_of(_peer, MAX_GROUP_NODES), ())
+    if peers and (role != "head" or len(peers) != size - 1):
+        raise WireProtocolError(f"{path}.peers: {len(peers)} given, a head of {size} nodes has {size - 1}")
+    return GroupLaunch(role=role, group=_field(d, path, "group", _bounded_str(MAX_NAME * 2, empty=False)),
+                       rank=rank, size=size, peers=peers)
 
 
 def _lora_pair(v: Any, path: str) -> tuple[str, str]:

@@ -34,6 +34,7 @@ REDRAW_S = 0.25  # at most four redraws a second, however fast decisions come
 # ...and a redraw's cost buys that much quiet after it: filling tables takes at most this share of
 # the time (rendering them roughly as much again), so a busy router's console stays light on its host
 REDRAW_BUDGET = 0.1
+FACILITY_REFRESH_S = 5.0  # the Facility view refetches GET /api/v1/facility this often while shown
 
 
 class ConsoleApp(App[int]):
@@ -80,6 +81,7 @@ class ConsoleApp(App[int]):
         self.run_worker(follow(self.client, self._on_event, self._on_lost, self.backoff), name="events",
                         group="events")
         self.set_interval(self.redraw_s, self._redraw)
+        self.set_interval(FACILITY_REFRESH_S, self._facility_tick)
         self._activated()  # headers and an empty table, even if no snapshot ever comes
 
     async def on_unmount(self) -> None:
@@ -134,6 +136,8 @@ class ConsoleApp(App[int]):
         if not self._tabs.is_attached:
             return
         view = self.active_view()
+        if view.view_id == "facility":
+            self.refresh_facility()
         if view.stale:
             view.refresh_from(self.state)
         view.focus_main()
@@ -197,6 +201,24 @@ class ConsoleApp(App[int]):
             self.notify(f"{edit.domain}: not changed: {e}", severity="error", timeout=8)
         else:
             self.notify(edit.describe())  # the nodes' held domains follow with the stream's next update
+            self.refresh_facility()
+
+    # -- the facility view's data: not in the stream, fetched while it is shown ------------------------
+    def _facility_tick(self) -> None:
+        if self._tabs.is_attached and self.active_view().view_id == "facility" and len(self.screen_stack) == 1:
+            self.refresh_facility()
+
+    def refresh_facility(self) -> None:
+        self.run_worker(self._refresh_facility(), group="facility", exclusive=True)
+
+    async def _refresh_facility(self) -> None:
+        try:
+            view = await self.client.facility()
+        except AdminError as e:
+            self.notify(f"facility: {e}", severity="warning", timeout=6)
+            return
+        self._dirty |= self.state.put_facility(view)
+        self._redraw(force=True)
 
     def explain_placement(self, target: str) -> None:
         self.run_worker(self._explain_placement(target), group="placement")

@@ -59,6 +59,10 @@ class AdminAPI(Protocol):
 
     async def release(self, domain: str) -> dict[str, Any]: ...
 
+    async def facility(self) -> dict[str, Any]:
+        """Domains with holds, replicas and draw vs cap (GET /api/v1/facility)."""
+        return await self._call("GET", "/facility", None)
+
     async def explain_placement(self, target: str) -> dict[str, Any]: ...
 
     # the model lifecycle (the Lifecycle view; docs/lifecycle.md)
@@ -182,6 +186,10 @@ class AdminClient:
 
     async def release(self, domain: str) -> dict[str, Any]:
         return await self._call("DELETE", f"/facility/holds/{quote(domain, safe='=')}", None)
+
+    async def facility(self) -> dict[str, Any]:
+        """Domains with holds, replicas and draw vs cap (GET /api/v1/facility)."""
+        return await self._call("GET", "/facility", None)
 
     async def explain_placement(self, target: str) -> dict[str, Any]:
         return await self._call("GET", f"/placement/{quote(target, safe='')}", None)

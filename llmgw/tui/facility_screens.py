@@ -23,13 +23,15 @@ __all__ = ["HoldEditor", "PlacementScreen"]
 class HoldEditor(ModalScreen[HoldEdit | None]):
     BINDINGS: ClassVar = [Binding("escape", "cancel", "cancel")]
 
-    def __init__(self, node: str, domains: list[str], held: list[str]) -> None:
+    def __init__(self, node: str, domains: list[str], held: list[str], *, subject: str | None = None) -> None:
+        """`subject`: what the title names (default: the node); the Facility view passes its domain."""
         super().__init__()
         self.node, self.domains, self.held = node, domains, held
+        self.subject = subject or f"a domain of node {node}"
 
     def compose(self) -> ComposeResult:
         with Vertical(id="label-dialog"):
-            yield Static(Text(f"Hold a domain of node {self.node}", style="bold"))
+            yield Static(Text(f"Hold {self.subject}", style="bold"))
             yield Static(printable(f"domains   {'  '.join(self.domains) or '—'}\nheld      "
                                    f"{'  '.join(self.held) or '—'}"), classes="detail")
             yield Input(placeholder="rack  ·  row drain PDU swap  ·  release rack", id="hold-input")

@@ -66,6 +66,7 @@ class ConsoleState:
     # revisions, jobs, suites and eval results: not on the stream, fetched while the Lifecycle view
     # is shown (lifecycle_fetch.py; the shape is in lifecycle_rows.py)
     lifecycle: dict[str, Any] = field(default_factory=dict)
+    facility: dict[str, Any] = field(default_factory=dict)  # GET /api/v1/facility: fetched, not streamed
     decisions: deque[DecisionEntry] = field(init=False)  # newest first
     link: Link = field(default_factory=Link)
     _seq: int = field(default=0, init=False)
@@ -154,6 +155,11 @@ class ConsoleState:
 
     def node(self, name: str) -> dict[str, Any] | None:
         return next((n for n in self.nodes if n.get("name") == name), None)
+
+    def put_facility(self, view: Any) -> frozenset[str]:
+        """The facility's domains and holds as GET /api/v1/facility answered (not in the stream)."""
+        self.facility = as_dict(view)
+        return frozenset({"facility"})
 
     def put_node(self, view: Mapping[str, Any]) -> frozenset[str]:
         """A node as an admin call answered it (e.g. after setting labels), ahead of the next update."""

@@ -42,6 +42,7 @@ import trio
 from llmgw.daemon.agent.engine_logs import EngineLog
 from llmgw.daemon.agent.processes import (
     dial_host,
+    find_rpc_server,
     free_port,
     group_exists,
     host_port,
@@ -51,7 +52,7 @@ from llmgw.daemon.agent.processes import (
     signal_group,
 )
 from llmgw.daemon.private_files import private_dir, tighten_file, write_private
-from llmgw.fleet.engine_cmd import build_command, build_env, health_path
+from llmgw.fleet.engine_cmd import build_command, build_env, health_path, probes_tcp
 from llmgw.fleet.engine_record import EngineRecord
 from llmgw.fleet.lifecycle import RestartPolicy
 from llmgw.fleet.types import RUNNING_STATES, EngineReport, EngineSpec
@@ -298,7 +299,8 @@ class EngineSupervisor:
         cmd = [spec.binary or spec.engine]
         try:
             eng.port = free_port(self._host, eng.port)
-            cmd = build_command(spec, self._host, eng.port, self._python, self._kv_endpoints(spec))
+            cmd = build_command(spec, self._host, eng.port, self._python, self._kv_endpoints(spec),
+                                rpc_server=find_rpc_server(spec) if probes_tcp(spec) else None)
             with eng.logfile.open_for_engine(cmd) as out:
                 proc = await trio.lowlevel.open_process(cmd, env=build_env(spec, dict(os.environ)),
                                                         stdin=subprocess.DEVNULL, stdout=out,
@@ -395,8 +397,15 @@ class EngineSupervisor:
                f"Connection: close\r\n\r\n").encode()
         with trio.move_on_after(self._probe_timeout):
             try:
+                if probes_tcp(eng.spec) and eng.state in ("ready", "unhealthy"):
+                    # llama.cpp's RPC server serves one client (its head) at a time with a backlog
+                    # of 1: once it is up, connecting would queue and fail. Its process is its
+                    # liveness then (an exit is a crash, watched apart).
+                    return True
                 stream = await trio.open_tcp_stream(host, eng.port or 0)
                 async with stream:
+                    if probes_tcp(eng.spec):
+                        return True  # it accepts connections: up
                     await stream.send_all(req)
                     buf = b""
                     while b"\r\n" not in buf and len(buf) < 4096:

@@ -1,13 +1,17 @@
 """The operating-system side of the agent's engines: process groups and the identity of a process
 under Linux /proc (is this pid still the engine we started, or a reused one?), a free port to give
-a new engine, and how its host is written in a URL and dialled."""
+a new engine, how its host is written in a URL and dialled, and where llama.cpp's RPC worker binary is."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 
-__all__ = ["dial_host", "free_port", "group_exists", "host_port", "is_same_process", "pid_alive",
+from llmgw.fleet.engine_cmd import rpc_server_candidates
+from llmgw.fleet.types import EngineSpec
+
+__all__ = ["dial_host", "find_rpc_server", "free_port", "group_exists", "host_port", "is_same_process", "pid_alive",
            "process_starttime", "read_cmdline", "signal_group"]
 
 
@@ -126,3 +130,16 @@ def dial_host(host: str) -> str:
 
 def host_port(host: str, port: int | None) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def find_rpc_server(spec: EngineSpec) -> str | None:
+    """llama.cpp's RPC worker binary for a multi-node worker: the first candidate that exists
+    (an executable file, or a name on PATH); None: none found (the command's default then fails
+    to start, naming it)."""
+    for c in rpc_server_candidates(spec):
+        if "/" in c:
+            if os.path.isfile(c) and os.access(c, os.X_OK):
+                return c
+        elif shutil.which(c):
+            return c
+    return None

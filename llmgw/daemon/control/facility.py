@@ -142,8 +142,18 @@ class FacilityControl:
         live = [a for a in assignments.values() if a.desired in ("run", "drain")]
         a = assignments.get(target)
         if a is not None:
+            g = a.spec.group
+            group = g.group if g is not None else None
             p = self.placer(nodes.values(), [x for x in live if x.replica != target], deploys)
-            return explain(p, a.model, a.demand, replica=a.replica, node=a.node)
+            e = explain(p, a.model, a.demand, replica=a.replica, node=a.node)
+            if g is not None:  # a part of a multi-node replica: name the group's nodes
+                parts = sorted((x for x in assignments.values() if x.spec.group is not None
+                                and x.spec.group.group == group), key=lambda x: x.spec.group.rank)  # type: ignore[union-attr]
+                pol = deploys[a.model].policy if a.model in deploys else None
+                within = f", all inside one {pol.keep_within}" if pol is not None and pol.keep_within else ""
+                e.why += (f"; {'the head' if g.role == 'head' else f'worker {g.rank}'} of a {g.size}-node replica "
+                          f"on {', '.join(x.node for x in parts)}{within} (placed together, all or nothing)")
+            return e
         m = deploys.get(target)
         if m is None:
             raise KeyError(target)

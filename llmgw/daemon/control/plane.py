@@ -40,6 +40,7 @@ from llmgw.config import (
 )
 from llmgw.daemon.control.agent_sessions import AgentSessions
 from llmgw.daemon.control.facility import FacilityControl
+from llmgw.daemon.control.groups import head_of, head_startable, routable_group, stop_workers, sync_head
 from llmgw.daemon.control.lifecycle import Lifecycle
 from llmgw.daemon.control.model_deploy import ModelError, deploy_of
 from llmgw.daemon.control.plane_actions import OperatorActions
@@ -60,7 +61,7 @@ from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
-from llmgw.fleet.wire import Hello, KvEvents
+from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents
 from llmgw.route.names import CANDIDATE_SUFFIX
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class ControlPlane(OperatorActions):
         self.deploys: dict[str, ModelDeploy] = {}
         self.assignments: dict[str, Assignment] = {}
         self.unplaceable: dict[str, str] = {}
+        self.group_nodes: set[str] = set()  # nodes whose agents run multi-node parts (FEATURE_GROUPS)
+        self.told_workers: dict[str, tuple[int | None, ...]] = {}  # multi-node heads: groups.py
         self.kv_index = RouterKvIndex()  # tier 2: what each replica's engine holds, fed by kv_events
         self.agents = AgentSessions(self, c, token)
         self._wake = trio.Event()
@@ -188,6 +191,10 @@ class ControlPlane(OperatorActions):
         self._transitions(self.nodes.connected(node, hello.agent_id, labels=hello.labels, facts=hello.facts,
                                                now=now))
         n = self.nodes.nodes[node]
+        if hello.has(FEATURE_GROUPS):
+            self.group_nodes.add(node)
+        else:
+            self.group_nodes.discard(node)
         self._seen_wall[node] = time.time()
         self.guard.write("upsert_node", node, agent_labels=hello.labels, facts=hello.facts.to_wire(),
                          seen_at=self._seen_wall[node])
@@ -257,7 +264,8 @@ class ControlPlane(OperatorActions):
     def desired_for(self, node: str) -> list[EngineSpec]:
         """What `node` should run: its session sends this as the node's desired set. Engines the
         store does not know are in it too, so that the agent leaves them running."""
-        mine = [a.spec for a in self.assignments.values() if a.node == node and a.desired in ("run", "drain")]
+        mine = [a.spec for a in self.assignments.values()
+                if a.node == node and a.desired in ("run", "drain") and head_startable(a)]
         return mine + self.unknown.specs_for(node)
 
     # -- engine reports → scheduler ------------------------------------------------------------
@@ -331,11 +339,18 @@ class ControlPlane(OperatorActions):
         return True
 
     def _route(self, a: Assignment) -> None:
+        if a.spec.is_worker:  # never routed; its head is, while the whole group is ready
+            head = head_of(self, a)
+            if head is not None:
+                sync_head(self, head)
+                self._route(head)
+            return
         r = a.report
         m = self.models.get(a.model) or self.lifecycle.router_model(a.model)  # a candidate's: lifecycle.py
         routable = (r is not None and r.state == "ready" and r.url and m is not None
                     and a.desired in ("run", "drain") and self.nodes.nodes.get(a.node) is not None
-                    and self.nodes.nodes[a.node].state != "lost")
+                    and self.nodes.nodes[a.node].state != "lost"
+                    and (a.spec.group is None or routable_group(self, a)))
         if not routable:
             self.router.withdraw_replica(a.replica)
             self.kv_index.remove(a.replica)
@@ -349,6 +364,7 @@ class ControlPlane(OperatorActions):
 
     def _forget(self, a: Assignment, why: str) -> None:
         self.assignments.pop(a.replica, None)
+        self.told_workers.pop(a.replica, None)
         self.kv_index.remove(a.replica)
         self.urls.pop(a.replica, None)
         self.unknown.removed(a.replica)
@@ -403,7 +419,8 @@ class ControlPlane(OperatorActions):
             nodes = {name: replace(n, state="not_ready") if name in held and n.state == "ready" else n
                      for name, n in nodes.items()}
         plan = reconcile(self.deploys, nodes, list(self.assignments.values()),
-                         new_id=self._new_id, now_wall=time.time(), facility=self.facility.round(now))
+                         new_id=self._new_id, now_wall=time.time(), facility=self.facility.round(now),
+                         group_nodes=self.group_nodes)
         self.facility.warn(plan.warnings)
         drain_timeout = self.cfg.control.drain_timeout_s
         with self.guard.transaction("reconcile"):
@@ -412,6 +429,7 @@ class ControlPlane(OperatorActions):
                 if a is not None:
                     log.warning("replica %s of %s written off: %s", rid, a.model, why)
                     self._forget(a, f"lost: {why}")
+                    self.agents.push(a.node)  # a multi-node part on a live node: its agent stops it
             for a in plan.create:
                 self.assignments[a.replica] = a
                 self.guard.write("put_assignment", self._row(a))
@@ -430,7 +448,7 @@ class ControlPlane(OperatorActions):
                 self.guard.write("set_desired", rid, "drain")
                 self.guard.record("replica draining", replica=rid, model=a.model, node=a.node, detail=why)
                 self._route(a)
-            for a in [a for a in self.assignments.values() if a.desired == "drain"]:
+            for a in [a for a in self.assignments.values() if a.desired == "drain" and not a.spec.is_worker]:
                 st = self.router.replica_state(a.replica)
                 idle = st is None or st.inflight == 0
                 if idle or now - (a.drain_since or now) >= drain_timeout:
@@ -438,6 +456,7 @@ class ControlPlane(OperatorActions):
                     self.guard.write("set_desired", a.replica, "stop")
                     self.router.withdraw_replica(a.replica)
                     self.agents.push(a.node)
+                    stop_workers(self, a)
             for a in [a for a in self.assignments.values() if a.desired == "stop"]:
                 n = self.nodes.nodes.get(a.node)
                 if n is not None and n.connected and (a.report is None or a.report.state == "stopped"):

@@ -14,6 +14,7 @@ import trio
 
 from llmgw.config import ModelConfig, model_from_dict, model_to_dict
 from llmgw.daemon.control.model_deploy import ModelError
+from llmgw.fleet.group_parts import worker_id
 from llmgw.fleet.types import NodeFacts
 
 __all__ = ["OperatorActions"]
@@ -79,13 +80,19 @@ class OperatorActions:
         self._wake.set()
 
     def restart_replica(self, rid: str) -> None:
-        """Restart an engine (also how an operator clears a crash loop)."""
-        a = self.assignments[rid]
-        a.spec = replace(a.spec, generation=a.spec.generation + 1)
-        # An action, not configuration: done even while the store cannot write (written back after).
-        self.guard.write("put_assignment", self._row(a))
-        self.guard.record("replica restart requested", replica=rid, model=a.model, node=a.node)
-        self.agents.push(a.node)
+        """Restart an engine (also how an operator clears a crash loop). A multi-node replica's head
+        restarts with its workers: the group is one replica; a worker's id restarts that worker."""
+        head = self.assignments[rid]
+        g = head.spec.group
+        parts = [head]
+        if g is not None and g.role == "head":
+            parts += [w for r in range(1, g.size) if (w := self.assignments.get(worker_id(rid, r))) is not None]
+        for a in parts:
+            a.spec = replace(a.spec, generation=a.spec.generation + 1)
+            # An action, not configuration: done even while the store cannot write (written back after).
+            self.guard.write("put_assignment", self._row(a))
+            self.guard.record("replica restart requested", replica=a.replica, model=a.model, node=a.node)
+            self.agents.push(a.node)
 
     def set_labels(self, node: str, labels: dict[str, str]) -> None:
         self.guard.must_write("set_node_labels", node, labels)  # first: nothing changes if it cannot

@@ -9,6 +9,7 @@ from llmgw.admin.schema import ModelView, NodeView, ReplicaView
 from llmgw.admin.views import node_facts_view
 from llmgw.config import ModelConfig, model_to_dict
 from llmgw.daemon.router.control_port import RouterPort
+from llmgw.fleet.group_parts import group_ready, workers_of
 from llmgw.fleet.nodes import Node, location
 from llmgw.fleet.reconcile import Assignment
 
@@ -34,15 +35,31 @@ def node_views(nodes: Iterable[Node], assignments: Iterable[Assignment], now: fl
     return out
 
 
+def _group_detail(a: Assignment, workers: Mapping[str, list[Assignment]]) -> str:
+    """A multi-node head's word on its workers, when the group is not (yet) whole and ready."""
+    g = a.spec.group
+    if g is None or g.role != "head":
+        return ""
+    ws = workers.get(a.replica, [])
+    if group_ready(a, ws):
+        return ""
+    ready = sum(1 for w in ws if w.engine_state == "ready")
+    waiting = "waiting for" if len(g.peers) != g.size - 1 else "not routed until"
+    return f"{waiting} its workers: {ready} of {g.size - 1} ready"
+
+
 def replica_views(assignments: Iterable[Assignment], router: RouterPort) -> list[ReplicaView]:
     out = []
+    assignments = list(assignments)
+    workers = workers_of(assignments) if any(a.spec.group is not None for a in assignments) else {}
     for a in sorted(assignments, key=lambda a: a.replica):
         r = a.report
         st = router.replica_state(a.replica)
         out.append(ReplicaView(
             replica=a.replica, model=a.model, node=a.node, desired=a.desired,
             state=a.engine_state, url=r.url if r else None, pid=r.pid if r else None,
-            restarts=r.restarts if r else 0, detail=r.detail if r else "",
+            restarts=r.restarts if r else 0,
+            detail=_group_detail(a, workers) or (r.detail if r else "") if workers else (r.detail if r else ""),
             log_tail=list(r.log_tail) if r else [], adopted=r.adopted if r else False,
             gpus=list(a.spec.gpu_indices), generation=a.spec.generation, reason=a.reason,
             routable=st is not None and st.routable,
@@ -54,8 +71,11 @@ def replica_views(assignments: Iterable[Assignment], router: RouterPort) -> list
 def model_views(models: Mapping[str, ModelConfig], sources: Mapping[str, str], assignments: Iterable[Assignment],
                 unplaceable: Mapping[str, str]) -> list[ModelView]:
     by_model: dict[str, list[Assignment]] = {}
+    assignments = list(assignments)
+    workers = workers_of(assignments) if any(a.spec.group is not None for a in assignments) else {}
     for a in assignments:
-        by_model.setdefault(a.model, []).append(a)
+        if not a.spec.is_worker:  # a multi-node replica counts once: its head
+            by_model.setdefault(a.model, []).append(a)
     out = []
     for name in sorted(models):
         m = models[name]
@@ -64,7 +84,9 @@ def model_views(models: Mapping[str, ModelConfig], sources: Mapping[str, str], a
             name=name, engine=m.engine, source=sources.get(name, "api"),
             desired_replicas=m.deploy.count if m.deploy else None,
             replicas=len([a for a in mine if a.desired == "run"]),
-            ready=len([a for a in mine if a.engine_state == "ready" and a.desired == "run"]),
+            # a multi-node replica is ready when its whole group is
+            ready=len([a for a in mine if a.engine_state == "ready" and a.desired == "run"
+                       and (a.spec.group is None or group_ready(a, workers.get(a.replica, [])))]),
             static_replicas=len(m.replicas), unplaceable=unplaceable.get(name),
             definition=model_to_dict(m),
         ))

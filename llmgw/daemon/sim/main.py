@@ -22,17 +22,20 @@ from llmgw.sim.args import ArgError
 log = logging.getLogger("llmgw.sim")
 
 
-def _split_engine(argv: list[str]) -> tuple[str, list[str]]:
-    engine, rest = "vllm", []
+def _split_engine(argv: list[str]) -> tuple[str, list[str], str]:
+    """(engine, the engine's flags, the --rpc workers of a multi-node head, or "")."""
+    engine, rest, rpc = "vllm", [], ""
     it = iter(argv)
     for a in it:
         if a == "--engine":
             engine = next(it, "")
         elif a.startswith("--engine="):
             engine = a.split("=", 1)[1]
+        elif a == "--rpc":  # the head of a multi-node replica is told its workers (as llama-server)
+            rpc = next(it, "")
         else:
             rest.append(a)
-    return engine, rest
+    return engine, rest, rpc
 
 
 def main(argv: list[str]) -> int:
@@ -45,7 +48,13 @@ def main(argv: list[str]) -> int:
         return 2
     if argv and argv[0] == "fleet":
         return fleet_main(argv[1:])
-    engine, rest = _split_engine(argv)
+    if argv and argv[0] == "worker":
+        from llmgw.daemon.sim.worker import worker_main
+
+        return worker_main(argv[1:])
+    engine, rest, rpc = _split_engine(argv)
+    if rpc:
+        log.info("head of a multi-node replica; workers %s", rpc)
     try:
         if engine == "vllm":
             from llmgw.daemon.sim.vllm_server import build
