@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from llmgw.admin_client.rationale import explain, rationale_lines, text_table
-from llmgw.ctl import cmd_explain
+from llmgw.ctl import parser
+from llmgw.ctl_routing import cmd_explain
 from llmgw.tui.rows import rationale
 from tests.test_console_fakes import decision
 
@@ -63,6 +64,7 @@ class FakeAdmin:
 
 @pytest.mark.parametrize("answer", [decision(3), {"decisions": [decision(3), decision(5)]}], ids=["one", "two"])
 def test_ctl_explain_prints_the_shared_lines(answer: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    parser()  # lends ctl's output helpers to the command modules
     cmd_explain(FakeAdmin(answer), argparse.Namespace(request_id="req-0003", output="table"))  # type: ignore[arg-type]
     decisions = answer.get("decisions", [answer])
     assert capsys.readouterr().out == "\n\n".join("\n".join(rationale_lines(d)) for d in decisions) + "\n"

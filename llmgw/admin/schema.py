@@ -11,6 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+from llmgw.admin.schema_adapters import (  # noqa: F401
+    AdapterFailure,
+    AdapterHeld,
+    AdapterSummary,
+    ReplicaAdapters,
+)
+from llmgw.admin.schema_kv import (  # noqa: F401
+    KvModelParity,
+    KvParity,
+    KvReplica,
+    KvReplicaParity,
+    KvSummary,
+)
 from llmgw.admin.typeinfo import Shape, prop
 from llmgw.config import ENGINES, ModelConfig, label_keys
 from llmgw.config_fields import facility_label_values
@@ -319,102 +332,6 @@ class CacheSummary:
     replicas: list[ReplicaCache]
 
 
-# -- LoRA adapters (vLLM, on demand) ----------------------------------------------------------------
-@dataclass(slots=True)
-class AdapterHeld:
-    adapter: str
-    state: str = prop("`loaded`, `pinned` (static, or loaded outside llmgw: never unloaded by it) or `loading`")
-    inflight: int = prop("requests running on it on this replica")
-    idle_s: float | None = prop("seconds since it was last used through the router; null if never (or loading)")
-    waiting: int = prop("requests waiting for its load (while loading)")
-    unloading: str | None = prop("the idle adapter unloaded to make room for it (while loading)")
-
-
-@dataclass(slots=True)
-class AdapterFailure:
-    adapter: str
-    reason: str = prop("the engine's reason, or the router's (a timeout; not listed after a 200)")
-    failures: int = prop("failed loads in a row on this replica")
-    retry_in_s: float = prop("seconds until a request may make it try again (backoff)")
-
-
-@dataclass(slots=True)
-class ReplicaAdapters:
-    """One vLLM replica's adapters as the router counts them (its count is the truth: vLLM never
-    refuses a load when full)."""
-    replica: str
-    model: str
-    cap: int = prop("the model's max_loaded_adapters")
-    used: int = prop("adapters held plus loads in progress (never above cap)")
-    adapters: list[AdapterHeld]
-    failed: list[AdapterFailure] = prop("adapters whose last load here failed")
-
-
-@dataclass(slots=True)
-class AdapterSummary:
-    replicas: list[ReplicaAdapters]
-    loads: dict[str, int] = prop("loads by outcome since the start: ok, failed, timeout, not_listed")
-    unloads: dict[str, int] = prop("unloads to make room by outcome: ok, failed")
-    waiting: int = prop("requests waiting for a load now")
-
-# -- tier 2: the KV index and its parity self-check ------------------------------------------------
-@dataclass(slots=True)
-class KvParity:
-    passed: int = prop("checks whose blocks the engine reported with the router's hashes")
-    failed: int = prop("checks where the engine reported other blocks, never the router's")
-    unknown: int = prop("checks without a verdict (no events came, a reset came between, table full)")
-    mismatch_rate: float | None = prop("failed / (passed + failed); null before a verdict")
-
-
-@dataclass(slots=True)
-class KvReplicaParity(KvParity):
-    status: Literal["ok", "suspect", "alarm", "unchecked"] = prop(
-        "ok: the last verdict passed; suspect: the last failed; alarm: several failed in a row (the "
-        "engine hashes differently: tier 2 cannot route to it); unchecked: no verdict yet")
-    pending: int = prop("checks waiting for their verdict")
-
-
-@dataclass(slots=True)
-class KvReplica:
-    """One replica's tier-2 state: its index, its KV-event feed, its decisions and its parity."""
-    replica: str
-    model: str
-    node: str | None
-    blocks: int = prop("KV blocks the router's index holds for it")
-    bytes: int = prop("estimated memory of those blocks in the index")
-    overflowed: bool = prop("emptied for exceeding the per-replica cap, until its agent's next reset")
-    messages: int = prop("kv_events messages applied")
-    block_events: int = prop("block additions and removals applied")
-    resets: int = prop("resets (a new engine, a new agent session, lost events)")
-    gaps: int = prop("resets that cleared a non-empty index: events lost between engine and router, or the "
-                     "engine cleared its cache")
-    event_seq: int | None = prop("the engine's event sequence number the index reaches")
-    lag_s: float | None = prop("seconds since its last kv_events message; null before the first")
-    tier1_decisions: int = prop("decisions that chose it with tier 1 deciding (tier 2 had no vote)")
-    tier2_decisions: int = prop("decisions that chose it with tier 2 voting")
-    parity: KvReplicaParity
-
-
-@dataclass(slots=True)
-class KvModelParity(KvParity):
-    model: str = prop("")
-
-
-@dataclass(slots=True)
-class KvSummary:
-    """Tier 2 of cache-aware routing: the router's KV index fed by the engines' KV events."""
-    enabled: bool = prop("the router has a tier-2 index (it accepts agents)")
-    blocks: int = prop("KV blocks indexed, all replicas")
-    bytes: int = prop("estimated memory of the index")
-    messages: int = prop("kv_events messages applied")
-    gaps: int
-    refused: dict[str, int] = prop("kv_events refused, by reason (unknown_replica, other_node)")
-    decisions: dict[str, int] = prop("decisions of kv_events models by tier 2's outcome: decided, or why "
-                                     "tier 1 decided (miss, no_events, timeout, ...)")
-    replicas: list[KvReplica]
-    models: list[KvModelParity]
-
-
 # -- history ----------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class HistoryEvent:
@@ -502,6 +419,7 @@ class SnapshotEvent:
     decisions: list[DecisionView] = prop("the last 50, oldest first")
     cache: CacheSummary
     store: StoreStatus
+    adapters: AdapterSummary | None = prop("LoRA adapters per vLLM replica (null from a daemon before them)", None)
     kv: KvSummary | None = prop("tier 2's index and parity per replica (null from a daemon before it)", None)
 
 
@@ -524,6 +442,7 @@ class UpdateEvent:
     endpoints: list[EndpointStatus] | None = None
     cache: CacheSummary | None = None
     store: StoreStatus | None = None
+    adapters: AdapterSummary | None = None
     kv: KvSummary | None = None
 
 

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -40,10 +40,12 @@ from llmgw.admin.schema import (
 )
 from llmgw.admin.schema_traces import trace_summary, trace_view
 from llmgw.admin.suite_schema import suite_json_schema
-from llmgw.admin.schema_facility import PlacementCandidate, PlacementExplanation
 from llmgw.admin.validate import Invalid, from_json, query_value
 from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
+from llmgw.daemon.control.admin_errors import TYPES, AdminFail, admin_error_body, invalid
+from llmgw.daemon.control.admin_events import EventStream
+from llmgw.daemon.control.admin_facility import FACILITY_HANDLERS
 from llmgw.daemon.control.admin_lifecycle import LIFECYCLE_HANDLERS, BodyProblems
 from llmgw.daemon.control.node_identity import RotateError
 from llmgw.daemon.control.plane import ControlPlane, ModelError
@@ -56,47 +58,18 @@ from llmgw.daemon.net.httpserver import (
     serve_unix,
 )
 from llmgw.daemon.router.control_port import RouterPort
-from llmgw.fleet.domains import DomainError
 from llmgw.lifecycle.revisions import LifecycleError
-from llmgw.route.types import Decision
 
 log = logging.getLogger("llmgw.admin")
 
 __all__ = ["AdminApp", "AdminSetupError", "admin_error_body", "serve_admin"]
 
 _NDJSON = "application/x-ndjson"
-SNAPSHOT_DECISIONS = 50
-_CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-          405: "method_not_allowed", 408: "request_timeout", 409: "conflict", 413: "payload_too_large",
-          431: "headers_too_large", 500: "internal_error", 503: "store_unavailable"}
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "method_not_allowed", 409: "conflict_error", 503: "service_unavailable"}
 STORE_RETRY_AFTER_S = 5
 
 
 class AdminSetupError(Exception):
     """The admin listeners cannot start safely (the message says why)."""
-
-
-class _Fail(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 problems: list[Problem] | None = None, headers: list[tuple[str, str]] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-        self.code = code or _CODES.get(status)
-        self.problems = problems or []
-        self.headers = headers or []
-
-
-def _invalid(problems: list[Problem], code: str) -> _Fail:
-    return _Fail(400, "; ".join(map(str, problems)), param=problems[0].field or None, code=code,
-                 problems=problems)
-
-
-def admin_error_body(status: int, message: str, err_type: str) -> dict[str, Any]:
-    """The envelope of errors the HTTP server itself makes (413, malformed requests, 500...)."""
-    return {"error": {"message": message, "type": _TYPES.get(status, err_type), "param": None,
-                      "code": _CODES.get(status)}}
 
 
 @dataclass(slots=True)
@@ -121,6 +94,7 @@ def _handles(name: str) -> Callable[[_Handler], _Handler]:
 
 
 _HANDLERS.update(LIFECYCLE_HANDLERS)  # the model lifecycle's (admin_lifecycle.py)
+_HANDLERS.update(FACILITY_HANDLERS)  # the facility's (admin_facility.py)
 
 
 class AdminApp:
@@ -146,17 +120,17 @@ class AdminApp:
             try:
                 resp = await self._dispatch(req)
             except LifecycleError as e:
-                raise _Fail(e.status, str(e)) from None
+                raise AdminFail(e.status, str(e)) from None
             except BodyProblems as e:
-                raise _invalid([Problem(f, m) for f, m in e.problems], "invalid_body") from None
+                raise invalid([Problem(f, m) for f, m in e.problems], "invalid_body") from None
             except ConfigError as e:
-                raise _invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
+                raise invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
             except StoreUnavailable as e:
-                raise _Fail(503, f"The router's store cannot write ({e.reason}: {e.detail}), so this change was not "
+                raise AdminFail(503, f"The router's store cannot write ({e.reason}: {e.detail}), so this change was not "
                                  "made. The router keeps running from memory; retry once `llmgw ctl status` shows "
                                  "the store ok.", headers=[("retry-after", str(STORE_RETRY_AFTER_S))]) from None
-        except _Fail as e:
-            body = {"error": {"message": e.message, "type": _TYPES.get(e.status, "server_error"), "param": e.param,
+        except AdminFail as e:
+            body = {"error": {"message": e.message, "type": TYPES.get(e.status, "server_error"), "param": e.param,
                               "code": e.code}}
             if e.problems:
                 body["error"]["problems"] = [{"field": p.field, "message": p.message} for p in e.problems]
@@ -173,9 +147,9 @@ class AdminApp:
         route = res.route
         if route is None:
             if res.allow:
-                raise _Fail(405, f"Method {req.method} not allowed here; allowed: {', '.join(res.allow)}",
+                raise AdminFail(405, f"Method {req.method} not allowed here; allowed: {', '.join(res.allow)}",
                             headers=[("allow", ", ".join(res.allow))])
-            raise _Fail(404, f"Unknown route {req.path}")
+            raise AdminFail(404, f"Unknown route {req.path}")
         call = _Call(route, res.params, self._query(route, req), self._body(route, req))
         out = await _HANDLERS[route.name](self, call)
         if isinstance(out, Response):
@@ -190,7 +164,7 @@ class AdminApp:
         ok = (self.token is not None and scheme.lower() == "bearer"
               and hmac.compare_digest(given.strip().encode(), self.token))
         if not ok:  # one answer for missing and wrong: no hint of the token
-            raise _Fail(401, "Missing or invalid admin token.", headers=[("www-authenticate", "Bearer")])
+            raise AdminFail(401, "Missing or invalid admin token.", headers=[("www-authenticate", "Bearer")])
 
     @staticmethod
     def _query(route: Route, req: Request) -> dict[str, Any]:
@@ -208,7 +182,7 @@ class AdminApp:
             except Invalid as e:
                 problems += e.problems
         if problems:
-            raise _invalid(problems, "invalid_query")
+            raise invalid(problems, "invalid_query")
         return out
 
     @staticmethod
@@ -218,15 +192,15 @@ class AdminApp:
         if not req.body.strip():
             if route.body_optional:
                 return None
-            raise _Fail(400, "A JSON body is required.", code="invalid_body")
+            raise AdminFail(400, "A JSON body is required.", code="invalid_body")
         try:
             data = json.loads(req.body)
         except ValueError as e:
-            raise _Fail(400, f"The body is not valid JSON: {e}", code="invalid_json") from None
+            raise AdminFail(400, f"The body is not valid JSON: {e}", code="invalid_json") from None
         try:
             return from_json(route.body, data)
         except Invalid as e:
-            raise _invalid(e.problems, "invalid_body") from None
+            raise invalid(e.problems, "invalid_body") from None
 
     # -- status, nodes ------------------------------------------------------------------------------
     @_handles("get_status")
@@ -241,13 +215,13 @@ class AdminApp:
         for n in self.control.node_views():
             if n.name == name:
                 return n
-        raise _Fail(404, f"No node {name!r}.")
+        raise AdminFail(404, f"No node {name!r}.")
 
     @staticmethod
     def _node_name(call: _Call) -> str:
         name = call.params["name"]
         if (msg := node_name(name)) is not None:
-            raise _invalid([Problem("name", msg)], "invalid_path")
+            raise invalid([Problem("name", msg)], "invalid_path")
         return name
 
     @_handles("get_node")
@@ -264,48 +238,9 @@ class AdminApp:
     async def _remove_labels(self, call: _Call) -> Any:
         name = self._node_name(call)
         if name not in self.control.nodes.nodes:
-            raise _Fail(404, f"No node {name!r}.")
+            raise AdminFail(404, f"No node {name!r}.")
         self.control.remove_labels(name, call.body.keys)
         return self._node_view(name)
-
-    # -- the facility (docs/placement.md) ------------------------------------------------------------
-    @_handles("get_facility")
-    async def _facility(self, call: _Call) -> Any:
-        return self.control.facility_view()
-
-    @_handles("hold_domain")
-    async def _hold(self, call: _Call) -> Any:
-        try:
-            view = self.control.hold(call.params["domain"], call.body.reason, call.body.drain)
-        except DomainError as e:  # unknown domains are 404, naming the known ones; bad syntax is 400
-            raise (_Fail(404, str(e)) if str(e).startswith("no node") else
-                   _invalid([Problem("domain", str(e))], "invalid_path")) from None
-        except ValueError as e:
-            raise _invalid([Problem("reason", str(e))], "invalid_body") from None
-        return next((h for h in self.control.facility_view().holds if h.domain == view.domain), view)
-
-    @_handles("release_domain")
-    async def _release(self, call: _Call) -> Any:
-        try:
-            self.control.release(call.params["domain"])
-        except DomainError as e:
-            raise _invalid([Problem("domain", str(e))], "invalid_path") from None
-        except KeyError:
-            raise _Fail(404, f"Domain {call.params['domain']!r} is not held.") from None
-        return None
-
-    @_handles("explain_placement")
-    async def _explain(self, call: _Call) -> Any:
-        target = call.params["target"]
-        try:
-            e = self.control.explain_placement(target)
-        except KeyError:
-            raise _Fail(404, f"No placed replica or deployed model {target!r}.") from None
-        return PlacementExplanation(
-            model=e.model, replica=e.replica, node=e.node, domains=list(e.domains), why=e.why, counts=e.counts,
-            truncated=e.truncated, warnings=e.warnings,
-            candidates=[PlacementCandidate(c.node, c.verdict, c.detail, [d for d in c.domains if d])
-                        for c in e.candidates])
 
     # -- node identity ------------------------------------------------------------------------------
     @_handles("revoke_node")
@@ -313,7 +248,7 @@ class AdminApp:
         name = self._node_name(call)
         agents = self.control.agents
         if name not in self.control.nodes.nodes and name not in agents.identities.records:
-            raise _Fail(404, f"No node {name!r}.")
+            raise AdminFail(404, f"No node {name!r}.")
         had, connected, withdrawn, store_error = agents.revoke(name)
         return NodeRevoked(node=name, had_credential=had, was_connected=connected, replicas_withdrawn=withdrawn,
                            persisted=store_error is None)
@@ -327,7 +262,7 @@ class AdminApp:
         try:
             self.control.agents.join_token.rotate()
         except RotateError as e:
-            raise _Fail(409, str(e)) from None
+            raise AdminFail(409, str(e)) from None
         log.warning("join token rotated by an operator: the old one admits no new node from now on")
         return self.control.agents.join_info()
 
@@ -340,16 +275,16 @@ class AdminApp:
         try:
             m = self.control.put_model(data, source="api")
         except ConfigError as e:
-            raise _invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
+            raise invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
         except ModelError as e:
-            raise _Fail(409, str(e)) from None
+            raise AdminFail(409, str(e)) from None
         return model_to_dict(m)
 
     @_handles("create_model")
     async def _create_model(self, call: _Call) -> Any:
         name = call.body.get("name")
         if isinstance(name, str) and name in self.control.models:
-            raise _Fail(409, f"Model {name!r} exists; PUT {PREFIX}/models/{{name}} replaces it.")
+            raise AdminFail(409, f"Model {name!r} exists; PUT {PREFIX}/models/{{name}} replaces it.")
         out = self._save(call.body)
         return json_response(201, out, [("location", f"{PREFIX}/models/{quote(out['name'], safe='')}")])
 
@@ -357,7 +292,7 @@ class AdminApp:
     async def _model(self, call: _Call) -> Any:
         m = self.control.models.get(call.params["name"])
         if m is None:
-            raise _Fail(404, f"No model {call.params['name']!r}.")
+            raise AdminFail(404, f"No model {call.params['name']!r}.")
         return model_to_dict(m)
 
     @_handles("put_model")
@@ -365,9 +300,9 @@ class AdminApp:
         name, data = call.params["name"], call.body
         # The whole definition, name included (as GET answers it): the document requires it.
         if "name" not in data:
-            raise _invalid([Problem("name", f"missing: the whole definition, with name {name!r}")], "invalid_body")
+            raise invalid([Problem("name", f"missing: the whole definition, with name {name!r}")], "invalid_body")
         if data["name"] != name:
-            raise _invalid([Problem("name", f"must equal the name in the path, {name!r}")], "invalid_body")
+            raise invalid([Problem("name", f"must equal the name in the path, {name!r}")], "invalid_body")
         return self._save(data)
 
     @_handles("delete_model")
@@ -376,9 +311,9 @@ class AdminApp:
         try:
             self.control.delete_model(name)
         except KeyError:
-            raise _Fail(404, f"No model {name!r}.") from None
+            raise AdminFail(404, f"No model {name!r}.") from None
         except ModelError as e:
-            raise _Fail(409, str(e)) from None
+            raise AdminFail(409, str(e)) from None
         return None
 
     @_handles("scale_model")
@@ -387,11 +322,11 @@ class AdminApp:
         try:
             m = self.control.scale(name, call.body.replicas)
         except KeyError:
-            raise _Fail(404, f"No model {name!r}.") from None
+            raise AdminFail(404, f"No model {name!r}.") from None
         except ModelError as e:
-            raise _Fail(409, str(e)) from None
+            raise AdminFail(409, str(e)) from None
         except ConfigError as e:
-            raise _invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
+            raise invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
         return model_to_dict(m)
 
     # -- replicas, endpoints ------------------------------------------------------------------------
@@ -407,7 +342,7 @@ class AdminApp:
         try:
             self.control.restart_replica(rid)
         except KeyError:
-            raise _Fail(404, f"No placed replica {rid!r} (static endpoints are not restarted by llmgw).") from None
+            raise AdminFail(404, f"No placed replica {rid!r} (static endpoints are not restarted by llmgw).") from None
         return next(r for r in self.control.replica_views() if r.replica == rid)
 
     def _endpoints(self, model: str | None = None) -> list[EndpointStatus]:
@@ -434,7 +369,7 @@ class AdminApp:
         rid = call.params["request_id"]
         decisions = [decision_view(d) for d in self.router.decisions() if d.request_id == rid]
         if not decisions:
-            raise _Fail(404, f"No recent decision for request {rid!r}.")
+            raise AdminFail(404, f"No recent decision for request {rid!r}.")
         return RequestDecisions(request_id=rid, decisions=decisions)
 
     @_handles("list_traces")
@@ -451,7 +386,7 @@ class AdminApp:
             job = self.control.lifecycle.jobs.get(rid)
             t = job.trace if job is not None else None
         if t is None:
-            raise _Fail(404, f"No recent trace for request {rid!r} (the router keeps the last "
+            raise AdminFail(404, f"No recent trace for request {rid!r} (the router keeps the last "
                              f"router.traces.kept; a job's trace is kept with the job).")
         return trace_view(t, trio.current_time())
 
@@ -477,64 +412,16 @@ class AdminApp:
             rows = self.control.guard.read("history", lambda st: st.history(
                 limit=q["limit"], replica=q["replica"], model=q["model"], node=q["node"]))
         except StoreUnavailable as e:
-            raise _Fail(503, f"The router's store cannot be read ({e.reason}: {e.detail}).",
+            raise AdminFail(503, f"The router's store cannot be read ({e.reason}: {e.detail}).",
                         headers=[("retry-after", str(STORE_RETRY_AFTER_S))]) from None
         return [HistoryEvent(id=r.id, ts=r.ts, event=r.event, replica=r.replica, model=r.model, node=r.node,
                              detail=r.detail) for r in rows]
 
-    # -- the event stream, the document -------------------------------------------------------------
+    # -- the event stream (admin_events.py), the document ---------------------------------------------
     @_handles("events")
     async def _events(self, call: _Call) -> Any:
-        return Response(200, [("content-type", _NDJSON), ("cache-control", "no-cache")], self._event_lines())
-
-    def _sections(self) -> dict[str, Any]:
-        c = self.control
-        return {"nodes": c.node_views(), "models": c.model_views(), "replicas": c.replica_views(),
-                "endpoints": self._endpoints(), "cache": self._cache(), "store": c.guard.status(),
-                "adapters": self.router.adapters(),
-                "kv": self.router.kv_summary()}
-
-    def _new_decisions(self, seen: Decision | None) -> list[Decision]:
-        ring = self.router.decisions()
-        if not ring or ring[-1] is seen:
-            return []
-        new = []
-        for d in reversed(ring):  # newest first, back to the last one sent (all, if it left the ring)
-            if d is seen:
-                break
-            new.append(d)
-        new.reverse()
-        return new
-
-    async def _event_lines(self) -> AsyncIterator[bytes]:
-        rev = 1
-        sections = self._sections()
-        last = {k: dumps(v) for k, v in sections.items()}
-        recent = list(self.router.decisions())[-SNAPSHOT_DECISIONS:]
-        seen = recent[-1] if recent else None
-        yield _line({"type": "snapshot", "rev": rev, **sections, "decisions": [decision_view(d) for d in recent]})
-        now = trio.current_time()
-        next_check, next_ping = now + self.events_tick_s, now + self.ping_s
-        while True:
-            await trio.sleep(self.decisions_poll_s)
-            for d in self._new_decisions(seen):
-                rev += 1
-                seen = d
-                yield _line({"type": "decision", "rev": rev, "decision": decision_view(d)})
-            now = trio.current_time()
-            if now >= next_check:
-                next_check = now + self.events_tick_s
-                changed = {}
-                for k, v in self._sections().items():
-                    text = dumps(v)
-                    if text != last[k]:
-                        last[k], changed[k] = text, v
-                if changed:
-                    rev += 1
-                    yield _line({"type": "update", "rev": rev, **changed})
-            if now >= next_ping:
-                next_ping = now + self.ping_s
-                yield _line({"type": "ping", "rev": rev})
+        return Response(200, [("content-type", _NDJSON), ("cache-control", "no-cache")],
+                        EventStream(self).lines())
 
     @_handles("get_openapi")
     async def _openapi_doc(self, call: _Call) -> Any:
@@ -544,12 +431,8 @@ class AdminApp:
     async def _suite_schema(self, call: _Call) -> Any:
         schema = suite_json_schema()
         if schema is None:
-            raise _Fail(404, "This llmgw has no eval suites, so no suite schema.")
+            raise AdminFail(404, "This llmgw has no eval suites, so no suite schema.")
         return schema
-
-
-def _line(obj: Any) -> bytes:
-    return (dumps(obj) + "\n").encode()
 
 
 # -- the listeners --------------------------------------------------------------------------------
