@@ -29,12 +29,14 @@ def reference(ctx: HashContext, tokens: list[int], lora: LoRA | None, salt: str 
     return out
 
 
-@pytest.mark.parametrize("version", ["0.11.0", "0.23.0", "0.33.0"])
-@pytest.mark.parametrize("algo", ["sha256_cbor", "xxhash_cbor", "sha256"])
+# (version, algo): every algo each release has (xxhash_cbor only from 0.13)
+_ERAS = [(v, a) for v in ("0.11.0", "0.23.0", "0.33.0") for a in ("sha256_cbor", "xxhash_cbor", "sha256")
+         if not (a == "xxhash_cbor" and v == "0.11.0")]
+
+
+@pytest.mark.parametrize(("version", "algo"), _ERAS)
 @pytest.mark.parametrize("extra", ["plain", "salt", "lora", "lora+salt"])
 def test_fast_chain_equals_the_definition(version: str, algo: str, extra: str) -> None:
-    if algo == "xxhash_cbor" and version == "0.11.0":
-        pytest.skip("no xxhash before 0.13")
     ctx = HashContext.create(version, algo, 4, "0")
     lora = LORA if "lora" in extra else None
     salt = "tenant-a" if "salt" in extra else None

@@ -127,14 +127,25 @@ def test_the_simulated_worker_answers_health_only_and_stops_on_sigterm() -> None
             proc.wait(5)
 
 
-@pytest.mark.skipif(not os.environ.get("LLMGW_LLAMA_RPC_SERVER"),
-                    reason="LLMGW_LLAMA_RPC_SERVER (a llama-server built with -DGGML_RPC=ON) is not set")
+def _rpc_llama_server() -> Path | None:
+    """The llama-server scripts/build-llama-server made (LLMGW_LLAMA_SERVER, as scripts/test sets it),
+    when its RPC worker ggml-rpc-server is beside it; LLMGW_LLAMA_RPC_SERVER names another build."""
+    name = os.environ.get("LLMGW_LLAMA_RPC_SERVER") or os.environ.get("LLMGW_LLAMA_SERVER")
+    if not name:
+        return None
+    binary = Path(name)
+    return binary if (binary.parent / "ggml-rpc-server").exists() else None
+
+
+@pytest.mark.skipif(_rpc_llama_server() is None,
+                    reason="no llama-server with its ggml-rpc-server beside it (LLMGW_LLAMA_SERVER: scripts/test "
+                           "builds one with scripts/build-llama-server)")
 def test_real_llama_cpp_head_and_rpc_worker_end_to_end(tmp_path: Path) -> None:
     """A real llama-server head and ggml-rpc-server worker, started by two agents: the head is told
-    its worker and serves. LLMGW_LLAMA_RPC_SERVER: that llama-server, with its ggml-rpc-server next
-    to it; LLMGW_TINY_GGUF: the model (default: tiny.gguf two levels up, as build-llama-server.sh
-    lays it out)."""
-    binary = Path(os.environ["LLMGW_LLAMA_RPC_SERVER"])
+    its worker and serves. The binaries are scripts/build-llama-server's (or LLMGW_LLAMA_RPC_SERVER's);
+    LLMGW_TINY_GGUF: the model (default: tiny.gguf two levels up, as the build script lays it out)."""
+    binary = _rpc_llama_server()
+    assert binary is not None
     gguf = Path(os.environ.get("LLMGW_TINY_GGUF") or binary.parent.parent / "tiny.gguf")
     if not gguf.exists():
         pytest.skip(f"{gguf} not found")
