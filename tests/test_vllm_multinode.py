@@ -17,6 +17,7 @@ from llmgw.fleet.group_parts import group_ready, ray_head_address, worker_id
 from llmgw.fleet.placement import Demand, Policy
 from llmgw.fleet.reconcile import Assignment, ModelDeploy
 from llmgw.fleet.types import EngineReport, EngineSpec, GroupLaunch
+from llmgw.fleet.wire_fields import WireProtocolError, _report, _spec
 
 from .test_multinode_reconcile import fleet, groups, ids, run
 
@@ -65,9 +66,17 @@ def test_a_worker_joins_its_head_s_ray_address() -> None:
             split_host_port(bad)
 
 
-def test_the_ray_port_on_the_wire_is_checked() -> None:
+def test_the_ray_port_and_a_worker_s_head_on_the_wire_are_checked() -> None:
     r = EngineReport("big/1", "big", "starting", url="http://10.0.0.1:8000", group_port=6380)
     assert EngineReport.from_wire(r.to_wire()).group_port == 6380
+    assert _report(r.to_wire(), "r").group_port == 6380
+    for bad in (0, 70000, "6380", 1.5):
+        with pytest.raises(WireProtocolError, match="r.group_port"):
+            _report(r.to_wire() | {"group_port": bad}, "r")
+    w = part("worker", 1, peers=("10.0.0.1:6380",))
+    assert _spec(w.to_wire(), "s") == w  # a worker told its head
+    with pytest.raises(WireProtocolError, match="a worker has 1 .its head."):
+        _spec(replace(w, group=replace(w.group, peers=("a:1", "b:2"))).to_wire(), "s")  # type: ignore[arg-type]
     assert "group_port" not in EngineReport("x", "m", "ready").to_wire()
     for bad in (0, 70000, -1, "6380", True, 1.5, None):
         d = r.to_wire() | {"group_port": bad}
