@@ -63,8 +63,10 @@ def test_multi_node_vllm_backend_is_checked_on_the_admin_api_too() -> None:
     from llmgw.config import ConfigError, model_from_dict
 
     with _pytest.raises(ConfigError, match="deploy.args: a multi-node vLLM replica .nodes = 2. runs on Ray"):
-        model_from_dict({"name": "m", "engine": "vllm", "deploy": {"nodes": 2, "args": ["--distributed-executor-backend", "mp"]}})
-    assert model_from_dict({"name": "m", "engine": "vllm", "deploy": {"nodes": 2}}).deploy.nodes == 2  # type: ignore[union-attr]
+        model_from_dict({"name": "m", "engine": "vllm",
+                         "deploy": {"nodes": 2, "args": ["--distributed-executor-backend", "mp"]}})
+    ok = model_from_dict({"name": "m", "engine": "vllm", "deploy": {"nodes": 2}})
+    assert ok.deploy is not None and ok.deploy.nodes == 2
     assert model_from_dict({"name": "m", "engine": "llamacpp", "deploy": {"nodes": 2}}).deploy.nodes == 2  # type: ignore[union-attr]
 
 

@@ -12,6 +12,10 @@ the worker's agent stops it leaves routing and is re-placed whole in the other r
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +33,7 @@ def opt(name):
 stub = os.environ["STUB_DIR"]
 def note(**kw):
     with open(os.path.join(stub, "calls.jsonl"), "a") as f:
-        f.write(json.dumps({"prog": "ray", "argv": argv, "t": time.time(),
+        f.write(json.dumps({"prog": "ray", "argv": argv, "t": time.time(), "pid": os.getpid(),
                             "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP"), **kw}) + "\n")
 assert argv[0] == "start" and "--block" in argv, argv
 host = opt("--node-ip-address")
@@ -87,7 +91,8 @@ assert argv[0] == "serve", argv
 want = int(opt("--pipeline-parallel-size")) - 1
 ray_port = os.environ["RAY_ADDRESS"].rsplit(":", 1)[1]
 with open(os.path.join(stub, "calls.jsonl"), "a") as f:
-    f.write(json.dumps({"prog": "vllm", "argv": argv, "t": time.time(), "RAY_ADDRESS": os.environ["RAY_ADDRESS"],
+    f.write(json.dumps({"prog": "vllm", "argv": argv, "t": time.time(), "pid": os.getpid(),
+                        "RAY_ADDRESS": os.environ["RAY_ADDRESS"],
                         "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP")}) + "\n")
 deadline = time.monotonic() + 60
 path = os.path.join(stub, f"ray-{ray_port}.nodes")
@@ -194,3 +199,76 @@ def test_a_two_node_vllm_replica_starts_its_ray_head_first_serves_and_is_replace
     wait_for(lambda: f.chat("m").status_code == 200, 10)
     events = [(h["event"], h.get("replica")) for h in f.get("/api/v1/history?limit=500")]
     assert ("group ready", head["replica"]) in events
+
+
+def launcher(*args: str, stub: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "llmgw.daemon.agent.ray_launch", *args], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "STUB_DIR": str(stub)})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_the_head_launcher_stops_vllm_when_its_ray_head_exits_and_both_on_term(tmp_path: Path) -> None:
+    bin_dir, stub = write_stubs(tmp_path)
+    procs = []
+    try:
+        for how in ("ray exits", "TERM"):
+            (stub / "calls.jsonl").unlink(missing_ok=True)
+            p = launcher("head", "--ray", str(bin_dir / "ray"), "--host", "127.0.0.1", "--ray-port", str(free_port()),
+                         "--", str(bin_dir / "vllm"), "serve", "/m", "--host", "127.0.0.1", "--port", str(free_port()),
+                         "--served-model-name", "m", "--pipeline-parallel-size", "2", stub=stub)
+            procs.append(p)
+            wait_for(lambda: any(c["prog"] == "vllm" for c in calls(stub)), 20)  # vLLM waits for a worker
+            ray = next(c for c in calls(stub) if c["prog"] == "ray")["pid"]
+            vllm = next(c for c in calls(stub) if c["prog"] == "vllm")["pid"]
+            if how == "ray exits":
+                os.kill(ray, signal.SIGKILL)
+            else:
+                p.send_signal(signal.SIGTERM)  # the launcher alone: it stops its children
+            code = p.wait(20)
+            assert code != 0, how
+            wait_for(lambda: gone(ray) and gone(vllm), 10)
+            out = p.stdout.read() if p.stdout else ""
+            if how == "ray exits":
+                assert "the Ray head exited" in out and "stopping the rest" in out, out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+
+
+def test_launchers_give_up_on_a_ray_head_that_never_accepts(tmp_path: Path) -> None:
+    bin_dir, stub = write_stubs(tmp_path)
+    dead = free_port()  # nothing listens there
+    w = launcher("worker", "--ray", str(bin_dir / "ray"), "--host", "127.0.0.1", "--port", str(free_port()),
+                 "--head", f"127.0.0.1:{dead}", "--wait-s", "0.5", stub=stub)
+    not_ray = tmp_path / "not-ray"  # exits at once: the head launcher does not wait out its deadline
+    not_ray.write_text(f"#!{sys.executable}\nimport sys; sys.exit(3)\n")
+    not_ray.chmod(0o755)
+    h = launcher("head", "--ray", str(not_ray), "--host", "127.0.0.1", "--ray-port", str(dead), "--",
+                 str(bin_dir / "vllm"), "serve", "/m", stub=stub)
+    try:
+        assert w.wait(20) == 1
+        assert f"the Ray head 127.0.0.1:{dead} did not accept within 0.5 s" in (w.stdout.read() if w.stdout else "")
+        assert h.wait(20) == 1
+        assert "did not accept on 127.0.0.1" in (h.stdout.read() if h.stdout else "")
+        assert calls(stub) == []  # neither ray start --address nor vllm serve ran
+    finally:
+        for p in (w, h):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
