@@ -6,8 +6,9 @@ a Ray worker stand-in fails unless the head's port accepts, joins it, listens on
 worker (pipeline parallel size - 1) has joined the Ray head named by RAY_ADDRESS, then runs the
 llmgw simulator. So the start order (head first, then the workers) is really exercised.
 
-A nodes = 2 replica comes up with both parts in one rack, is routed via the head only, and when
-the worker's agent stops it leaves routing and is re-placed whole in the other rack."""
+A nodes = 2 replica comes up with both parts in one rack, is routed via the head only, is
+restarted as a whole Ray cluster when its worker's process dies, and when the worker's agent
+stops it leaves routing and is re-placed whole in the other rack."""
 
 from __future__ import annotations
 
@@ -181,6 +182,26 @@ def test_a_two_node_vllm_replica_starts_its_ray_head_first_serves_and_is_replace
     assert a[a.index("--pipeline-parallel-size") + 1] == "2" and a[a.index("--distributed-executor-backend") + 1] \
         == "ray" and a[a.index("--served-model-name") + 1] == "m"
     assert ray_head["t"] <= ray_worker["t"] <= serving["t"]  # head first; vLLM served once the worker joined
+
+    # The worker's process dies; its agent restarts it: the Ray cluster is broken, so the head is
+    # restarted too, and the new worker joins the new head.
+    os.kill(worker["pid"], signal.SIGKILL)
+    old = {head["pid"], worker["pid"]}
+
+    def renewed() -> bool:
+        g = group(f)
+        return g is not None and not {g[0]["pid"], g[1]["pid"]} & old and g[0]["routable"]
+
+    wait_for(renewed, 60)
+    head, worker = group(f)  # type: ignore[misc]
+    assert head["node"] in racks and group_alive(head["pid"])
+    events = [(h["event"], h.get("replica")) for h in f.get("/api/v1/history?limit=500")]
+    assert ("replica restart", head["replica"]) in events
+    wait_for(lambda: f.chat("m").status_code == 200, 10)
+    joins = [c for c in calls(stub) if c["prog"] == "ray" and c.get("role") == "worker"]
+    heads = [c for c in calls(stub) if c["prog"] == "ray" and c.get("role") == "head"]
+    assert len(heads) == 2 and joins[-1]["argv"][joins[-1]["argv"].index("--address") + 1] == \
+        f"127.0.0.1:{heads[-1]['argv'][heads[-1]['argv'].index('--port') + 1]}"
 
     # The worker's agent stops: the head leaves routing, and the group is re-placed whole.
     victim = worker["node"]
