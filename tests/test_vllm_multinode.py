@@ -12,6 +12,7 @@ import pytest
 from llmgw.daemon.agent.processes import ray_port_of
 from llmgw.daemon.agent.ray_launch import split_host_port
 from llmgw.daemon.control.groups import head_startable, sync_head
+from llmgw.daemon.control.plane_views import _group_detail
 from llmgw.fleet.engine_cmd import RAY_LAUNCH_MODULE, build_command, probes_tcp, ray_candidates, ray_group
 from llmgw.fleet.group_parts import group_ready, ray_head_address, worker_id
 from llmgw.fleet.placement import Demand, Policy
@@ -124,6 +125,7 @@ def test_the_head_starts_first_and_its_workers_are_told_its_ray_address() -> Non
     head, w = asg[gid], asg[worker_id(gid, 1)]
     plane = Plane(asg)
     assert head_startable(head) and not head_startable(w)  # the opposite of llama.cpp's order
+    assert _group_detail(head, {gid: [w]}) == "starting its Ray head: its 1 workers join once it runs"
     sync_head(plane, head)  # type: ignore[arg-type]
     assert plane.guard.calls == []  # the head has not reported its Ray port
     report(head, "starting", 10, 8001)  # no Ray port yet
@@ -134,6 +136,7 @@ def test_the_head_starts_first_and_its_workers_are_told_its_ray_address() -> Non
     sync_head(plane, head)  # type: ignore[arg-type]
     assert w.spec.group.peers == ("10.0.0.1:6381",) and head_startable(w)  # type: ignore[union-attr]
     assert ("push", w.node) in plane.guard.calls and ("record", "group ready") in plane.guard.calls
+    assert _group_detail(head, {gid: [w]}) == "not routed until vLLM serves and its workers run: 0 of 1 ready"
     assert not group_ready(head, [w])
     report(w, "ready", 20, 9002)
     assert not group_ready(head, [w])  # vLLM does not serve yet
