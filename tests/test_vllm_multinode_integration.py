@@ -176,6 +176,7 @@ def test_a_two_node_vllm_replica_starts_its_ray_head_first_serves_and_is_replace
     serving = next(c for c in seen if c.get("serving"))
     ray_port = ray_head["argv"][ray_head["argv"].index("--port") + 1]
     assert ray_head["argv"][:2] == ["start", "--head"] and ray_head["VLLM_HOST_IP"] == "127.0.0.1"
+    assert {"--dashboard-port", "--ray-client-server-port", "--block"} <= set(ray_head["argv"])
     assert ray_worker["argv"][ray_worker["argv"].index("--address") + 1] == f"127.0.0.1:{ray_port}"
     assert serve["RAY_ADDRESS"] == f"127.0.0.1:{ray_port}"
     a = serve["argv"]

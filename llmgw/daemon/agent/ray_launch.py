@@ -4,7 +4,8 @@
     python -m llmgw.daemon.agent.ray_launch head --ray RAY --host HOST --ray-port P -- vllm serve ...
     python -m llmgw.daemon.agent.ray_launch worker --ray RAY --host HOST --port Q --head HEAD:P
 
-``head`` starts the Ray head (``ray start --head --port P --node-ip-address HOST --block``), waits
+``head`` starts the Ray head (``ray start --head --port P --node-ip-address HOST --dashboard-port D
+--ray-client-server-port C --block``, D and C free ports instead of Ray's fixed 8265 and 10001), waits
 until P accepts a connection, then starts ``vllm serve`` with ``RAY_ADDRESS=HOST:P`` (so it joins
 this Ray cluster, not another on the host); both run until one exits, then the other is stopped
 and the launcher exits with the first one's status. ``worker`` waits until the head's Ray port
@@ -61,6 +62,12 @@ def wait_port(host: str, port: int, deadline: float, alive: Callable[[], bool] =
     return False
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
 def _env(host: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_HOST_IP"] = host
@@ -90,7 +97,10 @@ def run_head(ray: str, host: str, ray_port: int, serve: list[str], wait_s: float
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    ray_cmd = [ray, "start", "--head", "--port", str(ray_port), "--node-ip-address", host, "--block"]
+    # Ray's head has two more fixed default ports (its dashboard's 8265 and its client server's
+    # 10001): free ones instead, so that two replicas' Ray heads on one node do not collide.
+    ray_cmd = [ray, "start", "--head", "--port", str(ray_port), "--node-ip-address", host,
+               "--dashboard-port", str(_free_port()), "--ray-client-server-port", str(_free_port()), "--block"]
     print("ray_launch: starting the Ray head:", " ".join(ray_cmd), flush=True)
     head = subprocess.Popen(ray_cmd, env=_env(host))
     procs.append(head)
