@@ -294,3 +294,22 @@ def test_launchers_give_up_on_a_ray_head_that_never_accepts(tmp_path: Path) -> N
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(5)
+
+
+def test_a_missing_ray_or_vllm_is_named_and_nothing_is_left_running(tmp_path: Path) -> None:
+    bin_dir, stub = write_stubs(tmp_path)
+    for ray, vllm, missing in ((tmp_path / "no-ray", bin_dir / "vllm", "no-ray"),
+                               (bin_dir / "ray", tmp_path / "no-vllm", "no-vllm")):
+        (stub / "calls.jsonl").unlink(missing_ok=True)
+        h = launcher("head", "--ray", str(ray), "--host", "127.0.0.1", "--ray-port", str(free_port()), "--",
+                     str(vllm), "serve", "/m", stub=stub)
+        try:
+            assert h.wait(20) == 1
+            out = h.stdout.read() if h.stdout else ""
+            assert f"ray_launch: cannot run {tmp_path / missing}" in out, out
+            for c in calls(stub):  # a Ray head started before vLLM was found missing: stopped
+                wait_for(lambda c=c: gone(c["pid"]), 10)
+        finally:
+            if h.poll() is None:
+                os.killpg(h.pid, signal.SIGKILL)
+                h.wait(5)

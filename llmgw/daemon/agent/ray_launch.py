@@ -111,7 +111,12 @@ def run_head(ray: str, host: str, ray_port: int, serve: list[str], wait_s: float
         _stop(procs)
         return 1
     print("ray_launch: starting vLLM:", " ".join(serve), flush=True)
-    procs.append(subprocess.Popen(serve, env=_env(host, RAY_ADDRESS=f"{host}:{ray_port}")))
+    try:
+        procs.append(subprocess.Popen(serve, env=_env(host, RAY_ADDRESS=f"{host}:{ray_port}")))
+    except OSError as e:
+        print(f"ray_launch: cannot run {serve[0]}: {e}", flush=True)
+        _stop(procs)
+        return 1
     while True:
         for p in procs:
             code = p.poll()
@@ -151,12 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--head", required=True)
     w.add_argument("--wait-s", type=float, default=WAIT_S)
     a = ap.parse_args(argv)
-    if a.role == "head":
-        serve = a.serve[1:] if a.serve[:1] == ["--"] else a.serve
-        if not serve:
-            ap.error("head: no vllm serve command after --")
-        return run_head(a.ray, a.host, a.ray_port, serve, a.wait_s)
     try:
+        if a.role == "head":
+            serve = a.serve[1:] if a.serve[:1] == ["--"] else a.serve
+            if not serve:
+                ap.error("head: no vllm serve command after --")
+            return run_head(a.ray, a.host, a.ray_port, serve, a.wait_s)
         return run_worker(a.ray, a.host, a.port, a.head, a.wait_s)
     except ValueError as e:
         ap.error(str(e))
