@@ -375,13 +375,22 @@ def _kv_events_engine(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
 
 @_cross_check("models")
 def multi_node_engine(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
-    """Multi-node replicas run llama.cpp (rpc-server workers) or the simulator; not real vLLM yet."""
+    """A real vLLM multi-node replica runs on Ray (docs/placement.md, "vLLM multi-node replicas"):
+    its args may not pick another executor backend."""
     for i, m in enumerate(cfg.models):
         d = m.deploy
-        if d is not None and d.nodes > 1 and m.engine == "vllm" and not d.simulate:
-            yield (("models", i, "deploy", "nodes"),
-                   f"multi-node replicas (nodes = {d.nodes}) of engine vllm are not run by the agents yet; "
-                   "use engine = \"llamacpp\" (rpc-server workers), simulate = true, or nodes = 1")
+        if d is None or d.nodes <= 1 or m.engine != "vllm" or d.simulate:
+            continue
+        for j, a in enumerate(d.args):
+            flag, eq, val = a.partition("=")
+            if flag.replace("_", "-") != "--distributed-executor-backend":
+                continue
+            if not eq:
+                val = d.args[j + 1] if j + 1 < len(d.args) else ""
+            if val != "ray":
+                yield (("models", i, "deploy", "args"),
+                       f"a multi-node vLLM replica (nodes = {d.nodes}) runs on Ray: "
+                       f"--distributed-executor-backend must be ray (or left out), got {val!r}")
 
 
 @_cross_check("models")

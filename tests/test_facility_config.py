@@ -41,26 +41,32 @@ def test_a_profile_s_facility_keys() -> None:
     assert "models[0].deploy.spread[1].level: duplicate level 'rack'" in text
 
 
-def test_multi_node_profiles_run_on_llamacpp_and_the_simulator() -> None:
+def test_multi_node_profiles_run_on_vllm_llamacpp_and_the_simulator() -> None:
     for body in ('simulate = true\nnodes = 2\nkeep_within = "rack"\n', 'nodes = 3\n'):
         text = body
         engine = "vllm" if "simulate" in body else "llamacpp"
         cfg = parse_config(DEPLOY.replace('"vllm"', f'"{engine}"') + text)
         dep = deploy_of(cfg.models[0])
         assert dep is not None and dep.policy.nodes == int(text.split("nodes = ")[1][0])
-    assert "models[0].deploy.nodes: multi-node replicas (nodes = 2) of engine vllm are not run by the agents yet" \
-        in errors(DEPLOY + "nodes = 2\n")
+    assert deploy_of(parse_config(DEPLOY + "nodes = 2\n").models[0]).policy.nodes == 2  # type: ignore[union-attr]
+    assert "models[0].deploy.args: a multi-node vLLM replica (nodes = 2) runs on Ray: " \
+        "--distributed-executor-backend must be ray (or left out), got 'mp'" \
+        in errors(DEPLOY + 'nodes = 2\nargs = ["--distributed-executor-backend", "mp"]\n')
+    assert "got 'mp'" in errors(DEPLOY + 'nodes = 2\nargs = ["--distributed_executor_backend=mp"]\n')
     assert "models[0].deploy.nodes: must be 1..64, got 65" in errors(DEPLOY + "simulate = true\nnodes = 65\n")
     assert "models[0].deploy.nodes: must be 1..64, got 0" in errors(DEPLOY + "nodes = 0\n")
 
 
-def test_multi_node_vllm_is_refused_on_the_admin_api_too() -> None:
+def test_multi_node_vllm_backend_is_checked_on_the_admin_api_too() -> None:
     import pytest as _pytest
 
     from llmgw.config import ConfigError, model_from_dict
 
-    with _pytest.raises(ConfigError, match="deploy.nodes: multi-node replicas .nodes = 2. of engine vllm"):
-        model_from_dict({"name": "m", "engine": "vllm", "deploy": {"nodes": 2}})
+    with _pytest.raises(ConfigError, match="deploy.args: a multi-node vLLM replica .nodes = 2. runs on Ray"):
+        model_from_dict({"name": "m", "engine": "vllm",
+                         "deploy": {"nodes": 2, "args": ["--distributed-executor-backend", "mp"]}})
+    ok = model_from_dict({"name": "m", "engine": "vllm", "deploy": {"nodes": 2}})
+    assert ok.deploy is not None and ok.deploy.nodes == 2
     assert model_from_dict({"name": "m", "engine": "llamacpp", "deploy": {"nodes": 2}}).deploy.nodes == 2  # type: ignore[union-attr]
 
 

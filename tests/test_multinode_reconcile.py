@@ -188,7 +188,7 @@ def test_commands_of_a_group() -> None:
     real_head = replace(told, simulate=False)
     cmd = build_command(real_head, "10.0.0.1", 5000, "py")
     assert cmd[0] == "llama-server" and cmd[cmd.index("--rpc") + 1] == "10.0.0.2:5001"
-    with pytest.raises(ValueError, match="multi-node vLLM"):
+    with pytest.raises(ValueError, match="vLLM multi-node replica without its Ray port"):
         build_command(replace(told, engine="vllm", simulate=False), "h", 1, "py")
 
 

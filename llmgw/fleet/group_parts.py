@@ -8,6 +8,10 @@ the head's with ``-wRANK`` — and the rules that keep a group whole.
 - ``workers_of`` / ``group_ready`` / ``head_peers``: what the control plane routes and tells the
   head: a head is ready only when it and every worker are; its workers' addresses come from their
   reports' URLs.
+- vLLM (a Ray cluster, ``ray_group``) runs the other way round: the head starts first, and
+  ``ray_head_address`` (its report's URL host and the Ray port it reports) is what each worker is
+  told (its ``group.peers``); the group is ready when the head serves and every worker runs,
+  started with that address (``group_ready``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import replace
 from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
+from llmgw.fleet.engine_cmd import ray_group
 from llmgw.fleet.nodes import Node
 from llmgw.fleet.types import EngineReport, EngineSpec, GroupLaunch
 
@@ -33,7 +38,8 @@ class Part(Protocol):
 
 Assignment = TypeVar("Assignment", bound=Part)
 
-__all__ = ["broken_groups", "group_ready", "group_specs", "head_peers", "worker_id", "workers_of"]
+__all__ = ["broken_groups", "group_ready", "group_specs", "head_peers", "is_current", "ray_head_address", "worker_id",
+           "workers_of"]
 
 
 def worker_id(head: str, rank: int) -> str:
@@ -130,12 +136,38 @@ def head_peers(head: Assignment, workers: list[Assignment]) -> tuple[str, ...] |
     return tuple(out)
 
 
+def is_current(a: Part) -> bool:
+    """`a`'s report is of the process started with its present spec and generation."""
+    r = a.report
+    return r is not None and r.generation == a.spec.generation and r.spec_hash == a.spec.spec_hash()
+
+
+def ray_head_address(head: Assignment) -> str | None:
+    """A vLLM multi-node head's Ray address, HOST:PORT: its report's URL host (checked by the router
+    as every report URL is: the node's own address) and the Ray port it reports; None until its
+    present process reports one."""
+    r = head.report
+    if r is None or r.group_port is None or r.state not in ("starting", "ready") or not is_current(head):
+        return None
+    addr = _address(r.url)
+    if addr is None:
+        return None
+    return f"{addr.rsplit(':', 1)[0]}:{r.group_port}"
+
+
 def group_ready(head: Assignment, workers: list[Assignment]) -> bool:
     """The head serves with every worker of its group ready and told to it: the head's report is of
-    the process started with the workers' present addresses (its spec and generation)."""
+    the process started with the workers' present addresses (its spec and generation). vLLM (Ray):
+    the head ready, and every worker ready, started with the head's present Ray address."""
     g = head.spec.group
     if g is None:
         return True
+    if ray_group(head.spec):
+        addr = ray_head_address(head)
+        return (addr is not None and head.report is not None and head.report.state == "ready"
+                and len(workers) == g.size - 1
+                and all(w.spec.group is not None and w.spec.group.peers == (addr,) and is_current(w)
+                        and w.report is not None and w.report.state == "ready" for w in workers))
     peers = head_peers(head, workers)
     r = head.report
     return (peers is not None and peers == g.peers and r is not None and r.generation == head.spec.generation

@@ -18,6 +18,11 @@ ENGINE_STATES: tuple[str, ...] = ("starting", "ready", "unhealthy", "crashed", "
 RUNNING_STATES = frozenset({"starting", "ready", "unhealthy", "stopping"})
 
 
+def _port_or_none(v: Any) -> int | None:
+    """A TCP port from an agent's report, or None when absent or not one (never trusted as is)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 65536 else None
+
+
 @dataclass(frozen=True)
 class LoraLaunch:
     """An engine's LoRA setup at start (the command line is :mod:`llmgw.fleet.engine_cmd`'s). vLLM:
@@ -133,6 +138,9 @@ class EngineReport:
     # kv_events engines: where the engine's KV-event PUB and replay ROUTER are bound (local only)
     kv_endpoint: str | None = None
     kv_replay: str | None = None
+    # a vLLM multi-node head: the port of its Ray head (GCS) on the report URL's host, which its
+    # workers join (docs/placement.md, "vLLM multi-node replicas")
+    group_port: int | None = None
     # The engine's whole spec, in the hello only: a router whose store does not know the engine
     # (deleted, replaced) can keep it running, or adopt it, instead of having it stopped.
     spec: EngineSpec | None = None
@@ -140,7 +148,7 @@ class EngineReport:
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
         d["log_tail"] = list(self.log_tail)
-        for key in ("kv_endpoint", "kv_replay"):  # optional on the wire: absent when off
+        for key in ("kv_endpoint", "kv_replay", "group_port"):  # optional on the wire: absent when off
             if d[key] is None:
                 del d[key]
         if self.spec is None:
@@ -156,6 +164,7 @@ class EngineReport:
                    restarts=int(d.get("restarts", 0)), detail=d.get("detail", ""),
                    log_tail=tuple(d.get("log_tail", ())), adopted=bool(d.get("adopted", False)),
                    kv_endpoint=d.get("kv_endpoint"), kv_replay=d.get("kv_replay"),
+                   group_port=_port_or_none(d.get("group_port")),
                    spec=EngineSpec.from_wire(d["spec"]) if isinstance(d.get("spec"), dict) else None)
 
 

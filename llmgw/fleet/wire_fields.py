@@ -197,8 +197,10 @@ def _group(v: Any, path: str) -> GroupLaunch:
     if size < 2 or rank >= size or (rank == 0) != (role == "head"):
         raise WireProtocolError(f"{path}: rank {rank} of {size} does not fit role {role}")
     peers = _field(d, path, "peers", _tuple_of(_peer, MAX_GROUP_NODES), ())
-    if peers and (role != "head" or len(peers) != size - 1):
-        raise WireProtocolError(f"{path}.peers: {len(peers)} given, a head of {size} nodes has {size - 1}")
+    # A head is told its workers (llama.cpp); a worker its head (vLLM's Ray head).
+    if peers and (len(peers) != size - 1 if role == "head" else len(peers) != 1):
+        want = f"a head of {size} nodes has {size - 1}" if role == "head" else "a worker has 1 (its head)"
+        raise WireProtocolError(f"{path}.peers: {len(peers)} given, {want}")
     return GroupLaunch(role=role, group=_field(d, path, "group", _bounded_str(MAX_NAME * 2, empty=False)),
                        rank=rank, size=size, peers=peers)
 
@@ -218,6 +220,12 @@ def _count(most: int) -> _Check:
     return check
 
 
+def _port(v: Any, path: str) -> int:
+    if not 0 < _int(v, path) < 65536:
+        raise WireProtocolError(f"{path}: {v} is not a TCP port (1..65535)")
+    return v
+
+
 def _lora(v: Any, path: str) -> LoraLaunch:
     d = _map(v, path)
     return LoraLaunch(max_loras=_field(d, path, "max_loras", _count(MAX_LORA_ADAPTERS), 0),
@@ -235,7 +243,8 @@ def _report(v: Any, path: str) -> EngineReport:
         detail=_field(d, path, "detail", _str, ""), log_tail=_field(d, path, "log_tail", _log_tail, ()),
         adopted=_field(d, path, "adopted", _bool, False),
         kv_endpoint=_field(d, path, "kv_endpoint", _opt(_str), None),
-        kv_replay=_field(d, path, "kv_replay", _opt(_str), None), spec=_field(d, path, "spec", _opt(_spec), None))
+        kv_replay=_field(d, path, "kv_replay", _opt(_str), None),
+        group_port=_field(d, path, "group_port", _opt(_port), None), spec=_field(d, path, "spec", _opt(_spec), None))
 
 
 def _gpu(v: Any, path: str) -> GpuInfo:

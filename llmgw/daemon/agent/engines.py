@@ -42,6 +42,7 @@ import trio
 from llmgw.daemon.agent.engine_logs import EngineLog
 from llmgw.daemon.agent.processes import (
     dial_host,
+    find_ray,
     find_rpc_server,
     free_port,
     group_exists,
@@ -49,10 +50,11 @@ from llmgw.daemon.agent.processes import (
     is_same_process,
     pid_alive,
     process_starttime,
+    ray_port_of,
     signal_group,
 )
 from llmgw.daemon.private_files import private_dir, tighten_file, write_private
-from llmgw.fleet.engine_cmd import build_command, build_env, health_path, probes_tcp
+from llmgw.fleet.engine_cmd import build_command, build_env, health_path, probes_tcp, ray_group
 from llmgw.fleet.engine_record import EngineRecord
 from llmgw.fleet.lifecycle import RestartPolicy
 from llmgw.fleet.types import RUNNING_STATES, EngineReport, EngineSpec
@@ -89,6 +91,7 @@ class _Engine:
     pid: int | None = None
     pgid: int | None = None
     port: int | None = None
+    group_port: int | None = None  # a vLLM multi-node head's Ray port (reported: its workers join it)
     next_start: float | None = -math.inf  # trio time of the next start (at once); None: wait for the operator
     after_crash: bool = False
     life_started: float = 0.0
@@ -190,7 +193,7 @@ class EngineSupervisor:
             if is_same_process(pid, pgid, rec.cmd, rec.starttime):
                 eng = _Engine(spec=spec, policy=self._policy_factory(), target=spec,
                               logfile=self._logfile(spec.replica), adopted=True, running=True, pid=pid, pgid=pgid,
-                              port=port, life_started=trio.current_time())
+                              port=port, group_port=ray_port_of(rec.cmd), life_started=trio.current_time())
                 eng.logfile.follow()
                 self._engines[spec.replica] = eng
                 self._log.info("adopted engine %s (pid %d, port %d)", spec.replica, pid, port)
@@ -299,8 +302,12 @@ class EngineSupervisor:
         cmd = [spec.binary or spec.engine]
         try:
             eng.port = free_port(self._host, eng.port)
+            ray = ray_group(spec)
+            eng.group_port = free_port(self._host, eng.group_port, avoid=eng.port) \
+                if ray and not spec.is_worker else None
             cmd = build_command(spec, self._host, eng.port, self._python, self._kv_endpoints(spec),
-                                rpc_server=find_rpc_server(spec) if probes_tcp(spec) else None)
+                                rpc_server=find_rpc_server(spec) if probes_tcp(spec) and not ray else None,
+                                ray=find_ray(spec) if ray else None, ray_port=eng.group_port)
             with eng.logfile.open_for_engine(cmd) as out:
                 proc = await trio.lowlevel.open_process(cmd, env=build_env(spec, dict(os.environ)),
                                                         stdin=subprocess.DEVNULL, stdout=out,
@@ -472,7 +479,8 @@ class EngineSupervisor:
                             spec_hash=eng.spec.spec_hash(), generation=eng.spec.generation,
                             url=self._url(eng) if live else None, pid=eng.pid if live else None,
                             restarts=eng.restarts, detail=eng.detail, log_tail=eng.log_tail,
-                            adopted=eng.adopted, **self._kv_report(eng.spec, live))
+                            adopted=eng.adopted, group_port=eng.group_port if live else None,
+                            **self._kv_report(eng.spec, live))
 
     def _private_dirs(self) -> None:
         """state_dir, engines/ and logs/ 0700; files an older llmgw left open to others become 0600."""

@@ -8,7 +8,7 @@ import os
 import shutil
 import socket
 
-from llmgw.fleet.engine_cmd import rpc_server_candidates
+from llmgw.fleet.engine_cmd import ray_candidates, rpc_server_candidates
 from llmgw.fleet.types import EngineSpec
 
 __all__ = ["dial_host", "find_rpc_server", "free_port", "group_exists", "host_port", "is_same_process", "pid_alive",
@@ -107,16 +107,19 @@ def is_same_process(pid: int, pgid: int, cmd: list[str], starttime: int | None) 
 
 # ---- ports and hosts -----------------------------------------------------------------------------
 
-def free_port(host: str, prefer: int | None) -> int:
-    """`prefer` if it can be bound now, else a free ephemeral port (the engine binds it next)."""
+def free_port(host: str, prefer: int | None, avoid: int | None = None) -> int:
+    """`prefer` if it can be bound now, else a free ephemeral port (the engine binds it next); never
+    `avoid` (another port of the same engine, not bound yet)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for port in ([prefer] if prefer else []) + [0]:
+    for port in ([prefer] if prefer and prefer != avoid else []) + [0] * 8:
         s = socket.socket(family, socket.SOCK_STREAM)
         try:
             # As engines bind (SO_REUSEADDR): a port in TIME_WAIT after a restart counts as free.
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, port))
-            return int(s.getsockname()[1])
+            got = int(s.getsockname()[1])
+            if got != avoid:
+                return got
         except OSError:
             continue
         finally:
@@ -130,6 +133,26 @@ def dial_host(host: str) -> str:
 
 def host_port(host: str, port: int | None) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def find_ray(spec: EngineSpec) -> str | None:
+    """Ray's ``ray`` command for a vLLM multi-node part: next to the profile's vllm binary, else on
+    PATH; None: not found (the launcher then fails to run it, naming it)."""
+    for c in ray_candidates(spec):
+        if "/" in c:
+            if os.path.isfile(c) and os.access(c, os.X_OK):
+                return c
+        elif shutil.which(c):
+            return c
+    return None
+
+
+def ray_port_of(cmd: list[str]) -> int | None:
+    """The Ray head's port in a recorded command line (an adopted vLLM multi-node head's)."""
+    for i, a in enumerate(cmd[:-1]):
+        if a == "--ray-port" and cmd[i + 1].isdigit():
+            return int(cmd[i + 1])
+    return None
 
 
 def find_rpc_server(spec: EngineSpec) -> str | None:

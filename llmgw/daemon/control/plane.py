@@ -57,6 +57,7 @@ from llmgw.daemon.control.unknown_engines import (
 )
 from llmgw.daemon.router.control_port import RouterPort
 from llmgw.daemon.router.kv_index import RouterKvIndex
+from llmgw.fleet.engine_cmd import ray_group
 from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
@@ -345,6 +346,8 @@ class ControlPlane(OperatorActions):
                 sync_head(self, head)
                 self._route(head)
             return
+        if ray_group(a.spec):
+            sync_head(self, a)  # a vLLM head's Ray port: its workers are told it (groups.py)
         r = a.report
         m = self.models.get(a.model) or self.lifecycle.router_model(a.model)  # a candidate's: lifecycle.py
         routable = (r is not None and r.state == "ready" and r.url and m is not None

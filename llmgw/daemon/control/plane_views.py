@@ -9,6 +9,7 @@ from llmgw.admin.schema import ModelView, NodeView, ReplicaView
 from llmgw.admin.views import node_facts_view
 from llmgw.config import ModelConfig, model_to_dict
 from llmgw.daemon.router.control_port import RouterPort
+from llmgw.fleet.engine_cmd import ray_group
 from llmgw.fleet.group_parts import group_ready, workers_of
 from llmgw.fleet.nodes import Node, location
 from llmgw.fleet.reconcile import Assignment
@@ -44,6 +45,11 @@ def _group_detail(a: Assignment, workers: Mapping[str, list[Assignment]]) -> str
     if group_ready(a, ws):
         return ""
     ready = sum(1 for w in ws if w.engine_state == "ready")
+    if ray_group(a.spec):  # vLLM on Ray: the head runs first, its workers join its Ray head
+        told = sum(1 for w in ws if w.spec.group is not None and len(w.spec.group.peers) == 1)
+        if told < g.size - 1:
+            return f"starting its Ray head: its {g.size - 1} workers join once it runs"
+        return f"not routed until vLLM serves and its workers run: {ready} of {g.size - 1} ready"
     waiting = "waiting for" if len(g.peers) != g.size - 1 else "not routed until"
     return f"{waiting} its workers: {ready} of {g.size - 1} ready"
 
