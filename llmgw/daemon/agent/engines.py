@@ -22,13 +22,10 @@ engine is gone and it leaves reports() right after that report."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -39,6 +36,7 @@ from pathlib import Path
 
 import trio
 
+from llmgw.daemon.agent.engine_files import EngineFiles, safe_id
 from llmgw.daemon.agent.engine_logs import EngineLog
 from llmgw.daemon.agent.processes import (
     dial_host,
@@ -53,7 +51,6 @@ from llmgw.daemon.agent.processes import (
     ray_port_of,
     signal_group,
 )
-from llmgw.daemon.private_files import private_dir, tighten_file, write_private
 from llmgw.fleet.engine_cmd import build_command, build_env, health_path, probes_tcp, ray_group
 from llmgw.fleet.engine_record import EngineRecord
 from llmgw.fleet.lifecycle import RestartPolicy
@@ -61,16 +58,9 @@ from llmgw.fleet.types import RUNNING_STATES, EngineReport, EngineSpec
 
 __all__ = ["EngineSupervisor", "safe_id"]
 
-_MAX_IPC_PATH = 103  # sun_path is 108 bytes on Linux, 104 on macOS (with the NUL)
 UNHEALTHY_AFTER = 3  # consecutive failed checks of a ready engine
 
 _log = logging.getLogger("llmgw.agent.engines")
-
-
-def safe_id(replica: str) -> str:
-    """A file name for a replica id; the hash keeps "a/b" and "a_b" apart."""
-    clean = re.sub(r"[^A-Za-z0-9._-]", "_", replica)[:80]
-    return f"{clean}-{hashlib.sha256(replica.encode()).hexdigest()[:8]}"
 
 
 @dataclass(eq=False)
@@ -102,6 +92,7 @@ class EngineSupervisor:
                  python: str = sys.executable, policy_factory: Callable[[], RestartPolicy] = RestartPolicy,
                  grace_s: float = 10.0, health_interval_s: float = 0.5, log: logging.Logger = _log) -> None:
         self._state_dir = Path(state_dir)
+        self.files = EngineFiles(self._state_dir, log)
         self._host = host
         self._on_report = on_report
         self._python = python
@@ -144,7 +135,7 @@ class EngineSupervisor:
                 eng.changed.set()
         for rid, spec in want.items():
             if rid not in self._engines:
-                eng = _Engine(spec=spec, policy=self._policy_factory(), target=spec, logfile=self._logfile(rid))
+                eng = _Engine(spec=spec, policy=self._policy_factory(), target=spec, logfile=self.files.logfile(rid))
                 self._engines[rid] = eng
                 self._launch(eng)
 
@@ -177,22 +168,14 @@ class EngineSupervisor:
         """Adopt engines a previous agent run left running (see the module docstring), clean up the
         rest. Call before the first apply()."""
         adopted: list[EngineReport] = []
-        rec_dir = self._state_dir / "engines"
-        self._private_dirs()
-        for path in sorted(rec_dir.glob("*.json")):
-            tighten_file(path, "agent engine record", log=self._log)
-            try:
-                rec = EngineRecord.from_wire(json.loads(path.read_text()))
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                self._log.warning("dropping unreadable engine record %s: %s", path, e)
-                path.unlink(missing_ok=True)
-                continue
+        self.files.private_dirs()
+        for path, rec in self.files.records():
             spec, pid, pgid, port = rec.spec, rec.pid, rec.pgid, rec.port
             if spec.replica in self._engines:  # called late: this record is of an engine we run
                 continue
             if is_same_process(pid, pgid, rec.cmd, rec.starttime):
                 eng = _Engine(spec=spec, policy=self._policy_factory(), target=spec,
-                              logfile=self._logfile(spec.replica), adopted=True, running=True, pid=pid, pgid=pgid,
+                              logfile=self.files.logfile(spec.replica), adopted=True, running=True, pid=pid, pgid=pgid,
                               port=port, group_port=ray_port_of(rec.cmd), life_started=trio.current_time())
                 eng.logfile.follow()
                 self._engines[spec.replica] = eng
@@ -305,7 +288,7 @@ class EngineSupervisor:
             ray = ray_group(spec)
             eng.group_port = free_port(self._host, eng.group_port, avoid=eng.port) \
                 if ray and not spec.is_worker else None
-            cmd = build_command(spec, self._host, eng.port, self._python, self._kv_endpoints(spec),
+            cmd = build_command(spec, self._host, eng.port, self._python, self.files.kv_endpoints(spec),
                                 rpc_server=find_rpc_server(spec) if probes_tcp(spec) and not ray else None,
                                 ray=find_ray(spec) if ray else None, ray_port=eng.group_port)
             with eng.logfile.open_for_engine(cmd) as out:
@@ -460,7 +443,7 @@ class EngineSupervisor:
         eng.logfile.drain(final=True)
         eng.logfile.close()
         eng.running, eng.proc, eng.pid = False, None, None
-        (self._state_dir / "engines" / f"{safe_id(eng.spec.replica)}.json").unlink(missing_ok=True)
+        self.files.remove_record(eng.spec.replica)
 
     # ---- state, reports, records -----------------------------------------------------------------
 
@@ -480,50 +463,13 @@ class EngineSupervisor:
                             url=self._url(eng) if live else None, pid=eng.pid if live else None,
                             restarts=eng.restarts, detail=eng.detail, log_tail=eng.log_tail,
                             adopted=eng.adopted, group_port=eng.group_port if live else None,
-                            **self._kv_report(eng.spec, live))
-
-    def _private_dirs(self) -> None:
-        """state_dir, engines/ and logs/ 0700; files an older llmgw left open to others become 0600."""
-        private_dir(self._state_dir, "agent.state_dir", log=self._log)
-        private_dir(self._state_dir / "engines", "agent.state_dir", log=self._log)
-        private_dir(self._state_dir / "logs", "agent.state_dir", log=self._log)
-        for path in sorted((self._state_dir / "logs").glob("*.log*")):
-            tighten_file(path, "engine log", log=self._log)
-
-    def _kv_paths(self, spec: EngineSpec) -> tuple[str, str] | None:
-        """ipc:// endpoints a kv_events engine binds, derived from the replica id (so an adopted engine's
-        are known too) in the agent's 0700 state_dir/kv: only this host's agent user can connect."""
-        if not spec.kv_events:
-            return None
-        base = self._state_dir / "kv" / hashlib.sha256(spec.replica.encode()).hexdigest()[:16]
-        return f"ipc://{base}.pub", f"ipc://{base}.replay"
-
-    def _kv_endpoints(self, spec: EngineSpec) -> tuple[str, str] | None:
-        """`_kv_paths`, with kv/ made private and the path checked against the Unix socket limit."""
-        kv = self._kv_paths(spec)
-        if kv is None:
-            return None
-        private_dir(self._state_dir / "kv", "agent.state_dir", log=self._log)
-        if max(len(e.removeprefix("ipc://").encode()) for e in kv) > _MAX_IPC_PATH:
-            raise ValueError(f"agent.state_dir {str(self._state_dir)!r} is too long for the engine's "
-                             f"KV-event sockets (a Unix socket path is at most {_MAX_IPC_PATH} bytes)")
-        return kv
-
-    def _kv_report(self, spec: EngineSpec, live: bool) -> dict[str, str | None]:
-        kv = self._kv_paths(spec) if live else None
-        return {"kv_endpoint": kv[0], "kv_replay": kv[1]} if kv else {}
-
-    def _logfile(self, replica: str) -> EngineLog:
-        return EngineLog(self._state_dir / "logs" / f"{safe_id(replica)}.log", replica, self._log)
+                            **self.files.kv_report(eng.spec, live))
 
     def _url(self, eng: _Engine) -> str:
         return f"http://{host_port(self._host, eng.port)}"
 
     def _write_record(self, eng: _Engine, cmd: list[str]) -> None:
         assert eng.pid is not None and eng.pgid is not None and eng.port is not None
-        rec = EngineRecord(spec=eng.spec, pid=eng.pid, pgid=eng.pgid, port=eng.port, cmd=cmd, url=self._url(eng),
-                           started_at=time.time(), starttime=process_starttime(eng.pid))
-        path = self._state_dir / "engines" / f"{safe_id(eng.spec.replica)}.json"
-        private_dir(path.parent, "agent.state_dir", log=self._log)
-        # 0600 from the first byte (the record holds the engine's env); atomic: never half a record
-        write_private(path, json.dumps(rec.to_wire()).encode(), "agent engine record", log=self._log)
+        self.files.write_record(EngineRecord(spec=eng.spec, pid=eng.pid, pgid=eng.pgid, port=eng.port, cmd=cmd,
+                                             url=self._url(eng), started_at=time.time(),
+                                             starttime=process_starttime(eng.pid)))
