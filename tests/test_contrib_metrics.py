@@ -69,7 +69,11 @@ def metrics_text(tmp_path: Path) -> Iterator[str]:
     try:
         s = start_sim(["--engine", "vllm", "m", "--host", "127.0.0.1", "--port", "0", "--sim-zero-cost"])
         started.append(s)
-        d = Daemon(write_config(tmp_path, [{"name": "m", "replicas": [{"url": s.url}]}]))
+        cfg = write_config(tmp_path, [{"name": "m", "replicas": [{"url": s.url}]}])
+        # a router that accepts agents, so tier 2's index (and its metrics) exists too
+        cfg.write_text(cfg.read_text().replace("[control]\n", '[control]\nlisten = "127.0.0.1:0"\n'
+                                                              'join_token = "a-join-token-for-the-test-0123"\n'))
+        d = Daemon(cfg)
         started.append(d)
         for _ in range(2):
             r = httpx.post(f"{d.url}/v1/chat/completions", timeout=30,
