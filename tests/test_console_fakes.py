@@ -183,11 +183,13 @@ STORE = {"state": "ok", "path": "/var/lib/llmgw/router.db", "reason": None, "det
 ADAPTERS = {
     "replicas": [
         {"replica": "llama-8b/1a2b3c", "model": "llama-8b", "cap": 2, "used": 2, "failed": [],
-         "adapters": [{"adapter": "sql-lora", "state": "loaded", "inflight": 3, "idle_s": 0.0},
+         "adapters": [{"adapter": "sql-lora", "state": "loaded", "inflight": 3, "idle_s": 0.0, "waiting": 0,
+                       "unloading": None},
                       {"adapter": "chat-lora", "state": "loading", "inflight": 0, "idle_s": None, "waiting": 4,
                        "unloading": "old-lora"}]},
         {"replica": "llama-8b/4d5e6f", "model": "llama-8b", "cap": 2, "used": 1,
-         "adapters": [{"adapter": "sql-lora", "state": "loaded", "inflight": 0, "idle_s": 42.0}],
+         "adapters": [{"adapter": "sql-lora", "state": "loaded", "inflight": 0, "idle_s": 42.0, "waiting": 0,
+                       "unloading": None}],
          "failed": [{"adapter": "bad-lora", "reason": "Loading lora bad-lora failed: No adapter found for /x",
                      "failures": 2, "retry_in_s": 8.0}]},
     ],
