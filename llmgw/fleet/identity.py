@@ -90,7 +90,11 @@ def admit(*, node: str, token_ok: bool, presented: str, keeps_credentials: bool,
     if record is not None and not proven:
         if record.confirmed or not token_ok:
             if presented:
-                return _refuse("wrong_credential", f"wrong credential for node {node}")
+                return _refuse("wrong_credential",
+                               f"wrong credential for node {node}: the agent presents one this router did not "
+                               "issue or no longer holds (its store restored or replaced, or the agent's state "
+                               f"directory from another router?); `llmgw ctl nodes revoke {node}` and deleting the "
+                               "agent's node-credential.json, then restarting the agent, let it join again with the join token")
             return _refuse("no_credential",
                            f"node {node} has joined before and this agent does not present its credential "
                            f"(a new state directory?); `llmgw ctl nodes revoke {node}` lets it join again "
