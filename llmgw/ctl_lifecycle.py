@@ -14,23 +14,13 @@ from typing import Any
 from urllib.parse import quote
 
 from llmgw.lifecycle.revisions import parse_sets
+from llmgw.ctl_tools import T, lend
 
 __all__ = ["MODEL_ACTIONS", "model_action", "register"]
 
 MODEL_ACTIONS = ("update", "promote", "rollback", "revisions")
 MAX_PROFILE_BYTES = 1 << 20
 _POLL_S = 0.5
-
-
-class _Tools:
-    """What ctl.py lends: emit(ns, data, render), table(rows, headers), and its error type."""
-    emit: Callable[..., None]
-    table: Callable[..., str]
-    error: type[Exception]
-
-
-T = _Tools()
-
 
 def _m(name: str) -> str:
     return quote(name, safe="")
@@ -224,7 +214,7 @@ def add_model_options(sp: argparse.ArgumentParser) -> None:
 
 
 def register(add: Callable[..., argparse.ArgumentParser], tools: dict[str, Any]) -> None:
-    T.emit, T.table, T.error = tools["emit"], tools["table"], tools["error"]
+    lend(tools)
     sp = add("eval", cmd_eval, "run an eval suite against a model's candidate (or live) revision",
              "Runs the suite through the router's OpenAI port and prints each case and the totals, compared with "
              "the live revision's last result. Exits 1 when the suite does not pass.")

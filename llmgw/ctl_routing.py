@@ -13,19 +13,9 @@ from urllib.parse import quote
 from llmgw.admin_client.rationale import rationale_lines
 from llmgw.admin_client.trace_view import trace_lines
 from llmgw.ctl_views import ADAPTER_HEADERS, KV_HEADERS, adapter_rows, adapters_footer, kv_rows, kv_summary_lines
+from llmgw.ctl_tools import T, lend
 
 __all__ = ["register"]
-
-
-class _Tools:
-    """What ctl.py lends: emit(ns, data, render), table(rows, headers), and its error type."""
-    emit: Callable[..., None]
-    table: Callable[..., str]
-    error: type[Exception]
-
-
-T = _Tools()
-
 
 def cmd_endpoints(api: Any, ns: argparse.Namespace) -> None:
     def render(eps: list[dict[str, Any]]) -> str:
@@ -92,7 +82,7 @@ def cmd_trace(api: Any, ns: argparse.Namespace) -> None:
 
 
 def register(add: Callable[..., argparse.ArgumentParser], tools: dict[str, Any]) -> None:
-    T.emit, T.table, T.error = tools["emit"], tools["table"], tools["error"]
+    lend(tools)
     sp = add("endpoints", cmd_endpoints, "the router's endpoints: breaker, scraped metrics, inflight")
     sp.add_argument("--model", help="only this model's endpoints")
     sp = add("adapters", cmd_adapters, "LoRA adapters per vLLM replica: held, loading, failed")
