@@ -45,6 +45,41 @@ def _isolated_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
             os.environ[k] = v
 
 
+# "No ERROR traceback in a daemon's log is ever normal": every daemon a test starts through
+# `Daemon` (tests/test_router_integration.py) hands its log here when stopped, and the test that
+# started it fails if the log holds a traceback — whatever the test itself asserted.
+TRACEBACK = "Traceback (most recent call last)"
+_daemon_tracebacks: list[str] = []
+
+
+def check_daemon_log(what: str, lines: list[str]) -> None:
+    """Record a stopped daemon's traceback (the last 40 lines from the first one) for its test."""
+    for i, line in enumerate(lines):
+        if TRACEBACK in line:
+            _daemon_tracebacks.append(f"{what}:\n" + "".join(lines[i:i + 40])[-6000:])
+            return
+
+
+def _fail_on_tracebacks(when: str) -> None:
+    found, _daemon_tracebacks[:] = list(_daemon_tracebacks), []
+    if found:
+        pytest.fail(f"a daemon {when} logged a traceback (never normal):\n" + "\n".join(found), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_tracebacks() -> Iterator[None]:
+    # A daemon of a module- or session-scoped fixture is stopped after its last test: reported here.
+    _fail_on_tracebacks("stopped after the previous test (a module fixture's)")
+    yield
+    _fail_on_tracebacks("this test started")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_daemon_tracebacks_at_the_end() -> Iterator[None]:
+    yield
+    _fail_on_tracebacks("stopped at the end of the session")
+
+
 @pytest.fixture(scope="session")
 def golden() -> dict[str, Any]:
     """vLLM's golden vectors (tests/data/vllm-golden.json)."""

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from .conftest import SimProc, start_sim
+from .conftest import SimProc, check_daemon_log, start_sim
 from .test_sim_vllm import metric, wait_for
 
 SLOW = ["--sim-decode-ms-per-token", "20", "--sim-prefill-ms-per-token", "0"]
@@ -32,7 +32,9 @@ class Daemon:
                                       "--port", "0", "--log-level", log_level, *extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         self.err: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._checked = False
+        self._pumped = threading.Thread(target=self._pump, daemon=True)
+        self._pumped.start()
         got: list[bytes] = []
         t = threading.Thread(target=lambda: got.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
         t.start()
@@ -56,6 +58,10 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+        if not self._checked:
+            self._checked = True
+            self._pumped.join(5)  # the log's last lines, written just before the exit
+            check_daemon_log(f"daemon {' '.join(self.proc.args[3:6])}", self.err)  # type: ignore[index]
 
 
 def write_config(tmp: Path, models: list[dict[str, Any]], pools: list[dict[str, Any]] | None = None,
