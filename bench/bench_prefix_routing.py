@@ -160,13 +160,13 @@ def engine_counters(urls: list[str]) -> tuple[float, float]:
 
 
 class RealLlama:
-    """Real llama-server replicas (LLMGW_LLAMA_SERVER, built by ../shared/tools), restarted for
+    """Real llama-server replicas (LLMGW_LLAMA_SERVER, built by scripts/build-llama-server), restarted for
     each strategy so every run starts with empty slots; --cache-ram 0: only slots hold prompts."""
 
     def __init__(self, n: int, slots: int) -> None:
         binary = os.environ.get("LLMGW_LLAMA_SERVER")
         if not binary or not Path(binary).exists():
-            raise SystemExit("--engine llamacpp-real needs LLMGW_LLAMA_SERVER (../shared/tools/build-llama-server.sh)")
+            raise SystemExit("--engine llamacpp-real needs LLMGW_LLAMA_SERVER (scripts/build-llama-server prints its path)")
         self.binary, self.model = binary, str(Path(binary).resolve().parent.parent / "tiny.gguf")
         self.n, self.slots = n, slots
         self.procs: list[subprocess.Popen[bytes]] = []

@@ -15,9 +15,7 @@ commands:
   daemon [--role router,agent] [--config FILE]
                                               run the router and/or the agent (default: both;
                                               no models configured: a simulated fleet)
-  ctl COMMAND [-o table|json]                 operate a running daemon: status, nodes, label,
-                                              models, scale, replicas, restart, endpoints,
-                                              decisions, explain REQUEST_ID
+  ctl COMMAND [-o table|json]                 {ctl_commands}
   console [--socket PATH | --url URL --token T]
                                               the live operator console (a terminal UI)
   sim --engine vllm|llamacpp [engine flags]   run one simulated engine replica
@@ -37,6 +35,21 @@ commands:
 `llmgw sim --engine vllm --help` lists vLLM's flags, and the --sim-* flags of the simulator.
 """
 
+_DESCRIBED_AT = 46  # the column where the commands' descriptions start in USAGE
+
+
+def usage() -> str:
+    """USAGE with `ctl`'s commands as ctl's own parser has them, so the list cannot drift from it."""
+    import textwrap
+
+    from llmgw.ctl import parser as ctl_parser
+
+    sub = next(a for a in ctl_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    text = "operate a running daemon: " + ", ".join(a.dest for a in sub._choices_actions)
+    lines = textwrap.wrap(text, width=100 - _DESCRIBED_AT, break_on_hyphens=False)
+    return USAGE.replace("{ctl_commands}", ("\n" + " " * _DESCRIBED_AT).join(lines))
+
+
 # The commands, with the one-line help that shell completion shows beside them.
 COMMANDS = {
     "daemon": "run the router and/or the agent",
@@ -53,7 +66,7 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print(USAGE, end="")
+        print(usage(), end="")
         return 0 if args else 2
     if args[0] == "help":
         return _help(args[1:])
@@ -87,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return kv_main(rest)
     if cmd == "completion":
         return _completion(rest)
-    print(f"llmgw: unknown command {cmd!r}\n\n{USAGE}", end="", file=sys.stderr)
+    print(f"llmgw: unknown command {cmd!r}\n\n{usage()}", end="", file=sys.stderr)
     return 2
 
 
@@ -110,7 +123,7 @@ def _help(argv: list[str]) -> int:
         return 0
     if not argv:
         found = topics()
-        print(USAGE)
+        print(usage())
         print("help topics (`llmgw help TOPIC`):" if found else "help topics: none (installed without the manual)")
         for t in found:
             print(f"  {t.name:20s} {t.title}")

@@ -30,6 +30,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import tomli_w
 
+from llmgw.admin.nesting import TooDeep, toml_loads
 from llmgw.config_fields import (  # noqa: F401  (re-exported: part of the config API)
     _KNOWN_STRATEGIES, Check, _suggest, default_admin_socket, default_agent_state_dir,
     default_node_name, default_store_path, header_name, host_port, http_url, in_range, key_value,
@@ -189,10 +190,18 @@ def _convert(tp: Any, value: Any, path: KeyPath, problems: list, meta: Any) -> A
 _SYNTAX_AT = re.compile(r"^(.*) \(at line (\d+), column (\d+)\)$", re.S)
 
 
+def too_deep_problem(file: str, text: str, e: TooDeep) -> ConfigProblem:
+    """A TOML text nested too deeply, as the problem of the key it is under (with its line)."""
+    line = e.line if e.line is not None or e.path is None else TomlLocator(text).line_of(e.path)
+    return ConfigProblem(file, e.where, line, e.message)
+
+
 def parse_config(text: str, filename: str = "<string>") -> Config:
     """Parse and validate TOML text; raise ConfigError listing every problem found."""
     try:
-        data = tomllib.loads(text)
+        data = toml_loads(text)
+    except TooDeep as e:
+        raise ConfigError([too_deep_problem(filename, text, e)]) from None
     except tomllib.TOMLDecodeError as e:
         msg, line, col = str(e), text.count("\n") + 1, None
         if m := _SYNTAX_AT.match(msg):

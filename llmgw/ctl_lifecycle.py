@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from llmgw.admin.nesting import TooDeep, toml_loads
 from llmgw.lifecycle.revisions import parse_sets
 from llmgw.ctl_tools import T, lend
 
@@ -76,9 +77,11 @@ def _change(ns: argparse.Namespace) -> dict[str, Any] | None:
             raw = Path(ns.file).read_bytes()
             if len(raw) > MAX_PROFILE_BYTES:
                 raise T.error(f"{ns.file}: larger than {MAX_PROFILE_BYTES} bytes")
-            doc = tomllib.loads(raw.decode())
+            doc = toml_loads(raw.decode())
         except OSError as e:
             raise T.error(f"{ns.file}: {e.strerror or e}") from None
+        except TooDeep as e:
+            raise T.error(f"{ns.file}: {e}" + (f" (line {e.line})" if e.line else "")) from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise T.error(f"{ns.file}: not valid TOML: {e}") from None
         models = doc.get("models")  # a config-style file with one [[models]] is accepted too

@@ -100,7 +100,8 @@ def _per_key(v: Any, fmt: str) -> list[str]:
 
 
 _STATUS_KEYS = {"router_id": "router", "assignments": "replicas placed", "unknown_engines": "unknown engines",
-                "partition_suspected": "partition suspected", "control_port": "control port"}
+                "partition_suspected": "partition suspected", "control_port": "control port",
+                "kv_parity_alarms": "kv parity"}
 
 
 def status_text(d: Mapping[str, Any]) -> str:
@@ -121,6 +122,10 @@ def status_text(d: Mapping[str, Any]) -> str:
         elif k == "unknown_engines":
             out.extend(_lines(key, _per_key(v, "{k}: {v} — left running, not routed; restart the router "
                                                  "with --adopt to adopt them")))
+        elif k == "kv_parity_alarms":
+            out.extend(_lines(key, _per_key(v, "ALARM {k} (model {v}): its engine hashes KV blocks differently "
+                                               "from the router; tier 2 cannot route to it — `llmgw ctl kv`")
+                              if v else ["no alarm"]))
         elif k == "adopt":
             out.append(_line(key, "yes: engines the store does not know are adopted" if v is True
                              else value_text(v)))

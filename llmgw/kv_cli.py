@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 from llmgw.admin_client.printable import printable
+from llmgw.fleet.engine_cmd import KV_HASH_ALGO, KV_HASH_SEED
 from llmgw.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -44,7 +45,10 @@ from llmgw.kv.hashing import (
 __all__ = ["MAX_INPUT_BYTES", "MAX_TOKENS", "main", "parser"]
 
 DEFAULT_VERSION = "0.33.0"
-DEFAULT_ALGO = "sha256"  # vLLM's own default for --prefix-caching-hash-algo (0.10.2 to 0.33)
+# What the agent launches a kv_events vLLM with (tier 2's engines): the chain the router computes.
+# vLLM's own defaults differ (sha256, PYTHONHASHSEED unset): --algo sha256 --no-seed give those.
+DEFAULT_ALGO = KV_HASH_ALGO
+DEFAULT_SEED = KV_HASH_SEED
 MAX_TOKENS = 1_000_000  # a prompt far beyond any context window
 MAX_TOKEN_ID = (1 << 63) - 1
 MAX_BLOCK_SIZE = 1 << 16
@@ -72,9 +76,14 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument("--block-size", type=int, default=16, metavar="N",
                    help="the engine's --block-size (default: %(default)s)")
     h.add_argument("--algo", default=DEFAULT_ALGO, choices=sorted(HASH_ALGOS),
-                   help="the engine's --prefix-caching-hash-algo (default: %(default)s, vLLM's default)")
-    h.add_argument("--seed", metavar="PYTHONHASHSEED",
-                   help="the engine's PYTHONHASHSEED environment value (default: unset)")
+                   help="the engine's --prefix-caching-hash-algo (default: %(default)s, what llmgw's agent "
+                        "launches a kv_events engine with; vLLM's own default is sha256)")
+    seed = h.add_mutually_exclusive_group()
+    seed.add_argument("--seed", metavar="PYTHONHASHSEED", default=DEFAULT_SEED,
+                      help="the engine's PYTHONHASHSEED environment value (default: %(default)s, what llmgw's "
+                           "agent gives a kv_events engine)")
+    seed.add_argument("--no-seed", dest="seed", action="store_const", const=None, default=argparse.SUPPRESS,
+                      help="the engine runs without PYTHONHASHSEED (vLLM's own default)")
     h.add_argument("--vllm-version", default=DEFAULT_VERSION, metavar="X.Y.Z",
                    help="the engine's vLLM release (default: %(default)s)")
     h.add_argument("--lora", metavar="NAME[:ID]",
@@ -185,9 +194,9 @@ def hash_context(ns: argparse.Namespace) -> HashContext:
     if not 0 < ns.block_size <= MAX_BLOCK_SIZE:
         raise KvCliError(f"--block-size: {ns.block_size} is not from 1 to {MAX_BLOCK_SIZE}")
     if ns.seed is None and (v < FIXED_NONE_SEED_SINCE or ns.algo.startswith("xxhash")):
-        raise KvCliError(f"--seed: vLLM {v} with --algo {ns.algo} draws the first block's parent at random "
+        raise KvCliError(f"--no-seed: vLLM {v} with --algo {ns.algo} draws the first block's parent at random "
                          "when PYTHONHASHSEED is unset, so no one can reproduce its hashes; give the "
-                         "engine's PYTHONHASHSEED (and set it on the engine)")
+                         "engine's PYTHONHASHSEED with --seed (and set it on the engine)")
     try:
         return HashContext.create(v, ns.algo, ns.block_size, ns.seed)
     except ValueError as e:  # an algo or version the release doesn't support
@@ -215,14 +224,15 @@ def _hash(ns: argparse.Namespace) -> list[str]:
     blocks = [{"index": i, "start": i * bs, "end": (i + 1) * bs - 1,
                "hash": _jsonable(event_hash(d, use_int)), "digest": d.hex()} for i, d in enumerate(digests)]
     if ns.output == "json":
-        return [json.dumps({"vllm_version": str(ctx.version), "algo": ctx.algo, "block_size": bs,
+        return [json.dumps({"vllm_version": str(ctx.version), "algo": ctx.algo, "seed": ns.seed, "block_size": bs,
                             "hash_form": ns.hash_form, "none_hash": ctx.none_hash.hex(),
                             "tokens": len(tokens), "partial_tokens": len(tokens) - len(digests) * bs,
                             "blocks": blocks}, indent=2)]
     from llmgw.admin_client.rationale import text_table
 
     rows = [[str(b["index"]), f"{b['start']}-{b['end']}", str(b["hash"])] for b in blocks]
-    out = [(f"vLLM {ctx.version}, {ctx.algo}, block size {bs}, {ns.hash_form} hashes: {len(digests)} full "
+    seed = "PYTHONHASHSEED unset" if ns.seed is None else f"PYTHONHASHSEED={printable(ns.seed)}"
+    out = [(f"vLLM {ctx.version}, {ctx.algo}, {seed}, block size {bs}, {ns.hash_form} hashes: {len(digests)} full "
             f"block(s) of {len(tokens)} tokens ({len(tokens) - len(digests) * bs} left over, not hashed)")]
     if rows:
         out += text_table(["BLOCK", "TOKENS", "EVENT HASH"], rows)

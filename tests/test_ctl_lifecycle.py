@@ -5,6 +5,8 @@ engines): suites put (a bad file names its line), models update --set --wait, re
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,7 +51,7 @@ replicas = 1
         assert r.status_code == 201, r.text
         wait_for(lambda: any(x["model"] == "m" and x["state"] == "ready" for x in admin.get("/api/v1/replicas").json()),
                  30)
-        yield {"socket": str(sock), "tmp": tmp}
+        yield {"socket": str(sock), "tmp": tmp, "daemon": d}
     finally:
         d.stop()
 
@@ -103,6 +105,56 @@ def test_bad_input_says_what_to_do(daemon: dict[str, Any]) -> None:
     assert r.returncode == 1 and "No suite 'nope'" in r.stderr
     r = ctl(*s, "models", "update", "m", "--canary", "150%")
     assert r.returncode == 2 and "0% to 100%" in r.stderr
+
+
+def test_input_nested_500_deep_is_a_clear_error_never_a_traceback(daemon: dict[str, Any]) -> None:
+    """Issue 21 item 8: a suite, a --set value, a profile file and an admin JSON body nested 500
+    deep each get an error naming the field and the limit (64 levels): never a 500, a
+    RecursionError or a traceback, in ctl or in the daemon's log."""
+    s = ["--socket", daemon["socket"]]
+    logged = len(daemon["daemon"].err)  # the log lines of this test's requests come after
+    deep = "[" * 500 + "]" * 500
+    admin = httpx.Client(transport=httpx.HTTPTransport(uds=daemon["socket"]), base_url="http://x")
+    r = admin.put("/api/v1/suites/x", json={"toml": f"a = {deep}\n"})
+    assert r.status_code == 400, r.text
+    assert "a: nested deeper than 64 levels" in r.json()["error"]["message"], r.text
+    r = admin.put("/api/v1/suites/x", json={"toml": 'name = "x"\n[[cases]]\nprompt = "p"\n' + "q." * 300 + "r = 1\n"})
+    assert r.status_code == 400 and "nested deeper than 64 levels" in r.text, r.text
+    r = admin.post("/api/v1/models/m/update", content=b'{"deploy": {"env": ' + b"[" * 100000 + b"]" * 100000 + b"}}",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "deploy.env" in r.text and "nested deeper than 64 levels" in r.text, r.text
+    r = admin.post("/api/v1/models/m/update", json={"deploy": {"env": json.loads(deep[:140] + deep[-140:])}})
+    assert r.status_code == 400 and "deploy.env" in r.text and "nested deeper than 64 levels" in r.text, r.text
+    r = ctl(*s, "models", "update", "m", "--set", f"deploy.env={deep}")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "deploy.env: nested deeper than 64 levels" in r.stderr, r.stderr
+    prof = daemon["tmp"] / "deep-profile.toml"
+    prof.write_text(f"[deploy]\nenv = {deep}\n")
+    r = ctl(*s, "models", "update", "m", "--file", str(prof))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "deploy.env: nested deeper than 64 levels" in r.stderr, r.stderr
+    suite = daemon["tmp"] / "deep-suite.toml"
+    suite.write_text(f'name = "deep"\n[[cases]]\nprompt = "p"\nparams = {{ stop = {deep} }}\n')
+    r = ctl(*s, "suites", "put", "deep", str(suite))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "nested deeper than 64 levels" in r.stderr, r.stderr
+    assert "x" not in ctl(*s, "suites").stdout.split()  # nothing was stored
+    assert not [line for line in daemon["daemon"].err[logged:] if "Traceback" in line or "RecursionError" in line]
+
+
+def test_a_config_file_nested_500_deep_is_a_clear_error(tmp_path: Path) -> None:
+    deep = "[" * 500 + "]" * 500
+    cfg = tmp_path / "deep.toml"
+    cfg.write_text(f"[server]\nhost = \"127.0.0.1\"\n[[models]]\nname = \"m\"\n[models.deploy]\nenv = {deep}\n")
+    r = subprocess.run([sys.executable, "-m", "llmgw", "config", "check", str(cfg)], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert "models[0].deploy.env: nested deeper than 64 levels" in r.stderr + r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", "llmgw", "daemon", "--config", str(cfg), "--port", "0"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert "nested deeper than 64 levels" in r.stderr, r.stderr
 
 
 def test_a_profile_file_and_set_pairs_make_one_change(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ STATUS: dict[str, Any] = {
     "partition_suspected": False, "control_port": 40193, "unplaceable": {},
     "store": {"state": "ok", "path": "/var/lib/llmgw/router.db", "reason": None, "detail": None,
               "since_s": None, "errors": 0, "pending_history": 0, "history_dropped": 0},
-    "unknown_engines": {}, "adopt": False,
+    "unknown_engines": {}, "adopt": False, "kv_parity_alarms": {},
 }
 
 
@@ -34,8 +34,9 @@ def test_status_has_no_json_quoting_and_reads_as_words() -> None:
     assert kv["unplaceable"] == "none" and kv["unknown engines"] == "none"
     assert kv["store"] == "ok (/var/lib/llmgw/router.db)"
     # the keys keep the answer's order
+    assert kv["kv parity"] == "no alarm"
     assert [k for k in kv] == ["version", "router", "nodes", "replicas placed", "partition suspected",
-                               "control port", "unplaceable", "store", "unknown engines", "adopt"]
+                               "control port", "unplaceable", "store", "unknown engines", "adopt", "kv parity"]
 
 
 def test_status_nested_sections_one_line_each_aligned() -> None:
@@ -57,6 +58,13 @@ def test_status_nested_sections_one_line_each_aligned() -> None:
     assert kv["adopt"].startswith("yes")
     assert kv["store"].startswith("degraded (disk full) for 42s: database or disk is full; running from memory")
     assert "7 history events waiting" in kv["store"]
+
+
+def test_status_names_each_replica_in_parity_alarm() -> None:
+    out = status_text({**STATUS, "kv_parity_alarms": {"m/2": "m", "m/1": "m"}}).splitlines()
+    i = next(n for n, ln in enumerate(out) if ln.startswith("kv parity"))
+    assert out[i].startswith(f"{'kv parity':20s} ALARM m/1 (model m): its engine hashes KV blocks differently")
+    assert out[i + 1].startswith(f"{'':20s} ALARM m/2 (model m)") and "llmgw ctl kv" in out[i + 1]
 
 
 def test_status_shows_fields_it_does_not_know_readably() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ import msgpack
 import pytest
 
 from llmgw import cli, kv_cli
+from llmgw.fleet.engine_cmd import KV_HASH_ALGO, KV_HASH_SEED, build_env, kv_events_args
+from llmgw.fleet.types import EngineSpec
 from llmgw.kv import events
 
 from .conftest import load_golden
@@ -64,31 +67,31 @@ def test_hash_chain_equals_vllms(capsys: pytest.CaptureFixture[str], ver: str, a
 def test_hash_table_and_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     case = VERSIONS["0.33.0"]["hashing"]["sha256_cbor"]["cases"][0]
     tokens = case["prompt_token_ids"] + [7, 8]  # a partial tail is not hashed
-    args = ["hash", "--tokens", " ".join(map(str, tokens)), "--algo", "sha256_cbor", "--seed", "0"]
+    args = ["hash", "--tokens", " ".join(map(str, tokens))]  # the defaults: sha256_cbor, PYTHONHASHSEED=0
     code, out, _ = run(capsys, *args)
     lines = out.splitlines()
-    assert code == 0 and "2 left over" in lines[0] and lines[1].split() == ["BLOCK", "TOKENS", "EVENT", "HASH"]
+    assert code == 0 and "2 left over" in lines[0] and "sha256_cbor, PYTHONHASHSEED=0," in lines[0] and lines[1].split() == ["BLOCK", "TOKENS", "EVENT", "HASH"]
     assert lines[2].split() == ["0", "0-15", str(case["blocks"][0]["event_int64"])]
     code, out, _ = run(capsys, *args, "-o", "json")
     doc = json.loads(out)
-    assert set(doc) == {"vllm_version", "algo", "block_size", "hash_form", "none_hash", "tokens",
+    assert set(doc) == {"vllm_version", "algo", "seed", "block_size", "hash_form", "none_hash", "tokens",
                         "partial_tokens", "blocks"}
     assert (doc["vllm_version"], doc["tokens"], doc["partial_tokens"]) == ("0.33.0", len(tokens), 2)
     assert doc["blocks"][1] == {"index": 1, "start": 16, "end": 31, "hash": case["blocks"][1]["event_int64"],
                                 "digest": case["blocks"][1]["hash_hex"]}
 
 
-def test_hash_default_seed_is_vllms_fixed_one(capsys: pytest.CaptureFixture[str]) -> None:
+def test_hash_no_seed_is_vllms_fixed_one(capsys: pytest.CaptureFixture[str]) -> None:
     """0.29+ with sha256* and PYTHONHASHSEED unset: NONE_HASH is hash("vllm-none-hash")."""
     unset = VERSIONS["0.33.0"]["none_hash_when_PYTHONHASHSEED_unset"]["sha256_cbor"]
-    code, out, _ = run(capsys, "hash", "--tokens", "1", "--algo", "sha256_cbor", "-o", "json")
+    code, out, _ = run(capsys, "hash", "--tokens", "1", "--no-seed", "-o", "json")
     assert code == 0 and json.loads(out)["none_hash"] == unset["none_hash_hex"]
     assert json.loads(out)["blocks"] == []
 
 
 def test_hash_tokens_from_a_file_and_stdin(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    case = VERSIONS["0.33.0"]["hashing"]["sha256"]["cases"][0]
+    case = VERSIONS["0.33.0"]["hashing"]["sha256_cbor"]["cases"][0]
     f = tmp_path / "tokens.json"
     f.write_text(json.dumps(case["prompt_token_ids"]) + "\n")
     want = [b["event_int64"] for b in case["blocks"]]
@@ -108,8 +111,9 @@ def test_hash_tokens_from_a_file_and_stdin(capsys: pytest.CaptureFixture[str], t
     (["--tokens", "1", "--vllm-version", "0.10.1", "--seed", "0"], "--algo/--vllm-version: vLLM 0.10.1 used int"),
     (["--tokens", "1", "--vllm-version", "0.12.0", "--algo", "xxhash", "--seed", "0"],
      "--algo/--vllm-version: vLLM 0.12.0 has no prefix-caching hash algo 'xxhash'"),
-    (["--tokens", "1", "--vllm-version", "0.28.0"], "--seed: vLLM 0.28.0 with --algo sha256 draws"),
-    (["--tokens", "1", "--algo", "xxhash_cbor"], "--seed: vLLM 0.33.0 with --algo xxhash_cbor"),
+    (["--tokens", "1", "--vllm-version", "0.28.0", "--algo", "sha256", "--no-seed"],
+     "--no-seed: vLLM 0.28.0 with --algo sha256 draws"),
+    (["--tokens", "1", "--algo", "xxhash_cbor", "--no-seed"], "--no-seed: vLLM 0.33.0 with --algo xxhash_cbor"),
     (["--tokens", "1", "--block-size", "0", "--seed", "0"], "--block-size: 0 is not from 1"),
     (["--tokens", "1", "--lora", "sql", "--seed", "0"], "--lora-path: vLLM 0.33.0 hashes the adapter's"),
     (["--tokens", "1", "--lora", "sql", "--vllm-version", "0.11.0", "--seed", "0"], "--lora: vLLM 0.11.0 hashes"),
@@ -260,6 +264,46 @@ def test_watch_prints_a_live_simulators_events(sim_factory: Any) -> None:
     doc = json.loads(out.decode().splitlines()[0])
     assert doc["topic"] == "kv" and isinstance(doc["seq"], int)
     assert any(e["type"] == "BlockStored" for e in doc["events"])
+
+
+def test_hash_defaults_are_what_tier2_engines_are_launched_with(sim_factory: Any) -> None:
+    """Issue 21 item 20: `llmgw kv hash` with no --algo/--seed reproduces the hashes of an engine
+    launched as the agent launches a kv_events vLLM (its flags and environment, from
+    llmgw.fleet.engine_cmd): here a simulated one, its events read with `llmgw kv watch`."""
+    spec = EngineSpec(replica="m/1", model="sim-model", engine="vllm", model_path="sim-model", simulate=True,
+                      kv_events=True)
+    env = build_env(spec, {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"})
+    s = sim_factory(["--engine", "vllm", "sim-model", "--host", "127.0.0.1", "--port", "0", "--sim-zero-cost",
+                     *kv_events_args("tcp://*:0", "tcp://*:0")], env=env)
+    w = subprocess.Popen([sys.executable, "-m", "llmgw", "kv", "watch", s.info["kv_events"], "--count", "1",
+                          "--seconds", "30", "-o", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for i in range(200):  # until the watcher (a SUB: it misses what came before it joined) has a batch
+            httpx.post(f"{s.url}/v1/completions", timeout=10,
+                       json={"model": "sim-model", "prompt": f"hash me {i} " * 20, "max_tokens": 1})
+            try:
+                out, err = w.communicate(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            raise AssertionError("the watcher printed nothing")
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+    assert w.returncode == 0, err
+    stored = [e for e in json.loads(out.decode().splitlines()[0])["events"]
+              if e["type"] == "BlockStored" and e["parent_block_hash"] is None]
+    assert stored, out
+    ev = stored[0]
+    r = subprocess.run([sys.executable, "-m", "llmgw", "kv", "hash", "--tokens", ",".join(map(str, ev["token_ids"])),
+                        "--block-size", str(ev["block_size"]), "-o", "json"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["algo"], doc.get("seed")) == (KV_HASH_ALGO, KV_HASH_SEED)
+    assert [b["hash"] for b in doc["blocks"]] == ev["block_hashes"]
 
 
 def test_watch_refuses_a_bad_endpoint(capsys: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from .test_ctl import ctl
 from .test_fleet_integration import fleet_factory, sim_model  # noqa: F401 — the fixture
 from .test_sim_vllm import wait_for
 
@@ -57,6 +58,12 @@ def test_a_misconfigured_engine_is_flagged_within_5_requests(fleet_factory: Any,
     assert f"tier 2 parity: replica {rid} (model m)" in log and "PYTHONHASHSEED" in log
     view = {r["replica"]: r for r in f.get("/api/v1/kv")["replicas"]}
     assert view[rid]["parity"]["status"] == "alarm" and view[rid]["parity"]["failed"] >= 3
+    # the daemon's status says so too (issue 21 item 9): the API and `ctl status`
+    assert f.get("/api/v1/status")["kv_parity_alarms"] == {rid: "m"}
+    out = ctl("--socket", str(f.tmp / "admin" / "admin.sock"), "status")
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("kv parity"))
+    assert f"ALARM {rid} (model m)" in line and "llmgw ctl kv" in line, out.stdout
     # a decision tier 2 could not make says why: ctl explain names the alarm
     r = httpx.post(f"{f.router.url}/v1/chat/completions", timeout=10, headers={"x-request-id": "after-alarm"},
                    json={"model": "m", "messages": [{"role": "user", "content": prompt(0)}], "max_tokens": 2})

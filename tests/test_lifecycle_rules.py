@@ -173,6 +173,9 @@ def test_each_check_and_every_failure_is_reported() -> None:
     assert judge(js, Answer('```json\n{"a": 1}\n```'))["passed"]
     assert "JSON schema" in judge(js, Answer('{"b": 1}'))["failures"][0]
     assert "not JSON" in judge(js, Answer("nope"))["failures"][0]
+    # a model's answer nested past the parser's recursion: a failed check, not a RecursionError
+    deep = judge(js, Answer("[" * 100_000 + "]" * 100_000))["failures"][0]
+    assert deep.startswith("not JSON: nested deeper than 64 levels"), deep
     assert "no token count" in judge(every, Answer("red", ttft_ms=1, latency_ms=1))["failures"][0]
 
 

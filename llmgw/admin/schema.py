@@ -376,6 +376,11 @@ class Status:
         "node → engines it runs that the store does not know (a deleted or replaced store): left running, "
         "not routed, and nothing new is placed on the node; `llmgw daemon --adopt` adopts them")
     adopt: bool = prop("started with --adopt: engines the store does not know are adopted as replicas")
+    kv_parity_alarms: dict[str, str] = prop(
+        "replica → its model, for each replica whose tier-2 parity alarm is on: its engine's KV events never "
+        "carry the block hashes the router computes (another hash algorithm, PYTHONHASHSEED, block size or "
+        "vLLM release), so tier 2 cannot route to what it caches. `GET /api/v1/kv` has the details",
+        factory=dict)
 
 
 # -- node identity ----------------------------------------------------------------------------------

@@ -144,11 +144,13 @@ class _StartupError(Exception):
 
 
 def embedded_model(cfg: Config) -> ModelConfig:
-    """The default one-process fleet: `[sim]` replicas of a simulated engine on the local node."""
+    """The default one-process fleet: `[sim]` replicas of a simulated engine on the local node.
+    Simulated vLLM publishes KV events, so the default shows tier 2 and its parity check at work
+    (llama.cpp has none)."""
     s = cfg.sim
     return ModelConfig(name=s.model, engine=s.engine,
                        deploy=DeployConfig(count=s.replicas, simulate=True, args=s.extra_args,
-                                           health_timeout_s=60.0))
+                                           health_timeout_s=60.0, kv_events=s.engine == "vllm"))
 
 
 def _read_secret(value: str | None, path: str | None, what: str) -> str | None:

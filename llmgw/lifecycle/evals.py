@@ -9,11 +9,11 @@ A result is plain data (what the store keeps and the admin API answers):
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from llmgw.admin.nesting import json_loads
 from llmgw.lifecycle.json_schema import validate
 from llmgw.lifecycle.suites import Case, Suite
 
@@ -54,8 +54,8 @@ def judge(case: Case, a: Answer) -> dict[str, Any]:
             fails.append(f"does not equal {c.equals[:60]!r}")
         if c.json or c.json_schema is not None:
             try:
-                doc = json.loads(_strip_fence(text))
-            except ValueError as e:
+                doc = json_loads(_strip_fence(text))
+            except ValueError as e:  # not JSON, or nested too deeply (a model's answer is untrusted)
                 fails.append(f"not JSON: {e}")
             else:
                 if c.json_schema is not None and (why := validate(doc, c.json_schema)) is not None:

@@ -13,6 +13,7 @@ import tomllib
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from llmgw.admin.nesting import MAX_DEPTH, TooDeep, deepest, render_path, toml_loads
 from llmgw.route.names import CANDIDATE_SUFFIX, candidate_key
 
 __all__ = ["CANDIDATE_SUFFIX", "ROLLBACK_GRACE_S", "LifecycleError", "ModelRevisions", "Revision", "candidate_key",
@@ -96,7 +97,9 @@ def parse_sets(pairs: list[str]) -> dict[str, Any]:
         if not eq or not all(p.strip() for p in parts):
             raise ValueError(f"--set {pair!r}: expected key=value (key may be dotted: deploy.count=2)")
         try:
-            value = tomllib.loads(f"v = {raw}")["v"]
+            value = toml_loads(f"v = {raw}")["v"]
+        except TooDeep as e:
+            raise ValueError(f"--set {key.strip()}: {e.message}") from None
         except tomllib.TOMLDecodeError:
             value = raw
         node = out
@@ -106,6 +109,8 @@ def parse_sets(pairs: list[str]) -> dict[str, Any]:
                 raise ValueError(f"--set {pair!r}: {p} is set to a value and a table")
             node = nxt
         node[parts[-1].strip()] = value
+    if (path := deepest(out)) is not None:  # many dotted parts, and a value deep enough
+        raise ValueError(f"--set {render_path(path)}: nested deeper than {MAX_DEPTH} levels")
     return out
 
 

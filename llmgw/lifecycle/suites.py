@@ -22,7 +22,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmgw.config import ConfigError, ConfigProblem, render_key
+from llmgw.admin.nesting import TooDeep, toml_loads
+from llmgw.config import ConfigError, ConfigProblem, render_key, too_deep_problem
 from llmgw.config_locate import KeyPath, TomlLocator
 from llmgw.lifecycle.json_schema import schema_problems
 
@@ -108,7 +109,9 @@ def parse_suite(text: str, file: str = "suite", *, name: str | None = None) -> S
     if len(text.encode()) > MAX_SUITE_BYTES:
         raise ConfigError([ConfigProblem(file, "", None, f"larger than {MAX_SUITE_BYTES} bytes")])
     try:
-        doc = tomllib.loads(text)
+        doc = toml_loads(text)
+    except TooDeep as e:
+        raise ConfigError([too_deep_problem(file, text, e)]) from None
     except tomllib.TOMLDecodeError as e:
         msg, line, col = str(e), text.count("\n") + 1, None
         if m := _SYNTAX_AT.match(msg):

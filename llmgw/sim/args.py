@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from llmgw.admin.nesting import json_loads
+
 __all__ = ["SimOptions", "build_vllm_parser", "build_llamacpp_parser", "parse_kv_events_config",
            "parse_lora_modules", "add_sim_flags", "parse_lora_args"]
 
@@ -186,8 +188,8 @@ def parse_kv_events_config(text: str | None, dotted: dict[str, str], version: tu
     cfg = dict(KV_EVENTS_DEFAULTS)
     if text:
         try:
-            given = json.loads(text)
-        except json.JSONDecodeError as e:
+            given = json_loads(text)
+        except ValueError as e:  # not JSON, or nested too deeply
             raise ArgError(f"--kv-events-config: not valid JSON: {e}") from None
         if not isinstance(given, dict):
             raise ArgError("--kv-events-config: must be a JSON object")
@@ -233,9 +235,9 @@ def parse_lora_modules(items: list[str]) -> list[LoraModule]:
     for item in items:
         if item.lstrip().startswith("{"):
             try:
-                d = json.loads(item)
+                d = json_loads(item)
                 out.append(LoraModule(d["name"], d["path"], d.get("base_model_name")))
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+            except (ValueError, KeyError, TypeError) as e:
                 raise ArgError(f"--lora-modules: invalid JSON module {item!r}: {e}") from None
         else:
             name, eq, path = item.partition("=")

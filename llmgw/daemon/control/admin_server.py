@@ -15,7 +15,6 @@ register by the table's names; AdminApp refuses to start if one is missing or le
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import os
 import stat
@@ -27,6 +26,7 @@ from urllib.parse import parse_qsl, quote
 
 import trio
 
+from llmgw.admin.nesting import TooDeep, json_loads
 from llmgw.admin.openapi import render
 from llmgw.admin.routes import PREFIX, ROUTES, Resolver, Route
 from llmgw.admin.schema import (
@@ -194,7 +194,9 @@ class AdminApp:
                 return None
             raise AdminFail(400, "A JSON body is required.", code="invalid_body")
         try:
-            data = json.loads(req.body)
+            data = json_loads(req.body)
+        except TooDeep as e:
+            raise invalid([Problem(e.where, e.message)], "invalid_body") from None
         except ValueError as e:
             raise AdminFail(400, f"The body is not valid JSON: {e}", code="invalid_json") from None
         try:

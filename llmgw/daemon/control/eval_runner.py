@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from llmgw.admin.nesting import json_loads
 from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool
 from llmgw.daemon.router.proxy import INTERNAL_HEADER, REVISION_HEADER
 from llmgw.lifecycle.evals import MAX_ANSWER_CHARS, Answer, judge
@@ -125,8 +126,8 @@ class _Stream:
             if data == b"[DONE]":
                 continue
             try:
-                obj = json.loads(data)
-            except ValueError:
+                obj = json_loads(data)
+            except ValueError:  # not JSON, or nested too deeply
                 self.error = "the stream held a line that is not JSON"
                 continue
             if not isinstance(obj, dict):
@@ -149,7 +150,7 @@ class _Stream:
 
 def _error_text(data: bytes) -> str:
     try:
-        obj = json.loads(data)
+        obj = json_loads(data)
         return str(obj["error"]["message"])[:MAX_ERROR_BYTES]
     except (ValueError, KeyError, TypeError):
         return data[:MAX_ERROR_BYTES].decode("utf-8", "replace")

@@ -511,4 +511,6 @@ class ControlPlane(OperatorActions):
         return Status(version=__version__, router_id=self.router_id, nodes=states,
                       assignments=len(self.assignments), partition_suspected=self.nodes.partition_suspected,
                       control_port=self.port, unplaceable=dict(self.unplaceable), store=self.guard.status(),
-                      unknown_engines=self.unknown.by_node(), adopt=self.adopt)
+                      unknown_engines=self.unknown.by_node(), adopt=self.adopt,
+                      kv_parity_alarms={r.replica: r.model for r in self.router.kv_summary().replicas
+                                        if r.parity.status == "alarm"})
