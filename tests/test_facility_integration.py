@@ -211,3 +211,22 @@ def test_measured_power_counts_and_a_bad_figure_is_not_used(
     assert facts["b"]["measured_watts"] is None  # a negative draw is not even reported
     draws = {d["domain"]: d["draw_w"] for d in f.get("/api/v1/facility")["domains"]}
     assert draws == {"pdu=p-a": 412.3, "pdu=p-b": 70.0}  # measured beats the table's idle; the table otherwise
+
+
+def test_with_every_rack_held_status_says_replacements_cannot_be_placed(make_fleet: Any) -> None:
+    f = make_fleet([sim_model(count=2)])
+    for node, rack in (("a", "r1"), ("b", "r1"), ("c", "r2"), ("d", "r2")):
+        f.start_agent(node, labels={"llmgw.io/rack": rack})
+    wait_for(lambda: len(f.ready("m")) == 2, 30)
+    assert ctl(f, "facility", "hold", "rack=r1", "--drain").returncode == 0
+    wait_for(lambda: f.racks("m") == {"r2": 2} and len(f.replicas("m")) == 2, 40)
+    assert ctl(f, "facility", "hold", "rack=r2", "--drain").returncode == 0
+    wait_for(lambda: "m" in f.get("/api/v1/status")["unplaceable"], 20)
+    why = f.get("/api/v1/status")["unplaceable"]["m"]
+    assert why.startswith("2 replacements for replicas to move (domain rack=r2 is held with drain) cannot be "
+                          "placed"), why
+    assert "4 are in a held domain" in why and "m still serves 2/2 ready" in why
+    out = ctl(f, "status")
+    assert out.returncode == 0 and "2 replacements for replicas to move" in out.stdout, out.stdout
+    assert "2 replicas cannot be placed" not in out.stdout
+    assert len(f.ready("m")) == 2 and f.chat("m").status_code == 200

@@ -167,6 +167,20 @@ def test_a_hold_with_no_room_elsewhere_drains_nothing() -> None:
     fac = Facility(holds={"rack=r0": Hold(drain=True)})
     plan = reconcile({"m": deploy(2)}, nodes, asg.values(), new_id=new, now_wall=1, facility=fac)
     assert not plan.drain and not plan.create and "in a held domain" in plan.unplaceable["m"]
+    # it is the replacement that is missing, not a replica: the model still serves 2/2
+    assert plan.unplaceable["m"].startswith("1 replacement for replicas to move (domain rack=r0 is held with drain) "
+                                            "cannot be placed")
+    assert plan.unplaceable["m"].endswith("; m still serves 2/2 ready: the replicas to move keep serving until "
+                                          "their replacements are ready")
+    # both racks held: two replacements; and a model short of a replica besides says both
+    fac = Facility(holds={"rack=r0": Hold(drain=True), "rack=r1": Hold(drain=True)})
+    plan = reconcile({"m": deploy(2)}, nodes, asg.values(), new_id=new, now_wall=2, facility=fac)
+    assert plan.unplaceable["m"].startswith("2 replacements for replicas to move (domain rack=r0 is held with "
+                                            "drain; domain rack=r1 is held with drain) cannot be placed")
+    assert "2 are in a held domain" in plan.unplaceable["m"] and "m still serves 2/2 ready" in plan.unplaceable["m"]
+    plan = reconcile({"m": deploy(3)}, nodes, asg.values(), new_id=new, now_wall=3, facility=fac)
+    assert plan.unplaceable["m"].startswith("3 replicas (2 replacements for replicas to move (")
+    assert "m still serves 2/3 ready" in plan.unplaceable["m"]
 
 
 def test_a_late_joining_rack_gets_its_share_by_rebalancing() -> None:

@@ -299,3 +299,27 @@ params = { max_tokens = 2 }
     assert short["passed"]
     assert api(f, "POST", "/models/m/eval", json={"suite": "nope"}).status_code == 404
     assert api(f, "POST", "/models/m/eval", json={"suite": "slow", "revision": "candidate"}).status_code == 409
+
+
+def test_a_candidates_replicas_are_stored_and_kept_across_a_router_restart(fleet_factory: Any) -> None:  # noqa: F811
+    f = fleet_factory([])
+    f.start_agent("a")
+    api_model(f, count=1)
+    up = api(f, "POST", "/models/m/update", json={"deploy": {"args": [*FAST, "--sim-seed", "4"]}}).json()
+    assert wait_job(f, up["id"])["state"] == "succeeded"
+    wait_for(lambda: all(r["pid"] for r in f.ready("m#candidate")), 20)
+    before = {r["replica"]: (r["node"], r["pid"]) for r in f.ready("m#candidate")}
+    assert len(before) == 1
+    f.stop_router()
+    f.start_router()
+    # the same engine, adopted by the restarted router: not stopped, not placed anew
+    wait_for(lambda: len(f.ready("m#candidate")) == 1 and all(r["pid"] for r in f.ready("m#candidate")), 20)
+    after = {r["replica"]: (r["node"], r["pid"]) for r in f.ready("m#candidate")}
+    assert after == before
+    assert all(r["restarts"] == 0 for r in f.ready("m#candidate"))
+    assert {r["replica"] for r in f.replicas("m#candidate")} == set(before)
+    rev = f.get("/api/v1/models/m/revisions")
+    assert rev["candidate"]["id"] == "r2" and rev["candidate"]["ready"] == 1
+    p = api(f, "POST", "/models/m/promote")
+    assert p.status_code == 200, p.text
+    wait_for(lambda: {r["replica"] for r in f.ready("m")} == set(before), 30)
