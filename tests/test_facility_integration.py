@@ -230,3 +230,31 @@ def test_with_every_rack_held_status_says_replacements_cannot_be_placed(make_fle
     assert out.returncode == 0 and "2 replacements for replicas to move" in out.stdout, out.stdout
     assert "2 replicas cannot be placed" not in out.stdout
     assert len(f.ready("m")) == 2 and f.chat("m").status_code == 200
+
+
+def test_explain_placement_keeps_the_verdicts_at_placement_beside_now(make_fleet: Any) -> None:
+    f = make_fleet([])
+    f.start_agent("a", labels={"llmgw.io/rack": "r1"})
+    f.start_agent("c", labels={"llmgw.io/rack": "r2"})
+    wait_for(lambda: len(f.nodes()) == 2 and all(n["state"] == "ready" for n in f.nodes().values()), 30)
+    assert ctl(f, "facility", "hold", "rack=r1", "--reason", "PDU swap").returncode == 0
+    body = {"name": "m", "engine": "vllm", "deploy": {"count": 1, "simulate": True, "health_timeout_s": 20.0}}
+    assert f.admin.post("/api/v1/models", json=body).status_code == 201
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    rid = f.ready("m")[0]["replica"]
+    assert f.ready("m")[0]["node"] == "c"
+    assert ctl(f, "facility", "release", "rack=r1").returncode == 0
+    e = f.get(f"/api/v1/placement/{rid}")
+    # now: a would fit (the hold is gone); then: a was refused, held
+    assert {c["node"]: c["verdict"] for c in e["candidates"]} == {"c": "chosen", "a": "fits"}
+    then = e["at_placement"]
+    assert then is not None and then["node"] == "c" and then["counts"] == {"chosen": 1, "held": 1}
+    assert [(c["node"], c["verdict"], c["detail"]) for c in then["candidates"]] == [
+        ("c", "chosen", then["candidates"][0]["detail"]), ("a", "held", "in held domain rack=r1 (PDU swap)")]
+    assert "refused then: 1 held" in then["why"]
+    out = ctl(f, "explain-placement", rid)
+    assert out.returncode == 0, out.stderr
+    now_part, _, then_part = out.stdout.partition("at placement (")
+    assert "held" not in now_part and "in held domain rack=r1 (PDU swap)" in then_part, out.stdout
+    # a model's next replica has no placement-time record
+    assert f.get("/api/v1/placement/m")["at_placement"] is None
