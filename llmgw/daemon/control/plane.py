@@ -168,6 +168,7 @@ class ControlPlane(OperatorActions):
         else:
             self.deploys[m.name] = dep
         self.router.define_model(m)
+        self.lifecycle.say_revisions(m.name)  # the revision id its requests' traces carry
 
     async def restore_routing(self, pool: UpstreamPool) -> int:
         """Route the stored replicas whose engines still serve, before any agent is back (restore.py);
