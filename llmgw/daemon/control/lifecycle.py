@@ -12,8 +12,11 @@ in-flight requests (plane.reconcile_once). Everything an operator starts is writ
 before it takes effect (StoreGuard.must_write: a store that cannot write refuses it).
 
 A router that restarts in the middle of a job: an update whose candidate is in the store resumes
-(it goes on waiting for the candidate's replicas); an eval fails (run it again); promote and
-rollback are done in one call and are never left half-way."""
+(it goes on waiting for the candidate's replicas — kept in the store under the candidate's key,
+their engines adopted as they answer, never restarted), and so does a rollback that brings the
+previous revision back (one ``rollback`` job: placed, then promoted once ready); an eval fails
+(run it again); a promote, or a rollback that discards, is done in one call and never left
+half-way."""
 
 from __future__ import annotations
 
