@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from llmgw.admin_client.printable import printable
@@ -47,7 +48,7 @@ def facility_text(data: dict[str, Any]) -> str:
 def explanation_text(e: dict[str, Any]) -> str:
     head = f"replica {_c(e.get('replica'))} of model {_c(e.get('model'))}" if e.get("replica") \
         else f"model {_c(e.get('model'))}: its next replica"
-    lines = [head, f"  {_c(e.get('why'))}"]
+    lines = [head + (" (now)" if e.get("replica") else ""), f"  {_c(e.get('why'))}"]
     counts = e.get("counts", {})
     if counts:
         lines.append("  nodes: " + ", ".join(f"{_c(v)} {_c(k)}" for k, v in sorted(counts.items(),
@@ -61,4 +62,29 @@ def explanation_text(e: dict[str, Any]) -> str:
         lines.append(f"... and {more} more (-o json lists {len(cands)})")
     for w in e.get("warnings", []):
         lines.append(f"warning: {_c(w)}")
+    if e.get("replica"):
+        lines += ["", *_at_placement_text(e.get("at_placement"))]
     return "\n".join(lines)
+
+
+def _at_placement_text(r: dict[str, Any] | None) -> list[str]:
+    """A placed replica's verdicts when it was placed, below now's."""
+    if not r:
+        return ["at placement: not kept (placed before this router started, or among the oldest past the records "
+                "kept; docs/placement.md)"]
+    try:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(r.get("at", 0))))
+    except (TypeError, ValueError, OverflowError):
+        when = "?"
+    lines = [f"at placement ({when}):", f"  {_c(r.get('why'))}"]
+    counts = r.get("counts", {})
+    if counts:
+        lines.append("  nodes: " + ", ".join(f"{_c(v)} {_c(k)}" for k, v in sorted(counts.items(),
+                                                                                     key=lambda kv: -kv[1])))
+    cands = r.get("candidates", [])
+    rows = [[_c(c.get("node")), _c(c.get("verdict")), "/".join(map(_c, c.get("domains", []))) or "-",
+             _c(c.get("detail"))] for c in cands[:_SHOWN_ROWS]]
+    lines += text_table(["NODE", "VERDICT THEN", "DOMAINS", "DETAIL"], rows)
+    if int(r.get("truncated", 0) or 0) > 0:
+        lines.append(f"... and {r['truncated']} more (counted above)")
+    return lines

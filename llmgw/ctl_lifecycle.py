@@ -1,5 +1,5 @@
 """`llmgw ctl`'s model lifecycle commands (docs/lifecycle.md): `models update|promote|rollback|
-revisions NAME`, `eval MODEL --suite S`, `jobs [JOB]`, `suites [NAME | put NAME FILE | delete
+revisions NAME`, `eval MODEL --suite S`, `jobs [JOB]`, `suites [NAME | put [NAME] FILE | delete
 NAME]`. ctl.py registers them (`register`) and hands in its connection and output helpers, so
 this module does not import it."""
 
@@ -130,10 +130,12 @@ def model_action(api: Any, ns: argparse.Namespace) -> None:
 
 def _revisions_text(r: dict[str, Any]) -> str:
     lines = [f"model {r['model']}: live {r['live']}"
+             + (f" (restored from {r['live_restored_from']})" if r.get("live_restored_from") else "")
              + (f"; previous {r['previous']} (rollback brings it back)" if r.get("previous") else "")]
     c = r.get("candidate")
     if c:
-        lines.append(f"candidate {c['id']}: {c['ready']}/{len(c['replicas'])} replicas ready"
+        lines.append(f"candidate {c['id']}" + (f" (restored from {c['restored_from']})" if c.get("restored_from")
+                                               else "") + f": {c['ready']}/{len(c['replicas'])} replicas ready"
                      + (f"; cannot place: {c['unplaceable']}" if c.get("unplaceable") else ""))
     else:
         lines.append("no candidate")
@@ -174,13 +176,8 @@ def cmd_jobs(api: Any, ns: argparse.Namespace) -> None:
 
 def cmd_suites(api: Any, ns: argparse.Namespace) -> None:
     if ns.action == "put":
-        if not ns.name or not ns.file:
-            raise T.error("suites put NAME FILE")
-        try:
-            text = Path(ns.file).read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise T.error(f"{ns.file}: {e}") from None
-        s = api.call("PUT", f"/suites/{_m(ns.name)}", body={"toml": text})
+        name, text = _suite_file(ns.name if ns.file else None, ns.file or ns.name)
+        s = api.call("PUT", f"/suites/{_m(name)}", body={"toml": text})
         print(f"suite {s['name']} stored: {s['cases']} cases, pass threshold {s['pass_threshold']:.0%}")
         return
     if ns.action == "delete":
@@ -196,6 +193,27 @@ def cmd_suites(api: Any, ns: argparse.Namespace) -> None:
     T.emit(ns, api.call("GET", "/suites"), lambda ss: T.table(
         [[s["name"], s["cases"], f"{s['pass_threshold']:.0%}", s["description"]] for s in ss],
         ["SUITE", "CASES", "THRESHOLD", "DESCRIPTION"]))
+
+
+def _suite_file(name: str | None, file: str | None) -> tuple[str, str]:
+    """`suites put [NAME] FILE`: the name the suite is stored under — the file's own `name`, else
+    the file's stem — and the file's text. A NAME that differs from the file's `name` is refused."""
+    if not file:
+        raise T.error("suites put [NAME] FILE: the suite's TOML file is missing")
+    try:
+        text = Path(file).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise T.error(f"suites put: {file}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        own = tomllib.loads(text).get("name")
+    except tomllib.TOMLDecodeError:
+        own = None  # the router names every problem, with its line
+    if isinstance(own, str) and own:
+        if name is not None and name != own:
+            raise T.error(f"suites put: {file} names suite {own!r}, not {name!r}: drop NAME (the file's name is "
+                          f"used) or change the file's `name`")
+        return own, text
+    return name or Path(file).stem, text
 
 
 def add_model_options(sp: argparse.ArgumentParser) -> None:
@@ -232,8 +250,10 @@ def register(add: Callable[..., argparse.ArgumentParser], tools: dict[str, Any])
     sp.add_argument("job", nargs="?", metavar="JOB", help="one job's id: its steps and (an eval's) result")
     sp.add_argument("--model", help="only this model's jobs")
     sp.add_argument("--limit", type=int, default=20, metavar="N", help="at most N, newest first (default: 20)")
-    sp = add("suites", cmd_suites, "eval suites: list, show NAME, put NAME FILE, delete NAME")
+    sp = add("suites", cmd_suites, "eval suites: list, show NAME, put [NAME] FILE, delete NAME",
+             "put stores FILE under the name the file gives (`name = ...`), else the file's stem; a NAME given "
+             "must match the file's.")
     sp.add_argument("action", nargs="?", metavar="NAME | show | put | delete",
                     help="a suite's name (show it), or show, put, delete with the NAME")
-    sp.add_argument("name", nargs="?", metavar="NAME", help="with an action: the suite")
+    sp.add_argument("name", nargs="?", metavar="NAME", help="with an action: the suite (put: optional)")
     sp.add_argument("file", nargs="?", metavar="FILE", help="put: the suite's TOML file")

@@ -78,13 +78,15 @@ STRICT_RESULT = {**SMOKE_RESULT, "suite": "strict", "job": "eval-0000bbbb", "pas
                             "excerpt": "Sure! {", "ttft_ms": 44.0, "latency_ms": 210.0, "tokens": 4, "error": None}]}
 RESULTS = {"eval-0000aaaa": SMOKE_RESULT, "eval-0000bbbb": STRICT_RESULT}
 REVISIONS = {
-    "qwen-7b": {"model": "qwen-7b", "live": "r1", "previous": None, "promoted_at": None,
+    "qwen-7b": {"model": "qwen-7b", "live": "r1", "live_restored_from": None, "previous": None,
+                "promoted_at": None,
                 "candidate": {"id": "r2", "created_at": T0, "definition": {"name": "qwen-7b", "deploy": {"count": 1}},
                               "replicas": ["qwen-7b#candidate/9f3e"], "ready": 1, "unplaceable": None},
                 "canary": {"share": 0.05,
                            "live": {"requests": 1900, "failed": 2, "error_rate": 0.0011, "ttft_ms_mean": 55.2},
                            "candidate": {"requests": 100, "failed": 0, "error_rate": 0.0, "ttft_ms_mean": 41.7}}},
-    "mistral-7b": {"model": "mistral-7b", "live": "r1", "previous": "r0", "promoted_at": T0 - 1000,
+    "mistral-7b": {"model": "mistral-7b", "live": "r1", "live_restored_from": None, "previous": "r0",
+                   "promoted_at": T0 - 1000,
                    "candidate": None, "canary": None},
 }
 SUITES = [{"name": n, "description": "", "pass_threshold": 1.0, "concurrency": 4, "timeout_s": 30.0, "cases": c,

@@ -62,8 +62,16 @@ def test_the_whole_cycle_from_ctl(daemon: dict[str, Any]) -> None:
     bad.write_text('name = "bad"\n[[cases]]\nprompt = "x"\nchecks = { contians = ["a"] }\n')
     r = ctl(*s, "suites", "put", "bad", str(bad))
     assert r.returncode == 1 and "suite bad:4: cases[0].checks.contians: unknown check" in r.stderr, r.stderr
-    r = ctl(*s, "suites", "put", "smoke", str(EXAMPLES / "smoke.toml"))
+    r = ctl(*s, "suites", "put", "other", str(EXAMPLES / "smoke.toml"))
+    assert r.returncode == 1 and "smoke.toml names suite 'smoke', not 'other'" in r.stderr, r.stderr
+    r = ctl(*s, "suites", "put", str(EXAMPLES / "smoke.toml"))  # the name is the file's
     assert r.returncode == 0 and "suite smoke stored: 2 cases" in r.stdout, r.stderr
+    r = ctl(*s, "suites", "put", "smoke", str(EXAMPLES / "smoke.toml"))  # the same name given: fine
+    assert r.returncode == 0 and "suite smoke stored: 2 cases" in r.stdout, r.stderr
+    strict = daemon["tmp"] / "strict.toml"  # no name in the file: its stem
+    strict.write_text('[[cases]]\nprompt = "answer JSON"\nparams = { max_tokens = 4 }\nchecks = { json = true }\n')
+    r = ctl(*s, "suites", "put", str(strict))
+    assert r.returncode == 0 and "suite strict stored: 1 cases" in r.stdout, r.stderr
     assert "smoke" in ctl(*s, "suites").stdout
     assert ctl(*s, "suites", "smoke").stdout.startswith("# A smoke suite")
 
@@ -79,14 +87,25 @@ def test_the_whole_cycle_from_ctl(daemon: dict[str, Any]) -> None:
     r = ctl(*s, "eval", "m", "--suite", "smoke")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "suite smoke on candidate r2: PASSED 2/2" in r.stdout and "greets" in r.stdout
+    assert "eval m r2 — succeeded: suite smoke passed" in r.stdout
+    r = ctl(*s, "eval", "m", "--suite", "strict")  # a suite that fails: the job says so
+    assert r.returncode == 1 and "eval m r2 — failed: suite strict did not pass: 0/1 cases" in r.stdout, r.stdout
+    job_id = r.stdout.split()[1].rstrip(":")
+    row = next(line for line in ctl(*s, "jobs", "--model", "m").stdout.splitlines() if line.startswith(job_id))
+    assert row.split()[1:5] == ["eval", "m", "r2", "failed"], row
     r = ctl(*s, "models", "promote", "m", "--require-suite", "smoke")
     assert r.returncode == 0 and "r2 is live" in r.stdout, r.stderr
     jobs = ctl(*s, "jobs", "--model", "m").stdout
     assert jobs.splitlines()[0].split()[:2] == ["JOB", "KIND"] and "promote" in jobs and "eval" in jobs
     r = ctl(*s, "models", "rollback", "m", "--wait")
     assert r.returncode == 0, r.stderr
-    assert "succeeded" in r.stdout
-    wait_for(lambda: json.loads(ctl(*s, "models", "revisions", "m", "-o", "json").stdout)["live"] == "r3", 30)
+    # one rollback job: r1's definition back as r3 (saying so), placed, then made live
+    assert "rollback m r3 — succeeded: r3 (restored from r1) is live" in r.stdout, r.stdout
+    assert "update" not in r.stdout.splitlines()[0]
+    assert "placing candidate replicas" in r.stdout and "making the candidate live" in r.stdout
+    rev = json.loads(ctl(*s, "models", "revisions", "m", "-o", "json").stdout)
+    assert rev["live"] == "r3" and rev["live_restored_from"] == "r1"
+    assert "live r3 (restored from r1)" in ctl(*s, "models", "revisions", "m").stdout
     assert json.loads(ctl(*s, "models", "m", "-o", "json").stdout)["deploy"]["args"] == [
         "--sim-decode-ms-per-token", "1"]
 

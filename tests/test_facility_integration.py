@@ -211,3 +211,50 @@ def test_measured_power_counts_and_a_bad_figure_is_not_used(
     assert facts["b"]["measured_watts"] is None  # a negative draw is not even reported
     draws = {d["domain"]: d["draw_w"] for d in f.get("/api/v1/facility")["domains"]}
     assert draws == {"pdu=p-a": 412.3, "pdu=p-b": 70.0}  # measured beats the table's idle; the table otherwise
+
+
+def test_with_every_rack_held_status_says_replacements_cannot_be_placed(make_fleet: Any) -> None:
+    f = make_fleet([sim_model(count=2)])
+    for node, rack in (("a", "r1"), ("b", "r1"), ("c", "r2"), ("d", "r2")):
+        f.start_agent(node, labels={"llmgw.io/rack": rack})
+    wait_for(lambda: len(f.ready("m")) == 2, 30)
+    assert ctl(f, "facility", "hold", "rack=r1", "--drain").returncode == 0
+    wait_for(lambda: f.racks("m") == {"r2": 2} and len(f.replicas("m")) == 2, 40)
+    assert ctl(f, "facility", "hold", "rack=r2", "--drain").returncode == 0
+    wait_for(lambda: "m" in f.get("/api/v1/status")["unplaceable"], 20)
+    why = f.get("/api/v1/status")["unplaceable"]["m"]
+    assert why.startswith("2 replacements for replicas to move (domain rack=r2 is held with drain) cannot be "
+                          "placed"), why
+    assert "4 are in a held domain" in why and "m still serves 2/2 ready" in why
+    out = ctl(f, "status")
+    assert out.returncode == 0 and "2 replacements for replicas to move" in out.stdout, out.stdout
+    assert "2 replicas cannot be placed" not in out.stdout
+    assert len(f.ready("m")) == 2 and f.chat("m").status_code == 200
+
+
+def test_explain_placement_keeps_the_verdicts_at_placement_beside_now(make_fleet: Any) -> None:
+    f = make_fleet([])
+    f.start_agent("a", labels={"llmgw.io/rack": "r1"})
+    f.start_agent("c", labels={"llmgw.io/rack": "r2"})
+    wait_for(lambda: len(f.nodes()) == 2 and all(n["state"] == "ready" for n in f.nodes().values()), 30)
+    assert ctl(f, "facility", "hold", "rack=r1", "--reason", "PDU swap").returncode == 0
+    body = {"name": "m", "engine": "vllm", "deploy": {"count": 1, "simulate": True, "health_timeout_s": 20.0}}
+    assert f.admin.post("/api/v1/models", json=body).status_code == 201
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    rid = f.ready("m")[0]["replica"]
+    assert f.ready("m")[0]["node"] == "c"
+    assert ctl(f, "facility", "release", "rack=r1").returncode == 0
+    e = f.get(f"/api/v1/placement/{rid}")
+    # now: a would fit (the hold is gone); then: a was refused, held
+    assert {c["node"]: c["verdict"] for c in e["candidates"]} == {"c": "chosen", "a": "fits"}
+    then = e["at_placement"]
+    assert then is not None and then["node"] == "c" and then["counts"] == {"chosen": 1, "held": 1}
+    assert [(c["node"], c["verdict"], c["detail"]) for c in then["candidates"]] == [
+        ("c", "chosen", then["candidates"][0]["detail"]), ("a", "held", "in held domain rack=r1 (PDU swap)")]
+    assert "refused then: 1 held" in then["why"]
+    out = ctl(f, "explain-placement", rid)
+    assert out.returncode == 0, out.stderr
+    now_part, _, then_part = out.stdout.partition("at placement (")
+    assert "held" not in now_part and "in held domain rack=r1 (PDU swap)" in then_part, out.stdout
+    # a model's next replica has no placement-time record
+    assert f.get("/api/v1/placement/m")["at_placement"] is None

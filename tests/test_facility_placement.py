@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from llmgw.fleet.domains import DomainError, expand_key, node_domains, parse_domain
 from llmgw.fleet.nodes import Node
 from llmgw.fleet.placement import Demand, Placer, Policy
-from llmgw.fleet.placement_explain import explain
+from llmgw.fleet.placement_explain import AT_PLACEMENT_ROWS, at_placement, explain
 from llmgw.fleet.placement_group import place_groups
 from llmgw.fleet.power import card_watts, node_power
 from llmgw.fleet.reconcile import Assignment, Facility, Hold, ModelDeploy, reconcile
@@ -84,6 +84,23 @@ def test_holds_and_explanations_name_every_rule() -> None:
     assert verdicts["a"] == ("held", "in held domain rack=r1 (maintenance)")
     assert verdicts["c"] == ("gpus", "0 free GPUs, needs 1") and verdicts["d"][0] == "not_ready"
     assert e.counts == {"chosen": 1, "held": 1, "gpus": 1, "not_ready": 1}
+
+
+def test_a_placement_time_record_keeps_the_refusals_first_and_counts_every_node() -> None:
+    nodes = [node("a", gpus=1, rack="r1"), node("b", gpus=1, rack="r2"), node("e", gpus=1, rack="r5"),
+             node("c", rack="r3"), node("d", gpus=1, rack="r4", state="not_ready")]
+    e = explain(Placer(nodes, holds={"rack=r1": "maintenance"}), "m", Demand(gpus=1))
+    assert e.node == "b"
+    r = at_placement(e, "e", 123.0)  # a round's second replica went to e: b, the first choice, fitted
+    assert r.at == 123.0 and r.node == "e" and r.candidates[0].node == "e" and r.candidates[0].verdict == "chosen"
+    assert [c.verdict for c in r.candidates[1:]] == ["gpus", "held", "not_ready", "fits"]
+    assert r.counts == {"chosen": 1, "fits": 1, "held": 1, "gpus": 1, "not_ready": 1}
+    assert r.why.startswith("placed on e (r") and "refused then: 1 gpus, 1 held, 1 not_ready" in r.why
+    # bounded: refusals kept first, the rest counted
+    many = [node(f"h{i}", gpus=1, rack="r1") for i in range(30)] + [node("ok", gpus=1, rack="r2")]
+    r = at_placement(explain(Placer(many, holds={"rack=r1": ""}), "m", Demand(gpus=1)), "ok", 1.0)
+    assert len(r.candidates) == AT_PLACEMENT_ROWS and r.truncated == 31 - AT_PLACEMENT_ROWS
+    assert r.counts == {"chosen": 1, "held": 30} and all(c.verdict == "held" for c in r.candidates[1:])
 
 
 def test_a_hard_spread_rule_refuses_and_a_soft_one_only_prefers() -> None:
@@ -167,6 +184,20 @@ def test_a_hold_with_no_room_elsewhere_drains_nothing() -> None:
     fac = Facility(holds={"rack=r0": Hold(drain=True)})
     plan = reconcile({"m": deploy(2)}, nodes, asg.values(), new_id=new, now_wall=1, facility=fac)
     assert not plan.drain and not plan.create and "in a held domain" in plan.unplaceable["m"]
+    # it is the replacement that is missing, not a replica: the model still serves 2/2
+    assert plan.unplaceable["m"].startswith("1 replacement for replicas to move (domain rack=r0 is held with drain) "
+                                            "cannot be placed")
+    assert plan.unplaceable["m"].endswith("; m still serves 2/2 ready: the replicas to move keep serving until "
+                                          "their replacements are ready")
+    # both racks held: two replacements; and a model short of a replica besides says both
+    fac = Facility(holds={"rack=r0": Hold(drain=True), "rack=r1": Hold(drain=True)})
+    plan = reconcile({"m": deploy(2)}, nodes, asg.values(), new_id=new, now_wall=2, facility=fac)
+    assert plan.unplaceable["m"].startswith("2 replacements for replicas to move (domain rack=r0 is held with "
+                                            "drain; domain rack=r1 is held with drain) cannot be placed")
+    assert "2 are in a held domain" in plan.unplaceable["m"] and "m still serves 2/2 ready" in plan.unplaceable["m"]
+    plan = reconcile({"m": deploy(3)}, nodes, asg.values(), new_id=new, now_wall=3, facility=fac)
+    assert plan.unplaceable["m"].startswith("3 replicas (2 replacements for replicas to move (")
+    assert "m still serves 2/3 ready" in plan.unplaceable["m"]
 
 
 def test_a_late_joining_rack_gets_its_share_by_rebalancing() -> None:

@@ -299,3 +299,70 @@ params = { max_tokens = 2 }
     assert short["passed"]
     assert api(f, "POST", "/models/m/eval", json={"suite": "nope"}).status_code == 404
     assert api(f, "POST", "/models/m/eval", json={"suite": "slow", "revision": "candidate"}).status_code == 409
+
+
+def test_a_candidates_replicas_are_stored_and_kept_across_a_router_restart(fleet_factory: Any) -> None:  # noqa: F811
+    f = fleet_factory([])
+    f.start_agent("a")
+    api_model(f, count=1)
+    up = api(f, "POST", "/models/m/update", json={"deploy": {"args": [*FAST, "--sim-seed", "4"]}}).json()
+    assert wait_job(f, up["id"])["state"] == "succeeded"
+    wait_for(lambda: all(r["pid"] for r in f.ready("m#candidate")), 20)
+    before = {r["replica"]: (r["node"], r["pid"]) for r in f.ready("m#candidate")}
+    assert len(before) == 1
+    f.stop_router()
+    f.start_router()
+    # the same engine, adopted by the restarted router: not stopped, not placed anew
+    wait_for(lambda: len(f.ready("m#candidate")) == 1 and all(r["pid"] for r in f.ready("m#candidate")), 20)
+    after = {r["replica"]: (r["node"], r["pid"]) for r in f.ready("m#candidate")}
+    assert after == before
+    assert all(r["restarts"] == 0 for r in f.ready("m#candidate"))
+    assert {r["replica"] for r in f.replicas("m#candidate")} == set(before)
+    rev = f.get("/api/v1/models/m/revisions")
+    assert rev["candidate"]["id"] == "r2" and rev["candidate"]["ready"] == 1
+    p = api(f, "POST", "/models/m/promote")
+    assert p.status_code == 200, p.text
+    wait_for(lambda: {r["replica"] for r in f.ready("m")} == set(before), 30)
+
+
+def test_eval_requests_are_told_apart_and_traces_carry_revision_ids(fleet_factory: Any) -> None:  # noqa: F811
+    f = fleet_factory([])
+    f.start_agent("a")
+    api_model(f, count=1)
+    assert api(f, "PUT", "/suites/ok", json={"toml": PASSING}).status_code == 200
+    assert api(f, "PUT", "/suites/strict", json={"toml": FAILING}).status_code == 200
+    # a client request to a model never updated: its trace says r1
+    r = f.chat("m")
+    assert r.status_code == 200
+    assert f.get(f"/api/v1/traces/{r.headers['x-request-id']}")["revision"] == "r1"
+    up = api(f, "POST", "/models/m/update?canary=50", json={"deploy": {"args": [*FAST, "--sim-seed", "2"]}}).json()
+    assert wait_job(f, up["id"])["state"] == "succeeded"
+    # evals on both revisions: the canary's tally counts no eval request
+    for rev in ("candidate", "live"):
+        ev = wait_job(f, api(f, "POST", "/models/m/eval", json={"suite": "ok", "revision": rev}).json()["id"])
+        assert ev["state"] == "succeeded" and ev["result"]["revision"] == rev, ev
+        assert ev["id"].startswith("eval-")
+    canary = f.get("/api/v1/models/m/revisions")["canary"]
+    assert canary["candidate"]["requests"] == 0 and canary["live"]["requests"] == 0, canary
+    # the eval's requests: ids of their own (case-HEX-i), traces with the revision's id
+    hexes = {ev_hex for ev_hex in (j["id"].removeprefix("eval-") for j in f.get("/api/v1/jobs?model=m")
+                                   if j["kind"] == "eval")}
+    reqs = [t for t in f.get("/api/v1/traces?kind=request&limit=200") if t["model"] == "m"]
+    cases = [t for t in reqs if t["id"].startswith("case-")]
+    assert len(cases) == 4 and not any(t["id"].startswith("eval-") for t in reqs)
+    assert {t["id"].split("-")[1] for t in cases} == hexes
+    revisions = sorted(f.get(f"/api/v1/traces/{t['id']}")["revision"] for t in cases)
+    assert revisions == ["r1", "r1", "r2", "r2"], revisions
+    # client requests now: half to the candidate (r2), counted in the tally; traces say which
+    seen = set()
+    for _ in range(40):
+        r = f.chat("m")
+        assert r.status_code == 200
+        seen.add(f.get(f"/api/v1/traces/{r.headers['x-request-id']}")["revision"])
+    assert seen == {"r1", "r2"}
+    canary = f.get("/api/v1/models/m/revisions")["canary"]
+    assert canary["candidate"]["requests"] + canary["live"]["requests"] == 40, canary
+    # a suite that ran and did not pass: the job failed, saying so, its result attached
+    bad = wait_job(f, api(f, "POST", "/models/m/eval", json={"suite": "strict"}).json()["id"])
+    assert bad["state"] == "failed" and bad["detail"].startswith("suite strict did not pass: 0/1 cases"), bad
+    assert bad["result"]["passed"] is False and bad["steps"][-1]["name"] == "stored the result"

@@ -110,6 +110,14 @@ def test_rollback_discards_a_candidate_or_undoes_a_recent_promote() -> None:
     with pytest.raises(LifecycleError, match="more than 60 s ago"):
         rollback_action(r, 161.0, grace_s=60)
     assert revisions_from_dict(r.to_dict()) == r
+    # a restored revision says whose definition it is, candidate and then live; stored before: ""
+    r.candidate = Revision("r3", {"name": "m"}, 200.0, restored_from="r1")
+    r.live_restored_from = "r1"
+    assert revisions_from_dict(r.to_dict()) == r
+    old = r.to_dict()
+    del old["live_restored_from"], old["candidate"]["restored_from"]
+    back = revisions_from_dict(old)
+    assert back.live_restored_from == "" and back.candidate is not None and back.candidate.restored_from == ""
 
 
 # -- jobs -------------------------------------------------------------------------------------------
@@ -140,6 +148,8 @@ def test_after_a_restart_an_update_resumes_and_the_rest_fail() -> None:
     assert after_restart(gone, 5.0, candidate_exists=False) == "failed" and "restarted" in gone.detail
     ev = Job("e", "eval", "m", 0.0)
     assert after_restart(ev, 5.0, candidate_exists=True) == "failed" and ev.ended_at == 5.0
+    rb = Job("rollback-1", "rollback", "m", 0.0)  # a restore waiting for its candidate goes on too
+    assert after_restart(rb, 5.0, candidate_exists=True) == "resume" and rb.state == "running"
 
 
 # -- evals ------------------------------------------------------------------------------------------
@@ -232,6 +242,33 @@ def test_the_canary_share_is_kept_within_three_points_over_2000_requests(share: 
     assert abs(n / 2000 - share) <= 0.03, n
     core.set_canary("m", 0)
     assert all(core.plan("chat", BODY, "r", strategy=None, session=None, now=0).model == "m" for _ in range(200))
+
+
+def test_an_eval_on_live_is_never_diverted_and_its_counts_stay_apart() -> None:
+    core = _core(seed=1)
+    core.set_canary("m", 0.5)
+    plans = [core.plan("chat", BODY, "r", strategy=None, session=None, now=0, revision="live", internal=True)
+             for _ in range(200)]
+    assert {p.model for p in plans} == {"m"} and all(p.internal for p in plans)
+    core._done(plans[0], "ok", 200, 0.01, 0.02, 0.0)
+    core._done(plans[1], "failed", 502, None, None, 0.0)
+    assert core.counters.internal == {"m": [2, 1, 0.01, 1]}
+    client = core.plan("chat", BODY, "r", strategy=None, session=None, now=0)
+    core._done(client, "ok", 200, 0.01, 0.02, 0.0)
+    assert core.counters.internal["m"][0] == 2  # a client's request is not in the eval tally
+
+
+def test_a_trace_carries_the_revision_id_it_is_told() -> None:
+    core = _core()
+    assert core.plan("chat", BODY, "r", strategy=None, session=None, now=0).trace.revision == ""
+    core.set_revision("m", "r2")
+    core.set_revision("m#candidate", "r3")
+    assert core.plan("chat", BODY, "r", strategy=None, session=None, now=0).trace.revision == "r2"
+    cand = core.plan("chat", BODY, "r", strategy=None, session=None, now=0, revision="candidate")
+    assert cand.trace.revision == "r3"
+    core.set_revision("m#candidate", "")  # not told: still says it is the candidate
+    cand = core.plan("chat", BODY, "r", strategy=None, session=None, now=0, revision="candidate")
+    assert cand.trace.revision == "candidate"
 
 
 def test_a_case_lists_a_bounded_number_of_failures() -> None:

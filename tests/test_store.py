@@ -117,7 +117,17 @@ def test_assignment_strictness(store):
         store.put_assignment(AssignmentRow("r2", "llama-8b", "n1", spec("other")))
     with pytest.raises(ValueError, match="node"):
         store.put_assignment(AssignmentRow("r2", "llama-8b", "", spec("r2")))
+    with pytest.raises(ValueError, match="model"):
+        store.put_assignment(AssignmentRow("r2", "other", "n1", spec("r2")))
     assert list(store.assignments()) == ["r1"]
+
+
+def test_a_candidates_row_is_under_its_routing_key_and_serves_the_model(store):
+    """A candidate's replica is routed as NAME#candidate (llmgw.lifecycle) while its engine serves NAME."""
+    store.put_assignment(AssignmentRow("llama-8b/c", "llama-8b#candidate", "n1", spec("llama-8b/c")))
+    assert store.assignments()["llama-8b/c"].model == "llama-8b#candidate"
+    with pytest.raises(ValueError, match="model"):
+        store.put_assignment(AssignmentRow("x/c", "other#candidate", "n1", spec("x/c")))
 
 
 def test_names_are_non_empty_strings(store):

@@ -49,8 +49,10 @@ class JobView:
 class RevisionsView:
     model: str = prop("the model")
     live: str = prop("the live revision's id")
-    candidate: dict[str, Any] | None = prop("the candidate: id, definition, replicas, how many are ready, "
-                                            "why the rest cannot be placed (if so)")
+    live_restored_from: str | None = prop("a rollback's revision: the id whose definition it brought back")
+    candidate: dict[str, Any] | None = prop("the candidate: id, restored_from (a rollback's: the revision whose "
+                                            "definition it brings back), definition, replicas, how many are "
+                                            "ready, why the rest cannot be placed (if so)")
     previous: str | None = prop("the revision a rollback brings back (within the grace period after a promote)")
     promoted_at: float | None = prop("Unix time of the last promote")
     canary: dict[str, Any] | None = prop("with a canary share: the share, and the candidate's and the live "

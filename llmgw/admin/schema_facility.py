@@ -9,7 +9,7 @@ from llmgw.admin.schema import Problem
 from llmgw.admin.typeinfo import prop
 
 __all__ = ["MAX_HOLD_REASON", "DomainView", "FacilityView", "HoldBody", "HoldView", "PlacementCandidate",
-           "PlacementExplanation"]
+           "PlacementExplanation", "PlacementRecord"]
 
 MAX_HOLD_REASON = 500
 
@@ -71,6 +71,17 @@ class PlacementCandidate:
 
 
 @dataclass(slots=True)
+class PlacementRecord:
+    at: float = prop("Unix time the replica was placed")
+    node: str = prop("where it was placed")
+    why: str = prop("where it went, and how many nodes each rule refused then")
+    counts: dict[str, int] = prop("nodes per verdict then, over every node")
+    truncated: int = prop("candidates left out of the list (counted in counts)")
+    candidates: list[PlacementCandidate] = prop("the chosen node first, then the refused ones, then those that "
+                                                "fitted but ranked lower (at most 20)")
+
+
+@dataclass(slots=True)
 class PlacementExplanation:
     model: str
     replica: str | None = prop("the placed replica explained; null: where the model's next replica would go")
@@ -81,3 +92,7 @@ class PlacementExplanation:
     truncated: int = prop("candidates left out of the list (counted in counts)")
     warnings: list[str]
     candidates: list[PlacementCandidate] = prop("the chosen node first, then the others, best first")
+    at_placement: PlacementRecord | None = prop(
+        "a placed replica: the verdicts when it was placed, kept beside now's (which the rest of this answer is). "
+        "null: not kept — a model's next replica, a replica placed before this router started, or one of the "
+        "oldest past the 4,096 records kept", None)

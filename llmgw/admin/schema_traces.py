@@ -27,7 +27,7 @@ class AttemptTraceView:
     n: int = prop("1 for the first attempt")
     replica: str
     node: str | None = prop("the node it runs on; null for a static replica")
-    revision: str = prop("the model revision the replica serves; empty when not known")
+    revision: str = prop("the id of the model revision the replica serves (r1, r2, …); empty when not known")
     decision: int = prop("its decision's index in GET /api/v1/decisions/{request_id} (the rationale)")
     sent_ms: float
     connected_ms: float | None = prop("the connection was there (pooled or new)")
@@ -54,7 +54,7 @@ class TraceView:
     total_ms: float | None = prop("null while in flight")
     outcome: str = prop("ok, engine_error, upstream_failed, failed, rejected, client_cancelled, or in_flight")
     status: int | None = prop("the status the client got")
-    revision: str = prop("the model revision that served it; empty when not known")
+    revision: str = prop("the id of the model revision that served it (r1, r2, …); empty when not known")
     bytes_out: int = prop("request body bytes")
     bytes_in: int = prop("response body bytes relayed to the client")
     retries: int

@@ -6,6 +6,10 @@ the next one. Each other node is either a candidate that *fits* but ranks lower 
 spread key: the model's replicas in each of the node's domains, outermost level first, then on the
 node, then the node's load) or refused by the first rule that fails: held, selector, gpus,
 gpu_memory, memory, power, spread — or not ready / lost.
+
+That table is *now*'s: the control plane also keeps the table as it stood when each replica was
+placed (:func:`at_placement`, docs/placement.md), so a rejection that has since gone (a hold
+released, a node that came back) is still seen beside it.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from typing import Any
 
 from llmgw.fleet.placement import Demand, Placer, _Bin
 
-__all__ = ["Candidate", "Explanation", "explain"]
+__all__ = ["AT_PLACEMENT_ROWS", "AtPlacement", "Candidate", "Explanation", "at_placement", "explain"]
 
 MAX_ROWS = 500  # candidates listed; the counts cover every node
+AT_PLACEMENT_ROWS = 20  # candidates kept in a placement-time record; its counts cover every node
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,24 @@ class Candidate:
     verdict: str  # "chosen" | "fits" | a rule of placement.RULES | "not_ready" | "lost"
     detail: str
     domains: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AtPlacement:
+    """The verdicts as they stood when a replica was placed: its node chosen, the others' verdicts
+    (refusals first, then those that fit but ranked lower) then."""
+    at: float  # Unix time of the placement
+    node: str
+    why: str
+    counts: dict[str, int]  # verdict -> nodes, over every node then
+    candidates: tuple[Candidate, ...]  # the chosen node first; at most AT_PLACEMENT_ROWS
+    truncated: int  # candidates left out (counted in counts)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"at": self.at, "node": self.node, "why": self.why, "counts": dict(self.counts),
+                "truncated": self.truncated,
+                "candidates": [{"node": c.node, "verdict": c.verdict, "detail": c.detail, "domains": list(c.domains)}
+                               for c in self.candidates]}
 
 
 @dataclass
@@ -40,11 +63,15 @@ class Explanation:
     counts: dict[str, int] = field(default_factory=dict)  # verdict -> nodes
     truncated: int = 0  # candidates beyond MAX_ROWS, left out (counted in `counts`)
     warnings: list[str] = field(default_factory=list)
+    # A placed replica's verdicts when it was placed (None: not kept — placed before this router
+    # started, or past the bound of records; see docs/placement.md).
+    at_placement: AtPlacement | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {"model": self.model, "replica": self.replica, "node": self.node, "domains": list(self.domains),
                 "why": self.why, "counts": dict(self.counts), "truncated": self.truncated,
                 "warnings": list(self.warnings),
+                "at_placement": None if self.at_placement is None else self.at_placement.to_wire(),
                 "candidates": [{"node": c.node, "verdict": c.verdict, "detail": c.detail, "domains": list(c.domains)}
                                for c in self.candidates]}
 
@@ -132,3 +159,29 @@ def explain(p: Placer, model: str, d: Demand, *, replica: str | None = None, nod
                       ([chosen] if chosen else []) + cands[:MAX_ROWS], dict(verdicts),
                       max(0, len(cands) - MAX_ROWS), list(p.warnings))
     return out
+
+
+def at_placement(before: Explanation, node: str, at: float) -> AtPlacement:
+    """The record of a replica placed on `node` at `at`, from `before`: the explanation of where
+    its model's next replica would go, made as the round that placed it began (one per model and
+    round: the replicas a round places share it, each with its own node chosen). Refusals come
+    first in the rows kept, since they are what a later look cannot recompute."""
+    rows = [c for c in before.candidates if c.node != node]
+    mine = next((c for c in before.candidates if c.node == node), None)
+    chosen = Candidate(node, "chosen", mine.detail if mine else "", mine.domains if mine else ())
+    rows = [Candidate(c.node, "fits", c.detail, c.domains) if c.verdict == "chosen" else c for c in rows]
+    counts = Counter(before.counts)  # over every node, the rows left out of `before` too
+    counts[mine.verdict if mine is not None else "fits"] -= 1
+    counts["chosen"] += 1
+    if before.node is not None and before.node != node:  # the next one would have gone there: it fitted
+        counts["chosen"] -= 1
+        counts["fits"] += 1
+    rows.sort(key=lambda c: c.verdict == "fits")  # stable: refusals first, each group in its order
+    kept = rows[:AT_PLACEMENT_ROWS - 1]
+    refused = {v: n for v, n in counts.items() if v not in ("chosen", "fits") and n > 0}
+    why = (f"placed on {node} ({'/'.join(x for x in chosen.domains if x) or 'no facility labels'})"
+           + (f": {chosen.detail}" if chosen.detail else "")
+           + ("; refused then: " + ", ".join(f"{n} {v}" for v, n in sorted(refused.items(), key=lambda vn: -vn[1]))
+              if refused else ""))
+    return AtPlacement(at, node, why, {v: n for v, n in counts.items() if n > 0}, (chosen, *kept),
+                       max(0, len(rows) - len(kept)) + before.truncated)

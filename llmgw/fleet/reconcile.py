@@ -12,6 +12,8 @@ The plan is pure data; the control plane applies it (store, agents, scheduler). 
 - an assignment in a domain held with drain, or chosen by rebalancing, is *moving*: a replacement is
   placed elsewhere first (surge), and the moving one drains only as its replacements are ready, so
   the model's ready replicas never drop below its count (or below what it had, with no room);
+  when the replacements cannot be placed, the model's reason says it is replacements that are
+  missing and how many of its replicas still serve (it is not short of replicas);
 - a multi-node replica (``Policy.nodes > 1``) is a group of assignments, one per node: its head
   (the replica: counted, routed) and its workers, which follow it. The group is whole or gone: a
   part on a lost node, or a part missing, writes the whole group off (lost) and a new group is
@@ -198,6 +200,8 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
                 keep.append(a)
         if len(keep) < m.count:
             _create(plan, placer(), m, m.count - len(keep), new_id, now_wall, group_nodes)
+            if evict and name in plan.unplaceable:
+                plan.unplaceable[name] = _replacements_note(plan.unplaceable[name], m, keep, evict)
         if evict:
             _drain_moving(plan, m, keep, evict)
         if len(keep) > m.count:
@@ -234,6 +238,25 @@ def _create(plan: Plan, p: Placer, m: ModelDeploy, n: int, new_id: Callable[[str
         plan.create.append(a)
     if why:
         plan.unplaceable[m.name] = why
+
+
+def _replacements_note(why: str, m: ModelDeploy, keep: list[Assignment], evict: list[tuple[Assignment, str]]) -> str:
+    """The placer counts missing replicas; where they replace replicas that still serve (moving
+    out of a domain held with drain, or rebalanced), say so and what still serves: the model is
+    not short of replicas, its replacements are."""
+    missing = int(why.split(" ", 1)[0]) if why.split(" ", 1)[0].isdigit() else 0
+    replacing = min(len(evict), missing)
+    if replacing == 0:
+        return why
+    head = f"{missing} replica{'s' if missing > 1 else ''} "
+    rest = why[len(head):] if why.startswith(head) else "cannot be placed: " + why
+    reasons = "; ".join(sorted({w for _, w in evict}))
+    what = f"{replacing} replacement{'s' if replacing > 1 else ''} for replicas to move ({reasons})"
+    if missing > replacing:
+        what = f"{missing} replicas ({what})"
+    serving = sum(1 for a in keep if a.engine_state == "ready") + sum(1 for a, _ in evict if a.engine_state == "ready")
+    return (f"{what} {rest.lstrip()}; {m.name} still serves {serving}/{m.count} ready: the replicas to move keep "
+            "serving until their replacements are ready")
 
 
 def _drain_moving(plan: Plan, m: ModelDeploy, keep: list[Assignment], evict: list[tuple[Assignment, str]]) -> None:

@@ -5,8 +5,12 @@ trace with it) and answered by the admin API. Pure: times are passed in, and the
 injected by the shell (:meth:`Job.start_trace`).
 
 States: ``running`` → ``succeeded`` | ``failed``. A step is ``running`` → ``done`` | ``failed``.
-A job is never left running by a restarted router: what it does with one is
-:func:`after_restart` (an update waiting for its candidate resumes; the rest fail, saying so)."""
+An eval job whose suite ran but did not pass is ``failed`` (its result attached, the detail
+saying "suite … did not pass"), like a CI job whose tests fail; one that could not run says why.
+A rollback that brings the previous revision back is one ``rollback`` job: its candidate placed,
+then promoted once ready. A job is never left running by a restarted router: what it does with
+one is :func:`after_restart` (an update or a rollback waiting for its candidate resumes; the rest
+fail, saying so)."""
 
 from __future__ import annotations
 
@@ -170,7 +174,7 @@ def after_restart(job: Job, now: float, *, candidate_exists: bool) -> str:
     result is dropped, a promote or rollback is applied in one store transaction or not at all)."""
     if job.done:
         return job.state
-    if job.kind == "update" and candidate_exists:
+    if job.kind in ("update", "rollback") and candidate_exists:
         job.step("router restarted: resumed", now)
         return "resume"
     job.fail(now, "the router restarted while this job ran; run it again")

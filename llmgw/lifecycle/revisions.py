@@ -38,6 +38,9 @@ class Revision:
     definition: dict[str, Any]  # the whole model definition (as PUT /models/{name} takes it)
     created_at: float  # Unix time
     canary: float = 0.0  # the share of the model's client traffic it takes while a candidate (0–1)
+    # A rollback's revision: the id whose definition it brings back. A revision id names one
+    # creation, never reused: results and jobs keyed by r1 stay r1's.
+    restored_from: str = ""
 
 
 @dataclass
@@ -48,6 +51,7 @@ class ModelRevisions:
     candidate: Revision | None = None
     previous: Revision | None = None  # the live revision before the last promote
     promoted_at: float | None = None  # Unix time of the last promote
+    live_restored_from: str = ""  # the live revision's restored_from
 
     def new_id(self) -> str:
         rid = f"r{self.next_number}"
@@ -62,9 +66,11 @@ def revisions_from_dict(d: dict[str, Any]) -> ModelRevisions:
     def rev(x: Any) -> Revision | None:
         if x is None:
             return None
-        return Revision(str(x["id"]), dict(x["definition"]), float(x["created_at"]), float(x.get("canary", 0.0)))
+        return Revision(str(x["id"]), dict(x["definition"]), float(x["created_at"]), float(x.get("canary", 0.0)),
+                        str(x.get("restored_from", "")))
     return ModelRevisions(str(d["model"]), str(d["live_id"]), int(d["next_number"]), rev(d.get("candidate")),
-                          rev(d.get("previous")), None if d.get("promoted_at") is None else float(d["promoted_at"]))
+                          rev(d.get("previous")), None if d.get("promoted_at") is None else float(d["promoted_at"]),
+                          str(d.get("live_restored_from", "")))
 
 
 def merge_definition(current: dict[str, Any], change: dict[str, Any] | None) -> dict[str, Any]:

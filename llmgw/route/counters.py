@@ -46,6 +46,9 @@ class RouterCounters:
         self.upstream_errors: dict[tuple[str, str], list[float]] = {}  # (endpoint, kind)
         self.rejections: dict[tuple[str, str], list[float]] = {}  # (model, reason)
         self.poison: dict[tuple[str], list[float]] = {}  # (model,): requests 5xx on two replicas
+        # The eval runner's requests per model (also in the tables above): [all, failed, ttft sum, with ttft],
+        # so that what the clients sent can be told apart (the canary's tally).
+        self.internal: dict[str, list[float]] = {}
 
     def _bump(self, table: dict, key: tuple) -> None:  # type: ignore[type-arg]
         c = table.get(key)
@@ -72,6 +75,17 @@ class RouterCounters:
                 h = self.latency[(model,)] = Hist(len(LATENCY_BUCKETS), self._wall())
             h.counts[bisect_left(LATENCY_BUCKETS, latency)] += 1
             h.sum += latency
+
+    def internal_done(self, model: str, failed: bool, ttft: float | None) -> None:
+        """An eval runner's request ended (besides its request_done)."""
+        c = self.internal.get(model)
+        if c is None:
+            c = self.internal[model] = [0, 0, 0.0, 0]
+        c[0] += 1
+        c[1] += failed
+        if ttft is not None:
+            c[2] += ttft
+            c[3] += 1
 
     def decision(self, d: Decision) -> None:
         key = (d.strategy, d.picker, bool(d.chosen))

@@ -93,6 +93,7 @@ class RouterCore:
         self.traces = TraceRing(rc.traces.kept)
         self.on_trace_end: Callable[[Trace], None] | None = None
         self.canary: dict[str, float] = {}  # model -> share of its requests sent to its candidate
+        self.revision_ids: dict[str, str] = {}  # model or candidate key -> its revision's id (traces say it)
         # Per-replica caps (a pool's max_inflight_per_replica), taken check-and-reserve.
         self.caps = ConcurrencyCaps()
         for rep in table.all_replicas():
@@ -110,10 +111,13 @@ class RouterCore:
 
     # -- 1. the request ------------------------------------------------------------------------
     def plan(self, kind: str, body: bytes, rid: str, *, strategy: str | None, session: str | None,
-             now: float, revision: str | None = None) -> Plan:
+             now: float, revision: str | None = None, internal: bool = False) -> Plan:
         """`revision="candidate"`: to the model's candidate revision (the eval runner's requests;
-        the shell checks who may ask). Otherwise the live revision — or, for a model with a
-        canary share (set_canary), the candidate for that share of requests."""
+        the shell checks who may ask); `"live"`: to the live one, never the canary's share.
+        Otherwise the live revision — or, for a model with a canary share (set_canary), the
+        candidate for that share of requests. `internal`: the eval runner's request (not client
+        traffic: counted apart too, counters.internal). The trace carries the revision's id
+        (set_revision)."""
         trace = Trace(rid, name=kind, started=now, wall=self._wall(), bytes_out=len(body))
         trace.mark("prepare", now)
         self.traces.add(trace)
@@ -130,14 +134,14 @@ class RouterCore:
                 if resolved is None:
                     raise ApiError(404, f"The model `{b.model}` does not exist.", param="model",
                                    code="model_not_found")
-                share = self.canary.get(resolved[0].name) if self.canary else None
+                share = self.canary.get(resolved[0].name) if self.canary and revision != "live" else None
                 if share and self.rng.random() < share:
                     cand = self.table.resolve_candidate(b.model)
                     if cand is not None and any(not r.draining for r in cand[0].replicas):
                         resolved = cand
             entry, adapter = resolved
-            if is_candidate_key(entry.name):  # an eval's request, or the canary's share
-                trace.revision = "candidate"
+            # the revision's id (r1, r2…); "candidate" for a candidate whose id the router was not told
+            trace.revision = self.revision_ids.get(entry.name) or ("candidate" if is_candidate_key(entry.name) else "")
             strat = self.strategy(entry, strategy)
         except ApiError as e:  # refused: its trace ends here (the shell counts the request)
             self._trace_done(trace, now, "rejected", e.status)
@@ -149,7 +153,7 @@ class RouterCore:
                            prompt_tokens_estimate=b.prompt_chars // 4, strategy=strat.name,
                            head=request_head(b.obj, kind) if kind != "embeddings" else b"",
                            cache_salt=salt if isinstance(salt, str) else None)
-        return Plan(info, entry, strat, b.stream, now, body=b.obj, raw=body, trace=trace)
+        return Plan(info, entry, strat, b.stream, now, body=b.obj, raw=body, trace=trace, internal=internal)
 
     def strategy(self, entry: ModelEntry, asked: str | None) -> Strategy:
         name = asked or entry.strategy
@@ -180,6 +184,13 @@ class RouterCore:
             self.canary[model] = min(1.0, share)
         else:
             self.canary.pop(model, None)
+
+    def set_revision(self, key: str, revision_id: str) -> None:
+        """The revision id a model (or a candidate's key) serves, for its requests' traces ("": none)."""
+        if revision_id:
+            self.revision_ids[key] = revision_id
+        else:
+            self.revision_ids.pop(key, None)
 
     # -- 2. an attempt ---------------------------------------------------------------------------
     def next(self, plan: Plan, now: float, wall: float) -> Attempt | Ticket | Load:
@@ -326,6 +337,8 @@ class RouterCore:
         if not plan.counted:
             plan.counted = True
             self.counters.request_done(plan.model, outcome, code, ttft, latency)
+            if plan.internal:
+                self.counters.internal_done(plan.model, outcome != "ok" and (code >= 500 or outcome == "failed"), ttft)
             if plan.trace is not None:
                 self._trace_done(plan.trace, now, outcome, code)
 

@@ -46,6 +46,7 @@ class Plan:
     adapter_wait: bool = False  # its ticket waits for an adapter slot, not for the model's admission
     wait_reason: str = ""  # ... and why (the 429's message if its deadline passes)
     trace: Trace | None = None  # its phases, attempts and outcome (llmgw.route.trace)
+    internal: bool = False  # the eval runner's: not client traffic (not in the canary's tally)
 
     @property
     def model(self) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from llmgw.admin.schema import Problem
-from llmgw.admin.schema_facility import PlacementCandidate, PlacementExplanation
+from llmgw.admin.schema_facility import PlacementCandidate, PlacementExplanation, PlacementRecord
 from llmgw.daemon.control.admin_errors import AdminFail, invalid
 from llmgw.fleet.domains import DomainError
 
@@ -52,7 +52,11 @@ async def explain_placement(app: Any, call: Any) -> Any:
         model=e.model, replica=e.replica, node=e.node, domains=list(e.domains), why=e.why, counts=e.counts,
         truncated=e.truncated, warnings=e.warnings,
         candidates=[PlacementCandidate(c.node, c.verdict, c.detail, [d for d in c.domains if d])
-                    for c in e.candidates])
+                    for c in e.candidates],
+        at_placement=None if (r := e.at_placement) is None else PlacementRecord(
+            at=r.at, node=r.node, why=r.why, counts=dict(r.counts), truncated=r.truncated,
+            candidates=[PlacementCandidate(c.node, c.verdict, c.detail, [d for d in c.domains if d])
+                        for c in r.candidates]))
 
 
 FACILITY_HANDLERS: dict[str, Handler] = {

@@ -3,8 +3,9 @@ normal request path, so routing, its rationale (the decisions ring) and the metr
 case is one streamed chat completion; the time to the first content and to the end are measured
 here, the answer judged by the pure rules (llmgw.lifecycle.evals).
 
-The candidate revision is reached with the router's internal header and token (only this
-process knows the token); the live revision like any client. At most `suite.concurrency` cases
+Every request carries the router's internal header and token (only this process knows the
+token) and the revision it is for: the candidate is reached so, the live revision is not diverted
+to a canary, and the router counts these requests apart from client traffic. At most `suite.concurrency` cases
 are in flight; each has `suite.timeout_s` (a timeout fails that case, the run goes on). What
 an answer may hold is bounded (MAX_ANSWER_CHARS of text; the stream's size at MAX_STREAM_BYTES)."""
 
@@ -42,15 +43,17 @@ class EvalTarget:
     api_key: str | None = None
 
 
-async def run_cases(pool: UpstreamPool, target: EvalTarget, suite: Suite, model: str, revision: str) -> list[
-        dict[str, Any]]:
-    """Every case's verdict, in the suite's order."""
+async def run_cases(pool: UpstreamPool, target: EvalTarget, suite: Suite, model: str, revision: str,
+                    job_id: str = "") -> list[dict[str, Any]]:
+    """Every case's verdict, in the suite's order. Case i's request id is ``case-HEX-i``, HEX
+    being the eval job's (``eval-HEX``): a request's trace is never taken for a job's."""
+    tag = job_id.removeprefix("eval-") or secrets.token_hex(4)
     results: list[dict[str, Any] | None] = [None] * len(suite.cases)
     limit = trio.Semaphore(suite.concurrency)
 
     async def one(i: int, case: Case) -> None:
         async with limit:
-            answer = await _ask(pool, target, suite, case, model, revision)
+            answer = await _ask(pool, target, suite, case, model, revision, f"case-{tag}-{i}")
         results[i] = judge(case, answer)
 
     async with trio.open_nursery() as nursery:
@@ -60,12 +63,14 @@ async def run_cases(pool: UpstreamPool, target: EvalTarget, suite: Suite, model:
 
 
 async def _ask(pool: UpstreamPool, target: EvalTarget, suite: Suite, case: Case, model: str,
-               revision: str) -> Answer:
+               revision: str, request_id: str) -> Answer:
     body = case.request_body(model)
     body["stream_options"] = {"include_usage": True}
-    headers = [("content-type", "application/json"), ("x-request-id", f"eval-{secrets.token_hex(8)}")]
-    if revision == "candidate":
-        headers += [(REVISION_HEADER, "candidate"), (INTERNAL_HEADER, target.internal_token)]
+    # Both revisions with the internal token: the router tells the runner's requests from clients'
+    # (the canary's tally leaves them out) and never sends a live eval to the canary's candidate.
+    headers = [("content-type", "application/json"), ("x-request-id", request_id),
+               (REVISION_HEADER, "candidate" if revision == "candidate" else "live"),
+               (INTERNAL_HEADER, target.internal_token)]
     if target.api_key:
         headers.append(("authorization", f"Bearer {target.api_key}"))
     start = trio.current_time()

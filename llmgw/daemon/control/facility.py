@@ -21,7 +21,7 @@ from llmgw.daemon.control.store_guard import StoreGuard
 from llmgw.fleet.domains import LEVELS, node_domains, parse_domain
 from llmgw.fleet.nodes import Node
 from llmgw.fleet.placement import Placer
-from llmgw.fleet.placement_explain import Explanation, explain
+from llmgw.fleet.placement_explain import AtPlacement, Explanation, at_placement, explain
 from llmgw.fleet.reconcile import Assignment, Facility, Hold, ModelDeploy
 
 log = logging.getLogger("llmgw.control")
@@ -29,6 +29,7 @@ log = logging.getLogger("llmgw.control")
 __all__ = ["FacilityControl"]
 
 MAX_WARNINGS_KEPT = 256  # distinct warnings remembered (each is logged once)
+MAX_PLACED_RECORDS = 4096  # placement-time records kept in memory; the oldest placements' go first
 
 
 class FacilityControl:
@@ -41,6 +42,8 @@ class FacilityControl:
             self.holds[d] = (Hold(row.reason, row.drain), row.created_at)
         self._next_rebalance: float | None = None  # the first round only starts the clock
         self.warnings: dict[str, None] = {}  # ordered set: the latest distinct ones
+        # replica -> the verdicts when it was placed (in memory, bounded: docs/placement.md), oldest first
+        self.placed: dict[str, AtPlacement] = {}
 
     # -- a reconcile round -----------------------------------------------------------------------
     def round(self, now: float) -> Facility:
@@ -62,6 +65,24 @@ class FacilityControl:
                 self.warnings[w] = None
                 while len(self.warnings) > MAX_WARNINGS_KEPT:
                     del self.warnings[next(iter(self.warnings))]
+
+    def record_placements(self, created: Iterable[Assignment], nodes: Mapping[str, Node],
+                          before: Iterable[Assignment], deploys: Mapping[str, ModelDeploy], now_wall: float) -> None:
+        """Keep each new replica's placement-time record: one explanation per model, from the state
+        as the round began (`before`: what ran; `nodes` as the round saw them)."""
+        heads = [a for a in created if not a.spec.is_worker]
+        if not heads:
+            return
+        p = self.placer(nodes.values(), [a for a in before if a.desired in ("run", "drain")], deploys)
+        by_model: dict[str, Explanation] = {}
+        for a in heads:
+            e = by_model.get(a.model)
+            if e is None:
+                e = by_model[a.model] = explain(p, a.model, a.demand)
+            self.placed.pop(a.replica, None)
+            self.placed[a.replica] = at_placement(e, a.node, now_wall)
+        while len(self.placed) > MAX_PLACED_RECORDS:
+            del self.placed[next(iter(self.placed))]
 
     # -- operator actions --------------------------------------------------------------------------
     def hold(self, text: str, reason: str, drain: bool, nodes: Iterable[Node], now_wall: float) -> HoldView:
@@ -153,6 +174,7 @@ class FacilityControl:
                 within = f", all inside one {pol.keep_within}" if pol is not None and pol.keep_within else ""
                 e.why += (f"; {'the head' if g.role == 'head' else f'worker {g.rank}'} of a {g.size}-node replica "
                           f"on {', '.join(x.node for x in parts)}{within} (placed together, all or nothing)")
+            e.at_placement = self.placed.get(target)
             return e
         m = deploys.get(target)
         if m is None:

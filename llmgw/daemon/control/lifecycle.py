@@ -12,8 +12,11 @@ in-flight requests (plane.reconcile_once). Everything an operator starts is writ
 before it takes effect (StoreGuard.must_write: a store that cannot write refuses it).
 
 A router that restarts in the middle of a job: an update whose candidate is in the store resumes
-(it goes on waiting for the candidate's replicas); an eval fails (run it again); promote and
-rollback are done in one call and are never left half-way."""
+(it goes on waiting for the candidate's replicas — kept in the store under the candidate's key,
+their engines adopted as they answer, never restarted), and so does a rollback that brings the
+previous revision back (one ``rollback`` job: placed, then promoted once ready); an eval fails
+(run it again); a promote, or a rollback that discards, is done in one call and never left
+half-way."""
 
 from __future__ import annotations
 
@@ -95,6 +98,8 @@ class Lifecycle(EvalsAndViews):
         for name, revs in list(self.revisions.items()):
             if revs.candidate is not None and not self._install(name, revs.candidate):
                 revs.candidate = None
+        for name in self.plane.models:
+            self.say_revisions(name)
         now = time.time()
         for job in self.jobs.values():
             if job.trace is None or job.trace.ended is None:  # stored before traces, or still running
@@ -165,11 +170,21 @@ class Lifecycle(EvalsAndViews):
         self.plane.deploys[key] = replace(dep, name=key)
         self.plane.router.define_model(replace(m, name=key, replicas=()))
         self.plane.router.set_canary(name, rev.canary)
+        self.plane.router.set_revision(key, rev.id)
         return True
+
+    def say_revisions(self, name: str) -> None:
+        """Tell the router the revision ids model `name` and its candidate serve (its requests'
+        traces carry them); a model never updated serves r1."""
+        revs = self.revisions.get(name)
+        self.plane.router.set_revision(name, revs.live_id if revs is not None else "r1")
+        cand = revs.candidate if revs is not None else None
+        self.plane.router.set_revision(candidate_key(name), cand.id if cand is not None else "")
 
     def _uninstall(self, name: str) -> None:
         key = candidate_key(name)
         self.plane.deploys.pop(key, None)
+        self.say_revisions(name)
         self.plane.router.set_canary(name, 0.0)
         self._canary_base.pop(name, None)
         if not any(a.model == key for a in self.plane.assignments.values()):
@@ -185,10 +200,11 @@ class Lifecycle(EvalsAndViews):
     # -- update -------------------------------------------------------------------------------------
     def update(self, name: str, change: dict[str, Any] | None, *, canary: float = 0.0,
                ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S, then_promote: bool = False,
-               whole: dict[str, Any] | None = None) -> Job:
+               whole: dict[str, Any] | None = None, restored_from: str = "") -> Job:
         """Make a candidate of model `name` from its definition and `change` (None: re-roll the
         same definition; `whole`: this whole definition instead) and place its replicas beside the
-        live ones. ConfigError names bad fields."""
+        live ones. ConfigError names bad fields. `restored_from`: a rollback's (rollback()): the
+        job is a ``rollback`` job, and the candidate is promoted once ready."""
         p = self.plane
         m = p.models.get(name)
         if m is None:
@@ -200,9 +216,9 @@ class Lifecycle(EvalsAndViews):
         if m.deploy is None:
             raise LifecycleError(409, f"model {name} has no [models.deploy] profile: its replicas are static, "
                                       "there is nothing to place a candidate with")
-        job = self._running(name, "update")
+        job = self._running(name, "update") or self._running(name, "rollback")
         if job is not None:
-            raise LifecycleError(409, f"update job {job.id} of model {name} is running; wait for it, or "
+            raise LifecycleError(409, f"{job.kind} job {job.id} of model {name} is running; wait for it, or "
                                       f"`llmgw ctl models rollback {name}`")
         revs = self.revisions.get(name) or ModelRevisions(name)
         if revs.candidate is not None:
@@ -217,19 +233,23 @@ class Lifecycle(EvalsAndViews):
         cm = model_from_dict(definition, "update", pools=p.cfg.pools)  # raises ConfigError naming fields
         if cm.deploy is None:
             raise LifecycleError(400, "deploy: the candidate needs a [models.deploy] profile")
-        rev = Revision(revs.new_id(), model_to_dict(cm), time.time(), canary)
+        rev = Revision(revs.new_id(), model_to_dict(cm), time.time(), canary, restored_from=restored_from)
         revs.candidate = rev
         p.guard.must_write("put_doc", "revisions", name, revs.to_dict())  # first: nothing changes if it cannot
         self.revisions[name] = revs
-        job = self._new_job("update", name, rev.id, canary=canary, ready_timeout_s=ready_timeout_s,
-                            then_promote=then_promote, change=change or {})
+        extra = {"restored_from": restored_from} if restored_from else {}
+        job = self._new_job("rollback" if restored_from else "update", name, rev.id, canary=canary,
+                            ready_timeout_s=ready_timeout_s, then_promote=then_promote or bool(restored_from),
+                            change=change or {}, **extra)
         job.step("placing candidate replicas", job.created_at,
-                 f"{cm.deploy.count} replicas of {rev.id} beside live {revs.live_id}")
+                 f"{cm.deploy.count} replicas of {rev.id}{f' (restored from {restored_from})' if restored_from else ''}"
+                 f" beside live {revs.live_id}")
         self._save_job(job)
         self._install(name, rev)
         if canary > 0:
             self._canary_base[name] = (p.router.request_counts(name), p.router.request_counts(candidate_key(name)))
-        p.guard.record("candidate created", model=name, detail=f"{rev.id} (job {job.id})")
+        p.guard.record("candidate created", model=name,
+                       detail=f"{rev.id}{f' restored from {restored_from}' if restored_from else ''} (job {job.id})")
         log.info("model %s: candidate %s created (job %s)", name, rev.id, job.id)
         p._wake.set()
         return job
@@ -237,13 +257,17 @@ class Lifecycle(EvalsAndViews):
     def tick(self) -> None:
         """Each reconcile: running update jobs move on (ready, failed with the engines' log tail,
         waiting for room, timed out)."""
-        for job in [j for j in self.jobs.values() if j.kind == "update" and not j.done]:
+        for job in [j for j in self.jobs.values() if j.kind in ("update", "rollback") and not j.done]:
             self._watch_update(job)
 
     def _watch_update(self, job: Job) -> None:
         p = self.plane
         revs = self.revisions.get(job.model)
         now = time.time()
+        if revs is not None and revs.live_id == job.revision_id:  # an operator promoted it meanwhile
+            job.succeed(now, f"{job.revision_id} was promoted by hand")
+            self._save_job(job)
+            return
         if revs is None or revs.candidate is None or revs.candidate.id != job.revision_id:
             job.fail(now, "the candidate was discarded")
             self._save_job(job)
@@ -261,15 +285,20 @@ class Lifecycle(EvalsAndViews):
                    f"{': ' + r.detail if r is not None and r.detail else ''}" + (f"\nlog tail:\n{tail}" if tail else ""))
             self._fail_update(job, why)
         elif len(ready) >= want:
-            job.succeed(now, f"candidate {job.revision_id} ready: {len(ready)}/{want} replicas")
-            self._save_job(job)
             p.guard.record("candidate ready", model=job.model, detail=job.revision_id)
-            if job.params.get("then_promote"):
-                try:
-                    self.promote(job.model, [], rollback_of=job.id)
-                except (LifecycleError, StoreUnavailable) as e:
-                    log.error("model %s: the rollback's promote failed (promote the candidate by hand: llmgw ctl "
-                              "models promote %s): %s", job.model, job.model, e)
+            if not job.params.get("then_promote"):
+                job.succeed(now, f"candidate {job.revision_id} ready: {len(ready)}/{want} replicas")
+                self._save_job(job)
+                return
+            job.note(f"candidate {job.revision_id} ready: {len(ready)}/{want} replicas")
+            try:
+                self.promote(job.model, [], into=job)  # the same job goes on: making it live
+            except (LifecycleError, StoreUnavailable) as e:
+                log.error("model %s: the rollback's promote failed (promote the candidate by hand: llmgw ctl "
+                          "models promote %s): %s", job.model, job.model, e)
+                job.fail(time.time(), f"the candidate is ready but its promote failed (promote it by hand: "
+                                      f"llmgw ctl models promote {job.model}): {e}")
+                self._save_job(job)
         elif now - job.created_at > float(job.params.get("ready_timeout_s", DEFAULT_READY_TIMEOUT_S)):
             room = p.unplaceable.get(candidate_key(job.model))
             self._fail_update(job, f"candidate {job.revision_id} not ready after "
@@ -297,7 +326,9 @@ class Lifecycle(EvalsAndViews):
         self.plane._wake.set()
 
     # -- promote and rollback -----------------------------------------------------------------------
-    def promote(self, name: str, require: list[str], *, rollback_of: str | None = None) -> Job:
+    def promote(self, name: str, require: list[str], *, into: Job | None = None) -> Job:
+        """Make the candidate live; `into`: a rollback's job, which goes on with this step (else a
+        promote job is made)."""
         p = self.plane
         if name not in p.models:
             raise LifecycleError(404, f"No model {name!r}.")
@@ -319,12 +350,13 @@ class Lifecycle(EvalsAndViews):
         if cm is None:
             raise LifecycleError(409, f"candidate {cand.id} is no longer a valid definition")
         now = time.time()
-        job = self._new_job("rollback" if rollback_of else "promote", name, cand.id, require=require)
+        job = into if into is not None else self._new_job("promote", name, cand.id, require=require)
         job.step("making the candidate live", now)
-        old_live = Revision(revs.live_id, model_to_dict(p.models[name]), now)
+        old_live = Revision(revs.live_id, model_to_dict(p.models[name]), now, restored_from=revs.live_restored_from)
         source = p.sources.get(name, "api")
         moving = [a for a in p.assignments.values() if a.model == candidate_key(name)]
-        after = replace(revs, previous=old_live, live_id=cand.id, promoted_at=now, candidate=None)
+        after = replace(revs, previous=old_live, live_id=cand.id, promoted_at=now, candidate=None,
+                        live_restored_from=cand.restored_from)
         # All of it in one store transaction, before anything changes: a store that cannot write
         # refuses the promote (503) and nothing changes; a restart finds it done or not begun.
         try:
@@ -345,8 +377,8 @@ class Lifecycle(EvalsAndViews):
             p._route(a)  # under the model's own name: client traffic from now on
         p.router.forget_model(candidate_key(name))
         job.step("draining the old replicas", time.time(), ", ".join(old) or "none")
-        job.succeed(time.time(), f"{cand.id} is live; {len(old)} replicas of {old_live.id} drain after their "
-                                 "in-flight requests")
+        job.succeed(time.time(), f"{cand.id}{f' (restored from {cand.restored_from})' if cand.restored_from else ''}"
+                                 f" is live; {len(old)} replicas of {old_live.id} drain after their in-flight requests")
         self._save_job(job)
         p.guard.record("promoted", model=name, detail=f"{cand.id} live, {old_live.id} draining (job {job.id})")
         log.info("model %s: %s is live (job %s)", name, cand.id, job.id)
@@ -366,7 +398,7 @@ class Lifecycle(EvalsAndViews):
             revs.candidate = None
             p.guard.must_write("put_doc", "revisions", name, revs.to_dict())
             now = time.time()
-            running = self._running(name, "update")
+            running = self._running(name, "update") or self._running(name, "rollback")
             if running is not None:
                 running.fail(now, "rolled back by an operator")
                 self._save_job(running)
@@ -381,11 +413,12 @@ class Lifecycle(EvalsAndViews):
             return job
         prev = revs.previous
         assert prev is not None
-        # The previous revision comes back as a candidate and is promoted once ready: no gap.
-        job = self.update(name, None, whole=prev.definition, then_promote=True)
+        # The previous revision comes back as a candidate and is promoted once ready: no gap. Its
+        # definition gets a new revision id (ids are never reused), which says whose it is.
+        job = self.update(name, None, whole=prev.definition, restored_from=prev.id)
         revs.previous, revs.promoted_at = None, None
         p.guard.write("put_doc", "revisions", name, revs.to_dict())
-        job.note(f"bringing back {prev.id} as {job.revision_id}; promoted once ready")
+        job.note(f"bringing back {prev.id} as {job.revision_id} (restored from {prev.id}); promoted once ready")
         self._save_job(job)
         return job
 
@@ -398,8 +431,9 @@ class Lifecycle(EvalsAndViews):
         if revs is not None:
             self.plane.guard.write("delete_doc", "revisions", name)
             self._uninstall(name)
+        self.plane.router.set_revision(name, "")
         now = time.time()
         for job in self.jobs.values():
-            if job.model == name and job.kind == "update" and not job.done:
+            if job.model == name and job.kind in ("update", "rollback") and not job.done:
                 job.fail(now, "the model was deleted")
                 self._save_job(job)

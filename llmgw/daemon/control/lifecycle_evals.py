@@ -105,7 +105,7 @@ class EvalsAndViews:
     async def _run_eval(self, job: Job, suite: Suite, name: str, revision: str, rid: str) -> None:
         assert self._pool is not None and self._target is not None
         started = time.time()
-        cases = await run_cases(self._pool, self._target, suite, name, revision)
+        cases = await run_cases(self._pool, self._target, suite, name, revision, job.id)
         result = {"suite": suite.name, "model": name, "revision": revision, "revision_id": rid,
                   "job": job.id, "started_at": started, "ended_at": time.time(), **summarize(suite, cases),
                   "cases": cases}
@@ -122,9 +122,12 @@ class EvalsAndViews:
         t = result["totals"]
         verdict = "passed" if result["passed"] else "failed"
         job.step("stored the result", time.time())
-        job.succeed(time.time(), f"suite {suite.name} {verdict}: {t['passed']}/{t['cases']} cases "
-                                 f"({result['pass_rate']:.0%}; {result['threshold']:.0%} needed)")
         job.params["result"] = key
+        figures = f"{t['passed']}/{t['cases']} cases ({result['pass_rate']:.0%}; {result['threshold']:.0%} needed)"
+        if result["passed"]:
+            job.succeed(time.time(), f"suite {suite.name} passed: {figures}")
+        else:  # the job's state says the verdict (jobs.py); its result is attached all the same
+            job.fail(time.time(), f"suite {suite.name} did not pass: {figures}")
         self._save_job(job)
         self.plane.guard.record("eval " + verdict, model=name, detail=f"{suite.name} on {rid} (job {job.id})")
 
@@ -144,12 +147,14 @@ class EvalsAndViews:
             raise LifecycleError(404, f"No model {name!r}.")
         revs = self.revisions.get(name) or ModelRevisions(name)
         cand = revs.candidate
-        out: dict[str, Any] = {"model": name, "live": revs.live_id, "candidate": None,
+        out: dict[str, Any] = {"model": name, "live": revs.live_id,
+                               "live_restored_from": revs.live_restored_from or None, "candidate": None,
                                "previous": revs.previous.id if revs.previous else None,
                                "promoted_at": revs.promoted_at, "canary": None}
         if cand is not None:
             reps = self._candidate_replicas(name)
-            out["candidate"] = {"id": cand.id, "created_at": cand.created_at, "definition": cand.definition,
+            out["candidate"] = {"id": cand.id, "restored_from": cand.restored_from or None,
+                                "created_at": cand.created_at, "definition": cand.definition,
                                 "replicas": sorted(a.replica for a in reps),
                                 "ready": sum(1 for a in reps if a.engine_state == "ready"),
                                 "unplaceable": p.unplaceable.get(candidate_key(name))}

@@ -168,6 +168,7 @@ class ControlPlane(OperatorActions):
         else:
             self.deploys[m.name] = dep
         self.router.define_model(m)
+        self.lifecycle.say_revisions(m.name)  # the revision id its requests' traces carry
 
     async def restore_routing(self, pool: UpstreamPool) -> int:
         """Route the stored replicas whose engines still serve, before any agent is back (restore.py);
@@ -370,6 +371,7 @@ class ControlPlane(OperatorActions):
         self.told_workers.pop(a.replica, None)
         self.kv_index.remove(a.replica)
         self.urls.pop(a.replica, None)
+        self.facility.placed.pop(a.replica, None)
         self.unknown.removed(a.replica)
         self.router.withdraw_replica(a.replica)
         self.guard.write("delete_assignment", a.replica)
@@ -433,6 +435,9 @@ class ControlPlane(OperatorActions):
                     log.warning("replica %s of %s written off: %s", rid, a.model, why)
                     self._forget(a, f"lost: {why}")
                     self.agents.push(a.node)  # a multi-node part on a live node: its agent stops it
+            if plan.create:  # the verdicts as they stand now, kept beside each new replica (facility.py)
+                self.facility.record_placements(plan.create, nodes, self.assignments.values(), self.deploys,
+                                                time.time())
             for a in plan.create:
                 self.assignments[a.replica] = a
                 self.guard.write("put_assignment", self._row(a))

@@ -31,6 +31,7 @@ from llmgw.daemon.control.store_rows import (
     private_store_files,
     sql_statements,
 )
+from llmgw.route.names import CANDIDATE_SUFFIX
 
 log = logging.getLogger("llmgw.control")
 
@@ -306,9 +307,11 @@ class Store:
         check_name(row.node, "node")
         check_desired(row.desired)
         spec = check_obj(row.spec, "spec")
-        for key in ("replica", "model"):
-            if key in spec and spec[key] != getattr(row, key):
-                raise ValueError(f"assignment {row.replica}: spec {key} {spec[key]!r} != {getattr(row, key)!r}")
+        # A candidate's row is under its routing key (NAME#candidate) while its engine serves NAME.
+        served = {"replica": row.replica, "model": row.model.removesuffix(CANDIDATE_SUFFIX)}
+        for key, want in served.items():
+            if key in spec and spec[key] != want:
+                raise ValueError(f"assignment {row.replica}: spec {key} {spec[key]!r} != {want!r}")
         if row.url is not None:
             spec = {**spec, "url": check_name(row.url, "url")}
         with self.transaction():

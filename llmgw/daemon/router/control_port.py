@@ -63,9 +63,12 @@ class RouterPort(Protocol):
     def set_canary(self, model: str, share: float) -> None:
         """Send `share` (0–1) of `model`'s client requests to its candidate revision."""
 
+    def set_revision(self, model: str, revision_id: str) -> None:
+        """The revision id `model` (or a candidate's key) serves, said by its requests' traces."""
+
     def request_counts(self, model: str) -> tuple[int, int, float, int]:
-        """`model`'s requests so far: (all, failed — 5xx and the router's own failures —, the sum of
-        their times to the first byte in s, how many have one)."""
+        """`model`'s client requests so far (the eval runner's left out): (all, failed — 5xx and
+        the router's own failures —, the sum of their times to the first byte in s, how many have one)."""
 
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:
@@ -125,6 +128,9 @@ class RouterAdapter:
     def set_canary(self, model: str, share: float) -> None:
         self._router.core.set_canary(model, share)
 
+    def set_revision(self, model: str, revision_id: str) -> None:
+        self._router.core.set_revision(model, revision_id)
+
     def request_counts(self, model: str) -> tuple[int, int, float, int]:
         c = self._router.core.counters
         total = failed = 0
@@ -134,7 +140,9 @@ class RouterAdapter:
                 if outcome != "ok" and (code >= 500 or outcome == "failed"):
                     failed += n
         h = c.ttft.get((model,))
-        return total, failed, (h.sum if h is not None else 0.0), (sum(h.counts) if h is not None else 0)
+        evals = c.internal.get(model, [0, 0, 0.0, 0])
+        return (total - int(evals[0]), failed - int(evals[1]), (h.sum if h is not None else 0.0) - evals[2],
+                (sum(h.counts) if h is not None else 0) - int(evals[3]))
 
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:

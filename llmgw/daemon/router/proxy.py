@@ -278,12 +278,14 @@ class Router:
     async def _proxy(self, req: Request, kind: str, rid: str) -> Response:
         core = self.core
         revision = req.header(REVISION_HEADER)
-        if revision is not None and (revision != "candidate"
-                                     or not _consteq(req.header(INTERNAL_HEADER) or "", self.internal_token)):
+        token = req.header(INTERNAL_HEADER)
+        internal = token is not None and _consteq(token, self.internal_token)
+        if revision is not None and (revision not in ("candidate", "live") or not internal):
             raise ApiError(403, f"The {REVISION_HEADER} header is for llmgw's own eval runner.",
                            param=REVISION_HEADER, code="forbidden")
         plan = core.plan(kind, req.body, rid, strategy=req.header(STRATEGY_HEADER),
-                         session=req.header("x-session-id"), now=trio.current_time(), revision=revision)
+                         session=req.header("x-session-id"), now=trio.current_time(), revision=revision,
+                         internal=internal)
         headers = [("content-type", "application/json"), ("x-request-id", rid)]
         try:
             if self.tier2.wants(plan):
