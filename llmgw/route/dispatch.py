@@ -415,7 +415,7 @@ class RouterCore:
                                      detail, attempt.bytes_in)
         rep = attempt.replica
         if plan.info.adapter is not None:
-            self.adapters.book.release(rep.id, plan.info.adapter, now)
+            self.adapters.release(rep.id, plan.info.adapter, now)
         was_closed = rep.breaker.state == "closed"
         model = plan.model
         started = plan.started

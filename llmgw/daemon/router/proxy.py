@@ -93,7 +93,17 @@ def _error(e: ApiError, rid: str, rid_header: str) -> Response:
     return Response(e.status, headers, json.dumps(e.body()).encode())
 
 
+class _AdapterMissing(UpstreamError):
+    """A replica answered 404 for an adapter the router's book says it holds (its engine
+    restarted on the same URL): not the engine's fault (the breaker does not count it); the
+    request is tried again (AdapterRouting.missing)."""
+
+    public = "answered 404: it no longer holds the adapter (its engine restarted?)"
+
+
 def _failure_of(e: UpstreamError) -> FailureKind:
+    if isinstance(e, _AdapterMissing):
+        return FailureKind.CLIENT_4XX
     if isinstance(e, UpstreamConnectError):
         return FailureKind.CONNECT
     if isinstance(e, UpstreamTimeout):
@@ -356,6 +366,14 @@ class Router:
         except BaseException:
             self._finish(plan, a, None, None, None)
             raise
+        if resp.status == 404 and plan.info.adapter is not None and \
+                self.core.adapters.missing(plan, rep, trio.current_time()):
+            resp.close()  # the engine lost the adapter: loaded again (or another holder), never the client's 404
+            log.info("replica %s answered 404 for adapter %s, which it held: its engine restarted? Trying again",
+                     rep.id, plan.info.adapter, extra={"endpoint": rep.id, "request_id": plan.info.request_id})
+            self._finish(plan, a, _AdapterMissing(f"{rep.id} answered 404 for adapter {plan.info.adapter}",
+                                                  url=rep.view.url), None, 404, resp)
+            return None
         if resp.status >= 500 and plan.retry_5xx:  # else it is relayed: the engine's own error
             resp.close()
             e = UpstreamProtocolError(f"{rep.id} answered {resp.status}", url=rep.view.url)
