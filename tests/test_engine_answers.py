@@ -18,7 +18,8 @@ import trio
 from llmgw.config import parse_config
 from llmgw.daemon.net.upstream import UpstreamPool
 from llmgw.daemon.router.registry import Registry
-from llmgw.route.engine_answers import MAX_ADAPTERS, BadAnswer, adapters_of, slot_count_of
+from llmgw.route.contract import ScrapeResult
+from llmgw.route.engine_answers import MAX_ADAPTERS, BadAnswer, adapters_of, restarted, slot_count_of
 
 from .stub_engine import METRICS, StubEngine, answer, handler_of, send_huge
 from .test_router_integration import Daemon, write_config
@@ -184,3 +185,13 @@ def test_huge_engine_answers_keep_the_router_small_and_serving(procs: list[Any],
     log = "".join(d.err)
     assert "exceeds 4194304 bytes" in log and "Traceback" not in log
     assert log.count("/metrics from") <= 2  # logged when it started, then at most once a minute
+
+
+def test_a_restart_shows_as_cumulative_counters_going_backwards() -> None:
+    before = ScrapeResult("vllm", finished_total=12.0, prefix_queries_total=800.0, prefix_hits_total=200.0)
+    assert not restarted(None, before)
+    assert not restarted(before, ScrapeResult("vllm", finished_total=13.0, prefix_queries_total=900.0,
+                                              prefix_hits_total=200.0))
+    assert restarted(before, ScrapeResult("vllm", finished_total=0.0, prefix_queries_total=0.0, prefix_hits_total=0.0))
+    assert restarted(before, ScrapeResult("vllm", finished_total=12.0, prefix_queries_total=5.0))
+    assert not restarted(before, ScrapeResult("vllm"))  # a counter missing says nothing
