@@ -52,6 +52,7 @@ from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
 from llmgw.route.dispatch import KINDS, STRATEGY_HEADER, Plan, RouterCore
+from llmgw.route.echo import echo
 from llmgw.route.names import is_candidate_key
 from llmgw.route.openai_req import ApiError, error_body
 from llmgw.route.prefix_scorer import PrefixRouting
@@ -217,15 +218,15 @@ class Router:
                                 self.metrics.render())
             if path == "/v1/models" or path.startswith("/v1/models/"):
                 if req.method != "GET":
-                    raise ApiError(405, f"Method {req.method} not allowed on {path}")
+                    raise ApiError(405, f"Method {echo(req.method, quote='')} not allowed on {echo(path, quote='')}")
                 resp = self._models(rid) if path == "/v1/models" else self._model(path[11:], rid)
                 self.core.counters.request_done("-", "ok", 200, None, None)
                 return resp
             kind = KINDS.get(path)
             if kind is None:
-                raise ApiError(404, f"Unknown route {path}", code="not_found")
+                raise ApiError(404, f"Unknown route {echo(path, quote='')}", code="not_found")
             if req.method != "POST":
-                raise ApiError(405, f"Method {req.method} not allowed on {path}")
+                raise ApiError(405, f"Method {echo(req.method, quote='')} not allowed on {echo(path, quote='')}")
             return await self._proxy(req, kind, rid)
         except ApiError as e:
             # Every client request is counted once: the core counted those that ended in it;
@@ -282,7 +283,7 @@ class Router:
         for obj in self._model_objects():
             if obj["id"] == name:
                 return Response(200, [("content-type", _JSON), (self.rid_header, rid)], json.dumps(obj).encode())
-        raise ApiError(404, f"The model `{name[:200]}` does not exist.", param="model", code="model_not_found")
+        raise ApiError(404, f"The model {echo(name, quote='`')} does not exist.", param="model", code="model_not_found")
 
     # -- the request path ---------------------------------------------------------------------
     async def _proxy(self, req: Request, kind: str, rid: str) -> Response:
