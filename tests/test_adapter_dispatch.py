@@ -104,7 +104,11 @@ class AdapterLifecycle(RuleBasedStateMachine):
     def arrive(self, name: str) -> None:
         self.n += 1
         body = json.dumps({"model": name, "prompt": "x"}).encode()
-        r = Req(self.core.plan("completions", body, f"q{self.n}", strategy=None, session=None, now=self.now))
+        try:
+            r = Req(self.core.plan("completions", body, f"q{self.n}", strategy=None, session=None, now=self.now))
+        except ApiError as e:  # an adapter withdrawn from the declaration: 404 (the shell counts it)
+            assert e.status == 404 and name != "m" and self.core.table.resolve(name) is None
+            return
         self.going.append(r)
         self._step(r)
 
@@ -148,6 +152,43 @@ class AdapterLifecycle(RuleBasedStateMachine):
             self._end(r)
         else:
             self._step(r)
+
+    @precondition(lambda self: any(r.attempt and r.plan.info.adapter for r in self.going))
+    @rule(pick=st.integers(0, 99))
+    def a_holder_answers_404_for_its_adapter(self, pick: int) -> None:
+        """Its engine restarted on the same URL: the holding is dropped and the request tried
+        again (a load, another holder) — or, the second time for a request, the 404 is relayed."""
+        live = [r for r in self.going if r.attempt and r.plan.info.adapter]
+        r = live[pick % len(live)]
+        a = r.attempt
+        assert a is not None
+        if self.core.adapters.missing(r.plan, a.replica, self.now):
+            assert not self.core.adapters.book.holds(a.replica.id, r.plan.info.adapter or "")
+            self._wake(self.core.finish(r.plan, a, self.now, FailureKind.CLIENT_4XX, first_byte_at=None, status=404))
+            r.attempt = None
+            self._step(r)
+        else:
+            self._wake(self.core.finish(r.plan, a, self.now, None, first_byte_at=self.now, status=404))
+            r.attempt = None
+            self._end(r)
+
+    @rule(gone=st.sampled_from(["", "a", "b", "c"]))
+    def the_model_is_redefined(self, gone: str) -> None:
+        """PUT without adapter ``gone`` (or with all three again): it leaves routing at once."""
+        text = CFG if not gone else CFG.replace(f'[[models.adapters]]\nname = "{gone}"\nsource = "/ad/{gone}"\n', "")
+        self.core.table.add_model(parse_config(text).models[0])
+        self.core.adapters.model_changed("m")
+        if gone:
+            assert self.core.table.resolve(gone) is None
+
+    @rule()
+    def withdrawn_adapters_are_retired(self) -> None:
+        """The shell's retire loop: unloads begin (idle ones only) and end at once."""
+        routing = self.core.adapters
+        for u in routing.retire_due(self.now):
+            assert not any(r.attempt and r.attempt.replica.id == u.replica and r.plan.info.adapter == u.adapter
+                           for r in self.going), "an adapter with a request in flight is never unloaded"
+            self._wake(routing.unload_done(u, self.now, ok=True))
 
     @precondition(lambda self: any(r.ticket for r in self.going))
     @rule(pick=st.integers(0, 99))
@@ -373,3 +414,17 @@ def test_a_holder_that_answers_404_for_its_adapter_loses_it_and_the_request_load
     core.adapters.load_done(again, 1.1, None)
     core.adapters.waited(p, 1.1)
     assert isinstance(core.next(p, 1.1, 0.0), Attempt)
+
+
+def test_a_second_404_for_the_same_request_is_the_engine_s_answer() -> None:
+    core = core_of()
+    p, a = _held(core, "a", 0.0)
+    assert core.adapters.missing(p, a.replica, 1.0)
+    core.finish(p, a, 1.0, FailureKind.CLIENT_4XX, first_byte_at=None, status=404)
+    ld = core.next(p, 1.0, 0.0)
+    assert isinstance(ld, Load)
+    core.adapters.load_done(ld, 1.1, None)
+    core.adapters.waited(p, 1.1)
+    again = core.next(p, 1.1, 0.0)
+    assert isinstance(again, Attempt) and not core.adapters.missing(p, again.replica, 1.2)
+    assert core.adapters.book.holds(again.replica.id, "a")  # still held: the 404 is relayed

@@ -152,10 +152,13 @@ class AdapterRouting:
         holds it: its engine lost it (restarted on the same URL). The holding is dropped and the
         replica may be tried again for this request (a load puts the adapter back). True if so:
         the shell retries instead of relaying the 404. Only on-demand adapters (a static one
-        comes back with the engine's restart)."""
+        comes back with the engine's restart), and once a request: a second 404 (an engine that
+        answers 404 for another reason, e.g. a route it lacks) is the engine's answer, relayed."""
         name = plan.info.adapter
-        if name is None or not plan.entry.on_demand(name) or not self.book.forget(rep.id, name, now):
+        if name is None or plan.adapter_missing or not plan.entry.on_demand(name) \
+                or not self.book.forget(rep.id, name, now):
             return False
+        plan.adapter_missing = True
         self._sync(rep)
         plan.tried.discard(rep.id)
         return True
