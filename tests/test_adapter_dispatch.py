@@ -428,3 +428,16 @@ def test_a_second_404_for_the_same_request_is_the_engine_s_answer() -> None:
     again = core.next(p, 1.1, 0.0)
     assert isinstance(again, Attempt) and not core.adapters.missing(p, again.replica, 1.2)
     assert core.adapters.book.holds(again.replica.id, "a")  # still held: the 404 is relayed
+
+
+def test_every_request_that_got_the_404_retries_not_only_the_first() -> None:
+    core = core_of(CFG.replace("max_inflight_per_replica = 2", "max_inflight_per_replica = 4"))
+    p1, a1 = _held(core, "a", 0.0)
+    p2 = core.plan("completions", b'{"model": "a", "prompt": "x"}', "q2", strategy=None, session=None, now=0.1)
+    a2 = core.next(p2, 0.1, 0.0)
+    assert isinstance(a2, Attempt) and a2.replica is a1.replica
+    assert core.adapters.missing(p1, a1.replica, 1.0) and core.adapters.missing(p2, a2.replica, 1.0)
+    for p, a in ((p1, a1), (p2, a2)):
+        core.finish(p, a, 1.0, FailureKind.CLIENT_4XX, first_byte_at=None, status=404)
+    ld = core.next(p1, 1.0, 0.0)
+    assert isinstance(ld, Load) and core.next(p2, 1.0, 0.0) is ld  # one load for both

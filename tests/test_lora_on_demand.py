@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -210,10 +211,11 @@ def test_an_engine_restarted_on_the_same_url_gets_its_adapter_again_without_a_40
     s.stop()
     s2 = lora_sim(procs, "--sim-zero-cost", port=port)
     assert listed(s2) == set()
-    r = ask(d, "a")
-    assert r.status_code == 200, r.text
-    assert listed(s2) == {"a"} and loads(d) == 2
-    assert ask(d, "a").status_code == 200 and loads(d) == 2  # held again: no second load
+    with ThreadPoolExecutor(8) as pool:  # a burst: every request that meets the 404 tries again
+        answers = list(pool.map(lambda _: ask(d, "a"), range(8)))
+    assert [r.status_code for r in answers] == [200] * 8, [r.text for r in answers if r.status_code != 200]
+    assert listed(s2) == {"a"} and loads(d) == 2  # loaded again once
+    assert ask(d, "a").status_code == 200 and loads(d) == 2  # held again: no other load
 
 
 def test_a_removed_adapter_stops_being_served_and_is_unloaded_once_idle(procs: list[Any], tmp_path: Path) -> None:

@@ -33,9 +33,8 @@ loaded again, or another holder serves it — and never reaches the client as a 
 from __future__ import annotations
 
 import math
-from typing import Any
-
 from collections.abc import Callable
+from typing import Any
 
 from .adapters import AdapterBook, AdapterSettings, Load, LoadFailure, Unload
 from .admission import Ticket
@@ -148,18 +147,18 @@ class AdapterRouting:
             self.on_retire()
 
     def missing(self, plan: Plan, rep: Replica, now: float) -> bool:
-        """The replica answered a request for the plan's adapter 404 although the book says it
-        holds it: its engine lost it (restarted on the same URL). The holding is dropped and the
-        replica may be tried again for this request (a load puts the adapter back). True if so:
-        the shell retries instead of relaying the 404. Only on-demand adapters (a static one
-        comes back with the engine's restart), and once a request: a second 404 (an engine that
-        answers 404 for another reason, e.g. a route it lacks) is the engine's answer, relayed."""
+        """The replica, chosen as a holder of the plan's adapter, answered 404: its engine lost it
+        (restarted on the same URL). The holding is dropped (a concurrent request may have done
+        so already) and the replica may be tried again for this request (a load puts the adapter
+        back). True if so: the shell retries instead of relaying the 404. Only on-demand adapters
+        (a static one comes back with the engine's restart), and once a request: a second 404 (an
+        engine that answers 404 for another reason, e.g. a route it lacks) is relayed."""
         name = plan.info.adapter
-        if name is None or plan.adapter_missing or not plan.entry.on_demand(name) \
-                or not self.book.forget(rep.id, name, now):
+        if name is None or plan.adapter_missing or not plan.entry.on_demand(name):
             return False
+        if self.book.forget(rep.id, name, now):
+            self._sync(rep)
         plan.adapter_missing = True
-        self._sync(rep)
         plan.tried.discard(rep.id)
         return True
 
