@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from llmgw.route.echo import echo
 from llmgw.route.names import PRESET_NAMES
 
 Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
@@ -120,13 +121,13 @@ def known_strategy(v: str) -> str | None:
 
 def node_name(v: str) -> str | None:
     ok = re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?", v)
-    return None if ok else f"not a valid node name (letters, digits, '.', '_', '-'; at most 253): {v!r}"
+    return None if ok else f"not a valid node name (letters, digits, '.', '_', '-'; at most 253): {echo(v)}"
 
 
 def label_keys(labels: dict[str, str]) -> str | None:
     for k in labels:
         if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?", k):
-            return f"not a valid label key: {k!r}"
+            return f"not a valid label key: {echo(k)}"
     return None
 
 

@@ -1,5 +1,6 @@
 """The adapter book (llmgw.route.adapters): its decisions, and its invariants under random
-request / finish / load / unload / failure / restart sequences (hypothesis state machine)."""
+request / finish / load / unload / failure / restart sequences, adapters withdrawn from the
+declaration and retired, and holdings an engine lost (hypothesis state machine)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from llmgw.route.adapters import AdapterBook, AdapterSettings, Load, NoRoom
+from llmgw.route.adapters import AdapterBook, AdapterSettings, Load, NoRoom, Unload
 
 ALL = {"a", "b", "c", "d", "e"}
 
@@ -100,11 +101,45 @@ def test_a_restart_is_learned_but_an_answer_older_than_a_change_is_not() -> None
     assert b.idle_victim("r0", ALL | {"z"}) == "z"
 
 
-def test_pinned_and_undeclared_adapters_are_never_unloaded() -> None:
+def test_pinned_adapters_and_those_not_evictable_are_never_unloaded() -> None:
     b = AdapterBook()
     b.add_replica("r0", 2, pinned=["s"])
     b.learned("r0", ["s", "other"], 0.0)
     assert isinstance(b.choose("a", ["r0"], 1.0, evict=True, evictable=ALL), NoRoom)
+
+
+def test_an_idle_withdrawn_adapter_is_retired_and_its_slot_freed_when_the_unload_ends() -> None:
+    b = book(cap=2)
+    load(b, "r0", "a", 0.0)
+    load(b, "r0", "b", 0.0)
+    b.acquire("r0", "a", 1.0)
+    assert b.retire("r0", {"a"}, 1.0) == []  # a request for it is in flight: kept
+    b.release("r0", "a", 2.0)
+    (u,) = b.retire("r0", {"a"}, 2.0)
+    assert b.loaded("r0") == {"b"} and b.replicas["r0"].used() == 2  # out of routing, slot kept
+    assert isinstance(b.choose("c", ["r0"], 2.0, evict=False, evictable=ALL), NoRoom)
+    assert not b.learned("r0", ["a", "b"], asked_at=1.5)  # an answer from before: ignored
+    b.unload_done(u, 3.0, ok=True)
+    b.unload_done(u, 3.0, ok=False)  # a second report changes nothing
+    assert b.replicas["r0"].used() == 1 and b.unloads_total["ok"] == 1
+    assert isinstance(b.choose("c", ["r0"], 3.0, evict=False, evictable=ALL), Load)
+
+
+def test_a_failed_retirement_holds_the_adapter_again_and_waits_its_backoff() -> None:
+    b = book(cap=1)
+    load(b, "r0", "a")
+    (u,) = b.retire("r0", {"a"}, 1.0)
+    b.unload_done(u, 1.0, ok=False)
+    assert b.loaded("r0") == {"a"} and b.unloads_total["failed"] == 1
+    assert b.retire("r0", {"a"}, 5.9) == [] and len(b.retire("r0", {"a"}, 6.0)) == 1
+
+
+def test_a_holding_the_engine_lost_is_forgotten() -> None:
+    b = book(cap=1)
+    load(b, "r0", "a")
+    assert b.forget("r0", "a", 1.0) and not b.forget("r0", "a", 1.0)
+    assert b.replicas["r0"].used() == 0
+    assert isinstance(b.choose("a", ["r0"], 1.0, evict=False, evictable=ALL), Load)  # loaded again
 
 
 class BookMachine(RuleBasedStateMachine):
@@ -119,6 +154,8 @@ class BookMachine(RuleBasedStateMachine):
             self.book.add_replica(rid, cap)
         self.now = 0.0
         self.loads: list[Load] = []
+        self.unloads: list[Unload] = []  # retirements begun, not ended
+        self.unwanted: set[str] = set()  # withdrawn from the declaration
         self.running: list[tuple[str, str]] = []  # acquired (replica, adapter)
 
     @rule(name=st.sampled_from(sorted(ALL)), order=st.lists(st.sampled_from(["r0", "r1", "r2"]), min_size=1, max_size=3, unique=True), evict=st.booleans())
@@ -169,9 +206,54 @@ class BookMachine(RuleBasedStateMachine):
                 self.book.release(*r, self.now)
         self.book.learned(rid, names, self.now + 0.001)
 
+    @rule(name=st.sampled_from(sorted(ALL)), back=st.booleans())
+    def the_declaration_changes(self, name: str, back: bool) -> None:
+        if back:
+            self.unwanted.discard(name)
+        else:
+            self.unwanted.add(name)
+
+    @rule(rid=st.sampled_from(["r0", "r1", "r2"]))
+    def withdrawn_adapters_are_retired(self, rid: str) -> None:
+        running = {a for r, a in self.running if r == rid}
+        used = self.book.replicas[rid].used()
+        got = self.book.retire(rid, self.unwanted, self.now)
+        for u in got:
+            assert u.adapter in self.unwanted and u.adapter not in running  # never one in flight
+            assert not self.book.holds(rid, u.adapter)  # out of routing at once
+        assert self.book.replicas[rid].used() == used  # each keeps its slot until it ends
+        self.unloads += got
+
+    @precondition(lambda self: self.unloads)
+    @rule(pick=st.integers(0, 99), ok=st.booleans())
+    def an_unload_ends(self, pick: int, ok: bool) -> None:
+        u = self.unloads.pop(pick % len(self.unloads))
+        self.book.unload_done(u, self.now, ok=ok)
+        self.book.unload_done(u, self.now, ok=not ok)  # a second report changes nothing
+        assert self.book.holds(u.replica, u.adapter) == (not ok)
+
+    @precondition(lambda self: any(h.loaded for h in self.book.replicas.values()))
+    @rule(pick=st.integers(0, 99))
+    def the_engine_lost_a_holding(self, pick: int) -> None:
+        """It restarted and answered 404: its requests there ended, the holding is dropped."""
+        held = [(rid, a) for rid, h in sorted(self.book.replicas.items()) for a in h.loaded]
+        rid, name = held[pick % len(held)]
+        for r in [r for r in self.running if r == (rid, name)]:
+            self.running.remove(r)
+            self.book.release(rid, name, self.now)
+        assert self.book.forget(rid, name, self.now) and not self.book.holds(rid, name)
+
     @rule(dt=st.sampled_from([0.0, 0.5, 2.0, 5.0]))
     def tick(self, dt: float) -> None:
         self.now += dt
+
+    @invariant()
+    def an_unload_in_progress_is_neither_held_nor_loading(self) -> None:
+        for rid in self.caps:
+            h = self.book.replicas[rid]
+            assert sorted(h.unloading) == sorted(u.adapter for u in self.unloads if u.replica == rid)
+            assert not (h.unloading.keys() & (h.loaded.keys() | h.loading.keys()))
+            assert all(not u.done for u in h.unloading.values())
 
     @invariant()
     def count_never_exceeds_the_cap(self) -> None:

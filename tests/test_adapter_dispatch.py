@@ -104,7 +104,11 @@ class AdapterLifecycle(RuleBasedStateMachine):
     def arrive(self, name: str) -> None:
         self.n += 1
         body = json.dumps({"model": name, "prompt": "x"}).encode()
-        r = Req(self.core.plan("completions", body, f"q{self.n}", strategy=None, session=None, now=self.now))
+        try:
+            r = Req(self.core.plan("completions", body, f"q{self.n}", strategy=None, session=None, now=self.now))
+        except ApiError as e:  # an adapter withdrawn from the declaration: 404 (the shell counts it)
+            assert e.status == 404 and name != "m" and self.core.table.resolve(name) is None
+            return
         self.going.append(r)
         self._step(r)
 
@@ -148,6 +152,43 @@ class AdapterLifecycle(RuleBasedStateMachine):
             self._end(r)
         else:
             self._step(r)
+
+    @precondition(lambda self: any(r.attempt and r.plan.info.adapter for r in self.going))
+    @rule(pick=st.integers(0, 99))
+    def a_holder_answers_404_for_its_adapter(self, pick: int) -> None:
+        """Its engine restarted on the same URL: the holding is dropped and the request tried
+        again (a load, another holder) — or, the second time for a request, the 404 is relayed."""
+        live = [r for r in self.going if r.attempt and r.plan.info.adapter]
+        r = live[pick % len(live)]
+        a = r.attempt
+        assert a is not None
+        if self.core.adapters.missing(r.plan, a.replica, self.now):
+            assert not self.core.adapters.book.holds(a.replica.id, r.plan.info.adapter or "")
+            self._wake(self.core.finish(r.plan, a, self.now, FailureKind.CLIENT_4XX, first_byte_at=None, status=404))
+            r.attempt = None
+            self._step(r)
+        else:
+            self._wake(self.core.finish(r.plan, a, self.now, None, first_byte_at=self.now, status=404))
+            r.attempt = None
+            self._end(r)
+
+    @rule(gone=st.sampled_from(["", "a", "b", "c"]))
+    def the_model_is_redefined(self, gone: str) -> None:
+        """PUT without adapter ``gone`` (or with all three again): it leaves routing at once."""
+        text = CFG if not gone else CFG.replace(f'[[models.adapters]]\nname = "{gone}"\nsource = "/ad/{gone}"\n', "")
+        self.core.table.add_model(parse_config(text).models[0])
+        self.core.adapters.model_changed("m")
+        if gone:
+            assert self.core.table.resolve(gone) is None
+
+    @rule()
+    def withdrawn_adapters_are_retired(self) -> None:
+        """The shell's retire loop: unloads begin (idle ones only) and end at once."""
+        routing = self.core.adapters
+        for u in routing.retire_due(self.now):
+            assert not any(r.attempt and r.attempt.replica.id == u.replica and r.plan.info.adapter == u.adapter
+                           for r in self.going), "an adapter with a request in flight is never unloaded"
+            self._wake(routing.unload_done(u, self.now, ok=True))
 
     @precondition(lambda self: any(r.ticket for r in self.going))
     @rule(pick=st.integers(0, 99))
@@ -301,3 +342,102 @@ def test_with_every_breaker_open_an_adapter_request_is_not_held_in_the_queue() -
         assert e.status == 503 and e.counted
     else:
         assert not isinstance(step, (Load, Ticket)), step
+
+
+def _held(core: RouterCore, name: str, now: float) -> tuple[Plan, Attempt]:
+    """A request for ``name`` that loaded it and now runs on its holder."""
+    p = core.plan("completions", json.dumps({"model": name, "prompt": "x"}).encode(), f"q-{name}-{now}",
+                  strategy=None, session=None, now=now)
+    ld = core.next(p, now, 0.0)
+    assert isinstance(ld, Load)
+    core.adapters.load_done(ld, now, None)
+    core.adapters.waited(p, now)
+    a = core.next(p, now, 0.0)
+    assert isinstance(a, Attempt) and a.replica.id == ld.replica
+    return p, a
+
+
+def test_a_withdrawn_adapter_leaves_routing_at_once_and_is_retired_once_idle() -> None:
+    core = core_of()
+    pokes: list[int] = []
+    core.adapters.on_retire = lambda: pokes.append(1)
+    p, a = _held(core, "a", 0.0)
+    core.table.add_model(parse_config(CFG.replace('name = "a"\nsource = "/ad/a"\n', 'name = "d"\nsource = "/ad/d"\n'))
+                         .models[0])
+    core.adapters.model_changed("m")
+    assert pokes and core.table.resolve("a") is None and "a" not in core.table.models["m"].adapters
+    assert core.table.models["m"].withdrawn == {"a"}
+    try:
+        core.plan("completions", b'{"model": "a", "prompt": "x"}', "q2", strategy=None, session=None, now=1.0)
+        raise AssertionError("no error")
+    except ApiError as e:
+        assert e.status == 404 and e.body()["error"]["code"] == "model_not_found"
+    assert core.adapters.retire_due(1.0) == []  # its request is in flight
+    pokes.clear()
+    core.finish(p, a, 2.0, None, first_byte_at=1.5, status=200)
+    assert pokes  # the last request ended: the shell looks again
+    (u,) = core.adapters.retire_due(2.0)
+    assert (u.replica, u.adapter, u.model) == (a.replica.id, "a", "m")
+    assert core.adapters.book.replicas[u.replica].used() == 1  # until the unload ends
+    core.adapters.unload_done(u, 3.0, ok=True)
+    assert core.adapters.book.replicas[u.replica].used() == 0 and core.table.models["m"].withdrawn == set()
+
+
+def test_an_adapter_an_engine_lists_without_a_declaration_is_not_served_and_is_retired() -> None:
+    core = core_of()
+    rep = core.table.models["m"].replicas[0]
+    core.adapters.listed(rep, {"stray", "a"}, 1.0)
+    assert core.table.resolve("stray") is None and core.table.resolve("a") is not None
+    assert [u.adapter for u in core.adapters.retire_due(1.0)] == ["stray"]
+
+
+def test_a_model_without_declarations_serves_what_its_engines_list_but_not_a_withdrawn_adapter() -> None:
+    bare = CFG.split("[[models.adapters]]")[0]
+    core = core_of(bare)
+    rep = core.table.models["m"].replicas[0]
+    core.adapters.listed(rep, {"hand"}, 1.0)
+    assert core.table.resolve("hand") is not None and core.adapters.retire_due(1.0) == []
+    core.table.models["m"].withdrawn.add("hand")  # as a redefinition that removed it leaves it
+    core.adapters.listed(rep, {"hand"}, 2.0)
+    assert core.table.resolve("hand") is None and len(core.adapters.retire_due(2.0)) == 1
+
+
+def test_a_holder_that_answers_404_for_its_adapter_loses_it_and_the_request_loads_it_again() -> None:
+    core = core_of()
+    p, a = _held(core, "a", 0.0)
+    assert core.adapters.missing(p, a.replica, 1.0)
+    assert not core.adapters.book.holds(a.replica.id, "a") and a.replica.id not in p.tried
+    core.finish(p, a, 1.0, FailureKind.CLIENT_4XX, first_byte_at=None, status=404)
+    assert a.replica.breaker.state == "closed" and not p.counted
+    again = core.next(p, 1.0, 0.0)
+    assert isinstance(again, Load) and again.adapter == "a"
+    core.adapters.load_done(again, 1.1, None)
+    core.adapters.waited(p, 1.1)
+    assert isinstance(core.next(p, 1.1, 0.0), Attempt)
+
+
+def test_a_second_404_for_the_same_request_is_the_engine_s_answer() -> None:
+    core = core_of()
+    p, a = _held(core, "a", 0.0)
+    assert core.adapters.missing(p, a.replica, 1.0)
+    core.finish(p, a, 1.0, FailureKind.CLIENT_4XX, first_byte_at=None, status=404)
+    ld = core.next(p, 1.0, 0.0)
+    assert isinstance(ld, Load)
+    core.adapters.load_done(ld, 1.1, None)
+    core.adapters.waited(p, 1.1)
+    again = core.next(p, 1.1, 0.0)
+    assert isinstance(again, Attempt) and not core.adapters.missing(p, again.replica, 1.2)
+    assert core.adapters.book.holds(again.replica.id, "a")  # still held: the 404 is relayed
+
+
+def test_every_request_that_got_the_404_retries_not_only_the_first() -> None:
+    core = core_of(CFG.replace("max_inflight_per_replica = 2", "max_inflight_per_replica = 4"))
+    p1, a1 = _held(core, "a", 0.0)
+    p2 = core.plan("completions", b'{"model": "a", "prompt": "x"}', "q2", strategy=None, session=None, now=0.1)
+    a2 = core.next(p2, 0.1, 0.0)
+    assert isinstance(a2, Attempt) and a2.replica is a1.replica
+    assert core.adapters.missing(p1, a1.replica, 1.0) and core.adapters.missing(p2, a2.replica, 1.0)
+    for p, a in ((p1, a1), (p2, a2)):
+        core.finish(p, a, 1.0, FailureKind.CLIENT_4XX, first_byte_at=None, status=404)
+    ld = core.next(p1, 1.0, 0.0)
+    assert isinstance(ld, Load) and core.next(p2, 1.0, 0.0) is ld  # one load for both

@@ -18,7 +18,8 @@ import trio
 from llmgw.config import parse_config
 from llmgw.daemon.net.upstream import UpstreamPool
 from llmgw.daemon.router.registry import Registry
-from llmgw.route.engine_answers import MAX_ADAPTERS, BadAnswer, adapters_of, slot_count_of
+from llmgw.route.contract import ScrapeResult
+from llmgw.route.engine_answers import MAX_ADAPTERS, BadAnswer, adapters_of, restarted, slot_count_of
 
 from .stub_engine import METRICS, StubEngine, answer, handler_of, send_huge
 from .test_router_integration import Daemon, write_config
@@ -184,3 +185,48 @@ def test_huge_engine_answers_keep_the_router_small_and_serving(procs: list[Any],
     log = "".join(d.err)
     assert "exceeds 4194304 bytes" in log and "Traceback" not in log
     assert log.count("/metrics from") <= 2  # logged when it started, then at most once a minute
+
+
+def test_a_restart_shows_as_cumulative_counters_going_backwards() -> None:
+    before = ScrapeResult("vllm", finished_total=12.0, prefix_queries_total=800.0, prefix_hits_total=200.0)
+    assert not restarted(None, before)
+    assert not restarted(before, ScrapeResult("vllm", finished_total=13.0, prefix_queries_total=900.0,
+                                              prefix_hits_total=200.0))
+    assert restarted(before, ScrapeResult("vllm", finished_total=0.0, prefix_queries_total=0.0, prefix_hits_total=0.0))
+    assert restarted(before, ScrapeResult("vllm", finished_total=12.0, prefix_queries_total=5.0))
+    assert not restarted(before, ScrapeResult("vllm"))  # a counter missing says nothing
+
+
+def test_a_scrape_that_shows_a_restart_reads_the_engines_models_at_once() -> None:
+    """Issue 21 item 6: the router's /v1/models read (every tenth scrape) comes at once when the
+    engine's counters went backwards (a stub engine over a real socket: its answers, its log)."""
+    finished = [7]
+    asked: list[str] = []
+
+    def metrics(conn: socket.socket, method: str, path: str, body: bytes) -> None:
+        asked.append(path)
+        text = METRICS + b"# TYPE vllm:request_success_total counter\n" + \
+            f'vllm:request_success_total{{finished_reason="stop"}} {finished[0]}\n'.encode()
+        conn.sendall(answer(200, text, [("content-type", "text/plain")]))
+
+    def models(conn: socket.socket, method: str, path: str, body: bytes) -> None:
+        asked.append(path)
+        conn.sendall(answer(200, b'{"object":"list","data":[{"id":"m","object":"model","parent":null}]}'))
+
+    engine = StubEngine(handler_of({"/metrics": metrics, "/v1/models": models}))
+    try:
+        reg = Registry(parse_config(CFG.format(engine="vllm").replace("http://127.0.0.1:1", engine.url)))
+        rep = next(iter(reg.replicas.values()))
+
+        async def main() -> None:
+            async with UpstreamPool() as pool:
+                await reg.scrape_one(pool, rep)
+                await reg.scrape_one(pool, rep)  # the same engine: /metrics only
+                assert asked == ["/metrics", "/metrics"]
+                finished[0] = 0  # a new process counts from zero
+                await reg.scrape_one(pool, rep)
+                assert asked[2:] == ["/metrics", "/v1/models"]
+
+        trio.run(main)
+    finally:
+        engine.stop()

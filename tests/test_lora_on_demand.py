@@ -1,12 +1,15 @@
 """LoRA adapters on demand (vLLM): the router in front of real `llmgw sim` processes, which
 implement vLLM's runtime LoRA API. Cold load once under 20 concurrent requests, LRU idle unload at
 the cap, an adapter with a stream in flight kept, a hot adapter spreading, a failed load reaching
-the clients and retried after its backoff, a restarted replica's holdings re-learned."""
+the clients and retried after its backoff, a restarted replica's holdings re-learned (and its
+adapter loaded again at once when it answers 404 for it), an adapter removed from the declaration
+leaving routing at once and unloaded once idle."""
 
 from __future__ import annotations
 
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +33,9 @@ def lora_sim(procs: list[Any], *extra: str, port: int = 0) -> SimProc:
 
 
 def lora_router(procs: list[Any], tmp: Path, sims: list[SimProc], adapters: dict[str, str], *, cap: int = 4,
-                router: str = "", pools: str = "", pool: str | None = None, urls: list[str] | None = None) -> Daemon:
-    lines = ["[server]", 'host = "127.0.0.1"', "[router]", "scrape_interval_s = 0.2", "adapter_backoff_s = 0.5",
+                router: str = "", pools: str = "", pool: str | None = None, urls: list[str] | None = None,
+                scrape_s: float = 0.2) -> Daemon:
+    lines = ["[server]", 'host = "127.0.0.1"', "[router]", f"scrape_interval_s = {scrape_s}", "adapter_backoff_s = 0.5",
              router, "[control]", f"store = {json.dumps(str(tmp / 'router.db'))}",
              "[admin]", f"socket = {json.dumps(str(tmp / 'admin' / 'admin.sock'))}", pools,
              "[[models]]", 'name = "m"', 'engine = "vllm"', f"max_loaded_adapters = {cap}"]
@@ -192,6 +196,61 @@ def test_a_restarted_replica_s_holdings_are_relearned(procs: list[Any], tmp_path
     assert loads(d) == 1  # b was held after the restart: no load
     assert ask(d, "a").status_code == 200  # the slot of b (idle) is made room of; a is loaded again
     assert listed(s2) == {"a"} and loads(d) == 2
+
+
+def test_an_engine_restarted_on_the_same_url_gets_its_adapter_again_without_a_404(procs: list[Any],
+                                                                                  tmp_path: Path) -> None:
+    """Issue 21 item 6: the restarted engine answers 404 for an adapter the book says it holds;
+    the router loads it again and the client gets 200 — long before the model-list refresh (every
+    10 scrapes: 50 s here)."""
+    port = free_port()
+    s = lora_sim(procs, "--sim-zero-cost", port=port)
+    d = lora_router(procs, tmp_path, [s], {"a": "/ad/a"}, scrape_s=5.0)
+    wait_for(lambda: ask(d, "a").status_code == 200, timeout=15)
+    assert listed(s) == {"a"} and loads(d) == 1
+    s.stop()
+    s2 = lora_sim(procs, "--sim-zero-cost", port=port)
+    assert listed(s2) == set()
+    with ThreadPoolExecutor(8) as pool:  # a burst: every request that meets the 404 tries again
+        answers = list(pool.map(lambda _: ask(d, "a"), range(8)))
+    assert [r.status_code for r in answers] == [200] * 8, [r.text for r in answers if r.status_code != 200]
+    assert listed(s2) == {"a"} and loads(d) == 2  # loaded again once
+    assert ask(d, "a").status_code == 200 and loads(d) == 2  # held again: no other load
+
+
+def test_a_removed_adapter_stops_being_served_and_is_unloaded_once_idle(procs: list[Any], tmp_path: Path) -> None:
+    """Issue 21 item 3: `PUT` the model without `e1` — requests for it get 404 at once, /v1/models
+    drops it, it is not unloaded while a stream for it runs, then is, and its slot serves others."""
+    s = lora_sim(procs, *SLOW)
+    d = lora_router(procs, tmp_path, [], {}, urls=[])  # the config's model "m" has no replica
+    decl = {"name": "n", "engine": "vllm", "max_loaded_adapters": 2, "replicas": [{"url": s.url}],
+            "adapters": [{"name": "e1", "source": "/ad/e1"}, {"name": "e2", "source": "/ad/e2"}]}
+    sock = tmp_path / "admin" / "admin.sock"
+    body = {"model": "e1", "prompt": "x", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    ids = lambda: {o["id"] for o in httpx.get(f"{d.url}/v1/models").json()["data"]}  # noqa: E731
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://llmgw", timeout=30) as admin:
+        assert admin.put("/api/v1/models/n", json=decl).status_code in (200, 201)
+        wait_for(lambda: ask(d, "e1", max_tokens=1).status_code == 200, timeout=15)
+        assert listed(s) == {"e1"} and "e1" in ids()
+        with httpx.Client(timeout=30) as c, c.stream("POST", f"{d.url}/v1/completions", json=body) as held:
+            assert held.status_code == 200
+            chunks = held.iter_bytes()
+            next(chunks)  # the stream for e1 is running
+            decl["adapters"] = [{"name": "e2", "source": "/ad/e2"}, {"name": "e3", "source": "/ad/e3"}]
+            r = admin.put("/api/v1/models/n", json=decl)
+            assert r.status_code == 200, r.text
+            r = ask(d, "e1")
+            assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+            assert "e1" not in ids() and {"e2", "e3"} <= ids()
+            assert listed(s) == {"e1"}  # a stream is in flight: not unloaded
+            rest = b"".join(chunks)
+        assert rest.rstrip().endswith(b"data: [DONE]")
+        wait_for(lambda: listed(s) == set(), timeout=10)  # idle now: unloaded, its slot free
+        rows = admin.get("/api/v1/adapters").json()["replicas"][0]
+        assert rows["used"] == 0 and rows["adapters"] == []
+    assert ask(d, "e2").status_code == 200 and ask(d, "e3").status_code == 200
+    assert listed(s) == {"e2", "e3"}  # both slots usable: nothing was pushed out to make room
+    assert loads(d) == 3 and router_metric(d, "llmgw_adapter_unloads_total", outcome="ok") == 1
 
 
 def test_an_unknown_adapter_is_a_404_in_the_openai_envelope(procs: list[Any], tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ __all__ = ["AdapterFailure", "AdapterHeld", "AdapterSummary", "ReplicaAdapters"]
 @dataclass(slots=True)
 class AdapterHeld:
     adapter: str
-    state: str = prop("`loaded`, `pinned` (static, or loaded outside llmgw: never unloaded by it) or `loading`")
+    state: str = prop("`loaded`, `pinned` (static: never unloaded by llmgw), `loading`, or `unloading` (the "
+                      "model no longer serves it: removed from its declaration, or listed by the engine without "
+                      "one)")
     inflight: int = prop("requests running on it on this replica")
     idle_s: float | None = prop("seconds since it was last used through the router; null if never (or loading)")
     waiting: int = prop("requests waiting for its load (while loading)")

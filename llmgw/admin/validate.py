@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from llmgw.admin.schema import Problem
 from llmgw.admin.typeinfo import annotated_shape, spec_fields, unwrap_optional
+from llmgw.route.echo import echo
 
 __all__ = ["Invalid", "from_json", "query_value"]
 
@@ -43,7 +44,7 @@ def query_value(name: str, tp: type, raw: str, constraints: dict[str, Any]) -> A
     value: Any
     if tp is int:
         if not _INT.fullmatch(raw):
-            raise Invalid([Problem(name, f"expected an integer, got {raw!r}")])
+            raise Invalid([Problem(name, f"expected an integer, got {echo(raw)}")])
         value = int(raw)
     elif tp is float:
         try:
@@ -51,10 +52,10 @@ def query_value(name: str, tp: type, raw: str, constraints: dict[str, Any]) -> A
         except ValueError:
             value = math.nan
         if not math.isfinite(value):
-            raise Invalid([Problem(name, f"expected a number, got {raw!r}")])
+            raise Invalid([Problem(name, f"expected a number, got {echo(raw)}")])
     elif tp is bool:
         if raw not in ("true", "false"):
-            raise Invalid([Problem(name, f"expected true or false, got {raw!r}")])
+            raise Invalid([Problem(name, f"expected true or false, got {echo(raw)}")])
         value = raw == "true"
     else:
         value = raw
@@ -79,6 +80,7 @@ def _type_name(v: Any) -> str:
 def _at(where: str, key: str | int) -> str:
     if isinstance(key, int):
         return f"{where}[{key}]"
+    key = echo(key, quote="")  # a client's field name: bounded
     return f"{where}.{key}" if where else key
 
 
@@ -102,7 +104,8 @@ def _convert(tp: Any, v: Any, where: str, problems: list[Problem]) -> Any:
     if origin is Literal:
         choices = get_args(tp)
         if v not in choices or isinstance(v, bool) != any(isinstance(c, bool) for c in choices):
-            problems.append(Problem(where, f"expected one of {', '.join(map(repr, choices))}, got {v!r}"))
+            got = echo(v) if isinstance(v, str) else repr(v)
+            problems.append(Problem(where, f"expected one of {', '.join(map(repr, choices))}, got {got}"))
             return _BAD
         return v
     if origin is list:

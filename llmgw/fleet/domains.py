@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from llmgw.route.echo import echo
+
 __all__ = ["LABEL_PREFIX", "LEVELS", "DomainError", "check_label_value", "domain_key", "expand_key",
            "node_domains", "parse_domain"]
 
@@ -61,11 +63,11 @@ def parse_domain(text: str, known: Iterable[str] | None = None) -> str:
     key = key.strip()
     level = _LEVEL_KEYS.get(key, key)
     if not eq or level not in LEVELS:
-        raise DomainError(f"domain {text!r}: expected LEVEL=VALUE with LEVEL one of {', '.join(LEVELS)} "
+        raise DomainError(f"domain {echo(text)}: expected LEVEL=VALUE with LEVEL one of {', '.join(LEVELS)} "
                           "(e.g. rack=r12)")
     value = value.strip()
     if not _VALUE.fullmatch(value):
-        raise DomainError(f"domain {text!r}: the value must be 1-63 letters, digits, '.', '_' or '-'")
+        raise DomainError(f"domain {echo(text)}: the value must be 1-63 letters, digits, '.', '_' or '-'")
     d = domain_key(level, value)
     if known is not None:
         names = sorted(set(known))

@@ -17,14 +17,26 @@ Before admission, a request for such an adapter is looked at here (:meth:`Adapte
 
 The step is a :class:`~.adapters.Load` for the shell to wait on (it starts the HTTP calls of a
 new one); the shell then reports with :meth:`waited` (raising the failure, counted, for every
-request that waited on a failed load) and, for the load itself, :meth:`load_done`. Pure."""
+request that waited on a failed load) and, for the load itself, :meth:`load_done`.
+
+**Adapters the model no longer serves** (:meth:`~.replicas.ModelEntry.serves_listed`: removed
+from its declaration, or listed by an engine without one) leave routing at once (the table's
+view never has them) and are unloaded from every holder once no request for them is in flight:
+:meth:`retire_due` hands the shell the unloads to run (it calls it when ``on_retire`` pokes it —
+a redefinition, the last request of such an adapter ending, a listing — and once a second, for
+failed unloads whose backoff ended), and :meth:`unload_done` takes each end.
+
+**A holding the engine lost** (it restarted on the same URL and answers 404 for the adapter):
+:meth:`missing` drops it, so the request is tried again by the normal path — the adapter is
+loaded again, or another holder serves it — and never reaches the client as a 404. Pure."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
-from .adapters import AdapterBook, AdapterSettings, Load, LoadFailure
+from .adapters import AdapterBook, AdapterSettings, Load, LoadFailure, Unload
 from .admission import Ticket
 from .filters import is_saturated, load_estimate
 from .openai_req import ApiError
@@ -42,6 +54,7 @@ class AdapterRouting:
     def __init__(self, core: RouterCore, settings: AdapterSettings) -> None:
         self.core = core
         self.book = AdapterBook(settings)
+        self.on_retire: Callable[[], None] = _nothing  # the shell's: retire_due has work now
 
     # -- replicas ------------------------------------------------------------------------------
     def add_replica(self, rep: Replica) -> None:
@@ -61,6 +74,7 @@ class AdapterRouting:
         entry = self.core.table.models.get(model)
         for rep in entry.replicas if entry is not None else ():
             self.add_replica(rep)
+        self.on_retire()  # an adapter it no longer declares is unloaded once idle
 
     def listed(self, rep: Replica, names: frozenset[str] | set[str], asked_at: float) -> list[Ticket]:
         """The engine's /v1/models (asked at ``asked_at``) lists these adapters: a restart is
@@ -72,12 +86,81 @@ class AdapterRouting:
         before = self.book.loaded(rep.id)
         self.book.learned(rep.id, names, asked_at)
         self._sync(rep)
+        if not rep.view.adapters >= self.book.loaded(rep.id):  # it holds one the model does not serve
+            self.on_retire()
         if self.book.loaded(rep.id) != before:
             return self.core.capacity_freed(rep.view.model, everyone=True)
         return []
 
     def _sync(self, rep: Replica) -> None:
-        self.core.table.set_adapters(rep, self.book.loaded(rep.id))
+        self.core.table.set_adapters(rep, self.book.loaded(rep.id))  # those the model serves
+
+    # -- adapters the model no longer serves; holdings an engine lost ---------------------------
+    def retire_due(self, now: float) -> list[Unload]:
+        """The unloads to begin now: every idle adapter a replica holds that its model does not
+        serve (module docstring). Each has left routing already."""
+        table = self.core.table
+        out: list[Unload] = []
+        for rid, h in self.book.replicas.items():
+            rep = table.replicas.get(rid)
+            entry = table.models.get(rep.view.model) if rep is not None else None
+            if rep is None or entry is None or not h.loaded:
+                continue
+            unwanted = {a for a in h.loaded if not entry.serves_listed(a)}
+            if not unwanted:
+                continue
+            got = self.book.retire(rid, unwanted, now)
+            for u in got:
+                u.model = entry.name
+            if got:
+                self._sync(rep)
+                out += got
+        return out
+
+    def unload_done(self, u: Unload, now: float, *, ok: bool) -> list[Ticket]:
+        """The shell's unload ended: the slot is free (or, failed, held again for a later try);
+        a request waiting for room may look again. An adapter no engine holds any more is
+        forgotten as withdrawn."""
+        self.book.unload_done(u, now, ok=ok)
+        table = self.core.table
+        rep = table.replicas.get(u.replica)
+        if rep is not None:
+            self._sync(rep)
+        entry = table.models.get(u.model)
+        if entry is not None and u.adapter in entry.withdrawn and not any(
+                u.adapter in h.loaded or u.adapter in h.unloading
+                for r in entry.replicas if (h := self.book.replicas.get(r.id)) is not None):
+            entry.withdrawn.discard(u.adapter)
+        return self.core.capacity_freed(u.model, everyone=True)
+
+    def release(self, rid: str, adapter: str, now: float) -> None:
+        """A request for ``adapter`` on the replica ended: the book counts it; the last one of an
+        adapter the model no longer serves lets it be unloaded."""
+        book = self.book
+        book.release(rid, adapter, now)
+        h = book.replicas.get(rid)
+        if h is None or adapter not in h.loaded or h.inflight.get(adapter, 0):
+            return
+        rep = self.core.table.replicas.get(rid)
+        entry = self.core.table.models.get(rep.view.model) if rep is not None else None
+        if entry is not None and not entry.serves_listed(adapter):
+            self.on_retire()
+
+    def missing(self, plan: Plan, rep: Replica, now: float) -> bool:
+        """The replica, chosen as a holder of the plan's adapter, answered 404: its engine lost it
+        (restarted on the same URL). The holding is dropped (a concurrent request may have done
+        so already) and the replica may be tried again for this request (a load puts the adapter
+        back). True if so: the shell retries instead of relaying the 404. Only on-demand adapters
+        (a static one comes back with the engine's restart), and once a request: a second 404 (an
+        engine that answers 404 for another reason, e.g. a route it lacks) is relayed."""
+        name = plan.info.adapter
+        if name is None or plan.adapter_missing or not plan.entry.on_demand(name):
+            return False
+        if self.book.forget(rep.id, name, now):
+            self._sync(rep)
+        plan.adapter_missing = True
+        plan.tried.discard(rep.id)
+        return True
 
     # -- a request -----------------------------------------------------------------------------
     def step(self, plan: Plan, now: float) -> Load | Ticket | None:
@@ -118,7 +201,7 @@ class AdapterRouting:
         others = sorted((r for r in live if not book.holds(r.id, name) and not is_saturated(r.view, cfg)),
                         key=lambda r: load_estimate(r.view))
         got = book.choose(name, [r.id for r in others], now, evict=not holders,
-                          evictable={a for a in entry.declared if entry.on_demand(a)})
+                          evictable=_EVERY)  # pinned (static) ones excepted by the book
         if isinstance(got, Load):
             got.model = entry.name
             got.waiters = 1
@@ -187,7 +270,24 @@ class AdapterRouting:
         rep = self.core.table.replicas.get(ld.replica)
         if rep is not None:
             self._sync(rep)
+            if not rep.view.adapters >= self.book.loaded(rep.id):  # withdrawn while it loaded
+                self.on_retire()
         return self.core.capacity_freed(ld.model, everyone=True)
 
     def unloaded(self, ld: Load, now: float, *, ok: bool) -> None:
         self.book.unloaded(ld, now, ok=ok)
+
+
+def _nothing() -> None:
+    pass
+
+
+class _Every:
+    """Contains everything: any idle adapter a replica holds may make room, the static (pinned)
+    ones excepted — one an engine lists without a declaration included."""
+
+    def __contains__(self, _item: object) -> bool:
+        return True
+
+
+_EVERY = _Every()

@@ -8,7 +8,11 @@ is the source of truth. Per replica the book keeps:
 * ``inflight``: requests running per adapter (an adapter with one is never unloaded);
 * ``loading``: the loads in progress, one per (replica, adapter) at most (single flight: every
   request for a cold adapter waits on the same :class:`Load`);
-* ``pinned``: adapters the router must not unload (static ones, loaded at start).
+* ``pinned``: adapters the router must not unload (static ones, loaded at start);
+* ``unloading``: adapters being unloaded because the model no longer serves them (removed from
+  its declaration, or listed by the engine without one): :meth:`AdapterBook.retire` takes only
+  idle ones, and each keeps its slot until :meth:`AdapterBook.unload_done` (the engine holds it
+  until then). A failed unload holds the adapter again, not retired before ``backoff_s``.
 
 A failed load is remembered per (replica, adapter) with a backoff that doubles from
 ``backoff_s`` to ``backoff_max_s``: that pair is not tried again before it ends (no tight loop),
@@ -26,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["AdapterBook", "AdapterSettings", "Load", "LoadFailure", "NoRoom", "LATENCY_BUCKETS"]
+__all__ = ["AdapterBook", "AdapterSettings", "Load", "LoadFailure", "NoRoom", "Unload", "LATENCY_BUCKETS"]
 
 # Load latency histogram buckets, seconds (a local adapter loads in well under a second; a
 # repository download takes minutes).
@@ -57,6 +61,17 @@ class Load:
     error: LoadFailure | None = None  # set when it failed
 
 
+@dataclass(slots=True, eq=False)
+class Unload:
+    """One unload in progress of an adapter the model no longer serves (see AdapterBook.retire)."""
+
+    replica: str
+    adapter: str
+    started: float
+    model: str = ""  # the base model (the router's core sets it)
+    done: bool = False
+
+
 @dataclass(slots=True)
 class LoadFailure:
     """Why a load failed, and when the pair may be tried again."""
@@ -84,10 +99,12 @@ class _Holdings:
     inflight: dict[str, int] = field(default_factory=dict)
     loading: dict[str, Load] = field(default_factory=dict)
     pinned: frozenset[str] = frozenset()
+    unloading: dict[str, Unload] = field(default_factory=dict)
+    unload_retry: dict[str, float] = field(default_factory=dict)  # adapter -> no retire before (a failed unload)
     changed_at: float = float("-inf")  # the router's last change: /v1/models asked before is stale
 
     def used(self) -> int:
-        return len(self.loaded) + len(self.loading)
+        return len(self.loaded) + len(self.loading) + len(self.unloading)
 
 
 class AdapterBook:
@@ -121,14 +138,15 @@ class AdapterBook:
     def learned(self, rid: str, names: Iterable[str], asked_at: float) -> bool:
         """The engine's /v1/models, asked at ``asked_at``, lists ``names``: after a restart it holds
         fewer (or others). Ignored when the router changed this replica's holdings since it asked
-        (the answer may predate a load or unload). Loads in progress stay reserved. True if used."""
+        (the answer may predate a load or unload). Loads and unloads in progress stay reserved.
+        True if used."""
         h = self.replicas.get(rid)
         if h is None or asked_at < h.changed_at:
             return False
         listed = set(names)
         old = h.loaded
         h.loaded = {a: t for a, t in old.items() if a in listed}
-        for a in sorted(listed - old.keys() - h.loading.keys()):
+        for a in sorted(listed - old.keys() - h.loading.keys() - h.unloading.keys()):
             h.loaded[a] = float("-inf")  # held, never used by us: the first to go when idle
         return True
 
@@ -178,7 +196,7 @@ class AdapterBook:
         ids: list[str] = []
         for rid in candidates:
             h = self.replicas.get(rid)
-            if h is None or adapter in h.loaded or adapter in h.loading:
+            if h is None or adapter in h.loaded or adapter in h.loading or adapter in h.unloading:
                 continue
             f = self.failures.get((rid, adapter))
             if f is not None and now < f.retry_at:
@@ -253,6 +271,54 @@ class AdapterBook:
         elif ld.unload_failed and ld.unload is not None and ld.unload not in h.loaded:
             h.loaded[ld.unload] = float("-inf")  # still on the engine: its slot back
 
+    # -- adapters the model no longer serves, and holdings the engine lost -----------------------
+    def retire(self, rid: str, unwanted: Container[str], now: float) -> list[Unload]:
+        """Begin unloading each idle (no request in flight), unpinned adapter of the replica that is
+        in ``unwanted``, unless a failed unload of it is in its backoff. Each leaves routing at
+        once and keeps its slot until :meth:`unload_done`."""
+        h = self.replicas.get(rid)
+        if h is None:
+            return []
+        out = []
+        for a in [a for a in h.loaded if a in unwanted and a not in h.pinned and not h.inflight.get(a, 0)]:
+            if now < h.unload_retry.get(a, float("-inf")):
+                continue
+            del h.loaded[a]
+            u = h.unloading[a] = Unload(rid, a, now)
+            out.append(u)
+        if out:
+            h.changed_at = now
+        return out
+
+    def unload_done(self, u: Unload, now: float, *, ok: bool) -> None:
+        """The shell's unload ended. Ok: the slot is free. Not ok: the engine may still hold the
+        adapter, so it is held again (unused: the first to go) and not retired for ``backoff_s``.
+        Once; a second call does nothing."""
+        if u.done:
+            return
+        u.done = True
+        self.unloads_total["ok" if ok else "failed"] += 1
+        h = self.replicas.get(u.replica)
+        if h is None or h.unloading.get(u.adapter) is not u:
+            return
+        del h.unloading[u.adapter]
+        h.changed_at = now
+        if ok:
+            h.unload_retry.pop(u.adapter, None)
+        else:
+            h.loaded[u.adapter] = float("-inf")
+            h.unload_retry[u.adapter] = now + self.settings.backoff_s
+
+    def forget(self, rid: str, adapter: str, now: float) -> bool:
+        """The engine does not have ``adapter`` although the book says it holds it (it restarted,
+        and answered a request for it 404): drop the holding (its slot is free). True if held."""
+        h = self.replicas.get(rid)
+        if h is None or adapter not in h.loaded:
+            return False
+        del h.loaded[adapter]
+        h.changed_at = now
+        return True
+
     # -- requests ----------------------------------------------------------------------------------
     def acquire(self, rid: str, adapter: str, now: float) -> None:
         h = self.replicas.get(rid)
@@ -286,6 +352,8 @@ class AdapterBook:
             for a, ld in h.loading.items():
                 rows.append({"adapter": a, "state": "loading", "inflight": 0, "idle_s": None,
                              "waiting": ld.waiters, "unloading": ld.unload})
+            for a in h.unloading:
+                rows.append({"adapter": a, "state": "unloading", "inflight": 0, "idle_s": None})
             failed = [{"adapter": a, "reason": f.reason, "failures": f.count,
                        "retry_in_s": round(max(0.0, f.retry_at - now), 3)}
                       for (r, a), f in sorted(self.failures.items()) if r == rid]

@@ -42,6 +42,7 @@ from .attempt import Attempt
 from .breaker import NO_SLOT, FailureKind, Permit
 from .cache_stats import CacheStats
 from .counters import RouterCounters
+from .echo import echo
 from .filters import is_saturated
 from .kv_scorer import KvCacheScorer
 from .lora_body import request_body
@@ -127,12 +128,12 @@ class RouterCore:
             if revision == "candidate":
                 resolved = self.table.resolve_candidate(b.model)
                 if resolved is None:
-                    raise ApiError(404, f"The model `{b.model}` has no candidate revision.", param="model",
-                                   code="model_not_found")
+                    raise ApiError(404, f"The model {echo(b.model, quote='`')} has no candidate revision.",
+                                   param="model", code="model_not_found")
             else:
                 resolved = self.table.resolve(b.model)
                 if resolved is None:
-                    raise ApiError(404, f"The model `{b.model}` does not exist.", param="model",
+                    raise ApiError(404, f"The model {echo(b.model, quote='`')} does not exist.", param="model",
                                    code="model_not_found")
                 share = self.canary.get(resolved[0].name) if self.canary and revision != "live" else None
                 if share and self.rng.random() < share:
@@ -163,7 +164,7 @@ class RouterCore:
                 s = resolve(name)
             except StrategyError as e:
                 known = ", ".join(sorted({*self.strategies, *PRESET_NAMES}))
-                raise ApiError(400, f"unknown strategy {name!r}; known: {known}",
+                raise ApiError(400, f"unknown strategy {echo(name)}; known: {known}",
                                param=STRATEGY_HEADER) from e
             self.strategies[name] = s
         return s
@@ -321,7 +322,7 @@ class RouterCore:
     def _exhausted(self, plan: Plan, now: float) -> ApiError:
         f = plan.failure
         if f is None:
-            e = ApiError(503, f"No replica of `{plan.model}` can serve this request now.",
+            e = ApiError(503, f"No replica of {echo(plan.model, quote='`')} can serve this request now.",
                          type_="service_unavailable", headers=[("retry-after", "1")])
         elif f is FailureKind.TIMEOUT:
             e = ApiError(504, f"The engine did not answer in time ({plan.detail}).", type_="timeout")
@@ -428,7 +429,7 @@ class RouterCore:
                                      detail, attempt.bytes_in)
         rep = attempt.replica
         if plan.info.adapter is not None:
-            self.adapters.book.release(rep.id, plan.info.adapter, now)
+            self.adapters.release(rep.id, plan.info.adapter, now)
         was_closed = rep.breaker.state == "closed"
         model = plan.model
         started = plan.started

@@ -1,6 +1,7 @@
 """What the router reads of an engine's answers besides /metrics (:mod:`.contract` reads that):
 the LoRA adapters it serves (``/v1/models``; llama.cpp's ids and files, ``/lora-adapters``) and
-llama.cpp's slot count (``/slots``). Pure.
+llama.cpp's slot count (``/slots``); and whether two scrapes of its /metrics show that it
+restarted (:func:`restarted`). Pure.
 
 An engine's answer is input like a client's: the size of each is capped where it is read
 (``MAX_*_BYTES``, the shell's read limit), and anything of the wrong shape is a
@@ -13,7 +14,7 @@ import json
 from typing import Any
 
 __all__ = ["MAX_ADAPTERS", "MAX_LORA_BYTES", "MAX_METRICS_BYTES", "MAX_MODELS_BYTES", "MAX_NAME", "MAX_PATH",
-           "MAX_SLOTS_BYTES", "BadAnswer", "adapters_of", "lora_adapters_of", "slot_count_of"]
+           "MAX_SLOTS_BYTES", "BadAnswer", "adapters_of", "lora_adapters_of", "restarted", "slot_count_of"]
 
 # Read limits, one per answer: far above what a real engine sends (vLLM's /metrics is ~100 KB,
 # /v1/models ~300 bytes a model or adapter; llama.cpp's /slots carries each slot's prompt).
@@ -88,3 +89,17 @@ def lora_adapters_of(body: bytes) -> dict[str, int]:
         ids.add(ident)
         out[path] = ident
     return out
+
+
+def restarted(prev: Any, cur: Any) -> bool:
+    """Do two scrapes of an engine's /metrics (:class:`~.contract.ScrapeResult`) show that it
+    restarted in between? A cumulative counter (requests finished, prefix-cache queries or hits)
+    went backwards: a new process counts from zero. A restart between scrapes that finishes as
+    many requests as the old one had is not seen here (the engine's 404s for an adapter are)."""
+    if prev is None:
+        return False
+    for name in ("finished_total", "prefix_queries_total", "prefix_hits_total"):
+        a, b = getattr(prev, name), getattr(cur, name)
+        if a is not None and b is not None and b < a:
+            return True
+    return False

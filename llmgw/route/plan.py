@@ -45,6 +45,7 @@ class Plan:
     load: Load | None = None  # the adapter load it waits on (adapter_routing.py)
     adapter_wait: bool = False  # its ticket waits for an adapter slot, not for the model's admission
     wait_reason: str = ""  # ... and why (the 429's message if its deadline passes)
+    adapter_missing: bool = False  # a holder answered 404 for its adapter once (retried; a second is relayed)
     trace: Trace | None = None  # its phases, attempts and outcome (llmgw.route.trace)
     internal: bool = False  # the eval runner's: not client traffic (not in the canary's tally)
 

@@ -64,6 +64,19 @@ class ModelEntry:
     wanted: int = 0  # replicas the config asks for (static ones + [models.deploy] count): see readiness.py
     declared: dict[str, AdapterConfig] = field(default_factory=dict)  # [[models.adapters]] by name
     max_loaded_adapters: int = 4  # per replica (vLLM: the adapter book's cap)
+    # adapters removed from ``declared`` by a redefinition that an engine may still hold: never
+    # served (serves_listed), unloaded once idle (adapter_routing), forgotten when no engine has them
+    withdrawn: set[str] = field(default_factory=set)
+
+    def serves_listed(self, adapter: str) -> bool:
+        """May requests for ``adapter``, which an engine lists, be routed here? A model that
+        declares adapters serves exactly those (any other an engine lists is a leftover: removed
+        from the declaration, or loaded behind llmgw's back). One that declares none serves what
+        its engines list (a vLLM started with ``--lora-modules`` by hand), except an adapter just
+        removed from its declaration."""
+        if self.declared:
+            return adapter in self.declared
+        return adapter not in self.withdrawn
 
     def on_demand(self, adapter: str | None) -> bool:
         """Is ``adapter`` loaded on demand here (a declared, non-static adapter of a vLLM model)?"""
@@ -98,6 +111,7 @@ class ReplicaTable:
             old.engine, old.strategy, old.wanted = m.engine, m.strategy, wanted_replicas(m)
             declared = {a.name: a for a in m.adapters}
             old.max_loaded_adapters = m.max_loaded_adapters
+            old.withdrawn = (old.withdrawn | (old.declared.keys() - declared.keys())) - declared.keys()
             if declared != old.declared:  # llama.cpp: ids to learn again (its engines restart)
                 old.declared = declared
                 for r in old.replicas:
@@ -165,9 +179,10 @@ class ReplicaTable:
         return None
 
     def set_adapters(self, rep: Replica, adapters: Iterable[str]) -> None:
-        """What the replica's engine serves now (learned from its /v1/models)."""
+        """What the replica's engine serves now (learned from its /v1/models): those of them the
+        model serves (:meth:`ModelEntry.serves_listed`)."""
         entry = self.models[rep.view.model]
-        names = frozenset(adapters)
+        names = frozenset(a for a in adapters if entry.serves_listed(a))
         rep.view.adapters = names
         for ids in entry.adapters.values():
             ids.discard(rep.id)

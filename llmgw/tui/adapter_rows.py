@@ -11,7 +11,7 @@ __all__ = ["ADAPTER_COLUMNS", "adapter_rows", "adapter_summary_lines"]
 
 ADAPTER_COLUMNS = (Column("replica"), Column("model"), Column("slots"), Column("adapter"),
                    Column("state", toned=True), Column("inflight"), Column("idle"), Column("note"))
-STATE_TONES = {"loaded": "good", "pinned": "dim", "loading": "busy", "failed": "bad"}
+STATE_TONES = {"loaded": "good", "pinned": "dim", "loading": "busy", "unloading": "busy", "failed": "bad"}
 
 
 def adapter_rows(state: ConsoleState, text: str = "") -> list[Row]:

@@ -11,6 +11,7 @@ from llmgw.admin.schema import Problem
 from llmgw.admin.schema_facility import PlacementCandidate, PlacementExplanation, PlacementRecord
 from llmgw.daemon.control.admin_errors import AdminFail, invalid
 from llmgw.fleet.domains import DomainError
+from llmgw.route.echo import echo
 
 __all__ = ["FACILITY_HANDLERS"]
 
@@ -38,7 +39,7 @@ async def release_domain(app: Any, call: Any) -> Any:
     except DomainError as e:
         raise invalid([Problem("domain", str(e))], "invalid_path") from None
     except KeyError:
-        raise AdminFail(404, f"Domain {call.params['domain']!r} is not held.") from None
+        raise AdminFail(404, f"Domain {echo(call.params['domain'])} is not held.") from None
     return None
 
 
@@ -47,7 +48,7 @@ async def explain_placement(app: Any, call: Any) -> Any:
     try:
         e = app.control.explain_placement(target)
     except KeyError:
-        raise AdminFail(404, f"No placed replica or deployed model {target!r}.") from None
+        raise AdminFail(404, f"No placed replica or deployed model {echo(target)}.") from None
     return PlacementExplanation(
         model=e.model, replica=e.replica, node=e.node, domains=list(e.domains), why=e.why, counts=e.counts,
         truncated=e.truncated, warnings=e.warnings,

@@ -13,6 +13,7 @@ from llmgw.admin.lifecycle_schema import SuiteView
 from llmgw.config import ConfigError
 from llmgw.lifecycle.revisions import LifecycleError
 from llmgw.lifecycle.suites import Suite
+from llmgw.route.echo import echo
 
 __all__ = ["LIFECYCLE_HANDLERS", "BodyProblems"]
 
@@ -66,7 +67,7 @@ async def get_job(app: Any, call: Any) -> Any:
     lc = app.control.lifecycle
     job = lc.jobs.get(call.params["id"])
     if job is None:
-        raise LifecycleError(404, f"No job {call.params['id']!r}.")
+        raise LifecycleError(404, f"No job {echo(call.params['id'])}.")
     return lc.job_view(job)
 
 
@@ -77,7 +78,7 @@ async def list_suites(app: Any, call: Any) -> Any:
 async def get_suite(app: Any, call: Any) -> Any:
     s = app.control.lifecycle.suites.get(call.params["name"])
     if s is None:
-        raise LifecycleError(404, f"No suite {call.params['name']!r}.")
+        raise LifecycleError(404, f"No suite {echo(call.params['name'])}.")
     return _suite_view(s)
 
 

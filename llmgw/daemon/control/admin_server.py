@@ -59,6 +59,7 @@ from llmgw.daemon.net.httpserver import (
 )
 from llmgw.daemon.router.control_port import RouterPort
 from llmgw.lifecycle.revisions import LifecycleError
+from llmgw.route.echo import echo
 
 log = logging.getLogger("llmgw.admin")
 
@@ -147,9 +148,10 @@ class AdminApp:
         route = res.route
         if route is None:
             if res.allow:
-                raise AdminFail(405, f"Method {req.method} not allowed here; allowed: {', '.join(res.allow)}",
+                raise AdminFail(405, f"Method {echo(req.method, quote='')} not allowed here; "
+                                 f"allowed: {', '.join(res.allow)}",
                             headers=[("allow", ", ".join(res.allow))])
-            raise AdminFail(404, f"Unknown route {req.path}")
+            raise AdminFail(404, f"Unknown route {echo(req.path, quote='')}")
         call = _Call(route, res.params, self._query(route, req), self._body(route, req))
         out = await _HANDLERS[route.name](self, call)
         if isinstance(out, Response):
@@ -217,7 +219,7 @@ class AdminApp:
         for n in self.control.node_views():
             if n.name == name:
                 return n
-        raise AdminFail(404, f"No node {name!r}.")
+        raise AdminFail(404, f"No node {echo(name)}.")
 
     @staticmethod
     def _node_name(call: _Call) -> str:
@@ -240,7 +242,7 @@ class AdminApp:
     async def _remove_labels(self, call: _Call) -> Any:
         name = self._node_name(call)
         if name not in self.control.nodes.nodes:
-            raise AdminFail(404, f"No node {name!r}.")
+            raise AdminFail(404, f"No node {echo(name)}.")
         self.control.remove_labels(name, call.body.keys)
         return self._node_view(name)
 
@@ -250,7 +252,7 @@ class AdminApp:
         name = self._node_name(call)
         agents = self.control.agents
         if name not in self.control.nodes.nodes and name not in agents.identities.records:
-            raise AdminFail(404, f"No node {name!r}.")
+            raise AdminFail(404, f"No node {echo(name)}.")
         had, connected, withdrawn, store_error = agents.revoke(name)
         return NodeRevoked(node=name, had_credential=had, was_connected=connected, replicas_withdrawn=withdrawn,
                            persisted=store_error is None)
@@ -286,7 +288,7 @@ class AdminApp:
     async def _create_model(self, call: _Call) -> Any:
         name = call.body.get("name")
         if isinstance(name, str) and name in self.control.models:
-            raise AdminFail(409, f"Model {name!r} exists; PUT {PREFIX}/models/{{name}} replaces it.")
+            raise AdminFail(409, f"Model {echo(name)} exists; PUT {PREFIX}/models/{{name}} replaces it.")
         out = self._save(call.body)
         return json_response(201, out, [("location", f"{PREFIX}/models/{quote(out['name'], safe='')}")])
 
@@ -294,7 +296,7 @@ class AdminApp:
     async def _model(self, call: _Call) -> Any:
         m = self.control.models.get(call.params["name"])
         if m is None:
-            raise AdminFail(404, f"No model {call.params['name']!r}.")
+            raise AdminFail(404, f"No model {echo(call.params['name'])}.")
         return model_to_dict(m)
 
     @_handles("put_model")
@@ -302,9 +304,9 @@ class AdminApp:
         name, data = call.params["name"], call.body
         # The whole definition, name included (as GET answers it): the document requires it.
         if "name" not in data:
-            raise invalid([Problem("name", f"missing: the whole definition, with name {name!r}")], "invalid_body")
+            raise invalid([Problem("name", f"missing: the whole definition, with name {echo(name)}")], "invalid_body")
         if data["name"] != name:
-            raise invalid([Problem("name", f"must equal the name in the path, {name!r}")], "invalid_body")
+            raise invalid([Problem("name", f"must equal the name in the path, {echo(name)}")], "invalid_body")
         return self._save(data)
 
     @_handles("delete_model")
@@ -313,7 +315,7 @@ class AdminApp:
         try:
             self.control.delete_model(name)
         except KeyError:
-            raise AdminFail(404, f"No model {name!r}.") from None
+            raise AdminFail(404, f"No model {echo(name)}.") from None
         except ModelError as e:
             raise AdminFail(409, str(e)) from None
         return None
@@ -324,7 +326,7 @@ class AdminApp:
         try:
             m = self.control.scale(name, call.body.replicas)
         except KeyError:
-            raise AdminFail(404, f"No model {name!r}.") from None
+            raise AdminFail(404, f"No model {echo(name)}.") from None
         except ModelError as e:
             raise AdminFail(409, str(e)) from None
         except ConfigError as e:
@@ -344,7 +346,8 @@ class AdminApp:
         try:
             self.control.restart_replica(rid)
         except KeyError:
-            raise AdminFail(404, f"No placed replica {rid!r} (static endpoints are not restarted by llmgw).") from None
+            raise AdminFail(404, f"No placed replica {echo(rid)} (static endpoints are not restarted "
+                                 "by llmgw).") from None
         return next(r for r in self.control.replica_views() if r.replica == rid)
 
     def _endpoints(self, model: str | None = None) -> list[EndpointStatus]:
@@ -371,7 +374,7 @@ class AdminApp:
         rid = call.params["request_id"]
         decisions = [decision_view(d) for d in self.router.decisions() if d.request_id == rid]
         if not decisions:
-            raise AdminFail(404, f"No recent decision for request {rid!r}.")
+            raise AdminFail(404, f"No recent decision for request {echo(rid)}.")
         return RequestDecisions(request_id=rid, decisions=decisions)
 
     @_handles("list_traces")
@@ -388,7 +391,7 @@ class AdminApp:
             job = self.control.lifecycle.jobs.get(rid)
             t = job.trace if job is not None else None
         if t is None:
-            raise AdminFail(404, f"No recent trace for request {rid!r} (the router keeps the last "
+            raise AdminFail(404, f"No recent trace for request {echo(rid)} (the router keeps the last "
                              f"router.traces.kept; a job's trace is kept with the job).")
         return trace_view(t, trio.current_time())
 

@@ -46,6 +46,7 @@ from llmgw.lifecycle.revisions import (
     rollback_action,
 )
 from llmgw.lifecycle.suites import Suite, parse_suite
+from llmgw.route.echo import echo
 from llmgw.route.names import CANDIDATE_SUFFIX
 
 if TYPE_CHECKING:
@@ -208,7 +209,7 @@ class Lifecycle(EvalsAndViews):
         p = self.plane
         m = p.models.get(name)
         if m is None:
-            raise LifecycleError(404, f"No model {name!r}.")
+            raise LifecycleError(404, f"No model {echo(name)}.")
         if p.sources.get(name) == "config":
             raise LifecycleError(409, f"model {name} is defined in the config file: change it there (updates, "
                                       "evals against a candidate and promotes are for models made through the "
@@ -331,10 +332,10 @@ class Lifecycle(EvalsAndViews):
         promote job is made)."""
         p = self.plane
         if name not in p.models:
-            raise LifecycleError(404, f"No model {name!r}.")
+            raise LifecycleError(404, f"No model {echo(name)}.")
         for s in require:
             if s not in self.suites:
-                raise LifecycleError(404, f"No suite {s!r}.")
+                raise LifecycleError(404, f"No suite {echo(s)}.")
         revs = self.revisions.get(name)
         reps = self._candidate_replicas(name)
         ready = sum(1 for a in reps if a.engine_state == "ready" and p.router.replica_state(a.replica) is not None)
@@ -388,7 +389,7 @@ class Lifecycle(EvalsAndViews):
     def rollback(self, name: str) -> Job:
         p = self.plane
         if name not in p.models:
-            raise LifecycleError(404, f"No model {name!r}.")
+            raise LifecycleError(404, f"No model {echo(name)}.")
         revs = self.revisions.get(name)
         action = rollback_action(revs, time.time())
         assert revs is not None

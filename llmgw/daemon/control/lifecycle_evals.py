@@ -16,6 +16,7 @@ from llmgw.lifecycle.evals import compare, summarize
 from llmgw.lifecycle.jobs import Job
 from llmgw.lifecycle.revisions import LifecycleError, ModelRevisions, candidate_key
 from llmgw.lifecycle.suites import Suite, parse_suite, suite_name_problem
+from llmgw.route.echo import echo
 
 if TYPE_CHECKING:
     from llmgw.daemon.net.upstream import UpstreamPool
@@ -63,7 +64,7 @@ class EvalsAndViews:
 
     def delete_suite(self, name: str) -> None:
         if name not in self.suites:
-            raise LifecycleError(404, f"No suite {name!r}.")
+            raise LifecycleError(404, f"No suite {echo(name)}.")
         self.plane.guard.must_write("delete_doc", "suite", name)
         del self.suites[name]
 
@@ -74,10 +75,10 @@ class EvalsAndViews:
     def start_eval(self, name: str, suite_name: str, revision: str) -> Job:
         p = self.plane
         if name not in p.models:
-            raise LifecycleError(404, f"No model {name!r}.")
+            raise LifecycleError(404, f"No model {echo(name)}.")
         suite = self.suites.get(suite_name)
         if suite is None:
-            raise LifecycleError(404, f"No suite {suite_name!r}.")
+            raise LifecycleError(404, f"No suite {echo(suite_name)}.")
         revs = self.revisions.get(name) or ModelRevisions(name)
         if revision == "candidate" and revs.candidate is None:
             raise LifecycleError(409, f"model {name} has no candidate: `llmgw ctl models update {name}` makes one")
@@ -144,7 +145,7 @@ class EvalsAndViews:
     def revisions_view(self, name: str) -> dict[str, Any]:
         p = self.plane
         if name not in p.models:
-            raise LifecycleError(404, f"No model {name!r}.")
+            raise LifecycleError(404, f"No model {echo(name)}.")
         revs = self.revisions.get(name) or ModelRevisions(name)
         cand = revs.candidate
         out: dict[str, Any] = {"model": name, "live": revs.live_id,

@@ -8,7 +8,11 @@ router's own nursery so that a client that leaves does not cancel a load others 
 load ends within ``[router] adapter_load_timeout_s`` whatever the engine does; every answer is
 read under a small cap; an engine's words reach the client bounded and as text. A waiter never
 outlives the load by more than a second (its own deadline), and a load always reports its end
-to the core exactly once (its slot becomes a holding or is given back)."""
+to the core exactly once (its slot becomes a holding or is given back).
+
+Adapters the model no longer serves are unloaded here too (``POST /v1/unload_lora_adapter``),
+each once it is idle: the core pokes :meth:`AdapterLoader.run`'s loop (``on_retire``), which
+also looks once a second (a failed unload is tried again after its backoff)."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from llmgw.daemon.net.log_limit import LogLimiter, repeats
 from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
-from llmgw.route.adapters import LATENCY_BUCKETS, Load
+from llmgw.route.adapters import LATENCY_BUCKETS, Load, Unload
 from llmgw.route.dispatch import Plan, RouterCore
 from llmgw.route.engine_answers import MAX_MODELS_BYTES, BadAnswer, adapters_of
 
@@ -33,6 +37,7 @@ __all__ = ["AdapterLoader", "AdapterMetrics", "MAX_ANSWER_BYTES", "MAX_REASON"]
 
 MAX_ANSWER_BYTES = 64 << 10  # a load or unload answer (vLLM's is one line)
 MAX_REASON = 300  # characters of an engine's reason passed on to a client
+RETIRE_EVERY_S = 1.0  # adapters no longer served are looked for at least this often
 
 
 class AdapterLoader:
@@ -44,15 +49,60 @@ class AdapterLoader:
         self._events: dict[Load, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
         self._faults = LogLimiter(60.0)
+        self._retire = trio.Event()
 
     async def run(self) -> None:
-        """The nursery loads run in (started by the daemon beside the scrape loop)."""
+        """The nursery loads and unloads run in (started by the daemon beside the scrape loop);
+        it begins the unloads of adapters the model no longer serves."""
+        routing = self.core.adapters
         async with trio.open_nursery() as n:
             self._nursery = n
+            routing.on_retire = self._poke
             try:
-                await trio.sleep_forever()
+                while True:
+                    with trio.move_on_after(RETIRE_EVERY_S):
+                        await self._retire.wait()
+                    self._retire = trio.Event()
+                    for u in routing.retire_due(trio.current_time()):
+                        n.start_soon(self._unload, u)
             finally:
                 self._nursery = None
+                routing.on_retire = _nothing
+
+    def _poke(self) -> None:
+        self._retire.set()
+
+    async def _unload(self, u: Unload) -> None:
+        """Unload an adapter the model no longer serves; the core takes the end (exactly once)."""
+        ok, why = False, ""
+        try:
+            rep = self.core.table.replicas.get(u.replica)
+            if rep is None:
+                why = "the replica is gone"
+            else:
+                with trio.fail_after(self.timeout):
+                    status, text = await self._post(rep.view.url, "/v1/unload_lora_adapter", {"lora_name": u.adapter})
+                ok = status == 200 or status == 404  # 404: "cannot be found", it is gone already
+                why = "" if ok else f"the engine answered {status}: {text}"
+        except (trio.TooSlowError, UpstreamTimeout):
+            why = f"no answer within {self.timeout:g}s"
+        except UpstreamError as e:
+            why = _bounded(e.public)
+        except (OSError, BadAnswer) as e:
+            why = _bounded(str(e) or type(e).__name__)
+        except Exception as e:  # noqa: BLE001 — a bug must not leave the slot held for good
+            log.exception("adapter %s on %s: unload failed", u.adapter, u.replica)
+            why = f"internal error: {type(e).__name__}"
+        finally:
+            self.wake(self.core.adapters.unload_done(u, trio.current_time(), ok=ok))
+        if ok:
+            log.info("adapter %s unloaded from %s: model %s no longer serves it", u.adapter, u.replica, u.model,
+                     extra={"endpoint": u.replica})
+        else:
+            n = self._faults.hit((u.replica, u.adapter), trio.current_time())
+            if n is not None:
+                log.warning("adapter %s on %s: unload failed: %s%s", u.adapter, u.replica, why, repeats(n),
+                            extra={"endpoint": u.replica})
 
     async def wait(self, plan: Plan, ld: Load) -> None:
         """Wait for ``ld`` (starting it when nobody has); then the core says how it went (raises
@@ -144,6 +194,10 @@ class AdapterLoader:
         return reply.status, _reason(reply.body)
 
 
+def _nothing() -> None:
+    pass
+
+
 def _reason(body: bytes) -> str:
     """An engine's answer in words: its error envelope's message (0.10.1+ nested, 0.10.0 flat),
     else the body as text; bounded, printable."""
@@ -185,7 +239,8 @@ class AdapterMetrics(Collector):
         for o, n in book.loads_total.items():
             c.add_metric([o], float(n))
         yield c
-        c = CounterMetricFamily("llmgw_adapter_unloads", "LoRA adapter unloads (to make room) by outcome.",
+        c = CounterMetricFamily("llmgw_adapter_unloads", "LoRA adapter unloads (to make room, or of an adapter "
+                                "the model no longer serves) by outcome.",
                                 labels=["outcome"])
         for o, n in book.unloads_total.items():
             c.add_metric([o], float(n))

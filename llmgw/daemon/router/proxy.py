@@ -52,6 +52,7 @@ from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
 from llmgw.route.dispatch import KINDS, STRATEGY_HEADER, Plan, RouterCore
+from llmgw.route.echo import echo
 from llmgw.route.names import is_candidate_key
 from llmgw.route.openai_req import ApiError, error_body
 from llmgw.route.prefix_scorer import PrefixRouting
@@ -93,7 +94,17 @@ def _error(e: ApiError, rid: str, rid_header: str) -> Response:
     return Response(e.status, headers, json.dumps(e.body()).encode())
 
 
+class _AdapterMissing(UpstreamError):
+    """A replica answered 404 for an adapter the router's book says it holds (its engine
+    restarted on the same URL): not the engine's fault (the breaker does not count it); the
+    request is tried again (AdapterRouting.missing)."""
+
+    public = "answered 404: it no longer holds the adapter (its engine restarted?)"
+
+
 def _failure_of(e: UpstreamError) -> FailureKind:
+    if isinstance(e, _AdapterMissing):
+        return FailureKind.CLIENT_4XX
     if isinstance(e, UpstreamConnectError):
         return FailureKind.CONNECT
     if isinstance(e, UpstreamTimeout):
@@ -207,15 +218,15 @@ class Router:
                                 self.metrics.render())
             if path == "/v1/models" or path.startswith("/v1/models/"):
                 if req.method != "GET":
-                    raise ApiError(405, f"Method {req.method} not allowed on {path}")
+                    raise ApiError(405, f"Method {echo(req.method, quote='')} not allowed on {echo(path, quote='')}")
                 resp = self._models(rid) if path == "/v1/models" else self._model(path[11:], rid)
                 self.core.counters.request_done("-", "ok", 200, None, None)
                 return resp
             kind = KINDS.get(path)
             if kind is None:
-                raise ApiError(404, f"Unknown route {path}", code="not_found")
+                raise ApiError(404, f"Unknown route {echo(path, quote='')}", code="not_found")
             if req.method != "POST":
-                raise ApiError(405, f"Method {req.method} not allowed on {path}")
+                raise ApiError(405, f"Method {echo(req.method, quote='')} not allowed on {echo(path, quote='')}")
             return await self._proxy(req, kind, rid)
         except ApiError as e:
             # Every client request is counted once: the core counted those that ended in it;
@@ -272,7 +283,7 @@ class Router:
         for obj in self._model_objects():
             if obj["id"] == name:
                 return Response(200, [("content-type", _JSON), (self.rid_header, rid)], json.dumps(obj).encode())
-        raise ApiError(404, f"The model `{name[:200]}` does not exist.", param="model", code="model_not_found")
+        raise ApiError(404, f"The model {echo(name, quote='`')} does not exist.", param="model", code="model_not_found")
 
     # -- the request path ---------------------------------------------------------------------
     async def _proxy(self, req: Request, kind: str, rid: str) -> Response:
@@ -358,6 +369,14 @@ class Router:
         except BaseException:
             self._finish(plan, a, None, None, None)
             raise
+        if resp.status == 404 and plan.info.adapter is not None and \
+                self.core.adapters.missing(plan, rep, trio.current_time()):
+            resp.close()  # the engine lost the adapter: loaded again (or another holder), never the client's 404
+            log.info("replica %s answered 404 for adapter %s, which it held: its engine restarted? Trying again",
+                     rep.id, plan.info.adapter, extra={"endpoint": rep.id, "request_id": plan.info.request_id})
+            self._finish(plan, a, _AdapterMissing(f"{rep.id} answered 404 for adapter {plan.info.adapter}",
+                                                  url=rep.view.url), None, 404, resp)
+            return None
         if resp.status >= 500 and plan.retry_5xx:  # else it is relayed: the engine's own error
             resp.close()
             e = UpstreamProtocolError(f"{rep.id} answered {resp.status}", url=rep.view.url)

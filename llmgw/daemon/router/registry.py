@@ -33,6 +33,7 @@ from llmgw.route.engine_answers import (
     BadAnswer,
     adapters_of,
     lora_adapters_of,
+    restarted,
     slot_count_of,
 )
 from llmgw.route.replicas import ModelEntry, Replica, ReplicaTable
@@ -80,11 +81,14 @@ class Registry(ReplicaTable):
     async def scrape_one(self, pool: UpstreamPool, rep: Replica, models_too: bool = False) -> None:
         """Scrape one replica (and, with ``models_too``, learn its adapters and slots).
         Never raises but Cancelled: whatever its URL or answers do is caught here."""
+        prev = rep.last_scrape
         try:
             await self._scrape_metrics(pool, rep)
         except Exception as e:  # noqa: BLE001 — an engine's URL and answers are untrusted input
             self._failed(rep, "/metrics", e)
             return
+        if not models_too and rep.last_scrape is not prev and restarted(prev, rep.last_scrape):
+            models_too = True  # its adapters (and llama.cpp's ids) are learned again now, not in 10 scrapes
         if (n := self._faults.clear((rep.id, "/metrics"), trio.current_time())) is not None:
             log.info("replica %s: /metrics answers again%s", rep.id, repeats(n), extra={"endpoint": rep.id})
         # llama.cpp's adapter ids: at once for a new replica, then with the slow round
