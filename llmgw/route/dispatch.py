@@ -82,6 +82,7 @@ class RouterCore:
         # tier 2: its index lookup is set by the shell once the control plane's index exists
         self.kv_cache = KvCacheScorer()
         self.prefix.defer = self.kv_cache.verdict  # where tier 2 knows the holders, tier 1 votes its shares
+        self.prefix.deny = self.kv_cache.denied  # where it knows a replica holds none, tier 1's guess is void
         self.sched = Scheduler(SchedulerConfig(kv_ceiling=rc.kv_ceiling, saturation_load=rc.saturation_load),
                                scorers={**self.prefix.scorers(), "kv_cache": self.kv_cache})
         self.cache_stats = cache_stats
