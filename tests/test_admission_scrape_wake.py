@@ -105,3 +105,20 @@ def test_a_drained_replica_kept_after_all_lets_every_waiter_through() -> None:
     _, t = _waiter(core, "a", 0.5)
     _, wake = core.add_replica(m, "m/1", "http://127.0.0.1:2", pool="default", weight=1.0)
     assert wake == [t]
+
+
+def test_a_waiter_that_leaves_as_it_is_let_through_passes_its_turn_on() -> None:
+    core = _core()
+    for rid in ("m/0", "m/1"):
+        _full(core, rid, 0.0)
+    first, t1 = _waiter(core, "a", 0.5)
+    second, t2 = _waiter(core, "b", 0.6)
+    _full(core, "m/0", 1.0, running=63.0)  # room for one
+    assert core.scraped(core.table.replicas["m/0"], 1.0) == [t1]
+    # "a"'s client leaves before it used its turn: "b" gets it, not the next scrape or finish
+    assert core.turn_passed(first, 1.1) == [t2]
+    core.left_queue(first, 1.1, timed_out=False)
+    _full(core, "m/0", 1.2)
+    third, _ = _waiter(core, "c", 1.2)
+    assert core.turn_passed(third, 1.2) == []  # still in the queue: nothing was spent
+

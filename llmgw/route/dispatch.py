@@ -364,6 +364,15 @@ class RouterCore:
         plan.ticket = t
         return t
 
+    def turn_passed(self, plan: Plan, now: float) -> list[Ticket]:
+        """The request stops waiting (its client left, its deadline passed) just as it was let
+        through: the room it was woken for passes to the next waiter, or that waiter would wait
+        on for a wake that was spent. Call before :meth:`left_queue`."""
+        t = plan.ticket
+        if t is None or t in self._queue(plan.entry):
+            return []
+        return self.capacity_freed(plan.model, now)
+
     def left_queue(self, plan: Plan, now: float, *, timed_out: bool) -> None:
         """A waiting request stops waiting without being let through: its client went away, or
         (``timed_out``) its deadline passed — then the 429 it gets is raised here."""

@@ -331,10 +331,12 @@ class Router:
                 await event.wait()
                 return
         except BaseException:
+            self._wake(self.core.turn_passed(plan, trio.current_time()))
             self.core.left_queue(plan, trio.current_time(), timed_out=False)
             raise
         finally:
             self._wakers.pop(ticket, None)
+        self._wake(self.core.turn_passed(plan, trio.current_time()))
         self.core.left_queue(plan, trio.current_time(), timed_out=True)  # raises the 429
 
     async def _attempt(self, plan: Plan, a: Attempt, req: Request, headers: list[tuple[str, str]],
