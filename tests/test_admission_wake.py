@@ -36,9 +36,10 @@ def test_an_idle_replica_serves_the_request_after_a_burst(procs: list[Any], tmp_
     s = sim(procs, "--sim-decode-ms-per-token", "20", "--sim-prefill-ms-per-token", "0")
     d = Daemon(_default_config(tmp_path, s.url))
     procs.append(d)
-    burst = {"model": "m", "prompt": "x", "max_tokens": 60, "ignore_eos": True, "stream": True, "n": 128}
+    # 128 sequences for 3 s (150 tokens at 20 ms): scrapes every 1 s see it whole
+    burst = {"model": "m", "prompt": "x", "max_tokens": 150, "ignore_eos": True, "stream": True, "n": 128}
     with httpx.Client(timeout=30) as c:
-        for _ in range(3):  # until the burst ends between two scrapes (the router's reading still 128)
+        for _ in range(5):  # until the burst ends between two scrapes (the router's reading still 128)
             with c.stream("POST", f"{d.url}/v1/completions", json=burst) as r:
                 assert r.status_code == 200
                 wait_for(lambda: _running_seen(d) >= 64)  # a scrape saw the burst: saturated
