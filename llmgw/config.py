@@ -41,7 +41,7 @@ from llmgw.config_schema import (  # noqa: F401  (re-exported: part of the confi
     _CROSS_CHECKS, DEFAULT_POOL, ENGINES, AdapterConfig, AdminConfig, AgentConfig, BreakerConfig, Config,
     ControlConfig, DeployConfig, FacilityConfig, GpuConfig, SpreadConfig, MetricNames, ModelConfig, PoolConfig,
     PrefixRoutingConfig, ReplicaConfig, RestartConfig, RouterConfig, ScorerWeights, ServerConfig,
-    SimConfig, StrategyConfig, _adapter_sources, _pool_references, multi_node_engine,
+    SimConfig, StrategyConfig, _adapter_sources, _metric_pairs, _pool_references, multi_node_engine,
 )
 from llmgw.route.names import PRESET_NAMES
 
@@ -286,7 +286,7 @@ def model_from_dict(data: Any, source: str = "<model>", *, pools: tuple[PoolConf
     if not problems:
         one = Config(models=(out,), pools=pools)
         problems += [(p[2:], m) for p, m in (*_pool_references(one), *_adapter_sources(one),
-                                              *multi_node_engine(one))]
+                                              *multi_node_engine(one), *_metric_pairs(one))]
     if problems:
         raise ConfigError([ConfigProblem(source, render_key(p) or "", None, m) for p, m in problems])
     return out

@@ -65,6 +65,13 @@ def nonempty(v: str) -> str | None:
     return None if v.strip() else "must not be empty"
 
 
+def metric_name(v: str) -> str | None:
+    """A Prometheus sample name as an engine's /metrics writes it (counters with their ``_total``)."""
+    if re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", v):
+        return None
+    return f"not a Prometheus metric name (letters, digits, '_' and ':', not starting with a digit): {v!r}"
+
+
 def http_url(v: str) -> str | None:
     try:
         u = urlsplit(v)

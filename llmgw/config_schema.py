@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from llmgw.config_fields import (
     _suggest, default_admin_socket, default_agent_state_dir, default_node_name,
     cidr, default_store_path, domain_budget, facility_label_values, facility_level, header_name, replica_nodes, host_port, http_url, in_range, key_value, known_strategy,
-    label_keys, node_name, nonempty, one_of, opt, pem_certificate, positive,
+    label_keys, metric_name, node_name, nonempty, one_of, opt, pem_certificate, positive,
 )
 from llmgw.config_locate import KeyPath
 from llmgw.route.names import DEFAULT_PICKER, PICKER_NAMES, SCORER_NAMES
@@ -193,10 +193,17 @@ class StrategyConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class MetricNames:
-    """Prometheus metric name overrides; None = the engine's standard name."""
-    running: str | None = opt(None, check=nonempty)
-    waiting: str | None = opt(None, check=nonempty)
-    kv_usage: str | None = opt(None, check=nonempty)
+    """Prometheus metric name overrides (llmgw/route/contract.py); None = the engine's standard
+    names (for vLLM every spelling its versions used). A name set here is the only one read for
+    its role, and mandatory."""
+    running: str | None = opt(None, check=(nonempty, metric_name))
+    waiting: str | None = opt(None, check=(nonempty, metric_name))
+    kv_usage: str | None = opt(None, check=(nonempty, metric_name))
+    finished: str | None = opt(None, check=(nonempty, metric_name))  # finished-requests counter
+    prefix_queries: str | None = opt(None, check=(nonempty, metric_name))  # with prefix_hits
+    prefix_hits: str | None = opt(None, check=(nonempty, metric_name))
+    cache_info: str | None = opt(None, check=(nonempty, metric_name))  # labels num_gpu_blocks, block_size
+    lora_info: str | None = opt(None, check=(nonempty, metric_name))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -364,6 +371,17 @@ def _pool_references(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
         for sub, name in refs:
             if name not in known:
                 yield ("models", i, *sub), f"unknown pool {name!r}{_suggest(name, known)}"
+
+
+@_cross_check("models")
+def _metric_pairs(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    """The prefix-cache counters are read as a pair (hits over queries): renaming one alone
+    would pair it with a default spelling of the other, from another version."""
+    for i, m in enumerate(cfg.models):
+        q, h = m.metrics.prefix_queries, m.metrics.prefix_hits
+        if (q is None) != (h is None):
+            yield (("models", i, "metrics", "prefix_queries" if q is None else "prefix_hits"),
+                   "prefix_queries and prefix_hits go together")
 
 
 @_cross_check("models")

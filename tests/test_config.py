@@ -418,6 +418,13 @@ urls = st.builds(lambda s, h, p, path: f"{s}://{h}{p}{path}", st.sampled_from(["
                  st.one_of(st.just(""), ports.map(lambda p: f":{p}")),
                  st.from_regex(r"(/[a-z0-9]{1,6}){0,2}", fullmatch=True))
 opt_names = st.none() | names
+opt_metrics = st.none() | st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,15}", fullmatch=True)
+# the prefix-cache counters are renamed together or not at all
+prefix_pairs = st.none() | st.tuples(opt_metrics.filter(bool), opt_metrics.filter(bool))
+metric_names = st.builds(lambda pair, **kw: MetricNames(prefix_queries=pair and pair[0], prefix_hits=pair and pair[1],
+                                                        **kw),
+                         prefix_pairs, running=opt_metrics, waiting=opt_metrics, kv_usage=opt_metrics,
+                         finished=opt_metrics, cache_info=opt_metrics, lora_info=opt_metrics)
 
 
 @st.composite
@@ -432,7 +439,7 @@ def configs(draw) -> Config:
         st.builds(ModelConfig, name=names, engine=st.sampled_from(["vllm", "llamacpp"]),
                   strategy=st.sampled_from(["chat", "batch", "long-context"]),
                   pools=st.lists(pool_names, max_size=3).map(tuple),
-                  metrics=st.builds(MetricNames, running=opt_names, waiting=opt_names, kv_usage=opt_names),
+                  metrics=metric_names,
                   replicas=st.lists(replicas, max_size=3).map(tuple)),
         max_size=3, unique_by=lambda m: m.name))
     tcp = draw(st.none() | ports.map(lambda p: f"127.0.0.1:{p}"))

@@ -70,3 +70,39 @@ def test_without_hashes_tier_1_is_untouched() -> None:
     d = sched.decide(RequestInfo("r1", "m", "m", head=HEAD), _eps(), PRESETS["chat"], now=1.0, wall=1.0,
                      rng=random.Random(1))
     assert d.chosen == "m/0" and prefix.deferred == 0
+
+
+# -- where no candidate holds the first block (issue 21 item 18) --------------------------------------
+def _fleet_with_alarm(held: dict[str, int], alarmed: set[str]) -> tuple[Scheduler, PrefixRouting]:
+    prefix = PrefixRouting()
+    kv = KvCacheScorer(lambda h: held)
+    kv.alarmed = alarmed.__contains__
+    prefix.defer, prefix.deny = kv.verdict, kv.denied  # as llmgw.route.dispatch.RouterCore wires them
+    sched = Scheduler(scorers={**prefix.scorers(), "kv_cache": kv})
+    first = sched.decide(RequestInfo("r0", "m", "m", head=HEAD), _eps()[:1], PRESETS["chat"], now=0.0,
+                         wall=0.0, rng=random.Random(1))
+    assert first.chosen == "m/0"
+    return sched, prefix
+
+
+def test_a_cleared_engines_events_void_tier_1s_belief_about_it() -> None:
+    # every engine publishes events; m/0's was cleared (reset_prefix_cache): it holds none of it
+    sched, prefix = _fleet_with_alarm({"m/0": 0, "m/1": 0, "m/2": 0}, set())
+    d = sched.decide(RequestInfo("r1", "m", "m", head=HEAD, kv_hashes=tuple(range(70))), _eps(), PRESETS["chat"],
+                     now=1.0, wall=1.0, rng=random.Random(1))
+    assert {c.endpoint_id: c.scores["prefix"] for c in d.candidates} == {"m/0": 0.0, "m/1": 0.0, "m/2": 0.0}
+    assert "tier 1 set aside on m/0: its engine's KV events show no first block" in d.note, d.note
+    assert "no candidate holds the first of 70 blocks; tier 1 decides" in d.note
+    flags = {c.endpoint_id: c.flags for c in d.candidates}
+    assert any("belief set aside" in f for f in flags["m/0"]), flags
+    assert prefix.set_aside == 1 and prefix.deferred == 0
+
+
+def test_tier_1_keeps_its_belief_where_the_engine_says_nothing_trustworthy() -> None:
+    # m/0 never reported a block (not in the index), or its parity alarm is on: its silence says nothing
+    for held, alarmed in (({"m/1": 0, "m/2": 0}, set()), ({"m/0": 0, "m/1": 0, "m/2": 0}, {"m/0"})):
+        sched, prefix = _fleet_with_alarm(held, alarmed)
+        d = sched.decide(RequestInfo("r1", "m", "m", head=HEAD, kv_hashes=tuple(range(70))), _eps(),
+                         PRESETS["chat"], now=1.0, wall=1.0, rng=random.Random(1))
+        assert d.chosen == "m/0" and "set aside" not in d.note and prefix.set_aside == 0, d.note
+        assert {c.endpoint_id: c.scores["prefix"] for c in d.candidates}["m/0"] > 0.9

@@ -31,8 +31,12 @@ llama.cpp (llamacpp.md)
   prefix     queries = llamacpp:prompt_tokens_total (processed, excludes cached)
                        + llamacpp:prompt_tokens_cached_total; hits = prompt_tokens_cached_total.
 
-Overrides (config `models[].metrics`, `MetricNames`): `running`, `waiting`, `kv_usage` replace the
-default names for that model; an overridden kv_usage name is mandatory for every engine kind.
+Overrides (config `models[].metrics`, `MetricNames`): every name the contract reads can be
+replaced for a model — `running`, `waiting`, `kv_usage`, `finished`, `prefix_queries` with
+`prefix_hits` (a pair: both or neither; for llama.cpp `prefix_queries` names the uncached-tokens
+counter, as above), `cache_info`, `lora_info`. An overridden name replaces every default
+spelling of its role and is mandatory (the operator named it: its absence is an error on the
+endpoint, never a silent fallback), whatever the role's default status.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from typing import Any, Protocol
 from llmgw.route.prom import NotPrometheusText, ParseResult, Sample, index, parse
 
 __all__ = ["MetricContract", "CONTRACTS", "contract_for", "ScrapeResult", "evaluate", "scrape",
-           "DrainRate", "NameOverrides"]
+           "DrainRate", "NameOverrides", "ROLES"]
 
 VLLM, LLAMACPP = "vllm", "llamacpp"
 _KV_SLACK = 1e-6  # kv usage this far above 1 is clamped; further above is an error
@@ -55,6 +59,14 @@ class NameOverrides(Protocol):
     running: str | None
     waiting: str | None
     kv_usage: str | None
+    finished: str | None
+    prefix_queries: str | None
+    prefix_hits: str | None
+    cache_info: str | None
+    lora_info: str | None
+
+
+ROLES = ("running", "waiting", "kv_usage", "finished", "prefix_queries", "prefix_hits", "cache_info", "lora_info")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +85,8 @@ class MetricContract:
     cache_info: str | None = None  # info gauge with num_gpu_blocks / block_size labels
     lora_info: str | None = None  # info gauge, newest sample = largest value
     notes: str = ""
+    # optional roles whose name a model's config set: missing, they are errors like a mandatory one
+    required: frozenset[str] = frozenset()
 
     def names(self) -> frozenset[str]:
         """Every sample name this contract may read (for prom.parse(names=...))."""
@@ -115,11 +129,21 @@ def contract_for(kind: str, overrides: NameOverrides | Mapping[str, Any] | None 
         base = CONTRACTS[kind]
     except KeyError:
         raise ValueError(f"unknown engine kind {kind!r} (known: {', '.join(CONTRACTS)})") from None
-    running, waiting, kv = (_override(overrides, k) for k in ("running", "waiting", "kv_usage"))
-    if not (running or waiting or kv):
+    got = {k: _override(overrides, k) for k in ROLES}
+    if not any(got.values()):
         return base
-    return replace(base, running=running or base.running, waiting=waiting or base.waiting,
-                   kv_usage=(kv,) if kv else base.kv_usage, kv_mandatory=base.kv_mandatory or bool(kv))
+    kv, finished, cache_info, lora_info = got["kv_usage"], got["finished"], got["cache_info"], got["lora_info"]
+    queries, hits = got["prefix_queries"], got["prefix_hits"]
+    pairs = base.prefix_pairs
+    if queries or hits:  # the config asks for both; one alone keeps the other's first default
+        first = pairs[0] if pairs else ("", "")
+        pairs = ((queries or first[0], hits or first[1]),)
+    return replace(base, running=got["running"] or base.running, waiting=got["waiting"] or base.waiting,
+                   kv_usage=(kv,) if kv else base.kv_usage, kv_mandatory=base.kv_mandatory or bool(kv),
+                   finished=finished or base.finished, prefix_pairs=pairs,
+                   cache_info=cache_info or base.cache_info, lora_info=lora_info or base.lora_info,
+                   required=frozenset(k for k in ("finished", "prefix", "cache_info", "lora_info")
+                                      if (got[k] if k != "prefix" else queries or hits)))
 
 
 @dataclass(slots=True)
@@ -205,11 +229,14 @@ def evaluate(kind: str, overrides: NameOverrides | Mapping[str, Any] | None,
             res.kv_usage = min(1.0, max(0.0, kv))
             res.names_used["kv_usage"] = kv_name
 
+    need = c.required
     if c.finished and by.get(c.finished):
         vals = _finite(by[c.finished])
         if vals:
             res.finished_total = math.fsum(vals)
             res.names_used["finished"] = c.finished
+    if "finished" in need and "finished" not in res.names_used:
+        _missing(res, by, c.finished)
 
     for first, second in c.prefix_pairs:
         a, b = _finite(by.get(first, [])), _finite(by.get(second, []))
@@ -219,6 +246,9 @@ def evaluate(kind: str, overrides: NameOverrides | Mapping[str, Any] | None,
             res.prefix_hits_total = fb
             res.names_used["prefix_queries"], res.names_used["prefix_hits"] = first, second
             break
+    if "prefix" in need and "prefix_hits" not in res.names_used:
+        for name in c.prefix_pairs[0]:
+            _missing(res, by, name)
 
     if c.cache_info and by.get(c.cache_info):
         blocks_by_engine: dict[str | None, int] = {}
@@ -230,6 +260,9 @@ def evaluate(kind: str, overrides: NameOverrides | Mapping[str, Any] | None,
         if blocks_by_engine and res.block_size:
             res.kv_blocks = sum(blocks_by_engine.values())
             res.kv_capacity_tokens = res.kv_blocks * res.block_size
+            res.names_used["cache_info"] = c.cache_info
+    if "cache_info" in need and "cache_info" not in res.names_used:
+        _missing(res, by, c.cache_info, "with num_gpu_blocks and block_size labels")
 
     if c.lora_info and by.get(c.lora_info):
         newest = max((s for s in by[c.lora_info] if not math.isnan(s.value)), key=lambda s: s.value,
@@ -238,7 +271,18 @@ def evaluate(kind: str, overrides: NameOverrides | Mapping[str, Any] | None,
             res.lora_max = _int_label(newest.labels, "max_lora")
             res.lora_running = _names(newest.labels.get("running_lora_adapters", ""))
             res.lora_waiting = _names(newest.labels.get("waiting_lora_adapters", ""))
+            res.names_used["lora_info"] = c.lora_info
+    if "lora_info" in need and "lora_info" not in res.names_used:
+        _missing(res, by, c.lora_info)
     return res
+
+
+def _missing(res: ScrapeResult, by: dict[str, list[Sample]], name: str | None, what: str = "") -> None:
+    """A name the model's config chose is not usable in this scrape: an error naming it."""
+    if not by.get(name or ""):
+        res.errors.append(f"missing mandatory metric {name}")
+    else:
+        res.errors.append(f"metric {name} has no usable value" + (f" ({what})" if what else ""))
 
 
 def _names(csv: str) -> tuple[str, ...]:

@@ -43,7 +43,7 @@ from .breaker import NO_SLOT, FailureKind, Permit
 from .cache_stats import CacheStats
 from .counters import RouterCounters
 from .echo import echo
-from .filters import is_saturated
+from .filters import is_saturated, room
 from .kv_scorer import KvCacheScorer
 from .lora_body import request_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
@@ -83,6 +83,7 @@ class RouterCore:
         # tier 2: its index lookup is set by the shell once the control plane's index exists
         self.kv_cache = KvCacheScorer()
         self.prefix.defer = self.kv_cache.verdict  # where tier 2 knows the holders, tier 1 votes its shares
+        self.prefix.deny = self.kv_cache.denied  # where it knows a replica holds none, tier 1's guess is void
         self.sched = Scheduler(SchedulerConfig(kv_ceiling=rc.kv_ceiling, saturation_load=rc.saturation_load),
                                scorers={**self.prefix.scorers(), "kv_cache": self.kv_cache})
         self.cache_stats = cache_stats
@@ -377,6 +378,15 @@ class RouterCore:
         plan.ticket = t
         return t
 
+    def turn_passed(self, plan: Plan, now: float) -> list[Ticket]:
+        """The request stops waiting (its client left, its deadline passed) just as it was let
+        through: the room it was woken for passes to the next waiter, or that waiter would wait
+        on for a wake that was spent. Call before :meth:`left_queue`."""
+        t = plan.ticket
+        if t is None or t in self._queue(plan.entry):
+            return []
+        return self.capacity_freed(plan.model, now)
+
     def left_queue(self, plan: Plan, now: float, *, timed_out: bool) -> None:
         """A waiting request stops waiting without being let through: its client went away, or
         (``timed_out``) its deadline passed — then the 429 it gets is raised here."""
@@ -401,18 +411,36 @@ class RouterCore:
         e.counted = True
         return e
 
-    def capacity_freed(self, model: str, *, everyone: bool = False) -> list[Ticket]:
+    def capacity_freed(self, model: str, now: float | None = None, *, everyone: bool = False) -> list[Ticket]:
         """Tickets that may proceed now that a request on ``model`` ended (or a replica came, or
-        a breaker closed: ``everyone``)."""
+        a breaker closed: ``everyone``). Saturation is judged as at admission (:meth:`_saturated`:
+        live replicas, staleness refreshed), so a waiter is never kept by a reading admission
+        would not trust."""
         q = self.queues.get(model)
         if not q:
             return []
         entry = self.table.models.get(model)
-        if entry is None or everyone:
+        if entry is None or everyone or now is None:
             return q.on_capacity(len(q))  # the model is gone, or a replica is back: all may try
-        cfg = self.sched.config
         # one finished request frees room for one waiter
-        return q.on_capacity(1, saturated=lambda: all(is_saturated(r.view, cfg) for r in entry.replicas))
+        return q.on_capacity(1, saturated=lambda: self._saturated(entry, now))
+
+    def scraped(self, rep: Replica, now: float) -> list[Ticket]:
+        """A scrape of ``rep`` ended (read or failed): the tickets that may proceed if the model
+        now has room — as many as the live replicas' room (:func:`~.filters.room`), since the
+        scrape may show that many requests left the engine at once (a burst ended between two
+        scrapes: nothing the router saw finishing would have woken them)."""
+        q = self.queues.get(rep.view.model)
+        if not q:
+            return []
+        entry = self.table.models.get(rep.view.model)
+        if entry is None:
+            return q.on_capacity(len(q))
+        if self._saturated(entry, now):
+            return []
+        cfg = self.sched.config
+        free = sum(room(r.view, cfg) for r in entry.replicas if not r.draining and r.breaker.can_pass(now))
+        return q.on_capacity(int(min(max(free, 1), len(q))))
 
     # -- 3. the end of an attempt -------------------------------------------------------------------
     def finish(self, plan: Plan, attempt: Attempt, now: float, failure: FailureKind | None, *,
@@ -472,7 +500,7 @@ class RouterCore:
         if not was_closed and rep.breaker.state == "closed":
             # recovered: every request waiting (e.g. for a probe slot) may try again now
             return self.capacity_freed(rep.view.model, everyone=True)
-        return self.capacity_freed(rep.view.model)
+        return self.capacity_freed(rep.view.model, now)
 
     # -- what the exporter reads (llmgw.daemon.router.metrics.MetricsSource) ----------------------
     def all_replicas(self) -> Iterable[Replica]:
@@ -498,15 +526,16 @@ class RouterCore:
         table.add_model(m)
         rep = table.replicas.get(rid)
         if rep is not None and rep.view.url == url.rstrip("/"):
-            rep.draining = False
-            return rep, []
+            was_draining, rep.draining = rep.draining, False
+            # kept instead of drained: its room is back, every waiter may try
+            return rep, self.capacity_freed(m.name, everyone=True) if was_draining else []
         if rep is not None:  # restarted elsewhere on the node: a fresh replica, fresh state
             self.remove_replica(rid)
         rep = table.add_replica(m, rid, url, pool, weight)
         rep.node = node
         self.caps.set_cap(rid, rep.view.max_inflight)
         self.adapters.add_replica(rep)
-        return rep, self.capacity_freed(m.name)
+        return rep, self.capacity_freed(m.name, everyone=True)  # a new replica: all may try
 
     def remove_replica(self, rid: str) -> None:
         if self.table.remove_replica(rid) is not None:

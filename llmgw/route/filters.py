@@ -10,13 +10,14 @@ exactly as pool spill-over does (one definition, never two that drift apart).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from .types import EndpointView, FilterDrop, RequestInfo, SchedulerConfig
 
 __all__ = [
-    "FilterResult", "NO_DROPS", "load_estimate", "loads_of", "is_saturated", "pool_saturated",
+    "FilterResult", "NO_DROPS", "load_estimate", "loads_of", "is_saturated", "room", "pool_saturated",
     "serves", "healthy", "pool_priority", "ALL_OPEN_NOTE",
 ]
 
@@ -75,6 +76,18 @@ def is_saturated(e: EndpointView, cfg: SchedulerConfig) -> bool:
         return e.inflight >= e.max_inflight
     limit = cfg.saturation_load
     return limit is not None and load_estimate(e) >= limit
+
+
+def room(e: EndpointView, cfg: SchedulerConfig) -> float:
+    """How many more requests the replica takes before :func:`is_saturated` says it is full (0 when
+    it is; ``inf`` when nothing bounds it). Admission lets this many waiters try after a scrape."""
+    if e.max_inflight is not None:
+        return float(max(0, e.max_inflight - e.inflight))
+    limit = cfg.saturation_load
+    if limit is None:
+        return float("inf")
+    free = limit - load_estimate(e)
+    return float(max(0, math.ceil(free)))
 
 
 def pool_saturated(endpoints: Iterable[EndpointView], cfg: SchedulerConfig) -> bool:

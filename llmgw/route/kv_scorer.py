@@ -11,7 +11,9 @@ more than were hashed). No hashes (a model without kv_events, or tokenization fa
 or no index: every candidate scores 0 and tier 1 (``prefix``) decides alone. Where a candidate
 holds at least the first block, tier 1 votes tier 2's shares instead of its own guess
 (:meth:`KvCacheScorer.verdict`, wired to ``PrefixRouting.defer``): the engines' report beats the
-router's guess, and the affinity keeps both tiers' weight. Either way the decision's
+router's guess, and the affinity keeps both tiers' weight. Where none does, tier 1's guess does
+not count for a candidate whose engine publishes events and holds none of the prompt
+(:meth:`KvCacheScorer.denied`, wired to ``PrefixRouting.deny``). Either way the decision's
 note says which tier decided and why (``observe``).
 
 What it counts (:class:`KvDecisionStats`, exact: one count per committed decision of a kv_events
@@ -112,6 +114,20 @@ class KvCacheScorer:
         total = _total(req)
         vals = {i: min(n, total) / total for i, e in enumerate(endpoints) if (n := held.get(e.id, 0)) > 0}
         return vals or None
+
+    def denied(self, req: RequestInfo, endpoints: Sequence[Any], now: float) -> list[int]:
+        """The candidates (by index) whose engine publishes KV events — known to the index, its
+        parity alarm off, so its events are read right — and holds none of the request's first
+        block. Tier 1's belief about them does not count where no candidate holds the first
+        block (``PrefixRouting.deny``; where one does, :meth:`verdict` rules). A candidate the
+        index has never heard from, or whose hashes never match the router's, keeps tier 1's
+        guess: its silence says nothing."""
+        held = self.held(req, now)
+        if not held:
+            return []
+        alarmed = self.alarmed
+        return [i for i, e in enumerate(endpoints)
+                if held.get(e.id) == 0 and not (alarmed is not None and alarmed(e.id))]
 
     def __call__(self, ctx: ScoreContext) -> Scores:
         req = ctx.req

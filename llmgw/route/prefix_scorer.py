@@ -98,6 +98,7 @@ class _Pending:
     live: int = 0  # candidate holders that kept their affinity
     cands: int = -1  # candidates holding the prefix (-1: not scored)
     deferred: bool = False  # tier 2 knew who holds the prefix: this scorer voted its shares
+    set_aside: tuple[str, ...] = ()  # holders whose engines' events say they hold no first block
 
 
 class ZeroHitAlarm:
@@ -186,6 +187,12 @@ class PrefixRouting:
         # sticky as when both tiers agree.
         self.defer: Callable[[RequestInfo, Sequence[EndpointView], float], dict[int, float] | None] | None = None
         self.deferred = 0
+        # Where no engine holds the first block (no verdict): the candidates whose engines
+        # publish KV events and say they hold none of it, by index. This scorer's guess about
+        # them does not count — an engine-side clear (vLLM's reset_prefix_cache) or eviction
+        # leaves it believing what the engine reports is gone (docs/prefix-routing.md).
+        self.deny: Callable[[RequestInfo, Sequence[EndpointView], float], Sequence[int]] | None = None
+        self.set_aside = 0  # decisions where such a belief was set aside
 
     # -- wiring ---------------------------------------------------------------------------------
     @property
@@ -287,6 +294,17 @@ class PrefixRouting:
             # block (it may know of a turn whose events are still on their way); elsewhere
             # the engines' shares
             vals = {i: max(v, vals.get(i, 0.0)) for i, v in verdict.items()}
+        elif self.deny is not None:
+            denied = set(self.deny(req, eps, ctx.now))
+            aside = [(i, r) for i, r, _mb, _c in held if i in denied]
+            if aside:
+                # their engines report none of the prompt: the belief is stale (a cleared or
+                # evicted cache), and it must not draw the request to a cold replica
+                p.set_aside = tuple(r for _, r in aside)
+                self.set_aside += 1
+                for i, _r in aside:
+                    vals.pop(i, None)
+                    ctx.flag(i, "tier 1's belief set aside: its engine's KV events show no first block")
         return Scores(vals) if vals else Scores.constant(0.0)
 
     def _cold(self, eps: Sequence[EndpointView]) -> Scores:
@@ -361,6 +379,8 @@ class PrefixRouting:
                                             if outcome == "spilled" else ""))
         if p.deferred:
             note += " (tier 1 voted where tier 2 confirms)"
+        if p.set_aside:
+            note += f" (tier 1 set aside on {', '.join(p.set_aside)}: its engine's KV events show no first block)"
         return PrefixOutcome(outcome, got, n, len(holders), note)
 
     def _observe_length(self, got: int) -> None:

@@ -123,6 +123,7 @@ class Router:
                                rng=random.Random(seed))
         self.registry.on_capacity = self.core.capacity_known
         self.registry.on_adapters = self._adapters_listed
+        self.registry.on_scraped = lambda rep: self._wake(self.core.scraped(rep, trio.current_time()))
         self._wakers: dict[Ticket, trio.Event] = {}
         self.http_stats = ServerStats()  # the OpenAI endpoint's connections (see server_options)
         self.metrics = RouterMetrics(self.core.counters, self.core, registry=self.registry, http=self.http_stats)
@@ -337,15 +338,18 @@ class Router:
         """Hold the request while every replica of the model is saturated (bounded, with a
         deadline); the core then decides again."""
         event = self._wakers[ticket] = trio.Event()
+        self.registry.scrape_soon()  # only a fresh reading can show the room it waits for
         try:
             with trio.move_on_at(ticket.deadline):
                 await event.wait()
                 return
         except BaseException:
+            self._wake(self.core.turn_passed(plan, trio.current_time()))
             self.core.left_queue(plan, trio.current_time(), timed_out=False)
             raise
         finally:
             self._wakers.pop(ticket, None)
+        self._wake(self.core.turn_passed(plan, trio.current_time()))
         self.core.left_queue(plan, trio.current_time(), timed_out=True)  # raises the 429
 
     async def _attempt(self, plan: Plan, a: Attempt, req: Request, headers: list[tuple[str, str]],
@@ -437,6 +441,8 @@ class Router:
             detail = outcome.phase if isinstance(outcome, UpstreamTimeout) else \
                 f"replica {a.replica.view.id}: {outcome.public}"  # type: ignore[union-attr]
         self._wake(self.core.finish(plan, a, now, failure, first_byte_at=first, status=status, detail=detail))
+        if self.core.queues.get(plan.model):  # waiters stay: the engine's gauges may lag what just ended
+            self.registry.scrape_soon()
         cid = self._parity.pop(a, None) if self._parity else None
         if cid is not None and self.kv is not None:
             # parity: what the engine stored for a request it answered whole

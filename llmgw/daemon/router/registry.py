@@ -53,6 +53,8 @@ class Registry(ReplicaTable):
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
         self.on_capacity: Any = None  # called with a replica when its cache capacity changes
+        self.on_scraped: Any = None  # called with a replica after each read of its /metrics (or failure)
+        self._soon = trio.Event()  # set by scrape_soon: the next round starts early
         # called with (replica, adapters listed, when asked) after each /v1/models; None: set_adapters
         self.on_adapters: Any = None
         self.cache_stats = CacheStats()  # prefix decisions (the router's) and engine hit rates (scraped)
@@ -70,7 +72,15 @@ class Registry(ReplicaTable):
                     nursery.start_soon(self.scrape_one, pool, rep, tick % 10 == 0)
             self._forget_gone()
             tick += 1
-            await trio.sleep(interval)
+            self._soon = trio.Event()
+            await trio.sleep(interval / 4)  # the shortest gap, however often scrape_soon is asked
+            with trio.move_on_after(interval * 3 / 4):
+                await self._soon.wait()
+
+    def scrape_soon(self) -> None:
+        """A request waits for room the last readings do not show: read the engines again at
+        the earliest (a quarter interval after the last round), not a whole interval later."""
+        self._soon.set()
 
     def _forget_gone(self) -> None:
         ids = self.replicas
@@ -87,6 +97,9 @@ class Registry(ReplicaTable):
         except Exception as e:  # noqa: BLE001 — an engine's URL and answers are untrusted input
             self._failed(rep, "/metrics", e)
             return
+        finally:
+            if self.on_scraped is not None:  # a reading that shows room lets waiters through
+                self.on_scraped(rep)
         if not models_too and rep.last_scrape is not prev and restarted(prev, rep.last_scrape):
             models_too = True  # its adapters (and llama.cpp's ids) are learned again now, not in 10 scrapes
         if (n := self._faults.clear((rep.id, "/metrics"), trio.current_time())) is not None:
