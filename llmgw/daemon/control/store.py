@@ -31,6 +31,7 @@ from llmgw.daemon.control.store_rows import (
     private_store_files,
     sql_statements,
 )
+from llmgw.route.names import CANDIDATE_SUFFIX
 
 log = logging.getLogger("llmgw.control")
 
@@ -307,7 +308,9 @@ class Store:
         check_desired(row.desired)
         spec = check_obj(row.spec, "spec")
         for key in ("replica", "model"):
-            if key in spec and spec[key] != getattr(row, key):
+            # a candidate's row is keyed `m#candidate` while its spec serves `m` (lifecycle.py)
+            if key in spec and spec[key] != getattr(row, key) and not (
+                    key == "model" and f"{spec[key]}{CANDIDATE_SUFFIX}" == row.model):
                 raise ValueError(f"assignment {row.replica}: spec {key} {spec[key]!r} != {getattr(row, key)!r}")
         if row.url is not None:
             spec = {**spec, "url": check_name(row.url, "url")}
