@@ -42,6 +42,11 @@ class FacilityControl:
         self._next_rebalance: float | None = None  # the first round only starts the clock
         self.warnings: dict[str, None] = {}  # ordered set: the latest distinct ones
 
+    def reconfigure(self, cfg: FacilityConfig) -> None:
+        """A reloaded config's [facility]: budgets and rebalancing from the next reconcile round."""
+        self.cfg = cfg
+        self.budgets = dict(cfg.budgets)
+
     # -- a reconcile round -----------------------------------------------------------------------
     def round(self, now: float) -> Facility:
         """The facility for a reconcile round. Rebalancing is due one interval after the first round

@@ -39,6 +39,7 @@ from llmgw.config import (
     model_to_dict,
 )
 from llmgw.daemon.control.agent_sessions import AgentSessions
+from llmgw.daemon.control.config_reload import reconcile_file, stored_override
 from llmgw.daemon.control.facility import FacilityControl
 from llmgw.daemon.control.groups import head_of, head_startable, routable_group, stop_workers, sync_head
 from llmgw.daemon.control.lifecycle import Lifecycle
@@ -63,6 +64,7 @@ from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents
+from llmgw.lifecycle.config_diff import ScaleOverride
 from llmgw.route.names import CANDIDATE_SUFFIX
 
 if TYPE_CHECKING:
@@ -94,6 +96,7 @@ class ControlPlane(OperatorActions):
         self.nodes = NodeRegistry(NodeTimeouts(c.not_ready_after_s, c.lost_after_s, c.max_lost_fraction),
                                   trio.current_time())
         self.models: dict[str, ModelConfig] = {}
+        self.scale_overrides: dict[str, ScaleOverride] = {}  # operators' scales of config-file models
         self.sources: dict[str, str] = {}  # model -> "config" | "api" | "adopted"
         self.deploys: dict[str, ModelDeploy] = {}
         self.assignments: dict[str, Assignment] = {}
@@ -110,6 +113,7 @@ class ControlPlane(OperatorActions):
         self._settle_until = self._started + (c.settle_s if settle_s is None else settle_s)
         self._reconciles = 0
         self.lifecycle = Lifecycle(self)  # revisions, eval suites and results, jobs (lifecycle.py)
+        self.reloader: Any = None  # the config file's check and reload (config_reload.py), set by the daemon
         self._load()
         self.guard.rewrite = self._rewrite
         self._from_store = {n for n, node in self.nodes.nodes.items() if not node.connected}
@@ -123,9 +127,10 @@ class ControlPlane(OperatorActions):
         records = {name: rec for name, rec in stored.models.items()
                    if not (rec.get("source") == "config" and name not in config_names)}
         with self.guard.transaction("load"):
-            for m in self.cfg.models:  # the config file is authoritative for the models it names
-                records[m.name] = {"source": "config", "model": model_to_dict(m)}
-                self.guard.write("put_model", m.name, records[m.name])
+            for m in self.cfg.models:  # new in the file; the others are reconciled below (config_reload.py)
+                if records.get(m.name, {}).get("source") != "config":
+                    records[m.name] = {"source": "config", "model": model_to_dict(m)}
+                    self.guard.write("put_model", m.name, records[m.name])
             for name in stored.models.keys() - records.keys():
                 self.guard.write("delete_model", name)
                 self.guard.record("model removed", model=name, detail="no longer in the config file")
@@ -133,10 +138,17 @@ class ControlPlane(OperatorActions):
             try:
                 m = model_from_dict(rec["model"], f"store model {name}", pools=self.cfg.pools)
             except (ConfigError, KeyError, TypeError) as e:
-                log.error("model %s in the store is invalid and is ignored: %s", name, e)
-                self._unloadable[name] = rec  # kept as it is: a store re-write must not lose it
-                continue
+                if name in config_names:  # the file's definition instead
+                    log.error("model %s in the store is invalid; the config file's is used: %s", name, e)
+                    m = next(c for c in self.cfg.models if c.name == name)
+                    rec = {"source": "config"}
+                else:
+                    log.error("model %s in the store is invalid and is ignored: %s", name, e)
+                    self._unloadable[name] = rec  # kept as it is: a store re-write must not lose it
+                    continue
             self._set_model(m, rec.get("source", "api"))
+            if (ov := stored_override(rec)) is not None:
+                self.scale_overrides[name] = ov
         now = trio.current_time()
         for name, row in stored.nodes.items():
             self.nodes.remember(name, agent_labels=row.agent_labels, operator_labels=row.operator_labels,
@@ -151,10 +163,19 @@ class ControlPlane(OperatorActions):
             log.info("store: %d models, %d nodes, %d assignments; waiting for agents to reconnect",
                      len(self.models), len(self.nodes.nodes), len(self.assignments))
         self.lifecycle.load()
+        reconcile_file(self)  # the file's models against those stored (docs/configuration.md)
+
+    def model_record(self, name: str, m: ModelConfig, source: str) -> dict[str, Any]:
+        """A model as the store keeps it: with an operator's scale of a config-file model."""
+        rec: dict[str, Any] = {"source": source, "model": model_to_dict(m)}
+        ov = self.scale_overrides.get(name)
+        if ov is not None and source == "config":
+            rec["scaled"] = {"count": ov.count, "file_count": ov.file_count}
+        return rec
 
     def _rewrite(self, st: Store) -> None:
         """The whole state from memory into `st` (the StoreGuard's recovery, in one transaction)."""
-        models = {n: {"source": self.sources.get(n, "api"), "model": model_to_dict(m)} for n, m in self.models.items()}
+        models = {n: self.model_record(n, m, self.sources.get(n, "api")) for n, m in self.models.items()}
         write_state(st, models={**self._unloadable, **models}, nodes=self.nodes.nodes, seen_wall=self._seen_wall,
                     assignments={rid: self._row(a) for rid, a in self.assignments.items()})
         self.lifecycle.rewrite(st)
