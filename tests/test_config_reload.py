@@ -164,3 +164,35 @@ def test_check_lists_restart_changes_and_a_bad_file_changes_nothing(fleet_factor
     path.write_text(good)
     assert api(f, "POST", "/config/reload").status_code == 200
     wait_for(lambda: len(f.ready("m")) == 2, 30)
+
+
+def test_a_start_takes_changed_deploy_args_as_a_candidate_and_keeps_a_pending_one(
+        fleet_factory: Any) -> None:  # noqa: F811
+    f = fleet_factory([sim_model(count=1, args=FAST)])
+    f.start_agent("a")
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    live = f.ready("m")[0]["replica"]
+    # edited and restarted, never reloaded: the start makes the candidate; the live replica stays
+    f.models[0]["deploy"]["args"] = [*FAST, "--sim-seed", "3"]
+    restart(f)
+    revs = f.get("/api/v1/models/m/revisions")
+    assert revs["candidate"] is not None and revs["candidate"]["definition"]["deploy"]["args"][-1] == "3"
+    first = revs["candidate"]["id"]
+    assert definition(f)["deploy"]["args"] == FAST
+    up = next(j for j in f.get("/api/v1/jobs") if j["kind"] == "update")
+    assert up["params"]["from_config"] == "start"
+    assert wait_job(f, up["id"])["state"] == "succeeded"
+    assert live in {x["replica"] for x in f.ready("m")}
+    # restarted again with the same file: the pending candidate is kept, not made again
+    restart(f)
+    assert f.get("/api/v1/models/m/revisions")["candidate"]["id"] == first
+    assert [j["kind"] for j in f.get("/api/v1/jobs")].count("update") == 1
+    # the file changes again: the old candidate is discarded and a new one made
+    f.models[0]["deploy"]["args"] = [*FAST, "--sim-seed", "4"]
+    write(f)
+    r = api(f, "POST", "/config/reload")
+    assert r.status_code == 200 and len(r.json()["jobs"]) == 1, r.text
+    cand = f.get("/api/v1/models/m/revisions")["candidate"]
+    assert cand["id"] != first and cand["definition"]["deploy"]["args"][-1] == "4"
+    assert wait_job(f, r.json()["jobs"][0])["state"] == "succeeded"
+    assert definition(f)["deploy"]["args"] == FAST and live in {x["replica"] for x in f.ready("m")}
