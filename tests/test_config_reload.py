@@ -161,6 +161,11 @@ def test_check_lists_restart_changes_and_a_bad_file_changes_nothing(fleet_factor
     c = ctl(f, "config", "reload")
     assert c.returncode == 1 and f"router.toml:{line}" in c.stderr and "nothing changed" in c.stderr
     assert definition(f)["deploy"]["count"] == 1 and definition(f)["strategy"] == "chat"
+    # SIGHUP with the bad file: logged with the line, nothing changes, the daemon goes on
+    os.kill(f.router.info["pid"], signal.SIGHUP)  # type: ignore[union-attr]
+    wait_for(lambda: "SIGHUP: the config file was not reloaded" in f.log(f.router), 10)  # type: ignore[arg-type]
+    assert f"router.toml:{line}" in f.log(f.router).split("SIGHUP: the config file")[1]  # type: ignore[arg-type]
+    assert definition(f)["deploy"]["count"] == 1 and f.router.proc.poll() is None  # type: ignore[union-attr]
     path.write_text(good)
     assert api(f, "POST", "/config/reload").status_code == 200
     wait_for(lambda: len(f.ready("m")) == 2, 30)

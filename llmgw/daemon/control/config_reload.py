@@ -53,6 +53,38 @@ def stored_override(rec: dict[str, Any]) -> ScaleOverride | None:
         return None
 
 
+def load_models(plane: Any, stored: dict[str, dict[str, Any]]) -> None:
+    """At a start: the stored models (config-file ones as they were in force, with their scale
+    overrides), the file's models the store does not have, and the file's removed ones deleted;
+    reconcile_file then compares the rest with the file."""
+    config_names = {m.name for m in plane.cfg.models}
+    records = {name: rec for name, rec in stored.items()
+               if not (rec.get("source") == "config" and name not in config_names)}
+    with plane.guard.transaction("load"):
+        for m in plane.cfg.models:  # new in the file; the others: reconcile_file
+            if records.get(m.name, {}).get("source") != "config":
+                records[m.name] = {"source": "config", "model": model_to_dict(m)}
+                plane.guard.write("put_model", m.name, records[m.name])
+        for name in stored.keys() - records.keys():
+            plane.guard.write("delete_model", name)
+            plane.guard.record("model removed", model=name, detail="no longer in the config file")
+    for name, rec in sorted(records.items()):
+        try:
+            m = model_from_dict(rec["model"], f"store model {name}", pools=plane.cfg.pools)
+        except (ConfigError, KeyError, TypeError) as e:
+            if name in config_names:  # the file's definition instead
+                log.error("model %s in the store is invalid; the config file's is used: %s", name, e)
+                m = next(c for c in plane.cfg.models if c.name == name)
+                rec = {"source": "config"}
+            else:
+                log.error("model %s in the store is invalid and is ignored: %s", name, e)
+                plane._unloadable[name] = rec  # kept as it is: a store re-write must not lose it
+                continue
+        plane._set_model(m, rec.get("source", "api"))
+        if (ov := stored_override(rec)) is not None:
+            plane.scale_overrides[name] = ov
+
+
 def _candidates(plane: Any) -> dict[str, ModelConfig]:
     out = {}
     for name, revs in plane.lifecycle.revisions.items():

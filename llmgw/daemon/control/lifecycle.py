@@ -197,9 +197,9 @@ class Lifecycle(EvalsAndViews):
         if m is None:
             raise LifecycleError(404, f"No model {name!r}.")
         if p.sources.get(name) == "config" and not from_config:
-            raise LifecycleError(409, f"model {name} is defined in the config file: change it there (updates, "
-                                      "evals against a candidate and promotes are for models made through the "
-                                      "admin API)")
+            raise LifecycleError(409, f"model {name} is defined in the config file: change it there, then "
+                                      "`llmgw ctl config reload` (a change to its engines becomes a candidate to "
+                                      "evaluate and promote, as here)")
         if m.deploy is None:
             raise LifecycleError(409, f"model {name} has no [models.deploy] profile: its replicas are static, "
                                       "there is nothing to place a candidate with")

@@ -32,14 +32,12 @@ from llmgw import __version__
 from llmgw.admin.schema import ModelView, NodeView, ReplicaView, Status
 from llmgw.config import (
     Config,
-    ConfigError,
     DeployConfig,
     ModelConfig,
-    model_from_dict,
     model_to_dict,
 )
 from llmgw.daemon.control.agent_sessions import AgentSessions
-from llmgw.daemon.control.config_reload import reconcile_file, stored_override
+from llmgw.daemon.control.config_reload import load_models, reconcile_file
 from llmgw.daemon.control.facility import FacilityControl
 from llmgw.daemon.control.groups import head_of, head_startable, routable_group, stop_workers, sync_head
 from llmgw.daemon.control.lifecycle import Lifecycle
@@ -120,35 +118,10 @@ class ControlPlane(OperatorActions):
 
     # -- startup ------------------------------------------------------------------------------
     def _load(self) -> None:
-        """The state from the store (read_state raises StoreCorrupt for one it cannot read); the
-        config file's models are written back to it (if it can write: else at its recovery)."""
+        """The state from the store (read_state raises StoreCorrupt for one it cannot read), then the
+        config file's models reconciled with it by the reload's rule (config_reload.py)."""
         stored = read_state(self.store)
-        config_names = {m.name for m in self.cfg.models}
-        records = {name: rec for name, rec in stored.models.items()
-                   if not (rec.get("source") == "config" and name not in config_names)}
-        with self.guard.transaction("load"):
-            for m in self.cfg.models:  # new in the file; the others are reconciled below (config_reload.py)
-                if records.get(m.name, {}).get("source") != "config":
-                    records[m.name] = {"source": "config", "model": model_to_dict(m)}
-                    self.guard.write("put_model", m.name, records[m.name])
-            for name in stored.models.keys() - records.keys():
-                self.guard.write("delete_model", name)
-                self.guard.record("model removed", model=name, detail="no longer in the config file")
-        for name, rec in sorted(records.items()):
-            try:
-                m = model_from_dict(rec["model"], f"store model {name}", pools=self.cfg.pools)
-            except (ConfigError, KeyError, TypeError) as e:
-                if name in config_names:  # the file's definition instead
-                    log.error("model %s in the store is invalid; the config file's is used: %s", name, e)
-                    m = next(c for c in self.cfg.models if c.name == name)
-                    rec = {"source": "config"}
-                else:
-                    log.error("model %s in the store is invalid and is ignored: %s", name, e)
-                    self._unloadable[name] = rec  # kept as it is: a store re-write must not lose it
-                    continue
-            self._set_model(m, rec.get("source", "api"))
-            if (ov := stored_override(rec)) is not None:
-                self.scale_overrides[name] = ov
+        load_models(self, stored.models)  # the store's, and the file's new ones (config_reload.py)
         now = trio.current_time()
         for name, row in stored.nodes.items():
             self.nodes.remember(name, agent_labels=row.agent_labels, operator_labels=row.operator_labels,
@@ -164,14 +137,6 @@ class ControlPlane(OperatorActions):
                      len(self.models), len(self.nodes.nodes), len(self.assignments))
         self.lifecycle.load()
         reconcile_file(self)  # the file's models against those stored (docs/configuration.md)
-
-    def model_record(self, name: str, m: ModelConfig, source: str) -> dict[str, Any]:
-        """A model as the store keeps it: with an operator's scale of a config-file model."""
-        rec: dict[str, Any] = {"source": source, "model": model_to_dict(m)}
-        ov = self.scale_overrides.get(name)
-        if ov is not None and source == "config":
-            rec["scaled"] = {"count": ov.count, "file_count": ov.file_count}
-        return rec
 
     def _rewrite(self, st: Store) -> None:
         """The whole state from memory into `st` (the StoreGuard's recovery, in one transaction)."""

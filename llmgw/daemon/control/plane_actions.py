@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from llmgw.config import ModelConfig, model_from_dict
+from llmgw.config import ModelConfig, model_from_dict, model_to_dict
 from llmgw.daemon.control.model_deploy import ModelError
 from llmgw.fleet.group_parts import worker_id
 from llmgw.fleet.types import NodeFacts
@@ -42,13 +42,19 @@ class OperatorActions:
         raise NotImplementedError
 
     def model_record(self, name: str, m: ModelConfig, source: str) -> dict[str, Any]:
-        raise NotImplementedError
+        """A model as the store keeps it: with an operator's scale of a config-file model."""
+        rec: dict[str, Any] = {"source": source, "model": model_to_dict(m)}
+        ov = self.scale_overrides.get(name)
+        if ov is not None and source == "config":
+            rec["scaled"] = {"count": ov.count, "file_count": ov.file_count}
+        return rec
 
     def put_model(self, data: Any, *, source: str = "api") -> ModelConfig:
         """Create or replace a model from plain data; raises ConfigError naming bad fields."""
         m = model_from_dict(data, "model", pools=self.cfg.pools)
         if self.sources.get(m.name) == "config" and source != "config":
-            raise ModelError(f"model {m.name} is defined in the config file; change it there")
+            raise ModelError(f"model {m.name} is defined in the config file; change it there, then "
+                             "`llmgw ctl config reload`")
         self._save_model(m, source)
         return m
 
@@ -91,7 +97,8 @@ class OperatorActions:
         if name not in self.models:
             raise KeyError(name)
         if self.sources.get(name) == "config":
-            raise ModelError(f"model {name} is defined in the config file; remove it there")
+            raise ModelError(f"model {name} is defined in the config file; remove it there, then "
+                             "`llmgw ctl config reload`")
         self.guard.must_write("delete_model", name)
         self.guard.record("model deleted", model=name)
         self.lifecycle.model_deleted(name)  # its candidate goes too
