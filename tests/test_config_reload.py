@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .test_fleet_integration import Fleet, fleet_factory, sim_model  # noqa: F401 (fixture)
-from .test_lifecycle_integration import FAST, PASSING, api, wait_job
+from .test_lifecycle_integration import FAILING, FAST, PASSING, api, wait_job
 from .test_router_integration import Daemon
 from .test_sim_vllm import wait_for
 
@@ -201,3 +201,20 @@ def test_a_start_takes_changed_deploy_args_as_a_candidate_and_keeps_a_pending_on
     assert cand["id"] != first and cand["definition"]["deploy"]["args"][-1] == "4"
     assert wait_job(f, r.json()["jobs"][0])["state"] == "succeeded"
     assert definition(f)["deploy"]["args"] == FAST and live in {x["replica"] for x in f.ready("m")}
+
+
+def test_auto_promote_withheld_when_a_required_suite_fails(fleet_factory: Any) -> None:  # noqa: F811
+    f = fleet_factory([sim_model(count=1, args=FAST)])
+    lifecycle = '[models.lifecycle]\nauto_promote = true\nrequire_suites = ["strict"]\n'
+    restart(f, lifecycle)
+    f.start_agent("a")
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    assert api(f, "PUT", "/suites/strict", json={"toml": FAILING}).status_code == 200
+    f.models[0]["deploy"]["args"] = [*FAST, "--sim-seed", "5"]
+    write(f, lifecycle)
+    r = api(f, "POST", "/config/reload")
+    assert r.status_code == 200, r.text
+    done = wait_job(f, r.json()["jobs"][0], timeout=60)
+    assert done["state"] == "succeeded" and "not promoted" in done["detail"] and "strict" in done["detail"], done
+    assert definition(f)["deploy"]["args"] == FAST  # live untouched
+    assert f.get("/api/v1/models/m/revisions")["candidate"] is not None  # left for an operator
