@@ -87,6 +87,7 @@ def main(argv: list[str]) -> int:
         from llmgw.daemon.net.fd_limit import raise_nofile_limit
 
         raise_nofile_limit()
+
     def prepare(c: Config) -> Config:  # also done to the file when it is reloaded (config_reload.py)
         server = c.server
         if ns.host is not None or ns.port is not None:
