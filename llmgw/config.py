@@ -39,14 +39,14 @@ from llmgw.config_fields import (  # noqa: F401  (re-exported: part of the confi
 from llmgw.config_locate import KeyPath, TomlLocator
 from llmgw.config_schema import (  # noqa: F401  (re-exported: part of the config API)
     _CROSS_CHECKS, DEFAULT_POOL, ENGINES, AdapterConfig, AdminConfig, AgentConfig, BreakerConfig, Config,
-    ControlConfig, DeployConfig, FacilityConfig, GpuConfig, SpreadConfig, MetricNames, ModelConfig, PoolConfig,
+    ControlConfig, DeployConfig, FacilityConfig, GpuConfig, LifecycleConfig, SpreadConfig, MetricNames, ModelConfig, PoolConfig,
     PrefixRoutingConfig, ReplicaConfig, RestartConfig, RouterConfig, ScorerWeights, ServerConfig,
     SimConfig, StrategyConfig, _adapter_sources, _metric_pairs, _pool_references, multi_node_engine,
 )
 from llmgw.route.names import PRESET_NAMES
 
 __all__ = [
-    "AdapterConfig", "AdminConfig", "AgentConfig", "BreakerConfig", "ControlConfig", "DeployConfig", "GpuConfig", "RestartConfig", "Config", "PrefixRoutingConfig", "RouterConfig", "ScorerWeights", "StrategyConfig", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
+    "AdapterConfig", "AdminConfig", "AgentConfig", "BreakerConfig", "ControlConfig", "DeployConfig", "GpuConfig", "LifecycleConfig", "RestartConfig", "Config", "PrefixRoutingConfig", "RouterConfig", "ScorerWeights", "StrategyConfig", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
     "PoolConfig", "ReplicaConfig", "ServerConfig", "SimConfig", "DEFAULT_POOL", "FacilityConfig", "SpreadConfig",
     "default_admin_socket", "default_config", "dump_config", "init_config_text",
     "load_config", "model_from_dict", "model_to_dict", "parse_config",

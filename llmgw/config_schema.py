@@ -268,6 +268,14 @@ class AdapterConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LifecycleConfig:
+    """[models.lifecycle]: what happens to a candidate made from the config file (`llmgw ctl config
+    reload`, SIGHUP, or a start) once its replicas are ready (docs/lifecycle.md)."""
+    auto_promote: bool = opt(False)  # promote it by itself once ready and the required suites passed
+    require_suites: tuple[str, ...] = opt((), items=nonempty)  # run on the candidate; all must pass
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     name: str = opt(check=nonempty)
     engine: str = opt(check=one_of(*ENGINES))
@@ -279,6 +287,7 @@ class ModelConfig:
     adapters: tuple[AdapterConfig, ...] = opt((), unique="name")  # LoRA adapters of this model
     max_loaded_adapters: int = opt(4, check=in_range(1, 1024))  # per replica (vLLM: loaded on demand)
     max_lora_rank: int = opt(16, check=in_range(1, 1024))  # vLLM --max-lora-rank
+    lifecycle: LifecycleConfig | None = opt(None)  # a config-file candidate's way to live
 
 
 @dataclass(frozen=True, kw_only=True)

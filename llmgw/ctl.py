@@ -23,6 +23,7 @@ from llmgw.admin_client.printable import printable
 from llmgw.admin_client.rationale import text_table
 from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
 from llmgw.ctl_facility import explanation_text, facility_text
+from llmgw.ctl_config import register as register_config
 from llmgw.ctl_routing import register as register_routing
 from llmgw.ctl_views import model_text, status_text, store_line
 from llmgw.ctl_lifecycle import MODEL_ACTIONS, add_model_options, model_action, register
@@ -439,6 +440,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("replica", metavar="REPLICA", help="the replica's id, as `llmgw ctl replicas` shows it")
     register_routing(add, {"emit": emit, "table": table, "error": CtlError})
     register(add, {"emit": emit, "table": table, "error": CtlError})
+    register_config(add, {"emit": emit, "table": table, "error": CtlError})
     return p
 
 

@@ -45,6 +45,7 @@ from llmgw.admin.schema import (
     ScaleBody,
     Status,
 )
+from llmgw.admin.schema_config import ConfigReport
 from llmgw.admin.schema_traces import TraceSummary, TraceView
 from llmgw.admin.schema_facility import FacilityView, HoldBody, HoldView, PlacementExplanation
 
@@ -301,6 +302,20 @@ ROUTES: tuple[Route, ...] = (
           description="NDJSON: a snapshot line, then decision lines as they happen and update lines with "
                       "the sections that changed (checked once a second), and a ping line every 5 s. "
                       "Lossy under load: reconnect for a fresh snapshot."),
+    # the config file while the daemon runs (docs/configuration.md, "Reloading the config file")
+    Route("GET", f"{PREFIX}/config/check", "check_config", "What a reload would do", ConfigReport, errors=(400, 409),
+          tag="config",
+          description="Re-reads the config file the daemon started with and lists every difference from what runs, "
+                      "each with its action (apply at once, a candidate, or at the next start) and why. Changes "
+                      "nothing. 400 with every problem (file:line: key: what) when the file does not parse; 409 "
+                      "when the daemon runs without a config file."),
+    Route("POST", f"{PREFIX}/config/reload", "reload_config", "Reload the config file", ConfigReport,
+          errors=(400, 409, 503), tag="config",
+          description="What `GET /config/check` lists, done: hot changes apply at once, a model whose engines "
+                      "would change gets a candidate (its update job in `jobs`; promoted by itself only with "
+                      "`[models.lifecycle] auto_promote`), the rest waits for a start. SIGHUP to the daemon does the "
+                      "same. A file that does not parse is refused whole (400, every problem with its line) and "
+                      "nothing changes." + _STORE_503),
     Route("GET", f"{PREFIX}/openapi.json", "get_openapi", "This document", dict[str, Any], tag="meta"),
     Route("GET", f"{PREFIX}/suite-schema.json", "get_suite_schema", "The eval suites' JSON Schema", dict[str, Any],
           tag="meta", errors=(404,),

@@ -87,15 +87,22 @@ def main(argv: list[str]) -> int:
         from llmgw.daemon.net.fd_limit import raise_nofile_limit
 
         raise_nofile_limit()
-    server = cfg.server
-    if ns.host is not None or ns.port is not None:
-        server = replace(server, host=ns.host or server.host, port=server.port if ns.port is None else ns.port)
-        cfg = replace(cfg, server=server)
+
+    def prepare(c: Config) -> Config:  # also done to the file when it is reloaded (config_reload.py)
+        server = c.server
+        if ns.host is not None or ns.port is not None:
+            server = replace(server, host=ns.host or server.host, port=server.port if ns.port is None else ns.port)
+            c = replace(c, server=server)
+        if "router" in roles and not c.models and "agent" in roles and c.sim.replicas > 0:
+            c = replace(c, models=(embedded_model(c),))
+        return c
+
+    cfg = prepare(cfg)
     if ns.adopt and "router" not in roles:
         print("llmgw daemon: --adopt is for a router (--role router or router,agent)", file=sys.stderr)
         return 2
     try:
-        trio.run(_run, cfg, roles, ns.adopt, source.path)
+        trio.run(_run, cfg, roles, ns.adopt, source.path, prepare)
     except KeyboardInterrupt:
         pass
     except BaseException as e:  # startup errors come wrapped in the nurseries' exception groups
@@ -185,7 +192,8 @@ def _client_tls(cfg: Config) -> Any:
         raise _StartupError(str(e)) from None
 
 
-async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: str | None = None) -> None:
+async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: str | None = None,
+               prepare: Any = None) -> None:
     # The machine-readable line on stdout: printed as soon as the listeners are open (tests and
     # benchmarks read the ports from it); the human "serving …" line waits for replicas (ready.py).
     ready: dict[str, Any] = {"ready": True, "role": ",".join(r for r in ROLES if r in roles), "pid": os.getpid(),
@@ -195,14 +203,14 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
     control_tls: Any = None
     async with trio.open_nursery() as nursery:
         if "router" in roles:
-            if not cfg.models and "agent" in roles and cfg.sim.replicas > 0:
+            if not cfg.models and "agent" in roles and cfg.sim.replicas > 0:  # (main's prepare did it)
                 cfg = replace(cfg, models=(embedded_model(cfg),))
             token = _read_secret(cfg.control.join_token, cfg.control.join_token_file, "control.join_token_file")
             settle = None
             if token is None and "agent" in roles:
                 token = secrets.token_urlsafe(24)  # this process's own agent is the only one that joins
                 settle = 0.0  # ... so there is no fleet to wait for
-            info = await nursery.start(_router_role, cfg, token, settle, adopt)
+            info = await nursery.start(_router_role, cfg, token, settle, adopt, config_path, prepare)
             control_tls = info.pop("_control_tls", None)
             ready.update(info)
             control_addr = info.get("control")
@@ -270,8 +278,10 @@ def _open_store(path: str) -> tuple[Any, bool]:
 
 
 async def _router_role(cfg: Config, token: str | None, settle_s: float | None, adopt: bool,
+                       config_path: str | None, prepare: Any,
                        task_status: trio.TaskStatus[dict[str, Any]]) -> None:
     from llmgw.daemon.control.admin_server import AdminApp, AdminSetupError, serve_admin
+    from llmgw.daemon.control.config_reload import ConfigReloader
     from llmgw.daemon.control.eval_runner import EvalTarget
     from llmgw.daemon.control.plane import ControlPlane
     from llmgw.daemon.control.store import StoreCorrupt
@@ -295,6 +305,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                                        fresh_store=fresh and cfg.control.store != ":memory:")
             except StoreCorrupt as e:
                 raise _StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
+            control.reloader = ConfigReloader(control, config_path, prepare or (lambda c: c))
             if adopt:
                 log.warning("--adopt: engines that agents run and the store does not know are adopted as replicas")
             router.metrics.registry.register(StoreMetrics(control.guard))
@@ -312,6 +323,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                     inner.start_soon(router.trace_log.run)
                 inner.start_soon(control.guard.run)
                 inner.start_soon(control.kv_index.run)  # tier 2's parity verdicts and alarm
+                inner.start_soon(control.reloader.serve_sighup)  # SIGHUP: llmgw ctl config reload
                 # before the listeners open: the first request after the start finds them
                 await control.restore_routing(pool)
                 info: dict[str, Any] = {}

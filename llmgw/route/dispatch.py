@@ -170,15 +170,19 @@ class RouterCore:
             self.strategies[name] = s
         return s
 
-    def _configured_strategies(self) -> dict[str, Strategy]:
+    def _configured_strategies(self, configs: Any = None) -> dict[str, Strategy]:
         """[[strategies]] from the config (a preset's name replaces the preset)."""
         out = {}
-        for sc in self.cfg.strategies:
+        for sc in self.cfg.strategies if configs is None else configs:
             w = sc.weights
             weights = {k: getattr(w, k) for k in SCORER_NAMES
                        if getattr(w, k) > 0 and k in self.sched.scorers}
             out[sc.name] = Strategy(sc.name, weights, sc.picker, sc.temperature)
         return out
+
+    def set_strategies(self, configs: Any) -> None:
+        """A reloaded config's [[strategies]] (StrategyConfig), in force from the next request."""
+        self.strategies = self._configured_strategies(configs)
 
     def set_canary(self, model: str, share: float) -> None:
         """Send `share` (0–1) of `model`'s client requests to its candidate revision (0: none)."""

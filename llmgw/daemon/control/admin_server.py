@@ -45,6 +45,7 @@ from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
 from llmgw.daemon.control.admin_errors import TYPES, AdminFail, admin_error_body, invalid
 from llmgw.daemon.control.admin_events import EventStream
+from llmgw.daemon.control.admin_config import CONFIG_HANDLERS
 from llmgw.daemon.control.admin_facility import FACILITY_HANDLERS
 from llmgw.daemon.control.admin_lifecycle import LIFECYCLE_HANDLERS, BodyProblems
 from llmgw.daemon.control.node_identity import RotateError
@@ -96,6 +97,7 @@ def _handles(name: str) -> Callable[[_Handler], _Handler]:
 
 _HANDLERS.update(LIFECYCLE_HANDLERS)  # the model lifecycle's (admin_lifecycle.py)
 _HANDLERS.update(FACILITY_HANDLERS)  # the facility's (admin_facility.py)
+_HANDLERS.update(CONFIG_HANDLERS)  # the config file's check and reload (admin_config.py)
 
 
 class AdminApp:

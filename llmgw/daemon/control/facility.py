@@ -45,6 +45,11 @@ class FacilityControl:
         # replica -> the verdicts when it was placed (in memory, bounded: docs/placement.md), oldest first
         self.placed: dict[str, AtPlacement] = {}
 
+    def reconfigure(self, cfg: FacilityConfig) -> None:
+        """A reloaded config's [facility]: budgets and rebalancing from the next reconcile round."""
+        self.cfg = cfg
+        self.budgets = dict(cfg.budgets)
+
     # -- a reconcile round -----------------------------------------------------------------------
     def round(self, now: float) -> Facility:
         """The facility for a reconcile round. Rebalancing is due one interval after the first round

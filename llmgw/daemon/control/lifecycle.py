@@ -31,6 +31,7 @@ import trio
 
 from llmgw.config import ConfigError, ModelConfig, model_from_dict, model_to_dict
 from llmgw.daemon.control.eval_runner import EvalTarget
+from llmgw.daemon.control.lifecycle_auto import auto_promote_step
 from llmgw.daemon.control.lifecycle_evals import EvalsAndViews
 from llmgw.daemon.control.model_deploy import deploy_of
 from llmgw.daemon.control.store_guard import StoreUnavailable
@@ -201,19 +202,21 @@ class Lifecycle(EvalsAndViews):
     # -- update -------------------------------------------------------------------------------------
     def update(self, name: str, change: dict[str, Any] | None, *, canary: float = 0.0,
                ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S, then_promote: bool = False,
-               whole: dict[str, Any] | None = None, restored_from: str = "") -> Job:
+               whole: dict[str, Any] | None = None, restored_from: str = "", from_config: str = "") -> Job:
         """Make a candidate of model `name` from its definition and `change` (None: re-roll the
         same definition; `whole`: this whole definition instead) and place its replicas beside the
         live ones. ConfigError names bad fields. `restored_from`: a rollback's (rollback()): the
-        job is a ``rollback`` job, and the candidate is promoted once ready."""
+        job is a ``rollback`` job, and the candidate is promoted once ready. `from_config`: what
+        made it from the config file (a reload, a start: config_reload.py) — its
+        `[models.lifecycle]` then says whether it is promoted by itself (lifecycle_auto.py)."""
         p = self.plane
         m = p.models.get(name)
         if m is None:
             raise LifecycleError(404, f"No model {echo(name)}.")
-        if p.sources.get(name) == "config":
-            raise LifecycleError(409, f"model {name} is defined in the config file: change it there (updates, "
-                                      "evals against a candidate and promotes are for models made through the "
-                                      "admin API)")
+        if p.sources.get(name) == "config" and not from_config:
+            raise LifecycleError(409, f"model {name} is defined in the config file: change it there, then "
+                                      "`llmgw ctl config reload` (a change to its engines becomes a candidate to "
+                                      "evaluate and promote, as here)")
         if m.deploy is None:
             raise LifecycleError(409, f"model {name} has no [models.deploy] profile: its replicas are static, "
                                       "there is nothing to place a candidate with")
@@ -238,7 +241,12 @@ class Lifecycle(EvalsAndViews):
         revs.candidate = rev
         p.guard.must_write("put_doc", "revisions", name, revs.to_dict())  # first: nothing changes if it cannot
         self.revisions[name] = revs
-        extra = {"restored_from": restored_from} if restored_from else {}
+        auto = cm.lifecycle if from_config and cm.lifecycle is not None else None
+        extra: dict[str, Any] = {"restored_from": restored_from} if restored_from else {}
+        if from_config:
+            extra["from_config"] = from_config
+        if auto is not None and auto.auto_promote:
+            extra.update(auto_promote=True, require_suites=list(auto.require_suites))
         job = self._new_job("rollback" if restored_from else "update", name, rev.id, canary=canary,
                             ready_timeout_s=ready_timeout_s, then_promote=then_promote or bool(restored_from),
                             change=change or {}, **extra)
@@ -285,6 +293,8 @@ class Lifecycle(EvalsAndViews):
             why = (f"candidate replica {a.replica} on {a.node}: {a.engine_state}"
                    f"{': ' + r.detail if r is not None and r.detail else ''}" + (f"\nlog tail:\n{tail}" if tail else ""))
             self._fail_update(job, why)
+        elif len(ready) >= want and job.params.get("auto_promote"):
+            auto_promote_step(self, job, now)  # evals of the required suites, then promote (lifecycle_auto.py)
         elif len(ready) >= want:
             p.guard.record("candidate ready", model=job.model, detail=job.revision_id)
             if not job.params.get("then_promote"):
@@ -362,7 +372,7 @@ class Lifecycle(EvalsAndViews):
         # refuses the promote (503) and nothing changes; a restart finds it done or not begun.
         try:
             with p.store.transaction():
-                p.guard.must_write("put_model", name, {"source": source, "model": model_to_dict(cm)})
+                p.guard.must_write("put_model", name, p.model_record(name, cm, source))
                 p.guard.must_write("put_doc", "revisions", name, after.to_dict())
                 for a in moving:
                     p.guard.must_write("put_assignment", p._row(replace(a, model=name)))

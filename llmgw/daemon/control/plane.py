@@ -32,13 +32,12 @@ from llmgw import __version__
 from llmgw.admin.schema import ModelView, NodeView, ReplicaView, Status
 from llmgw.config import (
     Config,
-    ConfigError,
     DeployConfig,
     ModelConfig,
-    model_from_dict,
     model_to_dict,
 )
 from llmgw.daemon.control.agent_sessions import AgentSessions
+from llmgw.daemon.control.config_reload import load_models, reconcile_file
 from llmgw.daemon.control.facility import FacilityControl
 from llmgw.daemon.control.groups import head_of, head_startable, routable_group, stop_workers, sync_head
 from llmgw.daemon.control.lifecycle import Lifecycle
@@ -63,6 +62,7 @@ from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents
+from llmgw.lifecycle.config_diff import ScaleOverride
 from llmgw.route.names import CANDIDATE_SUFFIX
 
 if TYPE_CHECKING:
@@ -94,6 +94,7 @@ class ControlPlane(OperatorActions):
         self.nodes = NodeRegistry(NodeTimeouts(c.not_ready_after_s, c.lost_after_s, c.max_lost_fraction),
                                   trio.current_time())
         self.models: dict[str, ModelConfig] = {}
+        self.scale_overrides: dict[str, ScaleOverride] = {}  # operators' scales of config-file models
         self.sources: dict[str, str] = {}  # model -> "config" | "api" | "adopted"
         self.deploys: dict[str, ModelDeploy] = {}
         self.assignments: dict[str, Assignment] = {}
@@ -110,33 +111,17 @@ class ControlPlane(OperatorActions):
         self._settle_until = self._started + (c.settle_s if settle_s is None else settle_s)
         self._reconciles = 0
         self.lifecycle = Lifecycle(self)  # revisions, eval suites and results, jobs (lifecycle.py)
+        self.reloader: Any = None  # the config file's check and reload (config_reload.py), set by the daemon
         self._load()
         self.guard.rewrite = self._rewrite
         self._from_store = {n for n, node in self.nodes.nodes.items() if not node.connected}
 
     # -- startup ------------------------------------------------------------------------------
     def _load(self) -> None:
-        """The state from the store (read_state raises StoreCorrupt for one it cannot read); the
-        config file's models are written back to it (if it can write: else at its recovery)."""
+        """The state from the store (read_state raises StoreCorrupt for one it cannot read), then the
+        config file's models reconciled with it by the reload's rule (config_reload.py)."""
         stored = read_state(self.store)
-        config_names = {m.name for m in self.cfg.models}
-        records = {name: rec for name, rec in stored.models.items()
-                   if not (rec.get("source") == "config" and name not in config_names)}
-        with self.guard.transaction("load"):
-            for m in self.cfg.models:  # the config file is authoritative for the models it names
-                records[m.name] = {"source": "config", "model": model_to_dict(m)}
-                self.guard.write("put_model", m.name, records[m.name])
-            for name in stored.models.keys() - records.keys():
-                self.guard.write("delete_model", name)
-                self.guard.record("model removed", model=name, detail="no longer in the config file")
-        for name, rec in sorted(records.items()):
-            try:
-                m = model_from_dict(rec["model"], f"store model {name}", pools=self.cfg.pools)
-            except (ConfigError, KeyError, TypeError) as e:
-                log.error("model %s in the store is invalid and is ignored: %s", name, e)
-                self._unloadable[name] = rec  # kept as it is: a store re-write must not lose it
-                continue
-            self._set_model(m, rec.get("source", "api"))
+        load_models(self, stored.models)  # the store's, and the file's new ones (config_reload.py)
         now = trio.current_time()
         for name, row in stored.nodes.items():
             self.nodes.remember(name, agent_labels=row.agent_labels, operator_labels=row.operator_labels,
@@ -151,10 +136,11 @@ class ControlPlane(OperatorActions):
             log.info("store: %d models, %d nodes, %d assignments; waiting for agents to reconnect",
                      len(self.models), len(self.nodes.nodes), len(self.assignments))
         self.lifecycle.load()
+        reconcile_file(self)  # the file's models against those stored (docs/configuration.md)
 
     def _rewrite(self, st: Store) -> None:
         """The whole state from memory into `st` (the StoreGuard's recovery, in one transaction)."""
-        models = {n: {"source": self.sources.get(n, "api"), "model": model_to_dict(m)} for n, m in self.models.items()}
+        models = {n: self.model_record(n, m, self.sources.get(n, "api")) for n, m in self.models.items()}
         write_state(st, models={**self._unloadable, **models}, nodes=self.nodes.nodes, seen_wall=self._seen_wall,
                     assignments={rid: self._row(a) for rid, a in self.assignments.items()})
         self.lifecycle.rewrite(st)

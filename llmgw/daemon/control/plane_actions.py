@@ -16,6 +16,7 @@ from llmgw.config import ModelConfig, model_from_dict, model_to_dict
 from llmgw.daemon.control.model_deploy import ModelError
 from llmgw.fleet.group_parts import worker_id
 from llmgw.fleet.types import NodeFacts
+from llmgw.lifecycle.config_diff import ScaleOverride
 
 __all__ = ["OperatorActions"]
 
@@ -25,6 +26,7 @@ class OperatorActions:
     cfg: Any
     models: dict[str, ModelConfig]
     sources: dict[str, str]
+    scale_overrides: dict[str, ScaleOverride]
     deploys: dict[str, Any]
     assignments: dict[str, Any]
     guard: Any
@@ -39,29 +41,54 @@ class OperatorActions:
     def _row(self, a: Any) -> Any:
         raise NotImplementedError
 
+    def model_record(self, name: str, m: ModelConfig, source: str) -> dict[str, Any]:
+        """A model as the store keeps it: with an operator's scale of a config-file model."""
+        rec: dict[str, Any] = {"source": source, "model": model_to_dict(m)}
+        ov = self.scale_overrides.get(name)
+        if ov is not None and source == "config":
+            rec["scaled"] = {"count": ov.count, "file_count": ov.file_count}
+        return rec
+
     def put_model(self, data: Any, *, source: str = "api") -> ModelConfig:
         """Create or replace a model from plain data; raises ConfigError naming bad fields."""
         m = model_from_dict(data, "model", pools=self.cfg.pools)
         if self.sources.get(m.name) == "config" and source != "config":
-            raise ModelError(f"model {m.name} is defined in the config file; change it there")
+            raise ModelError(f"model {m.name} is defined in the config file; change it there, then "
+                             "`llmgw ctl config reload`")
         self._save_model(m, source)
         return m
 
     def scale(self, name: str, count: int) -> ModelConfig:
         """Set a model's replica count. For a model the config file defines this is an operator
-        override that lasts until the next start (the file is authoritative then)."""
+        override, kept in the store until the file's count for the model changes (then the file's
+        new count wins: config_reload.py, docs/admin-api.md)."""
         m = self.models.get(name)
         if m is None:
             raise KeyError(name)
         if m.deploy is None:
             raise ModelError(f"model {name} has no [models.deploy] profile: its replicas are static")
         scaled = replace(m, deploy=replace(m.deploy, count=count))
-        self._save_model(scaled, self.sources.get(name, "api"))
+        source = self.sources.get(name, "api")
+        before = self.scale_overrides.get(name)
+        if source == "config":
+            file_count = before.file_count if before is not None else m.deploy.count
+            if count == file_count:
+                self.scale_overrides.pop(name, None)  # back to the file's own count
+            else:
+                self.scale_overrides[name] = ScaleOverride(count, file_count)
+        try:
+            self._save_model(scaled, source)
+        except BaseException:
+            if before is None:
+                self.scale_overrides.pop(name, None)
+            else:
+                self.scale_overrides[name] = before
+            raise
         return scaled
 
     def _save_model(self, m: ModelConfig, source: str) -> None:
         # Written first: a store that cannot write raises StoreUnavailable and nothing changes.
-        self.guard.must_write("put_model", m.name, {"source": source, "model": model_to_dict(m)})
+        self.guard.must_write("put_model", m.name, self.model_record(m.name, m, source))
         self.guard.record("model saved", model=m.name, detail=source)
         self._set_model(m, source)
         self._wake.set()
@@ -70,7 +97,8 @@ class OperatorActions:
         if name not in self.models:
             raise KeyError(name)
         if self.sources.get(name) == "config":
-            raise ModelError(f"model {name} is defined in the config file; remove it there")
+            raise ModelError(f"model {name} is defined in the config file; remove it there, then "
+                             "`llmgw ctl config reload`")
         self.guard.must_write("delete_model", name)
         self.guard.record("model deleted", model=name)
         self.lifecycle.model_deleted(name)  # its candidate goes too

@@ -17,7 +17,7 @@ import trio
 
 from llmgw.admin.schema import AdapterSummary, CacheSummary, EndpointStatus, KvSummary
 from llmgw.admin.views import adapter_summary_view, breaker_view, cache_summary_view, scraped_metrics_view
-from llmgw.config import ModelConfig
+from llmgw.config import ModelConfig, StrategyConfig
 from llmgw.daemon.router.kv_view import kv_summary
 from llmgw.route.trace import TraceRing
 from llmgw.route.types import Decision
@@ -59,6 +59,9 @@ class RouterPort(Protocol):
 
     def replica_state(self, rid: str) -> ReplicaState | None:
         """None when the router does not route to `rid` at all."""
+
+    def set_strategies(self, strategies: Sequence[StrategyConfig]) -> None:
+        """The config's [[strategies]] after a reload: in force from the next request."""
 
     def set_canary(self, model: str, share: float) -> None:
         """Send `share` (0–1) of `model`'s client requests to its candidate revision."""
@@ -124,6 +127,9 @@ class RouterAdapter:
         if rep is None:
             return None
         return ReplicaState(routable=not rep.draining, inflight=rep.view.inflight)
+
+    def set_strategies(self, strategies: Sequence[StrategyConfig]) -> None:
+        self._router.core.set_strategies(strategies)
 
     def set_canary(self, model: str, share: float) -> None:
         self._router.core.set_canary(model, share)
