@@ -205,9 +205,9 @@ def _suite_file(name: str | None, file: str | None) -> tuple[str, str]:
     except (OSError, UnicodeDecodeError) as e:
         raise T.error(f"suites put: {file}: {getattr(e, 'strerror', None) or e}") from None
     try:
-        own = tomllib.loads(text).get("name")
-    except tomllib.TOMLDecodeError:
-        own = None  # the router names every problem, with its line
+        own = toml_loads(text).get("name")
+    except (tomllib.TOMLDecodeError, TooDeep):
+        own = None  # the router names every problem (its line, or how deep it nests)
     if isinstance(own, str) and own:
         if name is not None and name != own:
             raise T.error(f"suites put: {file} names suite {own!r}, not {name!r}: drop NAME (the file's name is "
