@@ -69,7 +69,9 @@ class ControlConfig:
     heartbeat_s: float = opt(1.0, check=positive)
     not_ready_after_s: float = opt(5.0, check=positive)  # silence before a node is not ready
     lost_after_s: float = opt(30.0, check=positive)  # not ready this long = lost, replicas move
-    max_lost_fraction: float = opt(0.5, check=in_range(0, 1))  # more silent at once = our partition
+    max_lost_fraction: float = opt(0.5, check=in_range(0, 1))  # more of a domain silent = our partition
+    partition_lost_interval_s: float = opt(60.0, check=positive)  # then: one of its nodes lost per this
+    new_nodes_per_minute: int = opt(60, check=in_range(1))  # new node names the join token may register
     settle_s: float = opt(3.0, check=in_range(0))  # after a start, agents get this long to join before placing
     drain_timeout_s: float = opt(30.0, check=positive)  # a stopping replica's requests may finish
     max_message_bytes: int = opt(4 * 1024 * 1024, check=in_range(1024))

@@ -150,7 +150,9 @@ max_pending_agents = 128         # connections waiting for their hello; more are
 heartbeat_s = 1.0
 not_ready_after_s = 5.0          # silence before a node is not ready (nothing new placed there)
 lost_after_s = 30.0              # not ready this long = lost: its replicas are placed elsewhere
-max_lost_fraction = 0.5          # more nodes silent at once = the router is cut off: nobody is lost
+max_lost_fraction = 0.5          # more of a rack's nodes holding replicas silent = maybe our own network:
+partition_lost_interval_s = 60.0 # ... then one of them is lost per this (docs/architecture.md, partition guard)
+new_nodes_per_minute = 60        # new node names the join token may register a minute; more are refused (retry)
 settle_s = 3.0                   # after a start, agents get this long to join before anything is placed
 drain_timeout_s = 30.0           # a replica being removed may finish its requests for this long
 max_message_bytes = 4194304      # larger messages close the connection

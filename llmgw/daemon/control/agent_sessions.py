@@ -35,6 +35,7 @@ from llmgw.daemon.control.report_check import ReportChecker, peer_address, rejec
 from llmgw.daemon.control.store import Store
 from llmgw.daemon.control.stream_metrics import StreamStats
 from llmgw.daemon.net.message_stream import MessageStream, StreamClosed
+from llmgw.fleet.budget import TokenBucket
 from llmgw.fleet.identity import LiveSession
 from llmgw.fleet.nodes import Node
 from llmgw.fleet.report_url import parse_networks
@@ -87,6 +88,10 @@ class SessionHost(Protocol):
         ...
 
     def agent_disconnected(self, n: Node, agent_id: str, reason: str) -> None: ...
+
+    def knows_node(self, node: str) -> bool:
+        """The router knows this node name (it joined before, or is in the store)."""
+        ...
 
     def kv_events(self, node: str, msg: KvEvents) -> bool:
         """KV block changes of one of `node`'s replicas: False (refused, counted) if not its own."""
@@ -163,6 +168,9 @@ class AgentSessions:
         self.stats = StreamStats()
         self._node_rev: dict[str, int] = {}  # per node, bumped when its desired set changes
         self._throttled = _Throttled()
+        # New node names one join token may register: ghosts by the thousand would cost the router memory
+        # and every operator's listing their noise (the partition guard ignores them anyway).
+        self.new_names = TokenBucket(cfg.new_nodes_per_minute / 60.0, cfg.new_nodes_per_minute, trio.current_time())
         self.listener: tuple[str, int] | None = None  # (host, port) agents dial, once listening
         self.tls: ControlTls | None = None
 
@@ -286,6 +294,11 @@ class AgentSessions:
         adm = verdict.admission
         if not adm.ok:
             return await self._refuse(ms, node, peer, adm.kind, adm.reason, retry=adm.retry)
+        if not verdict.presented_hash and self.identities.record(node) is None and not self.host.knows_node(node) \
+                and not self.new_names.take(trio.current_time()):
+            return await self._refuse(ms, node, peer, "join_rate", "the join token registered "
+                                      f"{self.cfg.new_nodes_per_minute} new node names in the last minute "
+                                      "(control.new_nodes_per_minute); retrying later", retry=True)
         if adm.confirm:
             self.identities.confirm(node, verdict.presented_hash)
         if old is not None:

@@ -91,8 +91,8 @@ class ControlPlane(OperatorActions):
         self._unloadable: dict[str, dict[str, Any]] = {}  # stored models this llmgw cannot load, as stored
         self.router = router
         self.router_id = uuid.uuid4().hex[:12]
-        self.nodes = NodeRegistry(NodeTimeouts(c.not_ready_after_s, c.lost_after_s, c.max_lost_fraction),
-                                  trio.current_time())
+        self.nodes = NodeRegistry(NodeTimeouts(c.not_ready_after_s, c.lost_after_s, c.max_lost_fraction,
+                                               c.partition_lost_interval_s), trio.current_time())
         self.models: dict[str, ModelConfig] = {}
         self.sources: dict[str, str] = {}  # model -> "config" | "api" | "adopted"
         self.deploys: dict[str, ModelDeploy] = {}
@@ -103,7 +103,7 @@ class ControlPlane(OperatorActions):
         self.kv_index = RouterKvIndex()  # tier 2: what each replica's engine holds, fed by kv_events
         self.agents = AgentSessions(self, c, token)
         self._wake = trio.Event()
-        self._partition_logged = False
+        self._partition_logged: dict[str, str] = {}
         self.port: int | None = None
         self._started = trio.current_time()
         # Placing before the fleet has joined would stack every replica on the first agent in.
@@ -228,6 +228,9 @@ class ControlPlane(OperatorActions):
         for a in [a for a in self.assignments.values() if a.node == node]:
             self._on_report(node, None, a)
         self.unknown.node_gone(node)
+
+    def knows_node(self, node: str) -> bool:
+        return node in self.nodes.nodes
 
     def kv_events(self, node: str, msg: KvEvents) -> bool:
         """An agent's kv_events: applied only for a replica assigned to `node` (an agent never
@@ -402,15 +405,8 @@ class ControlPlane(OperatorActions):
 
     def reconcile_once(self) -> None:
         now = trio.current_time()
-        self._transitions(self.nodes.tick(now))
-        if self.nodes.partition_suspected != self._partition_logged:
-            self._partition_logged = self.nodes.partition_suspected
-            if self._partition_logged:
-                log.warning("more than %.0f%% of nodes are silent at once: suspecting the router's own "
-                            "network; no node is declared lost until they return",
-                            100 * self.cfg.control.max_lost_fraction)
-            else:
-                log.info("enough nodes are back: node timeouts apply again")
+        self._transitions(self.nodes.tick(now, {a.node for a in self.assignments.values()}))
+        self._log_partition()
         if now < self._settle_until:
             known = [self.nodes.nodes[n] for n in self._from_store if n in self.nodes.nodes]
             if not known or not all(n.connected for n in known):
@@ -479,6 +475,21 @@ class ControlPlane(OperatorActions):
                 self.guard.record("unplaceable", model=name, detail=why)
         self.unplaceable = plan.unplaceable if settled else {}
         self.lifecycle.tick()
+
+    def _log_partition(self) -> None:
+        """Say when the partition guard starts or stops holding a failure domain's losses back."""
+        now, before = self.nodes.disrupted, self._partition_logged
+        if now == before:
+            return
+        for d in sorted(now.keys() - before.keys()):
+            log.warning("partition guard: domain %s: %s — suspecting the router's own network; its nodes are "
+                        "declared lost at most one per %.0fs (control.partition_lost_interval_s)%s",
+                        d or "(no facility labels)", now[d], self.cfg.control.partition_lost_interval_s,
+                        "" if "reachable" not in now[d] else "; none while no node is reachable")
+        for d in sorted(before.keys() - now.keys()):
+            log.info("partition guard: domain %s: enough nodes are back; node timeouts apply again",
+                     d or "(no facility labels)")
+        self._partition_logged = dict(now)
 
     def _new_id(self, model: str) -> str:
         model = model.removesuffix(CANDIDATE_SUFFIX)  # a candidate's replica keeps its id when promoted
