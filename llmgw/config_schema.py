@@ -114,6 +114,12 @@ class AgentConfig:
     restart: RestartConfig = opt(factory=RestartConfig)
     declared_watts: int = opt(0, check=in_range(0, 1_000_000))  # this node's power draw for budgets; 0: none
 
+    def __post_init__(self) -> None:
+        # The short facility keys (rack = "r12") are llmgw.io/ labels, as `ctl label` takes them.
+        from llmgw.fleet.domains import expand_labels
+
+        object.__setattr__(self, "labels", expand_labels(self.labels))
+
 
 @dataclass(frozen=True, kw_only=True)
 class BreakerConfig:

@@ -166,7 +166,7 @@ router = "127.0.0.1:7070"        # the router's [control] listen address
 # tls = true                     # default: TLS when a CA is given or the router is not on loopback
 # tls_ca = "/etc/llmgw/router-ca.pem"      # the CA to trust (or tls_ca_pem = the PEM inline)
 # tls_server_name = "llmgw-control"        # the name in the router's certificate; default: its host
-labels = {}                      # e.g. { "llmgw.io/site" = "fra", "llmgw.io/rack" = "r12" }
+labels = {}                      # e.g. { site = "fra", rack = "r12" } (= "llmgw.io/site", "llmgw.io/rack")
 advertise_host = "127.0.0.1"     # engines listen here and the router dials it: the node's address
 # state_dir = "/var/lib/llmgw/agent"       # default: $XDG_STATE_HOME/llmgw/agent
 # gpus = [{ name = "L4", memory_mb = 24000 }]   # declared GPUs instead of nvidia-smi's
