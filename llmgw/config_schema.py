@@ -55,7 +55,8 @@ class SimConfig:
 @dataclass(frozen=True, kw_only=True)
 class ControlConfig:
     """[control]: the router's side of the agent stream, node timeouts and the store."""
-    listen: str = opt("127.0.0.1:7070", check=host_port)  # agents connect here
+    # agents connect here; unset: 127.0.0.1:7070, or in one-process mode an ephemeral loopback port
+    listen: str | None = opt(None, check=host_port)
     join_token: str | None = opt(None, check=nonempty)  # admits new nodes; unset = no agents
     join_token_file: str | None = opt(None, check=nonempty)  # or read it from this file (re-read when it changes)
     tls: bool | None = opt(None)  # unset: TLS unless `listen` is loopback; false: plain TCP (the opt-out)

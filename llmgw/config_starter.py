@@ -137,7 +137,8 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # The router's side of the agent stream. New nodes join with the join token (and get a
 # credential of their own); without one (and outside the one-process mode, which makes its
 # own) no agent can join. `llmgw ctl join-info` prints what an agent needs.
-listen = "127.0.0.1:7070"        # "0.0.0.0:7070" to accept agents from other machines
+# listen = "0.0.0.0:7070"        # to accept agents from other machines; default: 127.0.0.1:7070, and in
+                                 # one-process mode (--role router,agent) an ephemeral loopback port
 # join_token = "a long random secret"      # or join_token_file = "/etc/llmgw/join-token"
 # tls = true                     # default: TLS unless listen is loopback; false = plain TCP (opt-out)
 # tls_cert = "/etc/llmgw/router.pem"       # with tls_key: your certificate instead of the generated CA's
