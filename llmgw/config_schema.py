@@ -73,6 +73,10 @@ class ControlConfig:
     max_lost_fraction: float = opt(0.5, check=in_range(0, 1))  # more of a domain silent = our partition
     partition_lost_interval_s: float = opt(60.0, check=positive)  # then: one of its nodes lost per this
     new_nodes_per_minute: int = opt(60, check=in_range(1))  # new node names the join token may register
+    # a node's KV event budget: block events (+1 per message) a second, and the burst it may save up;
+    # over it kv_events are dropped undecoded (a real engine sends a few thousand a second)
+    kv_events_per_s: int = opt(100_000, check=in_range(1))
+    kv_events_burst: int = opt(2_000_000, check=in_range(1))
     settle_s: float = opt(3.0, check=in_range(0))  # after a start, agents get this long to join before placing
     drain_timeout_s: float = opt(30.0, check=positive)  # a stopping replica's requests may finish
     max_message_bytes: int = opt(4 * 1024 * 1024, check=in_range(1024))

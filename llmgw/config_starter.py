@@ -154,6 +154,8 @@ lost_after_s = 30.0              # not ready this long = lost: its replicas are 
 max_lost_fraction = 0.5          # more of a rack's nodes holding replicas silent = maybe our own network:
 partition_lost_interval_s = 60.0 # ... then one of them is lost per this (docs/architecture.md, partition guard)
 new_nodes_per_minute = 60        # new node names the join token may register a minute; more are refused (retry)
+kv_events_per_s = 100000         # a node's KV event budget: block events a second (+1 a message); more are
+kv_events_burst = 2000000        # ... dropped undecoded, beyond this much saved up (docs/prefix-routing.md)
 settle_s = 3.0                   # after a start, agents get this long to join before anything is placed
 drain_timeout_s = 30.0           # a replica being removed may finish its requests for this long
 max_message_bytes = 4194304      # larger messages close the connection

@@ -62,7 +62,7 @@ from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
-from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents
+from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents, Skipped
 from llmgw.route.names import CANDIDATE_SUFFIX
 
 if TYPE_CHECKING:
@@ -232,15 +232,28 @@ class ControlPlane(OperatorActions):
     def knows_node(self, node: str) -> bool:
         return node in self.nodes.nodes
 
+    def kv_refusal(self, node: str, replica: str) -> str | None:
+        """Why `node` may not write `replica`'s KV index ("unknown_replica", "other_node"), or None."""
+        a = self.assignments.get(replica)
+        return None if a is not None and a.node == node else "unknown_replica" if a is None else "other_node"
+
     def kv_events(self, node: str, msg: KvEvents) -> bool:
         """An agent's kv_events: applied only for a replica assigned to `node` (an agent never
         writes another node's replicas); refused and counted otherwise (False)."""
-        a = self.assignments.get(msg.replica)
-        if a is None or a.node != node:
-            self.kv_index.refuse("unknown_replica" if a is None else "other_node")
+        if (why := self.kv_refusal(node, msg.replica)) is not None:
+            self.kv_index.refuse(why)
             return False
         self.kv_index.apply(msg)
         return True
+
+    def kv_skipped(self, node: str, sk: Skipped) -> None:
+        """A kv_events message the session's gate turned away undecoded: refused (not the node's
+        replica) or dropped (over the node's event budget)."""
+        if sk.why == "budget":
+            self.kv_index.dropped(sk.replica if sk.replica and self.kv_refusal(node, sk.replica) is None else None,
+                                  sk.blocks)
+        else:
+            self.kv_index.refuse(sk.why)
 
     def agent_disconnected(self, n: Node, agent_id: str, reason: str) -> None:
         # Its engines' events stop with the stream: their index is dropped (the agent's next
