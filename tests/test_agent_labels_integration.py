@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from llmgw.config import ConfigError, parse_config
+from llmgw.fleet.domains import expand_labels, label_clash
 
 from .test_fleet_integration import fleet_factory, sim_model  # noqa: F401 — the fixture
 from .test_sim_vllm import wait_for
@@ -34,3 +35,10 @@ def test_agent_labels_are_checked_as_ctl_checks_them() -> None:
         parse_config('[agent]\nlabels = { rack = "r 1" }\n')
     with pytest.raises(ConfigError, match=r"agent\.labels.*'rack' and 'llmgw.io/rack' are the same label"):
         parse_config('[agent]\nlabels = { rack = "r1", "llmgw.io/rack" = "r2" }\n')
+
+
+def test_one_expansion_and_one_clash_rule() -> None:
+    assert expand_labels({"rack": "r1", " pdu": "p", "zone": "z", "llmgw.io/site": "s"}) == {
+        "llmgw.io/rack": "r1", "llmgw.io/pdu": "p", "zone": "z", "llmgw.io/site": "s"}
+    assert label_clash(["rack", "site", "zone"]) is None
+    assert "are the same label (llmgw.io/row)" in (label_clash(["llmgw.io/row", "row"]) or "")
