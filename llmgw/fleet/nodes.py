@@ -88,6 +88,7 @@ class NodeRegistry:
         self.t = timeouts
         self.nodes: dict[str, Node] = {}
         self.partition_suspected = False
+        self.cut_off = False  # no node answers while silent ones hold replicas: nothing is lost
         self.disrupted: dict[str, str] = {}  # failure domain -> why the guard holds its losses back
         self._disrupted_since: dict[str, float] = {}  # domain -> since when (or its last loss since)
         self._started = now
@@ -178,7 +179,7 @@ class NodeRegistry:
                 del self._disrupted_since[d]
         for d in disrupted:
             self._disrupted_since.setdefault(d, now)
-        self.disrupted = disrupted
+        self.disrupted, self.cut_off = disrupted, cut_off
         self.partition_suspected = bool(disrupted)
         for node in [n for n in due if holds(n.name)]:
             d = failure_domain(node.labels)

@@ -494,11 +494,15 @@ class ControlPlane(OperatorActions):
         now, before = self.nodes.disrupted, self._partition_logged
         if now == before:
             return
+        cut_off = self.nodes.cut_off
         for d in sorted(now.keys() - before.keys()):
-            log.warning("partition guard: domain %s: %s — suspecting the router's own network; its nodes are "
-                        "declared lost at most one per %.0fs (control.partition_lost_interval_s)%s",
-                        d or "(no facility labels)", now[d], self.cfg.control.partition_lost_interval_s,
-                        "" if "reachable" not in now[d] else "; none while no node is reachable")
+            if cut_off:
+                log.warning("partition guard: domain %s: %s — suspecting the router's own network; no node is "
+                            "declared lost until one answers", d or "(no facility labels)", now[d])
+            else:
+                log.warning("partition guard: domain %s: %s — suspecting the router's own network; its nodes are "
+                            "declared lost at most one per %.0fs (control.partition_lost_interval_s)",
+                            d or "(no facility labels)", now[d], self.cfg.control.partition_lost_interval_s)
         for d in sorted(before.keys() - now.keys()):
             log.info("partition guard: domain %s: enough nodes are back; node timeouts apply again",
                      d or "(no facility labels)")
