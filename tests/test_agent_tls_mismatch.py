@@ -25,7 +25,7 @@ def test_a_plaintext_agent_dialing_a_tls_router_says_the_router_expects_tls(flee
     assert "p" not in f.nodes()
 
 
-def test_a_tls_agent_dialing_a_plaintext_router_says_the_router_does_not_speak_tls(fleet_factory: Any) -> None:  # noqa: F811
+def test_a_tls_agent_dialing_a_plaintext_router_says_it_is_not_tls(fleet_factory: Any) -> None:  # noqa: F811
     f = fleet_factory([sim_model(count=0)])  # loopback: plain TCP
     tls = f.start_agent("t", tls=True)
     wait_for(lambda: "not TLS" in f.log(tls), 15)

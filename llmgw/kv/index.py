@@ -13,7 +13,8 @@ Bounds: a replica holds at most ``max_blocks_per_replica`` blocks (its engine's 
 a generous default). A delta or snapshot that would exceed it does not grow the index: the replica
 is emptied and marked **overflowed** — it votes with 0 blocks (the request falls back to tier 1)
 until a ``reset`` delta or a :meth:`replace` within the cap. :meth:`KVIndex.suspend` does the same
-for a replica whose events were dropped on the way. Never a wrong index, at worst an empty one. Memory per indexed block: see docs/prefix-routing.md.
+for a replica whose events were dropped on the way. Never a wrong index, at worst an empty one.
+Memory per indexed block: see docs/prefix-routing.md.
 """
 
 from __future__ import annotations
