@@ -139,11 +139,14 @@ def label_keys(labels: dict[str, str]) -> str | None:
 
 
 def facility_label_values(labels: dict[str, str]) -> str | None:
-    """The llmgw.io/site|room|row|rack|pdu labels name failure domains: their values must be names."""
-    from llmgw.fleet.domains import check_label_value
+    """The llmgw.io/site|room|row|rack|pdu labels (or their short keys, site|room|row|rack|pdu,
+    expanded as `ctl label` expands them) name failure domains: their values must be names."""
+    from llmgw.fleet.domains import check_label_value, expand_key, label_clash
 
+    if (msg := label_clash(labels)) is not None:
+        return msg
     for k, v in labels.items():
-        if (msg := check_label_value(k, v)) is not None:
+        if (msg := check_label_value(expand_key(k), v)) is not None:
             return msg
     return None
 

@@ -55,7 +55,8 @@ class SimConfig:
 @dataclass(frozen=True, kw_only=True)
 class ControlConfig:
     """[control]: the router's side of the agent stream, node timeouts and the store."""
-    listen: str = opt("127.0.0.1:7070", check=host_port)  # agents connect here
+    # agents connect here; unset: 127.0.0.1:7070, or in one-process mode an ephemeral loopback port
+    listen: str | None = opt(None, check=host_port)
     join_token: str | None = opt(None, check=nonempty)  # admits new nodes; unset = no agents
     join_token_file: str | None = opt(None, check=nonempty)  # or read it from this file (re-read when it changes)
     tls: bool | None = opt(None)  # unset: TLS unless `listen` is loopback; false: plain TCP (the opt-out)
@@ -69,7 +70,13 @@ class ControlConfig:
     heartbeat_s: float = opt(1.0, check=positive)
     not_ready_after_s: float = opt(5.0, check=positive)  # silence before a node is not ready
     lost_after_s: float = opt(30.0, check=positive)  # not ready this long = lost, replicas move
-    max_lost_fraction: float = opt(0.5, check=in_range(0, 1))  # more silent at once = our partition
+    max_lost_fraction: float = opt(0.5, check=in_range(0, 1))  # more of a domain silent = our partition
+    partition_lost_interval_s: float = opt(60.0, check=positive)  # then: one of its nodes lost per this
+    new_nodes_per_minute: int = opt(60, check=in_range(1))  # new node names the join token may register
+    # a node's KV event budget: block events (+1 per message) a second, and the burst it may save up;
+    # over it kv_events are dropped undecoded (a real engine sends a few thousand a second)
+    kv_events_per_s: int = opt(100_000, check=in_range(1))
+    kv_events_burst: int = opt(2_000_000, check=in_range(1))
     settle_s: float = opt(3.0, check=in_range(0))  # after a start, agents get this long to join before placing
     drain_timeout_s: float = opt(30.0, check=positive)  # a stopping replica's requests may finish
     max_message_bytes: int = opt(4 * 1024 * 1024, check=in_range(1024))
@@ -111,6 +118,12 @@ class AgentConfig:
     stop_grace_s: float = opt(10.0, check=positive)  # TERM, this long, then KILL the engine's group
     restart: RestartConfig = opt(factory=RestartConfig)
     declared_watts: int = opt(0, check=in_range(0, 1_000_000))  # this node's power draw for budgets; 0: none
+
+    def __post_init__(self) -> None:
+        # The short facility keys (rack = "r12") are llmgw.io/ labels, as `ctl label` takes them.
+        from llmgw.fleet.domains import expand_labels
+
+        object.__setattr__(self, "labels", expand_labels(self.labels))
 
 
 @dataclass(frozen=True, kw_only=True)

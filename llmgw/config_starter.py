@@ -137,7 +137,8 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # The router's side of the agent stream. New nodes join with the join token (and get a
 # credential of their own); without one (and outside the one-process mode, which makes its
 # own) no agent can join. `llmgw ctl join-info` prints what an agent needs.
-listen = "127.0.0.1:7070"        # "0.0.0.0:7070" to accept agents from other machines
+# listen = "0.0.0.0:7070"        # to accept agents from other machines; default: 127.0.0.1:7070, and in
+                                 # one-process mode (--role router,agent) an ephemeral loopback port
 # join_token = "a long random secret"      # or join_token_file = "/etc/llmgw/join-token"
 # tls = true                     # default: TLS unless listen is loopback; false = plain TCP (opt-out)
 # tls_cert = "/etc/llmgw/router.pem"       # with tls_key: your certificate instead of the generated CA's
@@ -150,7 +151,11 @@ max_pending_agents = 128         # connections waiting for their hello; more are
 heartbeat_s = 1.0
 not_ready_after_s = 5.0          # silence before a node is not ready (nothing new placed there)
 lost_after_s = 30.0              # not ready this long = lost: its replicas are placed elsewhere
-max_lost_fraction = 0.5          # more nodes silent at once = the router is cut off: nobody is lost
+max_lost_fraction = 0.5          # more of a rack's nodes holding replicas silent = maybe our own network:
+partition_lost_interval_s = 60.0 # ... then one of them is lost per this (docs/architecture.md, partition guard)
+new_nodes_per_minute = 60        # new node names the join token may register a minute; more are refused (retry)
+kv_events_per_s = 100000         # a node's KV event budget: block events a second (+1 a message); more are
+kv_events_burst = 2000000        # ... dropped undecoded, beyond this much saved up (docs/prefix-routing.md)
 settle_s = 3.0                   # after a start, agents get this long to join before anything is placed
 drain_timeout_s = 30.0           # a replica being removed may finish its requests for this long
 max_message_bytes = 4194304      # larger messages close the connection
@@ -164,7 +169,7 @@ router = "127.0.0.1:7070"        # the router's [control] listen address
 # tls = true                     # default: TLS when a CA is given or the router is not on loopback
 # tls_ca = "/etc/llmgw/router-ca.pem"      # the CA to trust (or tls_ca_pem = the PEM inline)
 # tls_server_name = "llmgw-control"        # the name in the router's certificate; default: its host
-labels = {}                      # e.g. { "llmgw.io/site" = "fra", "llmgw.io/rack" = "r12" }
+labels = {}                      # e.g. { site = "fra", rack = "r12" } (= "llmgw.io/site", "llmgw.io/rack")
 advertise_host = "127.0.0.1"     # engines listen here and the router dials it: the node's address
 # state_dir = "/var/lib/llmgw/agent"       # default: $XDG_STATE_HOME/llmgw/agent
 # gpus = [{ name = "L4", memory_mb = 24000 }]   # declared GPUs instead of nvidia-smi's

@@ -27,10 +27,10 @@ from llmgw.ctl_config import register as register_config
 from llmgw.ctl_routing import register as register_routing
 from llmgw.ctl_views import model_text, status_text, store_line
 from llmgw.ctl_lifecycle import MODEL_ACTIONS, add_model_options, model_action, register
+from llmgw.fleet.domains import expand_key, label_clash
 
 __all__ = ["CtlError", "main", "store_line"]
 
-FACILITY = ("site", "room", "row", "rack", "pdu")
 
 
 class CtlError(Exception):
@@ -123,9 +123,7 @@ def _domain_filter(domain: str | None) -> Callable[[dict[str, Any]], bool]:
         return lambda n: True
     if "=" in domain:
         key, _, value = domain.partition("=")
-        key = key.strip()
-        if key in FACILITY:
-            key = f"llmgw.io/{key}"
+        key = expand_key(key)
         return lambda n: n.get("labels", {}).get(key) == value
     prefix = domain.strip("/")
     return lambda n: n.get("location", "") == prefix or n.get("location", "").startswith(prefix + "/")
@@ -235,12 +233,6 @@ def cmd_join_token(api: Admin, ns: argparse.Namespace) -> None:
                              f"keep their credentials.\nnew join token: {d['join_token']}")
 
 
-def _label_key(key: str) -> str:
-    """The facility's short keys (rack=r12), as `nodes --domain` takes them, are llmgw.io/ labels."""
-    key = key.strip()
-    return f"llmgw.io/{key}" if key in FACILITY else key
-
-
 def cmd_facility(api: Admin, ns: argparse.Namespace) -> None:
     if ns.action is None:
         if ns.domain is not None:
@@ -269,12 +261,14 @@ def cmd_label(api: Admin, ns: argparse.Namespace) -> None:
     removes: list[str] = []
     for item in ns.labels:
         if item.endswith("-") and "=" not in item:
-            removes.append(_label_key(item[:-1]))
+            removes.append(expand_key(item[:-1]))
         elif "=" in item and item.split("=", 1)[0]:
             k, _, v = item.partition("=")
-            sets[_label_key(k)] = v
+            sets[expand_key(k)] = v
         else:
             raise CtlError(f"label {item!r}: expected key=value to set, or key- to remove")
+    if (clash := label_clash([i.partition("=")[0] for i in ns.labels if "=" in i])) is not None:
+        raise CtlError(f"label: {clash}")
     node = quote(ns.node, safe="")
     if sets:
         api.call("PUT", f"/nodes/{node}/labels", body={"labels": sets})

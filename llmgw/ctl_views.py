@@ -85,7 +85,8 @@ def _nodes(v: Any) -> str:
 
 def _partition(v: Any) -> str:
     if v is True:
-        return "YES: too many nodes went silent at once; no node is declared lost meanwhile"
+        return ("YES: most of a rack's nodes holding replicas went silent at once (one is declared lost per "
+                "control.partition_lost_interval_s), or no node answers (none is); the router's log names the domains")
     return value_text(v)
 
 

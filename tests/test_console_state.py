@@ -273,7 +273,8 @@ def test_parse_label_edit() -> None:
     assert e.set == {"llmgw.io/rack": "r12", "tier": ""} and e.remove == ["old"]
     assert e.describe() == "llmgw.io/rack=r12 tier= old-"
     for bad, msg in (("", "nothing to change"), ("rack", "key=value"), ("=x", "needs a key"),
-                     ("bad key!=1", "key=value"), ("-x=1", "not a valid label key"), ("a=1 a-", "both")):
+                     ("bad key!=1", "key=value"), ("-x=1", "not a valid label key"), ("a=1 a-", "both"),
+                     ("rack=a llmgw.io/rack=b", "same label")):
         with pytest.raises(ValueError, match=msg):
             parse_label_edit(bad)
 

@@ -368,7 +368,8 @@ class Status:
     router_id: str
     nodes: dict[str, int] = prop("node state → count")
     assignments: int = prop("replicas placed on nodes")
-    partition_suspected: bool = prop("too many nodes silent at once: no node is declared lost meanwhile")
+    partition_suspected: bool = prop("the partition guard holds losses back: a domain has most of its nodes "
+                                     "holding replicas silent (one lost per interval), or no node answers (none lost)")
     control_port: int | None = prop("the agents' control listener, if it runs")
     unplaceable: dict[str, str] = prop("model → why its replicas cannot all be placed")
     store: StoreStatus

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ from llmgw.daemon.logs import (
 log = logging.getLogger("llmgw.daemon")
 
 ROLES = ("router", "agent")
+DEFAULT_CONTROL_LISTEN = "127.0.0.1:7070"  # a router's [control] listen when the config has none
 
 
 def main(argv: list[str]) -> int:
@@ -110,7 +112,7 @@ def main(argv: list[str]) -> int:
         if err is None:
             raise
         print(f"llmgw daemon: {err}", file=sys.stderr)
-        return 1
+        return err.code
     return 0
 
 
@@ -147,7 +149,24 @@ def _find(e: BaseException, types: tuple[type[BaseException], ...]) -> BaseExcep
 
 
 class _StartupError(Exception):
-    pass
+    def __init__(self, msg: str, code: int = 1) -> None:
+        super().__init__(msg)
+        self.code = code  # the exit status: 2 for what the config (or command line) must change
+
+
+async def _listening(what: str, host: str, port: int, start: Any) -> Any:
+    """`await start()`, which binds host:port; an address that cannot be bound (in use, not this
+    machine's, not allowed) stops the daemon with one line naming it and the config key `what`."""
+    try:
+        return await start()
+    except BaseException as e:
+        found = _find(e, (OSError,))
+        if not isinstance(found, OSError) or isinstance(found, ConnectionError):
+            raise
+        addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        why = found.strerror or str(found)
+        hint = " (another llmgw, or another program, is listening there)" if found.errno == errno.EADDRINUSE else ""
+        raise _StartupError(f"{what}: cannot listen on {addr}: {why}{hint}", code=2) from None
 
 
 def embedded_model(cfg: Config) -> ModelConfig:
@@ -205,6 +224,10 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
         if "router" in roles:
             if not cfg.models and "agent" in roles and cfg.sim.replicas > 0:  # (main's prepare did it)
                 cfg = replace(cfg, models=(embedded_model(cfg),))
+            if cfg.control.listen is None and "agent" in roles:
+                # One process, no [control] listen: its own agent dials the port it gets, so an ephemeral
+                # loopback one — two such daemons on one host must not collide on the usual port.
+                cfg = replace(cfg, control=replace(cfg.control, listen="127.0.0.1:0"))
             token = _read_secret(cfg.control.join_token, cfg.control.join_token_file, "control.join_token_file")
             settle = None
             if token is None and "agent" in roles:
@@ -328,11 +351,12 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 await control.restore_routing(pool)
                 info: dict[str, Any] = {}
                 if token is not None:
-                    host, _, port = cfg.control.listen.rpartition(":")
+                    host, _, port = (cfg.control.listen or DEFAULT_CONTROL_LISTEN).rpartition(":")
                     host = host.strip("[]")
                     tls = _server_tls(cfg, host)
-                    cport = await inner.start(lambda task_status: control.serve(
-                        host, int(port), ssl_context=tls.context if tls else None, task_status=task_status))
+                    cport = await _listening("control.listen", host, int(port), lambda: inner.start(
+                        lambda task_status: control.serve(host, int(port), ssl_context=tls.context if tls else None,
+                                                          task_status=task_status)))
                     control.agents.set_listener(host, cport, tls)
                     info["control"] = f"{host}:{cport}"
                     info["control_tls"] = tls is not None
@@ -352,13 +376,16 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                     found = _find(e, (AdminSetupError, OSError))
                     if found is None:
                         raise
+                    if str(found).startswith(("admin.socket:", "admin.tcp:")):  # a listener it cannot bind
+                        raise _StartupError(str(found), code=2) from None
                     raise _StartupError(f"admin API ({cfg.admin.socket}): {found}") from None
                 info["admin_socket"] = admin["socket"]
                 if admin.get("tcp"):
                     info["admin_tcp"] = admin["tcp"]
-                port = await inner.start(lambda task_status: serve_tcp(
-                    router.handle, cfg.server.host, cfg.server.port, task_status=task_status,
-                    **router.server_options()))
+                port = await _listening("server.port (--port)", cfg.server.host, cfg.server.port,
+                                        lambda: inner.start(lambda task_status: serve_tcp(
+                                            router.handle, cfg.server.host, cfg.server.port,
+                                            task_status=task_status, **router.server_options())))
                 url = f"http://{cfg.server.host}:{port}"
                 # eval runs go through the OpenAI port, as a client on this machine (lifecycle.py)
                 control.lifecycle.attach(inner, pool, EvalTarget(

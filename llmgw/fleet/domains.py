@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from llmgw.route.echo import echo
 
 __all__ = ["LABEL_PREFIX", "LEVELS", "DomainError", "check_label_value", "domain_key", "expand_key",
-           "node_domains", "parse_domain"]
+           "expand_labels", "label_clash", "node_domains", "parse_domain"]
 
 LABEL_PREFIX = "llmgw.io/"
 LEVELS: tuple[str, ...] = ("site", "room", "row", "rack", "pdu")  # outermost first
@@ -35,6 +35,24 @@ def expand_key(key: str) -> str:
     """A label key as stored: the short facility keys (``rack``) become ``llmgw.io/rack``."""
     k = key.strip()
     return f"{LABEL_PREFIX}{k}" if k in LEVELS else k
+
+
+def expand_labels(labels: dict[str, str]) -> dict[str, str]:
+    """Labels as stored: every key through :func:`expand_key` (what `ctl label`, the console and an
+    agent's `[agent] labels` all do)."""
+    return {expand_key(k): v for k, v in labels.items()}
+
+
+def label_clash(keys: Iterable[str]) -> str | None:
+    """Why these label keys cannot be set together: two of them (``rack`` and ``llmgw.io/rack``)
+    name the same label once expanded. None: they can."""
+    seen: dict[str, str] = {}
+    for k in keys:
+        full = expand_key(k)
+        if full in seen:
+            return f"{seen[full]!r} and {k!r} are the same label ({full}): give it once"
+        seen[full] = k
+    return None
 
 
 def check_label_value(key: str, value: str) -> str | None:

@@ -6,20 +6,28 @@ serving, since the data path to its engines does not go through the agent. Only 
 `lost_after_s` of being not ready is it *lost*, and only then do its replicas move. A short blip
 therefore reschedules nothing.
 
-When many nodes fall silent together, the likelier story is that the router itself is cut off:
-above `max_lost_fraction` of the known nodes silent, no node is declared lost (and this is
-reported) until enough of them return. A router that has just started treats nodes it knows from
-its store the same way: not ready until their agents reconnect, lost only after the timeout.
+When many nodes fall silent together, the likelier story is that the router itself is cut off.
+The partition guard (:meth:`NodeRegistry.tick`; the rule and why are in docs/architecture.md,
+"The partition guard") weighs only the nodes that matter — nodes that are ready, and silent nodes
+that hold replicas — so names that hold nothing (ghosts registered with the join token) can
+neither trigger it nor hold it shut; it judges each failure domain (the node's path down to its
+rack) apart, and in a domain that looks cut off it slows the losses to one per
+`partition_lost_interval_s` instead of stopping them for good. Only when the router reaches no
+node that matters at all is nothing declared lost. A router that has just started treats nodes it
+knows from its store the same way: not ready until their agents reconnect, lost only after the
+timeout.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
 from llmgw.fleet.types import NodeFacts
 
-__all__ = ["FACILITY_KEYS", "Node", "NodeRegistry", "NodeState", "NodeTimeouts", "Transition", "location"]
+__all__ = ["FACILITY_KEYS", "Node", "NodeRegistry", "NodeState", "NodeTimeouts", "Transition", "failure_domain",
+           "location"]
 
 NodeState = Literal["ready", "not_ready", "lost"]
 
@@ -31,11 +39,18 @@ def location(labels: dict[str, str]) -> str:
     return "/".join(labels[k] for k in FACILITY_KEYS if labels.get(k))
 
 
+def failure_domain(labels: dict[str, str]) -> str:
+    """The domain the partition guard judges a node in: its location down to the rack (a rack's
+    switch is what cuts its nodes off together); "" for nodes without facility labels."""
+    return "/".join(labels[k] for k in FACILITY_KEYS[:-1] if labels.get(k))
+
+
 @dataclass(frozen=True)
 class NodeTimeouts:
     not_ready_after_s: float = 5.0
     lost_after_s: float = 30.0
     max_lost_fraction: float = 0.5
+    partition_lost_interval_s: float = 60.0  # in a domain that looks cut off: one node lost per this
 
 
 @dataclass
@@ -73,6 +88,9 @@ class NodeRegistry:
         self.t = timeouts
         self.nodes: dict[str, Node] = {}
         self.partition_suspected = False
+        self.cut_off = False  # no node answers while silent ones hold replicas: nothing is lost
+        self.disrupted: dict[str, str] = {}  # failure domain -> why the guard holds its losses back
+        self._disrupted_since: dict[str, float] = {}  # domain -> since when (or its last loss since)
         self._started = now
 
     def remember(self, name: str, *, agent_labels: dict[str, str], operator_labels: dict[str, str],
@@ -119,23 +137,63 @@ class NodeRegistry:
     def forget(self, name: str) -> bool:
         return self.nodes.pop(name, None) is not None
 
-    def tick(self, now: float) -> list[Transition]:
-        """Apply the timeouts: late heartbeats → not ready; not ready too long → lost."""
+    def tick(self, now: float, holding: Collection[str] | None = None) -> list[Transition]:
+        """Apply the timeouts: late heartbeats → not ready; not ready too long → lost, as the
+        partition guard allows. `holding`: the nodes that hold replicas (None: count every node
+        as holding some — the cautious view)."""
         out: list[Transition] = []
         for node in self.nodes.values():
             if node.state == "ready" and node.last_seen is not None \
                     and now - node.last_seen > self.t.not_ready_after_s:
                 out += self._move(node, "not_ready", f"no heartbeat for {now - node.last_seen:.1f}s", now)
-        candidates = [n for n in self.nodes.values()
-                      if n.state == "not_ready" and now - n.since >= self.t.lost_after_s]
-        # Lost nodes are out of the count: decommissioned ones must not hold the guard shut.
-        known = sum(1 for n in self.nodes.values() if n.state != "lost")
-        silent = sum(1 for n in self.nodes.values() if n.state == "not_ready")
-        # One node (or two) going silent is just that; a majority at once is our own cut-off.
-        self.partition_suspected = known >= 3 and silent / known > self.t.max_lost_fraction
-        if not self.partition_suspected:
-            for node in candidates:
-                out += self._move(node, "lost", f"not ready for {now - node.since:.0f}s", now)
+        holds = (lambda n: True) if holding is None else (lambda n: n in holding)  # noqa: E731
+        due = sorted((n for n in self.nodes.values()
+                      if n.state == "not_ready" and now - n.since >= self.t.lost_after_s),
+                     key=lambda n: (n.since, n.name))
+        # A silent node holding nothing moves nothing when lost: no guard needed (ghosts end here).
+        for node in [n for n in due if not holds(n.name)]:
+            out += self._move(node, "lost", f"not ready for {now - node.since:.0f}s", now)
+        # Per failure domain, the nodes holding replicas and how many of them are silent: only
+        # these matter to the fractions (a name holding nothing cannot tilt them either way).
+        total: dict[str, int] = {}
+        silent: dict[str, int] = {}
+        for n in self.nodes.values():
+            if n.state != "lost" and holds(n.name):
+                d = failure_domain(n.labels)
+                total[d] = total.get(d, 0) + 1
+                silent[d] = silent.get(d, 0) + (n.state == "not_ready")
+        # Cut off: silent holders, and no node at all answering that could take their replicas.
+        cut_off = any(silent.values()) and not any(n.state == "ready" for n in self.nodes.values())
+        disrupted: dict[str, str] = {}
+        if cut_off:  # nothing to act on, nowhere to move to
+            disrupted = {d: "no node that could take its replicas is reachable" for d, s in silent.items() if s}
+        else:
+            for d, k in total.items():
+                s = silent[d]
+                # A domain's holders all silent while some node answers is that domain's failure (acted
+                # on at once); a large part of them silent, not all, is likelier the router's own network.
+                if 0 < s < k and k >= 3 and s / k > self.t.max_lost_fraction:
+                    disrupted[d] = f"{s} of its {k} nodes holding replicas silent"
+        for d in list(self._disrupted_since):
+            if d not in disrupted:
+                del self._disrupted_since[d]
+        for d in disrupted:
+            self._disrupted_since.setdefault(d, now)
+        self.disrupted, self.cut_off = disrupted, cut_off
+        self.partition_suspected = bool(disrupted)
+        for node in [n for n in due if holds(n.name)]:
+            d = failure_domain(node.labels)
+            if cut_off:
+                continue
+            if d in disrupted:  # slowed, not stopped: one node per interval in this domain
+                if now - self._disrupted_since[d] < self.t.partition_lost_interval_s:
+                    continue
+                self._disrupted_since[d] = now
+                reason = f"not ready for {now - node.since:.0f}s (its domain looks cut off: {disrupted[d]}; " \
+                         f"one node lost per {self.t.partition_lost_interval_s:.0f}s)"
+            else:
+                reason = f"not ready for {now - node.since:.0f}s"
+            out += self._move(node, "lost", reason, now)
         return out
 
     def _move(self, node: Node, new: NodeState, reason: str, now: float) -> list[Transition]:

@@ -12,8 +12,9 @@ many of the leading ones each replica holds contiguously from the first (any med
 Bounds: a replica holds at most ``max_blocks_per_replica`` blocks (its engine's KV block count, or
 a generous default). A delta or snapshot that would exceed it does not grow the index: the replica
 is emptied and marked **overflowed** — it votes with 0 blocks (the request falls back to tier 1)
-until a ``reset`` delta or a :meth:`replace` within the cap. Never a wrong index, at worst an
-empty one. Memory per indexed block: see docs/prefix-routing.md.
+until a ``reset`` delta or a :meth:`replace` within the cap. :meth:`KVIndex.suspend` does the same
+for a replica whose events were dropped on the way. Never a wrong index, at worst an empty one.
+Memory per indexed block: see docs/prefix-routing.md.
 """
 
 from __future__ import annotations
@@ -164,6 +165,15 @@ class KVIndex:
         r.overflowed = False
         self.stats.block_events += n
         return True
+
+    def suspend(self, replica: Replica) -> None:
+        """Events of the replica were lost before they reached the index (dropped for its node's
+        budget): empty it, and ignore its deltas until a reset, as after an overflow."""
+        r = self._replicas.get(replica)
+        if r is not None:
+            r.media.clear()
+            r.count = 0
+            r.overflowed = True
 
     def remove_replica(self, replica: Replica) -> None:
         self._replicas.pop(replica, None)

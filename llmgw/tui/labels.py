@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from llmgw.config import label_keys
 from llmgw.config_fields import facility_label_values
-from llmgw.fleet.domains import expand_key
+from llmgw.fleet.domains import expand_key, label_clash
 
 __all__ = ["LabelEdit", "parse_label_edit"]
 
@@ -30,6 +30,7 @@ def parse_label_edit(text: str) -> LabelEdit:
     """Raises ValueError with a message for the operator."""
     sets: dict[str, str] = {}
     removes: list[str] = []
+    raw: list[str] = []  # the keys as written: `rack` and `llmgw.io/rack` together are one label twice
     for token in re.split(r"[\s,]+", text.strip()):
         if not token:
             continue
@@ -37,6 +38,9 @@ def parse_label_edit(text: str) -> LabelEdit:
         if eq:
             if not key:
                 raise ValueError(f"{token!r}: a label needs a key before '='")
+            if (clash := label_clash([*raw, key])) is not None:
+                raise ValueError(clash)
+            raw.append(key)
             sets[expand_key(key)] = value
         elif token.endswith("-") and len(token) > 1:
             removes.append(expand_key(token[:-1]))

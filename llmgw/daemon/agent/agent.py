@@ -216,7 +216,16 @@ class Agent:
                 except trio.TooSlowError:
                     log.warning("the router went silent (or sent no welcome); reconnecting")
                 except _SESSION_ERRORS as e:
-                    log.warning("connection to the router lost: %s", e or type(e).__name__)
+                    if not self.welcomed and self.tls is None \
+                            and isinstance(e, StreamClosed | trio.BrokenResourceError | ConnectionError):
+                        # Closed before any answer to our hello: a TLS listener drops a plaintext hello.
+                        log.warning("the router at %s:%d closed the connection before answering the hello "
+                                    "(%s): most likely the router expects TLS (its [control] listen is beyond "
+                                    "loopback, or control.tls = true) and this agent dials plain TCP: set agent.tls "
+                                    "= true and agent.tls_ca or tls_ca_pem (`llmgw ctl join-info` on the router "
+                                    "prints them)", self.router_host, self.router_port, e or type(e).__name__)
+                    else:
+                        log.warning("connection to the router lost: %s", e or type(e).__name__)
                 finally:
                     self.connected = False
                     with trio.CancelScope(shield=True), trio.move_on_after(1):
@@ -347,6 +356,12 @@ class Agent:
                 self.facts = replace(self.facts, measured_watts=measured)
 
 
+# What OpenSSL says when the other end does not speak TLS: it closed the connection on our
+# ClientHello (a plain-TCP router drops it as an oversized frame), or answered with non-TLS bytes.
+_NOT_TLS_REASONS = frozenset({"UNEXPECTED_EOF_WHILE_READING", "WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE",
+                              "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})
+
+
 def _connect_error(e: BaseException) -> str:
     """Why the connect failed, with what to do about a certificate the agent does not trust."""
     cause = e.__cause__ if isinstance(e, trio.BrokenResourceError) and e.__cause__ else e
@@ -354,5 +369,9 @@ def _connect_error(e: BaseException) -> str:
         return (f"{cause.verify_message or cause}: the router's certificate is not one this agent trusts; set "
                 "agent.tls_ca_pem (and tls_server_name) from `llmgw ctl join-info` on the router")
     if isinstance(cause, ssl.SSLError):
+        if cause.reason in _NOT_TLS_REASONS:
+            return (f"TLS handshake failed ({cause.reason}): got a non-TLS answer — the router's control port "
+                    "is not TLS (a loopback [control] listen is plain TCP unless control.tls = true): set "
+                    "agent.tls = false, or control.tls = true on the router")
         return f"TLS failed ({cause.reason or cause}): does the router serve TLS? (agent.tls, control.tls)"
     return str(e) or type(e).__name__

@@ -14,6 +14,7 @@ register by the table's names; AdminApp refuses to start if one is missing or le
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 import os
@@ -463,6 +464,20 @@ def _private_dir(path: str) -> None:
                               f"must be private: chmod 700 {path}")
 
 
+async def _bound(key: str, where: str, starting: Any) -> Any:
+    """Await a listener's start; one it cannot bind is an AdminSetupError naming `key` and `where`."""
+    try:
+        return await starting
+    except BaseException as e:
+        seen: BaseException = e
+        while isinstance(seen, BaseExceptionGroup) and len(seen.exceptions) == 1:
+            seen = seen.exceptions[0]
+        if not isinstance(seen, OSError) or isinstance(seen, ConnectionError):
+            raise
+        hint = " (another llmgw daemon is serving there?)" if seen.errno == errno.EADDRINUSE else ""
+        raise AdminSetupError(f"{key}: cannot listen on {where}: {seen.strerror or seen}{hint}") from None
+
+
 async def serve_admin(cfg: AdminConfig, app: AdminApp, *,
                       task_status: trio.TaskStatus[dict[str, Any]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` on ``cfg.socket`` and, with ``cfg.tcp``, on TCP (which needs the app's token);
@@ -474,12 +489,14 @@ async def serve_admin(cfg: AdminConfig, app: AdminApp, *,
     options: dict[str, Any] = {"error_body": admin_error_body, "max_body_bytes": 1 << 20,
                                "max_connections": 128}  # each listener: within the fd limit's reserve
     async with trio.open_nursery() as nursery:
-        await nursery.start(partial(serve_unix, app.handle, path, peer_uid=os.getuid(), **options))
+        await _bound("admin.socket", path, nursery.start(partial(serve_unix, app.handle, path, peer_uid=os.getuid(),
+                                                                 **options)))
         tcp = None
         if cfg.tcp:
             host, _, port = cfg.tcp.rpartition(":")
             host = host.strip("[]")
-            bound = await nursery.start(partial(serve_tcp, app.handle, host, int(port), **options))
+            bound = await _bound("admin.tcp", cfg.tcp, nursery.start(partial(serve_tcp, app.handle, host, int(port),
+                                                                             **options)))
             tcp = f"{host}:{bound}"
         log.info("admin API on %s%s", path, f" and {tcp} (token required)" if tcp else "")
         task_status.started({"socket": path, "tcp": tcp})

@@ -35,6 +35,7 @@ from llmgw.daemon.control.report_check import ReportChecker, peer_address, rejec
 from llmgw.daemon.control.store import Store
 from llmgw.daemon.control.stream_metrics import StreamStats
 from llmgw.daemon.net.message_stream import MessageStream, StreamClosed
+from llmgw.fleet.budget import TokenBucket
 from llmgw.fleet.identity import LiveSession
 from llmgw.fleet.nodes import Node
 from llmgw.fleet.report_url import parse_networks
@@ -53,6 +54,7 @@ from llmgw.fleet.wire import (
     KvEvents,
     Refused,
     ReportRejected,
+    Skipped,
     Welcome,
     WireProtocolError,
 )
@@ -88,8 +90,20 @@ class SessionHost(Protocol):
 
     def agent_disconnected(self, n: Node, agent_id: str, reason: str) -> None: ...
 
+    def knows_node(self, node: str) -> bool:
+        """The router knows this node name (it joined before, or is in the store)."""
+        ...
+
     def kv_events(self, node: str, msg: KvEvents) -> bool:
         """KV block changes of one of `node`'s replicas: False (refused, counted) if not its own."""
+        ...
+
+    def kv_refusal(self, node: str, replica: str) -> str | None:
+        """Why `node` may not write `replica`'s KV index (a REFUSE_REASONS value), or None."""
+        ...
+
+    def kv_skipped(self, node: str, sk: Skipped) -> None:
+        """A kv_events message turned away before it was decoded (refused, or over the node's budget)."""
         ...
 
     def desired_for(self, node: str) -> list[EngineSpec]:
@@ -163,6 +177,10 @@ class AgentSessions:
         self.stats = StreamStats()
         self._node_rev: dict[str, int] = {}  # per node, bumped when its desired set changes
         self._throttled = _Throttled()
+        # New node names one join token may register: ghosts by the thousand would cost the router memory
+        # and every operator's listing their noise (the partition guard ignores them anyway).
+        self.new_names = TokenBucket(cfg.new_nodes_per_minute / 60.0, cfg.new_nodes_per_minute, trio.current_time())
+        self._kv_budgets: dict[str, TokenBucket] = {}  # node -> its KV event budget (see _kv_gate)
         self.listener: tuple[str, int] | None = None  # (host, port) agents dial, once listening
         self.tls: ControlTls | None = None
 
@@ -207,6 +225,7 @@ class AgentSessions:
             conn.scope.cancel()
         withdrawn = self.host.node_revoked(node)
         self._node_rev.pop(node, None)
+        self._kv_budgets.pop(node, None)
         log.warning("node %s revoked by an operator%s; %d replicas withdrawn", node,
                     " (its connection closed)" if conn is not None else "", len(withdrawn))
         return had, conn is not None, withdrawn, store_error
@@ -286,6 +305,11 @@ class AgentSessions:
         adm = verdict.admission
         if not adm.ok:
             return await self._refuse(ms, node, peer, adm.kind, adm.reason, retry=adm.retry)
+        if not verdict.presented_hash and self.identities.record(node) is None and not self.host.knows_node(node) \
+                and not self.new_names.take(trio.current_time()):
+            return await self._refuse(ms, node, peer, "join_rate", "the join token registered "
+                                      f"{self.cfg.new_nodes_per_minute} new node names in the last minute "
+                                      "(control.new_nodes_per_minute); retrying later", retry=True)
         if adm.confirm:
             self.identities.confirm(node, verdict.presented_hash)
         if old is not None:
@@ -304,8 +328,30 @@ class AgentSessions:
                      notify_rejects=hello.has(FEATURE_REPORT_REJECTED), kv_events=hello.has(FEATURE_KV_EVENTS),
                      last_heard=trio.current_time(),
                      credential_hash=verdict.presented_hash, confirm_on_next=adm.issue)
+        if conn.kv_events:
+            ms.gate = self._kv_gate(node)
         self.conns[node] = conn
         return conn, verdict.secret
+
+    def _kv_gate(self, node: str) -> Any:
+        """The node's KV event budget, and the check that it writes only its own replicas — both
+        before a kv_events message is parsed and its blocks decoded (~1 µs each): a flood costs a
+        look at each frame's head (llmgw.fleet.wire_peek) and no more."""
+        budget = self._kv_budgets.get(node)
+        if budget is None:  # per node name, not per connection: reconnecting does not refill it
+            budget = self._kv_budgets[node] = TokenBucket(self.cfg.kv_events_per_s, self.cfg.kv_events_burst,
+                                                          trio.current_time())
+
+        def gate(t: str, replica: str | None, blocks: int) -> Skipped | None:
+            if t != KvEvents.TYPE:
+                return None
+            if not budget.take(trio.current_time(), 1 + blocks):
+                return Skipped(t, "budget", replica, blocks)
+            if replica is not None and (why := self.host.kv_refusal(node, replica)) is not None:
+                return Skipped(t, why, replica, blocks)
+            return None  # decoded (and checked whole) as usual
+
+        return gate
 
     async def _refuse(self, ms: MessageStream, node: str, peer: str, kind: str, why: str, *,
                       retry: bool = False) -> None:
@@ -382,7 +428,17 @@ class AgentSessions:
                 conn.confirm_on_next = False
                 self.identities.confirm(conn.node, conn.credential_hash)
             self.host.agent_heard(conn.node, conn.agent_id)
-            if isinstance(msg, EngineUpdate):
+            if isinstance(msg, Skipped):
+                self.host.kv_skipped(conn.node, msg)
+                if msg.why == "budget":
+                    self._throttled.warning(f"kv-budget:{conn.node}", "node %s (from %s): kv_events over its event "
+                                            "budget (control.kv_events_per_s = %d, burst %d) dropped undecoded; its "
+                                            "replicas' tier-2 index waits for a reset (llmgw_kv_events_dropped_total)",
+                                            conn.node, conn.peer, self.cfg.kv_events_per_s, self.cfg.kv_events_burst)
+                else:
+                    self._throttled.warning(f"kv:{conn.node}", "node %s (from %s): refused kv_events for replica "
+                                            "%r: not one this node runs", conn.node, conn.peer, msg.replica)
+            elif isinstance(msg, EngineUpdate):
                 self.host.engine_reported(conn.node, await self._checked(conn, msg.report))
             elif isinstance(msg, KvEvents):
                 if not conn.kv_events:

@@ -61,7 +61,7 @@ from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
-from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents
+from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents, Skipped
 from llmgw.lifecycle.config_diff import ScaleOverride
 from llmgw.route.names import CANDIDATE_SUFFIX
 
@@ -91,8 +91,8 @@ class ControlPlane(OperatorActions):
         self._unloadable: dict[str, dict[str, Any]] = {}  # stored models this llmgw cannot load, as stored
         self.router = router
         self.router_id = uuid.uuid4().hex[:12]
-        self.nodes = NodeRegistry(NodeTimeouts(c.not_ready_after_s, c.lost_after_s, c.max_lost_fraction),
-                                  trio.current_time())
+        self.nodes = NodeRegistry(NodeTimeouts(c.not_ready_after_s, c.lost_after_s, c.max_lost_fraction,
+                                               c.partition_lost_interval_s), trio.current_time())
         self.models: dict[str, ModelConfig] = {}
         self.scale_overrides: dict[str, ScaleOverride] = {}  # operators' scales of config-file models
         self.sources: dict[str, str] = {}  # model -> "config" | "api" | "adopted"
@@ -104,7 +104,7 @@ class ControlPlane(OperatorActions):
         self.kv_index = RouterKvIndex()  # tier 2: what each replica's engine holds, fed by kv_events
         self.agents = AgentSessions(self, c, token)
         self._wake = trio.Event()
-        self._partition_logged = False
+        self._partition_logged: dict[str, str] = {}
         self.port: int | None = None
         self._started = trio.current_time()
         # Placing before the fleet has joined would stack every replica on the first agent in.
@@ -216,15 +216,31 @@ class ControlPlane(OperatorActions):
             self._on_report(node, None, a)
         self.unknown.node_gone(node)
 
+    def knows_node(self, node: str) -> bool:
+        return node in self.nodes.nodes
+
+    def kv_refusal(self, node: str, replica: str) -> str | None:
+        """Why `node` may not write `replica`'s KV index ("unknown_replica", "other_node"), or None."""
+        a = self.assignments.get(replica)
+        return None if a is not None and a.node == node else "unknown_replica" if a is None else "other_node"
+
     def kv_events(self, node: str, msg: KvEvents) -> bool:
         """An agent's kv_events: applied only for a replica assigned to `node` (an agent never
         writes another node's replicas); refused and counted otherwise (False)."""
-        a = self.assignments.get(msg.replica)
-        if a is None or a.node != node:
-            self.kv_index.refuse("unknown_replica" if a is None else "other_node")
+        if (why := self.kv_refusal(node, msg.replica)) is not None:
+            self.kv_index.refuse(why)
             return False
         self.kv_index.apply(msg)
         return True
+
+    def kv_skipped(self, node: str, sk: Skipped) -> None:
+        """A kv_events message the session's gate turned away undecoded: refused (not the node's
+        replica) or dropped (over the node's event budget)."""
+        if sk.why == "budget":
+            self.kv_index.dropped(sk.replica if sk.replica and self.kv_refusal(node, sk.replica) is None else None,
+                                  sk.blocks)
+        else:
+            self.kv_index.refuse(sk.why)
 
     def agent_disconnected(self, n: Node, agent_id: str, reason: str) -> None:
         # Its engines' events stop with the stream: their index is dropped (the agent's next
@@ -390,15 +406,8 @@ class ControlPlane(OperatorActions):
 
     def reconcile_once(self) -> None:
         now = trio.current_time()
-        self._transitions(self.nodes.tick(now))
-        if self.nodes.partition_suspected != self._partition_logged:
-            self._partition_logged = self.nodes.partition_suspected
-            if self._partition_logged:
-                log.warning("more than %.0f%% of nodes are silent at once: suspecting the router's own "
-                            "network; no node is declared lost until they return",
-                            100 * self.cfg.control.max_lost_fraction)
-            else:
-                log.info("enough nodes are back: node timeouts apply again")
+        self._transitions(self.nodes.tick(now, {a.node for a in self.assignments.values()}))
+        self._log_partition()
         if now < self._settle_until:
             known = [self.nodes.nodes[n] for n in self._from_store if n in self.nodes.nodes]
             if not known or not all(n.connected for n in known):
@@ -470,6 +479,25 @@ class ControlPlane(OperatorActions):
                 self.guard.record("unplaceable", model=name, detail=why)
         self.unplaceable = plan.unplaceable if settled else {}
         self.lifecycle.tick()
+
+    def _log_partition(self) -> None:
+        """Say when the partition guard starts or stops holding a failure domain's losses back."""
+        now, before = self.nodes.disrupted, self._partition_logged
+        if now == before:
+            return
+        cut_off = self.nodes.cut_off
+        for d in sorted(now.keys() - before.keys()):
+            if cut_off:
+                log.warning("partition guard: domain %s: %s — suspecting the router's own network; no node is "
+                            "declared lost until one answers", d or "(no facility labels)", now[d])
+            else:
+                log.warning("partition guard: domain %s: %s — suspecting the router's own network; its nodes are "
+                            "declared lost at most one per %.0fs (control.partition_lost_interval_s)",
+                            d or "(no facility labels)", now[d], self.cfg.control.partition_lost_interval_s)
+        for d in sorted(before.keys() - now.keys()):
+            log.info("partition guard: domain %s: enough nodes are back; node timeouts apply again",
+                     d or "(no facility labels)")
+        self._partition_logged = dict(now)
 
     def _new_id(self, model: str) -> str:
         model = model.removesuffix(CANDIDATE_SUFFIX)  # a candidate's replica keeps its id when promoted

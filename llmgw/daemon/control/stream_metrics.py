@@ -2,7 +2,8 @@
 registry, so they appear on its `/metrics`):
 
 - ``llmgw_agent_hellos_refused_total{reason}``: wrong_token, wrong_credential, no_credential,
-  revoked, already_connected, version, store;
+  revoked, already_connected, version, store, join_rate (a new node name over
+  `control.new_nodes_per_minute`);
 - ``llmgw_agent_connections_closed_before_hello_total{why}``: pending_cap (too many connections
   waiting for their hello), timeout, oversize, protocol, tls, closed;
 - ``llmgw_agent_connections_pending``: connections waiting for their hello now;

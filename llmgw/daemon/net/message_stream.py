@@ -13,7 +13,7 @@ from collections.abc import Collection
 
 import trio
 
-from llmgw.fleet.wire import MAX_FRAME, FrameDecoder, Message, WireProtocolError, encode
+from llmgw.fleet.wire import MAX_FRAME, FrameDecoder, Gate, Message, Skipped, WireProtocolError, encode
 
 __all__ = ["MessageStream", "StreamClosed", "WireProtocolError", "open_client"]
 
@@ -38,7 +38,7 @@ class MessageStream(trio.abc.AsyncResource):
                  accept: Collection[str] | None = None) -> None:
         self.stream = stream
         self._decoder = FrameDecoder(max_frame=max_frame, accept=accept)
-        self._inbox: deque[Message] = deque()
+        self._inbox: deque[Message | Skipped] = deque()
         self._send_lock = trio.Lock()
         self._sent_seq = 0
         self._send_broken = False
@@ -51,6 +51,15 @@ class MessageStream(trio.abc.AsyncResource):
     @max_frame.setter
     def max_frame(self, value: int) -> None:
         self._decoder.max_frame = value
+
+    @property
+    def gate(self) -> Gate | None:
+        """What turns frames away before they are decoded (see FrameDecoder; a Skipped is received)."""
+        return self._decoder.gate
+
+    @gate.setter
+    def gate(self, value: Gate | None) -> None:
+        self._decoder.gate = value
 
     @property
     def sent_seq(self) -> int:
@@ -80,7 +89,7 @@ class MessageStream(trio.abc.AsyncResource):
                 self._send_broken = True
                 raise
 
-    async def receive(self) -> Message:
+    async def receive(self) -> Message | Skipped:
         while not self._inbox:
             try:
                 data = await self.stream.receive_some(_READ_SIZE)

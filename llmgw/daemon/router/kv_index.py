@@ -6,7 +6,9 @@ replica (messages, resets, the time since the last message), tier 2's parity sel
 (llmgw.kv.parity: do the engine's reported blocks carry the hashes the router computes?) with its
 alarm log line, and the Prometheus metrics of all three.
 
-Bounds: the index holds at most ``max_blocks_per_replica`` blocks per replica (KVIndex's cap:
+Bounds: a node's kv_events are weighed against its event budget before they are decoded (the
+agent sessions' gate, agent_sessions.py): over it they are dropped, counted here, and the replica's
+index is emptied until a reset. The index holds at most ``max_blocks_per_replica`` blocks per replica (KVIndex's cap:
 beyond it the replica is emptied and votes with nothing until a reset), and only replicas the
 control plane has assigned, so an agent cannot grow it with names of its own choosing. The feed
 and parity tables keep at most MAX_SERIES replicas (removed ones leave first).
@@ -78,6 +80,8 @@ class RouterKvIndex:
         self.replica_counts: dict[str, Counter[str]] = {}
         self.gaps = 0
         self.feeds: dict[str, ReplicaFeed] = {}
+        self.dropped_messages = 0  # kv_events dropped undecoded for their node's event budget
+        self.dropped_blocks = 0
 
     def apply(self, msg: KvEvents) -> bool:
         """Apply one agent's message (the caller has checked the sender runs the replica); False
@@ -111,6 +115,23 @@ class RouterKvIndex:
 
     def refuse(self, reason: str) -> None:
         self.refused[reason] += 1
+
+    def dropped(self, replica: str | None, blocks: int) -> None:
+        """A kv_events message of `replica` (None: not one its node runs) was dropped undecoded for
+        its node's event budget. Its changes are lost, so the replica's index can no longer follow
+        the engine: it is emptied and waits for a reset (tier 1 decides for it meanwhile), as for a
+        sequence gap — never a wrong index."""
+        self.dropped_messages += 1
+        self.dropped_blocks += blocks
+        if replica is None or replica not in self.index.replicas():
+            return
+        feed = self._feed(replica)
+        if not self.index.overflowed(replica):  # it followed the engine until now: a gap
+            feed.gaps += 1
+            self.gaps += 1
+        self.index.suspend(replica)
+        self.parity.on_delta(replica, (), reset=True, now=self.clock())  # open checks: unknown, not failed
+        self._log_parity()
 
     def remove(self, replica: str) -> None:
         self.index.remove_replica(replica)
@@ -232,6 +253,10 @@ class KvIndexMetrics(Collector):
                 ("llmgw_kv_bad_frames", ("Undecodable KV event messages the agents received (each reset "
                                          "the engine's mirror)."), ac["bad_frames"]),
                 ("llmgw_kv_events_messages", "kv_events messages applied to the index.", kv.messages),
+                ("llmgw_kv_events_dropped", "kv_events messages dropped undecoded: their node was over its event "
+                 "budget (control.kv_events_per_s); the replica's index waits for a reset.", kv.dropped_messages),
+                ("llmgw_kv_events_dropped_blocks", "Block events in the kv_events messages dropped for a node's "
+                 "event budget.", kv.dropped_blocks),
                 ("llmgw_kv_index_block_events", "Block additions and removals applied to the index.",
                  st.block_events),
                 ("llmgw_kv_index_resets", "Replica resets (clear, then a full copy) applied.", st.resets),
