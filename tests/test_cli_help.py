@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmgw import cli
+from llmgw.cli import entry as cli
 
 
 def walk(name: str, parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.Action]]:

@@ -108,8 +108,8 @@ def test_bad_input_says_what_to_do(daemon: dict[str, Any]) -> None:
 def test_a_profile_file_and_set_pairs_make_one_change(tmp_path: Path) -> None:
     import argparse
 
-    from llmgw import ctl  # registers the helpers ctl_lifecycle uses
-    from llmgw.ctl_lifecycle import _change
+    from llmgw.cli.ctl import main as ctl  # registers the helpers ctl_lifecycle uses
+    from llmgw.cli.ctl.lifecycle import _change
 
     ctl.parser()
     prof = tmp_path / "p.toml"

@@ -14,7 +14,8 @@ import httpx
 import msgpack
 import pytest
 
-from llmgw import cli, kv_cli
+from llmgw.cli import entry as cli
+from llmgw.cli import kv as kv_cli
 from llmgw.kv import events
 
 from .conftest import load_golden
@@ -129,7 +130,7 @@ def test_hash_bad_token_file(capsys: pytest.CaptureFixture[str], tmp_path: Path,
     f = tmp_path / "t"
     f.write_bytes(b"\xff\xfe1,2")
     assert run(capsys, "hash", "--tokens-file", str(f))[2].startswith(f"llmgw kv hash: --tokens-file: {f} is not text")
-    monkeypatch.setattr("llmgw.kv_cli.MAX_INPUT_BYTES", 8)
+    monkeypatch.setattr("llmgw.cli.kv.MAX_INPUT_BYTES", 8)
     f.write_text("1," * 10)
     assert "is larger than 8 bytes" in run(capsys, "hash", "--tokens-file", str(f))[2]
 

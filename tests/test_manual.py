@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import llmgw.manual as manual
-from llmgw import cli
+from llmgw.cli import entry as cli
 from llmgw.admin.suite_schema import SUITES_MODULE, suite_json_schema
 
 from .admin_support import admin_stack

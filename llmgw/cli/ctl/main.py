@@ -22,10 +22,10 @@ import httpx
 from llmgw.admin_client.printable import printable
 from llmgw.admin_client.rationale import text_table
 from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
-from llmgw.ctl_facility import explanation_text, facility_text
-from llmgw.ctl_routing import register as register_routing
-from llmgw.ctl_views import model_text, status_text, store_line
-from llmgw.ctl_lifecycle import MODEL_ACTIONS, add_model_options, model_action, register
+from llmgw.admin_client.facility import explanation_text, facility_text
+from llmgw.cli.ctl.routing import register as register_routing
+from llmgw.cli.ctl.views import model_text, status_text, store_line
+from llmgw.cli.ctl.lifecycle import MODEL_ACTIONS, add_model_options, model_action, register
 
 __all__ = ["CtlError", "main", "store_line"]
 

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from llmgw.lifecycle.revisions import parse_sets
-from llmgw.ctl_tools import T, lend
+from llmgw.cli.ctl.output import T, lend
 
 __all__ = ["MODEL_ACTIONS", "model_action", "register"]
 

@@ -12,8 +12,8 @@ from urllib.parse import quote
 
 from llmgw.admin_client.rationale import rationale_lines
 from llmgw.admin_client.trace_view import trace_lines
-from llmgw.ctl_views import ADAPTER_HEADERS, KV_HEADERS, adapter_rows, adapters_footer, kv_rows, kv_summary_lines
-from llmgw.ctl_tools import T, lend
+from llmgw.cli.ctl.views import ADAPTER_HEADERS, KV_HEADERS, adapter_rows, adapters_footer, kv_rows, kv_summary_lines
+from llmgw.cli.ctl.output import T, lend
 
 __all__ = ["register"]
 
