@@ -119,7 +119,7 @@ def test_text_from_the_daemon_cannot_drive_the_terminal() -> None:
 
 
 def test_ctl_tables_and_errors_escape_control_characters() -> None:
-    from llmgw.cli.ctl.main import _cell, table
+    from llmgw.cli.ctl.output import _cell, table
 
     assert _cell("r1\x1b[31m") == "r1\\x1b[31m" and _cell(["a\nb"]) == "a\\x0ab"
     assert "\x1b" not in table([["x\x1b[2J", 1]], ["NAME", "N"])

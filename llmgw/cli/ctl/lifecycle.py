@@ -1,7 +1,7 @@
 """`llmgw ctl`'s model lifecycle commands (docs/lifecycle.md): `models update|promote|rollback|
 revisions NAME`, `eval MODEL --suite S`, `jobs [JOB]`, `suites [NAME | put NAME FILE | delete
-NAME]`. ctl.py registers them (`register`) and hands in its connection and output helpers, so
-this module does not import it."""
+NAME]`. main registers them (`register`) and hands each handler its connection; the output
+functions come from output."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from llmgw.lifecycle.revisions import parse_sets
-from llmgw.cli.ctl.output import T, lend
+from llmgw.cli.ctl.output import CtlError, emit, table
 
 __all__ = ["MODEL_ACTIONS", "model_action", "register"]
 
@@ -48,7 +48,7 @@ def _result_text(r: dict[str, Any]) -> str:
             f"TTFT p50 {t.get('ttft_ms_p50')} ms, latency p50 {t.get('latency_ms_p50')} ms")]
     rows = [[c["name"], "pass" if c["passed"] else "FAIL", c.get("ttft_ms"), c.get("latency_ms"),
              "; ".join(c.get("failures", []))[:120]] for c in r["cases"]]
-    out.append(T.table(rows, ["CASE", "RESULT", "TTFT_MS", "LATENCY_MS", "WHY"]))
+    out.append(table(rows, ["CASE", "RESULT", "TTFT_MS", "LATENCY_MS", "WHY"]))
     cmp_ = r.get("compare")
     if cmp_:
         out.append(f"vs live {cmp_.get('live_revision_id')}: pass rate {cmp_.get('live_pass_rate')} → "
@@ -62,7 +62,7 @@ def _wait(api: Any, job: dict[str, Any], timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while job["state"] == "running":
         if time.monotonic() > deadline:
-            raise T.error(f"job {job['id']} still running after {timeout:g} s: `llmgw ctl jobs {job['id']}` "
+            raise CtlError(f"job {job['id']} still running after {timeout:g} s: `llmgw ctl jobs {job['id']}` "
                           "shows it later")
         time.sleep(_POLL_S)
         job = api.call("GET", f"/jobs/{_m(job['id'])}")
@@ -75,12 +75,12 @@ def _change(ns: argparse.Namespace) -> dict[str, Any] | None:
         try:
             raw = Path(ns.file).read_bytes()
             if len(raw) > MAX_PROFILE_BYTES:
-                raise T.error(f"{ns.file}: larger than {MAX_PROFILE_BYTES} bytes")
+                raise CtlError(f"{ns.file}: larger than {MAX_PROFILE_BYTES} bytes")
             doc = tomllib.loads(raw.decode())
         except OSError as e:
-            raise T.error(f"{ns.file}: {e.strerror or e}") from None
+            raise CtlError(f"{ns.file}: {e.strerror or e}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise T.error(f"{ns.file}: not valid TOML: {e}") from None
+            raise CtlError(f"{ns.file}: not valid TOML: {e}") from None
         models = doc.get("models")  # a config-style file with one [[models]] is accepted too
         if isinstance(models, list) and len(models) == 1 and set(doc) == {"models"}:
             doc = models[0]
@@ -89,7 +89,7 @@ def _change(ns: argparse.Namespace) -> dict[str, Any] | None:
         try:
             sets = parse_sets(ns.set)
         except ValueError as e:
-            raise T.error(str(e)) from None
+            raise CtlError(str(e)) from None
         for k, v in sets.items():
             change[k] = {**change[k], **v} if isinstance(v, dict) and isinstance(change.get(k), dict) else v
     return change or None
@@ -109,7 +109,7 @@ def model_action(api: Any, ns: argparse.Namespace) -> None:
     name, action = ns.target, ns.name
     base = f"/models/{_m(name)}"
     if action == "revisions":
-        T.emit(ns, api.call("GET", f"{base}/revisions"), _revisions_text)
+        emit(ns, api.call("GET", f"{base}/revisions"), _revisions_text)
         return
     if action == "update":
         params = {"canary": ns.canary, "ready_timeout_s": ns.ready_timeout}
@@ -120,9 +120,9 @@ def model_action(api: Any, ns: argparse.Namespace) -> None:
         job = api.call("POST", f"{base}/rollback")
     if ns.wait:
         job = _wait(api, job, ns.wait_timeout)
-    T.emit(ns, job, _job_text)
+    emit(ns, job, _job_text)
     if job["state"] == "failed":
-        raise T.error(f"job {job['id']} failed")
+        raise CtlError(f"job {job['id']} failed")
 
 
 def _revisions_text(r: dict[str, Any]) -> str:
@@ -136,7 +136,7 @@ def _revisions_text(r: dict[str, Any]) -> str:
         lines.append("no candidate")
     k = r.get("canary")
     if k:
-        lines.append(T.table([[rev, k[rev]["requests"], k[rev]["failed"], k[rev]["error_rate"], k[rev]["ttft_ms_mean"]]
+        lines.append(table([[rev, k[rev]["requests"], k[rev]["failed"], k[rev]["error_rate"], k[rev]["ttft_ms_mean"]]
                               for rev in ("live", "candidate")],
                              [f"CANARY {k['share']:.0%}", "REQUESTS", "FAILED", "ERROR_RATE", "TTFT_MS"]))
     return "\n".join(lines)
@@ -145,18 +145,18 @@ def _revisions_text(r: dict[str, Any]) -> str:
 def cmd_eval(api: Any, ns: argparse.Namespace) -> None:
     job = api.call("POST", f"/models/{_m(ns.model)}/eval", body={"suite": ns.suite, "revision": ns.revision})
     if ns.no_wait:
-        T.emit(ns, job, _job_text)
+        emit(ns, job, _job_text)
         return
     job = _wait(api, job, ns.wait_timeout)
-    T.emit(ns, job, _job_text)
+    emit(ns, job, _job_text)
     r = job.get("result")
     if job["state"] == "failed" or (r is not None and not r["passed"]):
-        raise T.error(f"suite {ns.suite} did not pass (job {job['id']})")
+        raise CtlError(f"suite {ns.suite} did not pass (job {job['id']})")
 
 
 def cmd_jobs(api: Any, ns: argparse.Namespace) -> None:
     if ns.job:
-        T.emit(ns, api.call("GET", f"/jobs/{_m(ns.job)}"), _job_text)
+        emit(ns, api.call("GET", f"/jobs/{_m(ns.job)}"), _job_text)
         return
 
     def render(jobs: list[dict[str, Any]]) -> str:
@@ -164,33 +164,33 @@ def cmd_jobs(api: Any, ns: argparse.Namespace) -> None:
                  time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["created_at"])),
                  (j["steps"][-1]["name"] if j["steps"] else ""), (j.get("detail") or "").splitlines()[0:1]]
                 for j in jobs]
-        return T.table(rows, ["JOB", "KIND", "MODEL", "REVISION", "STATE", "CREATED", "STEP", "DETAIL"])
+        return table(rows, ["JOB", "KIND", "MODEL", "REVISION", "STATE", "CREATED", "STEP", "DETAIL"])
 
-    T.emit(ns, api.call("GET", "/jobs", params={"model": ns.model, "limit": ns.limit}), render)
+    emit(ns, api.call("GET", "/jobs", params={"model": ns.model, "limit": ns.limit}), render)
 
 
 def cmd_suites(api: Any, ns: argparse.Namespace) -> None:
     if ns.action == "put":
         if not ns.name or not ns.file:
-            raise T.error("suites put NAME FILE")
+            raise CtlError("suites put NAME FILE")
         try:
             text = Path(ns.file).read_text()
         except (OSError, UnicodeDecodeError) as e:
-            raise T.error(f"{ns.file}: {e}") from None
+            raise CtlError(f"{ns.file}: {e}") from None
         s = api.call("PUT", f"/suites/{_m(ns.name)}", body={"toml": text})
         print(f"suite {s['name']} stored: {s['cases']} cases, pass threshold {s['pass_threshold']:.0%}")
         return
     if ns.action == "delete":
         if not ns.name:
-            raise T.error("suites delete NAME")
+            raise CtlError("suites delete NAME")
         api.call("DELETE", f"/suites/{_m(ns.name)}")
         print(f"suite {ns.name} deleted")
         return
     if ns.action == "show" or (ns.action and not ns.name):
         name = ns.name or ns.action
-        T.emit(ns, api.call("GET", f"/suites/{_m(name)}"), lambda s: s["toml"])
+        emit(ns, api.call("GET", f"/suites/{_m(name)}"), lambda s: s["toml"])
         return
-    T.emit(ns, api.call("GET", "/suites"), lambda ss: T.table(
+    emit(ns, api.call("GET", "/suites"), lambda ss: table(
         [[s["name"], s["cases"], f"{s['pass_threshold']:.0%}", s["description"]] for s in ss],
         ["SUITE", "CASES", "THRESHOLD", "DESCRIPTION"]))
 
@@ -213,8 +213,7 @@ def add_model_options(sp: argparse.ArgumentParser) -> None:
                    help="how long --wait waits (default: 1800)")
 
 
-def register(add: Callable[..., argparse.ArgumentParser], tools: dict[str, Any]) -> None:
-    lend(tools)
+def register(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp = add("eval", cmd_eval, "run an eval suite against a model's candidate (or live) revision",
              "Runs the suite through the router's OpenAI port and prints each case and the totals, compared with "
              "the live revision's last result. Exits 1 when the suite does not pass.")
