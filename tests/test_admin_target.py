@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw import config_discovery
+from llmgw.config import discovery as config_discovery
 from llmgw.admin_client.target import (
     SOCKET_ENV,
     TOKEN_ENV,
@@ -19,7 +19,7 @@ from llmgw.admin_client.target import (
     resolve_target,
 )
 from llmgw.config import AdminConfig, default_admin_socket, load_config
-from llmgw.config_discovery import CONFIG_ENV, ConfigSource
+from llmgw.config.discovery import CONFIG_ENV, ConfigSource
 from llmgw.cli.ctl.main import Admin, CtlError, parser
 from llmgw.tui.main import UsageError, client_from_args
 

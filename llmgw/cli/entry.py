@@ -208,7 +208,7 @@ def _how_the_daemon_finds(path: Any) -> str:
     import os
 
     from llmgw.config import ConfigError
-    from llmgw.config_discovery import CONFIG_ENV, find_config
+    from llmgw.config.discovery import CONFIG_ENV, find_config
 
     try:
         found = find_config(None)
@@ -239,7 +239,7 @@ def _config(argv: list[str]) -> int:
         print(f"wrote {path}; {_how_the_daemon_finds(path)}")
         return 0
     if ns.path is None:
-        from llmgw.config_discovery import find_config, search_list_words
+        from llmgw.config.discovery import find_config, search_list_words
 
         try:
             found = find_config(None)

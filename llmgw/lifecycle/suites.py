@@ -1,6 +1,6 @@
 """Eval suites: a named TOML file of cases, each a prompt (or chat messages), sampling params and
 checks on the answer, plus a pass threshold. Parsing reports every problem with file:line:key,
-like the config (llmgw.config_locate finds the lines). Pure.
+like the config (llmgw.config.locate finds the lines). Pure.
 
     name = "smoke"                 # optional: the name it is stored under otherwise
     description = "greets and answers JSON"
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmgw.config import ConfigError, ConfigProblem, render_key
-from llmgw.config_locate import KeyPath, TomlLocator
+from llmgw.config.locate import KeyPath, TomlLocator
 from llmgw.lifecycle.json_schema import schema_problems
 
 __all__ = ["CHECK_KEYS", "MAX_CASES", "MAX_SUITE_BYTES", "Case", "Checks", "Suite", "parse_suite", "suite_json_schema",

@@ -63,7 +63,7 @@ from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents
-from llmgw.route.names import CANDIDATE_SUFFIX
+from llmgw.config.names import CANDIDATE_SUFFIX
 
 if TYPE_CHECKING:
     from llmgw.daemon.net.upstream import UpstreamPool

@@ -8,8 +8,8 @@ checking, defaults and unknown-key detection and collects every problem; checks 
 sections are small functions registered with ``@_cross_check``.  A new section is a new
 dataclass plus a field on its parent: no new validation code.
 
-Where things live: :mod:`llmgw.config_fields` (``opt`` and the value checks, the computed
-defaults), :mod:`llmgw.config_schema` (the section dataclasses and the cross-section checks),
+Where things live: :mod:`llmgw.config.fields` (``opt`` and the value checks, the computed
+defaults), :mod:`llmgw.config.schema` (the section dataclasses and the cross-section checks),
 here the errors, the walker and the API (``parse_config``, ``load_config``, ``dump_config``,
 ``model_from_dict`` ...), which also re-exports the schema: import from ``llmgw.config``.
 
@@ -30,19 +30,19 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import tomli_w
 
-from llmgw.config_fields import (  # noqa: F401  (re-exported: part of the config API)
+from llmgw.config.fields import (  # noqa: F401  (re-exported: part of the config API)
     _KNOWN_STRATEGIES, Check, _suggest, default_admin_socket, default_agent_state_dir,
     default_node_name, default_store_path, header_name, host_port, http_url, in_range, key_value,
     known_strategy, label_keys, node_name, nonempty, one_of, opt, positive,
 )
-from llmgw.config_locate import KeyPath, TomlLocator
-from llmgw.config_schema import (  # noqa: F401  (re-exported: part of the config API)
+from llmgw.config.locate import KeyPath, TomlLocator
+from llmgw.config.schema import (  # noqa: F401  (re-exported: part of the config API)
     _CROSS_CHECKS, DEFAULT_POOL, ENGINES, AdapterConfig, AdminConfig, AgentConfig, BreakerConfig, Config,
     ControlConfig, DeployConfig, FacilityConfig, GpuConfig, SpreadConfig, MetricNames, ModelConfig, PoolConfig,
     PrefixRoutingConfig, ReplicaConfig, RestartConfig, RouterConfig, ScorerWeights, ServerConfig,
     SimConfig, StrategyConfig, _adapter_sources, _pool_references, multi_node_engine,
 )
-from llmgw.route.names import PRESET_NAMES
+from llmgw.config.names import PRESET_NAMES
 
 __all__ = [
     "AdapterConfig", "AdminConfig", "AgentConfig", "BreakerConfig", "ControlConfig", "DeployConfig", "GpuConfig", "RestartConfig", "Config", "PrefixRoutingConfig", "RouterConfig", "ScorerWeights", "StrategyConfig", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
@@ -259,7 +259,7 @@ def dump_config(cfg: Config) -> str:
 
 def init_config_text() -> str:
     """The commented starter file `llmgw config init` writes (equals default_config())."""
-    from llmgw.config_starter import STARTER_TEXT
+    from llmgw.config.starter import STARTER_TEXT
 
     return STARTER_TEXT
 

@@ -3,7 +3,7 @@ value checks it takes (``one_of``, ``in_range``, ``http_url``, ``host_port``, ``
 and the defaults computed from the environment (state directory, admin socket, node name).
 
 A check is ``(value) -> error message | None``. The sections that use them are in
-:mod:`llmgw.config_schema`; the walker that runs them and the public API are :mod:`llmgw.config`.
+:mod:`llmgw.config.schema`; the walker that runs them and the public API are :mod:`llmgw.config`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from llmgw.route.names import PRESET_NAMES
+from llmgw.config.names import PRESET_NAMES
 
 Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
 
