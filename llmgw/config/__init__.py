@@ -1,13 +1,15 @@
 """Typed llmgw configuration: one frozen-dataclass tree, read from TOML. This is its curated face:
 import from ``llmgw.config``. Where each part lives: names (the routing names every part agrees
-on), fields (``opt`` and the value checks), schema (the sections and the checks across them),
+on), fields (``opt`` and the value checks), defaults (those read from the machine), schema (the sections and the checks across them),
 locate (a key's line in a TOML file), load (the errors, the walker, parse/load/dump), starter
 (the text of `llmgw config init`); discovery (which file `llmgw daemon` and `ctl` read) is the
 shell's and is imported by its own name."""
 
+from llmgw.config.defaults import (
+    default_admin_socket, default_agent_state_dir, default_node_name, default_store_path,
+)
 from llmgw.config.fields import (
-    default_admin_socket, default_agent_state_dir, default_node_name, default_store_path, header_name,
-    host_port, http_url, in_range, key_value, known_strategy, label_keys, node_name, nonempty, one_of, opt,
+    header_name, host_port, http_url, in_range, key_value, known_strategy, label_keys, node_name, nonempty, one_of, opt,
     positive,
 )
 from llmgw.config.load import (

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from llmgw.config.defaults import default_admin_socket, default_agent_state_dir, default_node_name, default_store_path
 from llmgw.config.fields import (
-    _suggest, default_admin_socket, default_agent_state_dir, default_node_name,
-    cidr, default_store_path, domain_budget, facility_label_values, facility_level, header_name, replica_nodes, host_port, http_url, in_range, key_value, known_strategy,
+    _suggest, cidr, domain_budget, facility_label_values, facility_level, header_name, replica_nodes, host_port, http_url, in_range, key_value, known_strategy,
     label_keys, node_name, nonempty, one_of, opt, pem_certificate, positive,
 )
 from llmgw.config.locate import KeyPath

@@ -13,7 +13,7 @@ from urllib.parse import quote
 from llmgw.admin_client.rationale import rationale_lines
 from llmgw.admin_client.trace_view import trace_lines
 from llmgw.cli.ctl.views import ADAPTER_HEADERS, KV_HEADERS, adapter_rows, adapters_footer, kv_rows, kv_summary_lines
-from llmgw.cli.ctl.output import CtlError, emit, table
+from llmgw.cli.ctl.output import emit, table
 
 __all__ = ["register"]
 
