@@ -26,7 +26,7 @@ from llmgw.config import ConfigError, ConfigProblem, render_key
 from llmgw.config.locate import KeyPath, TomlLocator
 from llmgw.lifecycle.json_schema import schema_problems
 
-__all__ = ["CHECK_KEYS", "MAX_CASES", "MAX_SUITE_BYTES", "Case", "Checks", "Suite", "parse_suite", "suite_json_schema",
+__all__ = ["CHECK_KEYS", "MAX_CASES", "MAX_SUITE_BYTES", "Case", "Checks", "Suite", "parse_suite",
            "suite_name_problem"]
 
 MAX_SUITE_BYTES = 1 << 20
@@ -283,9 +283,3 @@ def _int(p: _Problems, d: dict[str, Any], at: KeyPath, default: Any, lo: int, hi
         return default
     return v
 
-
-def suite_json_schema() -> dict[str, Any]:
-    """The suite file format as a JSON Schema (llmgw.lifecycle.suite_json; served by the admin API)."""
-    from llmgw.lifecycle.suite_json import suite_json_schema as build
-
-    return build()

@@ -39,7 +39,6 @@ from llmgw.admin.schema import (
     RequestDecisions,
 )
 from llmgw.admin.schema_traces import trace_summary, trace_view
-from llmgw.admin.suite_schema import suite_json_schema
 from llmgw.admin.validate import Invalid, from_json, query_value
 from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
@@ -59,6 +58,7 @@ from llmgw.daemon.net.httpserver import (
 )
 from llmgw.daemon.router.control_port import RouterPort
 from llmgw.lifecycle.revisions import LifecycleError
+from llmgw.lifecycle.suite_json import suite_json_schema
 
 log = logging.getLogger("llmgw.admin")
 
@@ -429,10 +429,7 @@ class AdminApp:
 
     @_handles("get_suite_schema")
     async def _suite_schema(self, call: _Call) -> Any:
-        schema = suite_json_schema()
-        if schema is None:
-            raise AdminFail(404, "This llmgw has no eval suites, so no suite schema.")
-        return schema
+        return suite_json_schema()
 
 
 # -- the listeners --------------------------------------------------------------------------------
