@@ -7,7 +7,8 @@
 - the core, and what it imports, reads no clock and draws no randomness of its own: a clock or an
   rng comes in as a parameter (a default argument value such as ``timer=time.perf_counter_ns``
   counts), and a ``random.Random(seed)`` may be built from an argument;
-- only llmgw/tui/ imports textual;
+- only llmgw/tui/ imports textual, and the console imports nothing of the command line (llmgw.cli):
+  what it shares with `ctl` lives in llmgw/admin_client/;
 - no module of llmgw/ finds another by name (``importlib``, ``__import__``): every dependency is an
   import statement, which these rules see;
 - the modules of llmgw/ import each other without cycles, counting imports inside functions and
@@ -217,6 +218,12 @@ def test_only_the_console_imports_textual() -> None:
     bad = [f"{m.where(imp.line)}: `{imp.text}`" for m in modules().values() if not _under(m.name, TEXTUAL_HOME)
            for imp in m.imports if any(_under(t, "textual") for t in imp.targets)]
     assert not bad, f"only {TEXTUAL_HOME} may import textual:\n" + "\n".join(bad)
+
+
+def test_the_console_imports_nothing_of_the_command_line() -> None:
+    bad = [f"{m.where(imp.line)}: `{imp.text}`" for m in modules().values() if _under(m.name, TEXTUAL_HOME)
+           for imp in m.imports if any(_under(t, f"{PACKAGE}.cli") for t in imp.targets)]
+    assert not bad, "the console shares with ctl through llmgw.admin_client, never llmgw.cli:\n" + "\n".join(bad)
 
 
 # -- clocks and randomness --------------------------------------------------------------------------------
