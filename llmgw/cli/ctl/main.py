@@ -19,13 +19,13 @@ from urllib.parse import quote
 
 import httpx
 
+from llmgw.admin_client.facility import explanation_text, facility_text
 from llmgw.admin_client.printable import printable
 from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
-from llmgw.admin_client.facility import explanation_text, facility_text
-from llmgw.cli.ctl.routing import register as register_routing
-from llmgw.cli.ctl.output import CtlError, age, emit, table
-from llmgw.cli.ctl.views import model_text, status_text, store_line
 from llmgw.cli.ctl.lifecycle import MODEL_ACTIONS, add_model_options, model_action, register
+from llmgw.cli.ctl.output import CtlError, age, emit, table
+from llmgw.cli.ctl.routing import register as register_routing
+from llmgw.cli.ctl.views import model_text, status_text, store_line
 
 __all__ = ["CtlError", "main", "store_line"]
 
