@@ -30,7 +30,7 @@ def load_golden() -> dict[str, Any]:
 def _isolated_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Daemons started by tests keep their store, agent state and admin socket under a temporary
     directory, never in the user's own (the defaults follow XDG_STATE_HOME / XDG_RUNTIME_DIR), and
-    find no config file of the user's (XDG_CONFIG_HOME, LLMGW_CONFIG: llmgw.config_discovery)."""
+    find no config file of the user's (XDG_CONFIG_HOME, LLMGW_CONFIG: llmgw.config.discovery)."""
     base = tmp_path_factory.mktemp("xdg")
     saved = {k: os.environ.get(k) for k in ("XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "LLMGW_CONFIG")}
     os.environ["XDG_STATE_HOME"] = str(base / "state")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from llmgw.admin.nesting import MAX_DEPTH, TooDeep, deepest, json_loads, render_path, toml_loads
+from llmgw.inputs.nesting import MAX_DEPTH, TooDeep, deepest, json_loads, render_path, toml_loads
 from llmgw.config import ConfigError, parse_config
 from llmgw.lifecycle.revisions import parse_sets
 from llmgw.lifecycle.suites import parse_suite

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from llmgw.admin_client.rationale import explain, rationale_lines, text_table
-from llmgw.ctl import parser
-from llmgw.ctl_routing import cmd_explain
+from llmgw.cli.ctl.main import parser
+from llmgw.cli.ctl.routing import cmd_explain
 from llmgw.tui.rows import rationale
 from tests.test_console_fakes import decision
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw import config_discovery
+from llmgw.config import discovery as config_discovery
 from llmgw.admin_client.target import (
     SOCKET_ENV,
     TOKEN_ENV,
@@ -19,8 +19,8 @@ from llmgw.admin_client.target import (
     resolve_target,
 )
 from llmgw.config import AdminConfig, default_admin_socket, load_config
-from llmgw.config_discovery import CONFIG_ENV, ConfigSource
-from llmgw.ctl import Admin, CtlError, parser
+from llmgw.config.discovery import CONFIG_ENV, ConfigSource
+from llmgw.cli.ctl.main import Admin, CtlError, parser
 from llmgw.tui.main import UsageError, client_from_args
 
 CFG = AdminConfig(socket="/cfg/admin.sock", token="cfg-token")
@@ -165,7 +165,7 @@ def test_ctl_takes_the_options_after_the_command_too(place: Path) -> None:
 
 
 def test_ctl_status_names_the_socket_it_used(place: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from llmgw.ctl import cmd_status
+    from llmgw.cli.ctl.main import cmd_status
 
     ns = parser().parse_args(["status"])
     api = Admin(ns)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmgw import cli
+from llmgw.cli import entry as cli
 
 
 def walk(name: str, parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.Action]]:
@@ -41,7 +41,7 @@ def test_every_subcommand_has_help() -> None:
 def test_top_level_help_lists_every_ctl_command() -> None:
     """Issue 21 item 20: `llmgw --help` listed 10 of ctl's commands. Every command ctl's own parser
     has appears in the installed command's help (and the help an unknown command gets)."""
-    from llmgw.ctl import parser as ctl_parser
+    from llmgw.cli.ctl.main import parser as ctl_parser
 
     (sub,) = [a for a in ctl_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     names = [a.dest for a in sub._choices_actions]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw import cli
-from llmgw.completion import SHELLS, captured_parser
+from llmgw.cli import entry as cli
+from llmgw.cli.completion import SHELLS, captured_parser
 
 CTL_COMMANDS = ["status", "nodes", "join-info", "join-token", "label", "facility", "explain-placement", "models", "scale", "replicas", "restart",
                 "endpoints", "adapters", "decisions", "explain", "kv", "trace", "eval", "jobs", "suites"]

@@ -23,7 +23,7 @@ from llmgw.config import (
     load_config,
     parse_config,
 )
-from llmgw.config_locate import TomlLocator as _Locator
+from llmgw.config.locate import TomlLocator as _Locator
 
 
 def problems(text: str, filename: str = "t.toml") -> list[tuple[str, int | None, str]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.config import ConfigError
-from llmgw.config_discovery import CONFIG_ENV, ConfigSource, find_config
+from llmgw.config.discovery import CONFIG_ENV, ConfigSource, find_config
 
 
 @pytest.fixture()

@@ -336,8 +336,8 @@ def test_command_line_picks_socket_url_token_and_config(tmp_path: Path, monkeypa
 def test_daemon_cli_and_pure_console_modules_do_not_import_textual() -> None:
     modules = ["llmgw.daemon.main", "llmgw.daemon.control.admin_server", "llmgw.cli", "llmgw.tui.state", "llmgw.tui.rows",
                "llmgw.tui.client", "llmgw.tui.labels", "llmgw.tui.main"]
-    if importlib.util.find_spec("llmgw.ctl") is not None:
-        modules.append("llmgw.ctl")
+    if importlib.util.find_spec("llmgw.cli.ctl.main") is not None:
+        modules.append("llmgw.cli.ctl.main")
     code = (f"import sys, importlib\nfor m in {modules!r}: importlib.import_module(m)\n"
             "bad = sorted(m for m in sys.modules if m == 'textual' or m.startswith('textual.'))\n"
             "assert not bad, bad[:5]\n")

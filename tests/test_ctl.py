@@ -156,7 +156,7 @@ def test_help_reads_well() -> None:
     grouped apart from a command's own; the top help ends with examples."""
     import argparse
 
-    from llmgw.ctl import COMMON_TITLE, parser
+    from llmgw.cli.ctl.main import COMMON_TITLE, parser
 
     top = parser()
     subs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))

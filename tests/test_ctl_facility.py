@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmgw.ctl import parser
-from llmgw.ctl_facility import explanation_text, facility_text
+from llmgw.cli.ctl.main import parser
+from llmgw.admin_client.facility import explanation_text, facility_text
 
 
 def test_facility_text_shows_holds_power_and_problems() -> None:

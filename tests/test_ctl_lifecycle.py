@@ -179,8 +179,8 @@ def test_a_config_file_nested_500_deep_is_a_clear_error(tmp_path: Path) -> None:
 def test_a_profile_file_and_set_pairs_make_one_change(tmp_path: Path) -> None:
     import argparse
 
-    from llmgw import ctl  # registers the helpers ctl_lifecycle uses
-    from llmgw.ctl_lifecycle import _change
+    from llmgw.cli.ctl import main as ctl  # registers the helpers ctl_lifecycle uses
+    from llmgw.cli.ctl.lifecycle import _change
 
     ctl.parser()
     prof = tmp_path / "p.toml"

@@ -1,4 +1,4 @@
-"""`llmgw ctl status` and `llmgw ctl models NAME` as readable key-value lines (llmgw.ctl_views):
+"""`llmgw ctl status` and `llmgw ctl models NAME` as readable key-value lines (llmgw.cli.ctl.views):
 no JSON quoting, nested values spelled out, fields the renderer does not know still shown."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmgw.admin_client.printable import printable
-from llmgw.ctl_views import model_text, status_text, store_line, value_text
+from llmgw.cli.ctl.views import model_text, status_text, store_line, value_text
 
 STATUS: dict[str, Any] = {
     "version": "0.1.0", "router_id": "51cb1d44d4d5", "nodes": {"ready": 2, "lost": 1}, "assignments": 3,
@@ -127,7 +127,7 @@ def test_text_from_the_daemon_cannot_drive_the_terminal() -> None:
 
 
 def test_ctl_tables_and_errors_escape_control_characters() -> None:
-    from llmgw.ctl import _cell, table
+    from llmgw.cli.ctl.output import _cell, table
 
     assert _cell("r1\x1b[31m") == "r1\\x1b[31m" and _cell(["a\nb"]) == "a\\x0ab"
     assert "\x1b" not in table([["x\x1b[2J", 1]], ["NAME", "N"])
@@ -142,7 +142,7 @@ def test_model_text_names_its_lora_adapters() -> None:
 
 
 def test_adapters_table_shows_holdings_loads_and_failures() -> None:
-    from llmgw.ctl_views import adapter_rows, adapters_footer
+    from llmgw.cli.ctl.views import adapter_rows, adapters_footer
 
     d = {"replicas": [
         {"replica": "m/0", "model": "m", "cap": 2, "used": 2, "failed": [],
@@ -179,7 +179,7 @@ KV: dict[str, Any] = {
 
 
 def test_kv_rows_and_summary() -> None:
-    from llmgw.ctl_views import KV_HEADERS, kv_rows, kv_summary_lines
+    from llmgw.cli.ctl.views import KV_HEADERS, kv_rows, kv_summary_lines
 
     rows = kv_rows(KV)
     assert all(len(r) == len(KV_HEADERS) for r in rows)

@@ -1,4 +1,4 @@
-"""Issue 21 item 15: what an error echoes of a client's input is bounded (llmgw.route.echo): a
+"""Issue 21 item 15: what an error echoes of a client's input is bounded (llmgw.inputs.echo): a
 1 MB `model`, a long path segment, header or field name comes back as its first 100 characters,
 an ellipsis and its length — on the OpenAI surface and the admin API, over a real router."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmgw.route.echo import ECHO_LIMIT, echo
+from llmgw.inputs.echo import ECHO_LIMIT, echo
 
 from .test_router_integration import Daemon, procs, write_config  # noqa: F401 — procs is a fixture
 

@@ -15,7 +15,8 @@ import httpx
 import msgpack
 import pytest
 
-from llmgw import cli, kv_cli
+from llmgw.cli import entry as cli
+from llmgw.cli import kv as kv_cli
 from llmgw.fleet.engine_cmd import KV_HASH_ALGO, KV_HASH_SEED, build_env, kv_events_args
 from llmgw.fleet.types import EngineSpec
 from llmgw.kv import events
@@ -133,7 +134,7 @@ def test_hash_bad_token_file(capsys: pytest.CaptureFixture[str], tmp_path: Path,
     f = tmp_path / "t"
     f.write_bytes(b"\xff\xfe1,2")
     assert run(capsys, "hash", "--tokens-file", str(f))[2].startswith(f"llmgw kv hash: --tokens-file: {f} is not text")
-    monkeypatch.setattr("llmgw.kv_cli.MAX_INPUT_BYTES", 8)
+    monkeypatch.setattr("llmgw.cli.kv.MAX_INPUT_BYTES", 8)
     f.write_text("1," * 10)
     assert "is larger than 8 bytes" in run(capsys, "hash", "--tokens-file", str(f))[2]
 

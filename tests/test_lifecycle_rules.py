@@ -32,7 +32,7 @@ from llmgw.lifecycle.revisions import (
 from llmgw.lifecycle.suites import parse_suite
 from llmgw.route.cache_stats import CacheStats
 from llmgw.route.dispatch import RouterCore
-from llmgw.route.names import candidate_key
+from llmgw.config.names import candidate_key
 from llmgw.route.openai_req import ApiError
 from llmgw.route.readiness import readiness
 from llmgw.route.replicas import ReplicaTable

@@ -7,15 +7,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import types
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import llmgw.manual as manual
-from llmgw import cli
-from llmgw.admin.suite_schema import SUITES_MODULE, suite_json_schema
+from llmgw.cli import entry as cli
+from llmgw.lifecycle.suite_json import suite_json_schema
 
 from .admin_support import admin_stack
 
@@ -73,29 +71,12 @@ def test_help_says_what_is_wrong(capsys: pytest.CaptureFixture[str]) -> None:
     assert "TOPIC" in capsys.readouterr().out
 
 
-def test_the_suite_schema_comes_from_the_suites_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, SUITES_MODULE, types.ModuleType(SUITES_MODULE))
-    assert suite_json_schema() is None  # the module, but no schema in it
-    fake = types.ModuleType(SUITES_MODULE)
-    fake.suite_json_schema = lambda: {"type": "object", "title": "suite"}  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, SUITES_MODULE, fake)
-    assert suite_json_schema() == {"type": "object", "title": "suite"}
-
-
 @pytest.mark.anyio
-async def test_the_admin_api_serves_the_suite_schema_beside_openapi(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = types.ModuleType(SUITES_MODULE)
-    schema: dict[str, Any] = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"}
+async def test_the_admin_api_serves_the_suite_schema_beside_openapi(tmp_path: Path) -> None:
     async with admin_stack(tmp_path) as s:
         async with s.tcp_client() as c:
-            monkeypatch.setitem(sys.modules, SUITES_MODULE, types.ModuleType(SUITES_MODULE))
             r = await c.get("/api/v1/suite-schema.json")
-            assert r.status_code == 404 and "no eval suites" in r.json()["error"]["message"]
-            fake.suite_json_schema = lambda: schema  # type: ignore[attr-defined]
-            monkeypatch.setitem(sys.modules, SUITES_MODULE, fake)
-            r = await c.get("/api/v1/suite-schema.json")
-            assert r.status_code == 200 and r.json() == schema
+            assert r.status_code == 200 and r.json() == suite_json_schema()
             assert (await c.get("/api/v1/openapi.json")).status_code == 200
         async with s.tcp_client(token=None) as c:
             assert (await c.get("/api/v1/suite-schema.json")).status_code == 401

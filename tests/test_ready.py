@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from llmgw.config import DeployConfig, ModelConfig, default_config
-from llmgw.config_schema import ReplicaConfig
+from llmgw.config.schema import ReplicaConfig
 from llmgw.daemon.router.ready import announce_when_ready
 from llmgw.route.readiness import readiness
 from llmgw.route.replicas import ReplicaTable

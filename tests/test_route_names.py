@@ -1,4 +1,4 @@
-"""The routing names (llmgw.route.names) agree with everything keyed by them: the scorers,
+"""The routing names (llmgw.config.names) agree with everything keyed by them: the scorers,
 the pickers, the presets, the config's [[strategies]] checks and weights table, and the docs."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.config import ConfigError, ScorerWeights, StrategyConfig, parse_config
-from llmgw.route.names import DEFAULT_PICKER, PICKER_NAMES, PRESET_NAMES, SCORER_NAMES
+from llmgw.config.names import DEFAULT_PICKER, PICKER_NAMES, PRESET_NAMES, SCORER_NAMES
 from llmgw.route.pickers import PICKERS
 from llmgw.route.prefix_scorer import PrefixRouting
 from llmgw.route.scheduler import Scheduler

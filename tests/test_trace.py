@@ -12,7 +12,7 @@ import trio
 
 from llmgw.admin.schema_traces import trace_summary, trace_view
 from llmgw.admin_client.trace_view import trace_lines
-from llmgw.config_schema import TracesConfig
+from llmgw.config.schema import TracesConfig
 from llmgw.daemon.router.trace_log import MAX_PENDING, TraceLog
 from llmgw.route.trace import MAX_MARKS, MAX_NOTE, AttemptRecord, Trace, TraceRing
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from llmgw.ctl import main as ctl_main
+from llmgw.cli.ctl.main import main as ctl_main
 
 from .test_router_integration import Daemon, free_port, procs, sim, write_config  # noqa: F401
 from .test_sim_vllm import metric, wait_for

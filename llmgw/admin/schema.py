@@ -26,7 +26,7 @@ from llmgw.admin.schema_kv import (  # noqa: F401
 )
 from llmgw.admin.typeinfo import Shape, prop
 from llmgw.config import ENGINES, ModelConfig, label_keys
-from llmgw.config_fields import facility_label_values
+from llmgw.config.fields import facility_label_values
 
 __all__ = [
     "MAX_REPLICAS",

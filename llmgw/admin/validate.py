@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from llmgw.admin.schema import Problem
 from llmgw.admin.typeinfo import annotated_shape, spec_fields, unwrap_optional
-from llmgw.route.echo import echo
+from llmgw.inputs.echo import echo
 
 __all__ = ["Invalid", "from_json", "query_value"]
 

@@ -6,7 +6,7 @@ Each setting comes from the first of these that gives it:
 2. the environment: ``LLMGW_ADMIN_URL`` or ``LLMGW_ADMIN_SOCKET``, and ``LLMGW_ADMIN_TOKEN``;
 3. the daemon's config file: its ``[admin] socket`` and ``[admin] token`` — ``--config FILE``, else
    the file the daemon itself would find (``$LLMGW_CONFIG``, ``./llmgw.toml``,
-   ``$XDG_CONFIG_HOME/llmgw/llmgw.toml``, ``/etc/llmgw/llmgw.toml``: llmgw.config_discovery);
+   ``$XDG_CONFIG_HOME/llmgw/llmgw.toml``, ``/etc/llmgw/llmgw.toml``: llmgw.config.discovery);
 4. the default: the local daemon's socket, ``$XDG_RUNTIME_DIR/llmgw-<uid>/admin.sock``.
 
 Where to connect is decided as a whole, by the first level that names a place: ``--socket`` wins
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmgw.config import ConfigError, default_admin_socket, load_config
-from llmgw.config_discovery import ConfigSource, find_config
+from llmgw.config.discovery import ConfigSource, find_config
 
 if TYPE_CHECKING:
     from llmgw.config import AdminConfig

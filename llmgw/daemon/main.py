@@ -27,7 +27,7 @@ from llmgw.config import (
     default_config,
     load_config,
 )
-from llmgw.config_discovery import CONFIG_ENV, FILE_NAME, SYSTEM_DIR, find_config
+from llmgw.config.discovery import CONFIG_ENV, FILE_NAME, SYSTEM_DIR, find_config
 from llmgw.daemon.logs import (
     FORMAT_ENV,
     FORMATS,

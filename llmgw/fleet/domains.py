@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from llmgw.route.echo import echo
+from llmgw.inputs.echo import echo
 
 __all__ = ["LABEL_PREFIX", "LEVELS", "DomainError", "check_label_value", "domain_key", "expand_key",
            "expand_labels", "label_clash", "node_domains", "parse_domain"]

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from llmgw.admin.nesting import json_loads
+from llmgw.inputs.nesting import json_loads
 from llmgw.lifecycle.json_schema import validate
 from llmgw.lifecycle.suites import Case, Suite
 

@@ -13,8 +13,8 @@ import tomllib
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from llmgw.admin.nesting import MAX_DEPTH, TooDeep, deepest, render_path, toml_loads
-from llmgw.route.names import CANDIDATE_SUFFIX, candidate_key
+from llmgw.config.names import CANDIDATE_SUFFIX, candidate_key
+from llmgw.inputs.nesting import MAX_DEPTH, TooDeep, deepest, render_path, toml_loads
 
 __all__ = ["CANDIDATE_SUFFIX", "ROLLBACK_GRACE_S", "LifecycleError", "ModelRevisions", "Revision", "candidate_key",
            "merge_definition", "parse_sets", "promote_problem", "revisions_from_dict", "rollback_action"]

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmgw.lifecycle import suites as s
+
 __all__ = ["suite_json_schema"]
 
 
 def suite_json_schema() -> dict[str, Any]:
-    from llmgw.lifecycle import suites as s
-
     text = {"type": "string", "maxLength": s.MAX_TEXT}
     strings = {"type": "array", "items": text, "maxItems": 64}
     ms = {"type": "number", "minimum": 0}

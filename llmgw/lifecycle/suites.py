@@ -1,6 +1,6 @@
 """Eval suites: a named TOML file of cases, each a prompt (or chat messages), sampling params and
 checks on the answer, plus a pass threshold. Parsing reports every problem with file:line:key,
-like the config (llmgw.config_locate finds the lines). Pure.
+like the config (llmgw.config.locate finds the lines). Pure.
 
     name = "smoke"                 # optional: the name it is stored under otherwise
     description = "greets and answers JSON"
@@ -22,12 +22,12 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmgw.admin.nesting import TooDeep, toml_loads
 from llmgw.config import ConfigError, ConfigProblem, render_key, too_deep_problem
-from llmgw.config_locate import KeyPath, TomlLocator
+from llmgw.config.locate import KeyPath, TomlLocator
+from llmgw.inputs.nesting import TooDeep, toml_loads
 from llmgw.lifecycle.json_schema import schema_problems
 
-__all__ = ["CHECK_KEYS", "MAX_CASES", "MAX_SUITE_BYTES", "Case", "Checks", "Suite", "parse_suite", "suite_json_schema",
+__all__ = ["CHECK_KEYS", "MAX_CASES", "MAX_SUITE_BYTES", "Case", "Checks", "Suite", "parse_suite",
            "suite_name_problem"]
 
 MAX_SUITE_BYTES = 1 << 20
@@ -286,9 +286,3 @@ def _int(p: _Problems, d: dict[str, Any], at: KeyPath, default: Any, lo: int, hi
         return default
     return v
 
-
-def suite_json_schema() -> dict[str, Any]:
-    """The suite file format as a JSON Schema (llmgw.lifecycle.suite_json; served by the admin API)."""
-    from llmgw.lifecycle.suite_json import suite_json_schema as build
-
-    return build()

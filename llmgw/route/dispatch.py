@@ -42,12 +42,12 @@ from .attempt import Attempt
 from .breaker import NO_SLOT, FailureKind, Permit
 from .cache_stats import CacheStats
 from .counters import RouterCounters
-from .echo import echo
+from llmgw.inputs.echo import echo
 from .filters import is_saturated, room
 from .kv_scorer import KvCacheScorer
 from .lora_body import request_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
-from .names import PRESET_NAMES, SCORER_NAMES, is_candidate_key
+from llmgw.config.names import PRESET_NAMES, SCORER_NAMES, is_candidate_key
 from .openai_req import ApiError, parse_body
 from .plan import Plan
 from .prefix_capacity import Capacity, PrefixConfig

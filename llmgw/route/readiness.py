@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .breaker import OPEN
-from .names import is_candidate_key
+from llmgw.config.names import is_candidate_key
 from .replicas import ModelEntry, Replica, ReplicaTable
 
 __all__ = ["ModelReadiness", "Readiness", "readiness"]

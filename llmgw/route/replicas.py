@@ -16,7 +16,7 @@ from llmgw.config import AdapterConfig, Config, ModelConfig
 
 from .breaker import Breaker, BreakerConfig
 from .contract import DrainRate, ScrapeResult
-from .names import candidate_key, is_candidate_key
+from llmgw.config.names import candidate_key, is_candidate_key
 from .types import EndpointView
 
 __all__ = ["ModelEntry", "Replica", "ReplicaTable", "wanted_replicas"]

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .names import DEFAULT_PICKER, PRESET_NAMES
+from llmgw.config.names import DEFAULT_PICKER, PRESET_NAMES
 from .pickers import PICKERS
 from .scorers import SCORERS
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from llmgw.admin.nesting import json_loads
+from llmgw.inputs.nesting import json_loads
 
 __all__ = ["SimOptions", "build_vllm_parser", "build_llamacpp_parser", "parse_kv_events_config",
            "parse_lora_modules", "add_sim_flags", "parse_lora_args"]

@@ -41,6 +41,7 @@ class ConsoleApp(App[int]):
     CSS = CONSOLE_CSS
     TITLE = "llmgw console"
     ENABLE_COMMAND_PALETTE = False
+    view_types = VIEWS
     BINDINGS: ClassVar = [
         *(Binding(v.key, f"show('{v.view_id}')", v.title, key_display=v.key) for v in VIEWS),
         Binding("/", "filter", "filter", tooltip="narrow the rows: words that must all appear; esc clears"),

@@ -14,7 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
 from llmgw.admin_client.printable import printable
-from llmgw.ctl_facility import explanation_text
+from llmgw.admin_client.facility import explanation_text
 from llmgw.tui.holds import HoldEdit, parse_hold_edit
 
 __all__ = ["HoldEditor", "PlacementScreen"]

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from llmgw.config import label_keys
-from llmgw.config_fields import facility_label_values
+from llmgw.config.fields import facility_label_values
 from llmgw.fleet.domains import expand_key, label_clash
 
 __all__ = ["LabelEdit", "parse_label_edit"]

@@ -18,7 +18,7 @@ from textual.widgets.option_list import Option
 
 from llmgw.admin_client.printable import printable
 from llmgw.tui.lifecycle_rows import Choice
-from llmgw.tui.views.base import TONE_STYLE
+from llmgw.tui.styles import TONE_STYLE
 
 __all__ = ["ChoiceScreen"]
 

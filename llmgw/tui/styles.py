@@ -3,7 +3,10 @@ Python rather than a .tcss file so that it ships with the package without packag
 
 from __future__ import annotations
 
-__all__ = ["CONSOLE_CSS"]
+__all__ = ["CONSOLE_CSS", "TONE_STYLE"]
+
+# A row's or a message's tone (llmgw.tui.rows) as a Rich style.
+TONE_STYLE = {"good": "green", "warn": "yellow", "bad": "bold red", "busy": "cyan", "dim": "dim"}
 
 CONSOLE_CSS = """
 #banner {

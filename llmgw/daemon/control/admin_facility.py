@@ -11,7 +11,7 @@ from llmgw.admin.schema import Problem
 from llmgw.admin.schema_facility import PlacementCandidate, PlacementExplanation, PlacementRecord
 from llmgw.daemon.control.admin_errors import AdminFail, invalid
 from llmgw.fleet.domains import DomainError
-from llmgw.route.echo import echo
+from llmgw.inputs.echo import echo
 
 __all__ = ["FACILITY_HANDLERS"]
 

@@ -13,7 +13,7 @@ from llmgw.admin.lifecycle_schema import SuiteView
 from llmgw.config import ConfigError
 from llmgw.lifecycle.revisions import LifecycleError
 from llmgw.lifecycle.suites import Suite
-from llmgw.route.echo import echo
+from llmgw.inputs.echo import echo
 
 __all__ = ["LIFECYCLE_HANDLERS", "BodyProblems"]
 

@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, quote
 
 import trio
 
-from llmgw.admin.nesting import TooDeep, json_loads
+from llmgw.inputs.nesting import TooDeep, json_loads
 from llmgw.admin.openapi import render
 from llmgw.admin.routes import PREFIX, ROUTES, Resolver, Route
 from llmgw.admin.schema import (
@@ -40,7 +40,6 @@ from llmgw.admin.schema import (
     RequestDecisions,
 )
 from llmgw.admin.schema_traces import trace_summary, trace_view
-from llmgw.admin.suite_schema import suite_json_schema
 from llmgw.admin.validate import Invalid, from_json, query_value
 from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
@@ -61,7 +60,8 @@ from llmgw.daemon.net.httpserver import (
 )
 from llmgw.daemon.router.control_port import RouterPort
 from llmgw.lifecycle.revisions import LifecycleError
-from llmgw.route.echo import echo
+from llmgw.inputs.echo import echo
+from llmgw.lifecycle.suite_json import suite_json_schema
 
 log = logging.getLogger("llmgw.admin")
 
@@ -437,10 +437,7 @@ class AdminApp:
 
     @_handles("get_suite_schema")
     async def _suite_schema(self, call: _Call) -> Any:
-        schema = suite_json_schema()
-        if schema is None:
-            raise AdminFail(404, "This llmgw has no eval suites, so no suite schema.")
-        return schema
+        return suite_json_schema()
 
 
 # -- the listeners --------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from llmgw.admin.nesting import json_loads
+from llmgw.inputs.nesting import json_loads
 from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool
 from llmgw.daemon.router.proxy import INTERNAL_HEADER, REVISION_HEADER
 from llmgw.lifecycle.evals import MAX_ANSWER_CHARS, Answer, judge

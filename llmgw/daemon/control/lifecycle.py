@@ -47,8 +47,8 @@ from llmgw.lifecycle.revisions import (
     rollback_action,
 )
 from llmgw.lifecycle.suites import Suite, parse_suite
-from llmgw.route.echo import echo
-from llmgw.route.names import CANDIDATE_SUFFIX
+from llmgw.config.names import CANDIDATE_SUFFIX
+from llmgw.inputs.echo import echo
 
 if TYPE_CHECKING:
     from llmgw.daemon.control.store import Store

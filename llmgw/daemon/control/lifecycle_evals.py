@@ -16,7 +16,7 @@ from llmgw.lifecycle.evals import compare, summarize
 from llmgw.lifecycle.jobs import Job
 from llmgw.lifecycle.revisions import LifecycleError, ModelRevisions, candidate_key
 from llmgw.lifecycle.suites import Suite, parse_suite, suite_name_problem
-from llmgw.route.echo import echo
+from llmgw.inputs.echo import echo
 
 if TYPE_CHECKING:
     from llmgw.daemon.net.upstream import UpstreamPool

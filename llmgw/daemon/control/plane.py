@@ -61,9 +61,9 @@ from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
+from llmgw.config.names import CANDIDATE_SUFFIX
 from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents, Skipped
 from llmgw.lifecycle.config_diff import ScaleOverride
-from llmgw.route.names import CANDIDATE_SUFFIX
 
 if TYPE_CHECKING:
     from llmgw.daemon.net.upstream import UpstreamPool

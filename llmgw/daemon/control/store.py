@@ -31,7 +31,7 @@ from llmgw.daemon.control.store_rows import (
     private_store_files,
     sql_statements,
 )
-from llmgw.route.names import CANDIDATE_SUFFIX
+from llmgw.config.names import CANDIDATE_SUFFIX
 
 log = logging.getLogger("llmgw.control")
 

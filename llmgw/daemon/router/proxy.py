@@ -52,8 +52,8 @@ from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
 from llmgw.route.dispatch import KINDS, STRATEGY_HEADER, Plan, RouterCore
-from llmgw.route.echo import echo
-from llmgw.route.names import is_candidate_key
+from llmgw.config.names import is_candidate_key
+from llmgw.inputs.echo import echo
 from llmgw.route.openai_req import ApiError, error_body
 from llmgw.route.prefix_scorer import PrefixRouting
 from llmgw.route.readiness import readiness

@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 import trio
 
-from llmgw.config_schema import TracesConfig
+from llmgw.config.schema import TracesConfig
 from llmgw.daemon.net.log_limit import LogLimiter, repeats
 from llmgw.daemon.private_files import PRIVATE_FILE
 from llmgw.route.trace import Trace

@@ -19,13 +19,13 @@ from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
 from llmgw.admin_client.printable import printable
 from llmgw.tui.rows import Column, Row
 from llmgw.tui.state import ConsoleState
+from llmgw.tui.styles import TONE_STYLE
 
 if TYPE_CHECKING:
     from llmgw.tui.labels import LabelEdit
 
-__all__ = ["TONE_STYLE", "ConsoleHost", "ConsoleView", "FilterInput", "fill_table", "row_key_at"]
+__all__ = ["ConsoleHost", "ConsoleView", "FilterInput", "fill_table", "row_key_at"]
 
-TONE_STYLE = {"good": "green", "warn": "yellow", "bad": "bold red", "busy": "cyan", "dim": "dim"}
 
 
 class ConsoleHost(Protocol):
@@ -33,6 +33,7 @@ class ConsoleHost(Protocol):
 
     state: ConsoleState
     tz: tzinfo | None
+    view_types: Sequence[type[ConsoleView]]  # the registry (llmgw.tui.views.VIEWS), in tab order
 
     def open_rationale(self, seq: int) -> None: ...
 

@@ -76,7 +76,5 @@ class HelpView(ConsoleView):
         return self.query_one("#help-scroll", VerticalScroll)
 
     def render_state(self, state: ConsoleState) -> None:
-        from llmgw.tui.views import VIEWS  # the registry imports this module
-
         bindings = [b for b in type(self.app).BINDINGS if isinstance(b, Binding)]
-        self.query_one("#help-text", Static).update(help_renderable(list(VIEWS), bindings))
+        self.query_one("#help-text", Static).update(help_renderable(list(self.host.view_types), bindings))

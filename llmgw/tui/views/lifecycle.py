@@ -30,7 +30,8 @@ from llmgw.tui.lifecycle_rows import (
 )
 from llmgw.tui.lifecycle_screens import ChoiceScreen
 from llmgw.tui.state import ConsoleState, as_dict
-from llmgw.tui.views.base import TONE_STYLE, ConsoleView, fill_table, row_key_at
+from llmgw.tui.styles import TONE_STYLE
+from llmgw.tui.views.base import ConsoleView, fill_table, row_key_at
 
 __all__ = ["POLL_S", "LifecycleView"]
 

@@ -1,7 +1,7 @@
 """`llmgw ctl`'s model lifecycle commands (docs/lifecycle.md): `models update|promote|rollback|
 revisions NAME`, `eval MODEL --suite S`, `jobs [JOB]`, `suites [NAME | put [NAME] FILE | delete
-NAME]`. ctl.py registers them (`register`) and hands in its connection and output helpers, so
-this module does not import it."""
+NAME]`. main registers them (`register`) and hands each handler its connection; the output
+functions come from output."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from llmgw.admin.nesting import TooDeep, toml_loads
+from llmgw.inputs.nesting import TooDeep, toml_loads
 from llmgw.lifecycle.revisions import parse_sets
-from llmgw.ctl_tools import T, lend
+from llmgw.cli.ctl.output import CtlError, emit, table
 
 __all__ = ["MODEL_ACTIONS", "model_action", "register"]
 
@@ -49,7 +49,7 @@ def _result_text(r: dict[str, Any]) -> str:
             f"TTFT p50 {t.get('ttft_ms_p50')} ms, latency p50 {t.get('latency_ms_p50')} ms")]
     rows = [[c["name"], "pass" if c["passed"] else "FAIL", c.get("ttft_ms"), c.get("latency_ms"),
              "; ".join(c.get("failures", []))[:120]] for c in r["cases"]]
-    out.append(T.table(rows, ["CASE", "RESULT", "TTFT_MS", "LATENCY_MS", "WHY"]))
+    out.append(table(rows, ["CASE", "RESULT", "TTFT_MS", "LATENCY_MS", "WHY"]))
     cmp_ = r.get("compare")
     if cmp_:
         out.append(f"vs live {cmp_.get('live_revision_id')}: pass rate {cmp_.get('live_pass_rate')} → "
@@ -63,7 +63,7 @@ def _wait(api: Any, job: dict[str, Any], timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while job["state"] == "running":
         if time.monotonic() > deadline:
-            raise T.error(f"job {job['id']} still running after {timeout:g} s: `llmgw ctl jobs {job['id']}` "
+            raise CtlError(f"job {job['id']} still running after {timeout:g} s: `llmgw ctl jobs {job['id']}` "
                           "shows it later")
         time.sleep(_POLL_S)
         job = api.call("GET", f"/jobs/{_m(job['id'])}")
@@ -76,14 +76,14 @@ def _change(ns: argparse.Namespace) -> dict[str, Any] | None:
         try:
             raw = Path(ns.file).read_bytes()
             if len(raw) > MAX_PROFILE_BYTES:
-                raise T.error(f"{ns.file}: larger than {MAX_PROFILE_BYTES} bytes")
+                raise CtlError(f"{ns.file}: larger than {MAX_PROFILE_BYTES} bytes")
             doc = toml_loads(raw.decode())
         except OSError as e:
-            raise T.error(f"{ns.file}: {e.strerror or e}") from None
+            raise CtlError(f"{ns.file}: {e.strerror or e}") from None
         except TooDeep as e:
-            raise T.error(f"{ns.file}: {e}" + (f" (line {e.line})" if e.line else "")) from None
+            raise CtlError(f"{ns.file}: {e}" + (f" (line {e.line})" if e.line else "")) from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise T.error(f"{ns.file}: not valid TOML: {e}") from None
+            raise CtlError(f"{ns.file}: not valid TOML: {e}") from None
         models = doc.get("models")  # a config-style file with one [[models]] is accepted too
         if isinstance(models, list) and len(models) == 1 and set(doc) == {"models"}:
             doc = models[0]
@@ -92,7 +92,7 @@ def _change(ns: argparse.Namespace) -> dict[str, Any] | None:
         try:
             sets = parse_sets(ns.set)
         except ValueError as e:
-            raise T.error(str(e)) from None
+            raise CtlError(str(e)) from None
         for k, v in sets.items():
             change[k] = {**change[k], **v} if isinstance(v, dict) and isinstance(change.get(k), dict) else v
     return change or None
@@ -112,7 +112,7 @@ def model_action(api: Any, ns: argparse.Namespace) -> None:
     name, action = ns.target, ns.name
     base = f"/models/{_m(name)}"
     if action == "revisions":
-        T.emit(ns, api.call("GET", f"{base}/revisions"), _revisions_text)
+        emit(ns, api.call("GET", f"{base}/revisions"), _revisions_text)
         return
     if action == "update":
         params = {"canary": ns.canary, "ready_timeout_s": ns.ready_timeout}
@@ -123,9 +123,9 @@ def model_action(api: Any, ns: argparse.Namespace) -> None:
         job = api.call("POST", f"{base}/rollback")
     if ns.wait:
         job = _wait(api, job, ns.wait_timeout)
-    T.emit(ns, job, _job_text)
+    emit(ns, job, _job_text)
     if job["state"] == "failed":
-        raise T.error(f"job {job['id']} failed")
+        raise CtlError(f"job {job['id']} failed")
 
 
 def _revisions_text(r: dict[str, Any]) -> str:
@@ -141,7 +141,7 @@ def _revisions_text(r: dict[str, Any]) -> str:
         lines.append("no candidate")
     k = r.get("canary")
     if k:
-        lines.append(T.table([[rev, k[rev]["requests"], k[rev]["failed"], k[rev]["error_rate"], k[rev]["ttft_ms_mean"]]
+        lines.append(table([[rev, k[rev]["requests"], k[rev]["failed"], k[rev]["error_rate"], k[rev]["ttft_ms_mean"]]
                               for rev in ("live", "candidate")],
                              [f"CANARY {k['share']:.0%}", "REQUESTS", "FAILED", "ERROR_RATE", "TTFT_MS"]))
     return "\n".join(lines)
@@ -150,18 +150,18 @@ def _revisions_text(r: dict[str, Any]) -> str:
 def cmd_eval(api: Any, ns: argparse.Namespace) -> None:
     job = api.call("POST", f"/models/{_m(ns.model)}/eval", body={"suite": ns.suite, "revision": ns.revision})
     if ns.no_wait:
-        T.emit(ns, job, _job_text)
+        emit(ns, job, _job_text)
         return
     job = _wait(api, job, ns.wait_timeout)
-    T.emit(ns, job, _job_text)
+    emit(ns, job, _job_text)
     r = job.get("result")
     if job["state"] == "failed" or (r is not None and not r["passed"]):
-        raise T.error(f"suite {ns.suite} did not pass (job {job['id']})")
+        raise CtlError(f"suite {ns.suite} did not pass (job {job['id']})")
 
 
 def cmd_jobs(api: Any, ns: argparse.Namespace) -> None:
     if ns.job:
-        T.emit(ns, api.call("GET", f"/jobs/{_m(ns.job)}"), _job_text)
+        emit(ns, api.call("GET", f"/jobs/{_m(ns.job)}"), _job_text)
         return
 
     def render(jobs: list[dict[str, Any]]) -> str:
@@ -169,9 +169,9 @@ def cmd_jobs(api: Any, ns: argparse.Namespace) -> None:
                  time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["created_at"])),
                  (j["steps"][-1]["name"] if j["steps"] else ""), (j.get("detail") or "").splitlines()[0:1]]
                 for j in jobs]
-        return T.table(rows, ["JOB", "KIND", "MODEL", "REVISION", "STATE", "CREATED", "STEP", "DETAIL"])
+        return table(rows, ["JOB", "KIND", "MODEL", "REVISION", "STATE", "CREATED", "STEP", "DETAIL"])
 
-    T.emit(ns, api.call("GET", "/jobs", params={"model": ns.model, "limit": ns.limit}), render)
+    emit(ns, api.call("GET", "/jobs", params={"model": ns.model, "limit": ns.limit}), render)
 
 
 def cmd_suites(api: Any, ns: argparse.Namespace) -> None:
@@ -182,15 +182,15 @@ def cmd_suites(api: Any, ns: argparse.Namespace) -> None:
         return
     if ns.action == "delete":
         if not ns.name:
-            raise T.error("suites delete NAME")
+            raise CtlError("suites delete NAME")
         api.call("DELETE", f"/suites/{_m(ns.name)}")
         print(f"suite {ns.name} deleted")
         return
     if ns.action == "show" or (ns.action and not ns.name):
         name = ns.name or ns.action
-        T.emit(ns, api.call("GET", f"/suites/{_m(name)}"), lambda s: s["toml"])
+        emit(ns, api.call("GET", f"/suites/{_m(name)}"), lambda s: s["toml"])
         return
-    T.emit(ns, api.call("GET", "/suites"), lambda ss: T.table(
+    emit(ns, api.call("GET", "/suites"), lambda ss: table(
         [[s["name"], s["cases"], f"{s['pass_threshold']:.0%}", s["description"]] for s in ss],
         ["SUITE", "CASES", "THRESHOLD", "DESCRIPTION"]))
 
@@ -199,18 +199,18 @@ def _suite_file(name: str | None, file: str | None) -> tuple[str, str]:
     """`suites put [NAME] FILE`: the name the suite is stored under — the file's own `name`, else
     the file's stem — and the file's text. A NAME that differs from the file's `name` is refused."""
     if not file:
-        raise T.error("suites put [NAME] FILE: the suite's TOML file is missing")
+        raise CtlError("suites put [NAME] FILE: the suite's TOML file is missing")
     try:
         text = Path(file).read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise T.error(f"suites put: {file}: {getattr(e, 'strerror', None) or e}") from None
+        raise CtlError(f"suites put: {file}: {getattr(e, 'strerror', None) or e}") from None
     try:
         own = toml_loads(text).get("name")
     except (tomllib.TOMLDecodeError, TooDeep):
         own = None  # the router names every problem (its line, or how deep it nests)
     if isinstance(own, str) and own:
         if name is not None and name != own:
-            raise T.error(f"suites put: {file} names suite {own!r}, not {name!r}: drop NAME (the file's name is "
+            raise CtlError(f"suites put: {file} names suite {own!r}, not {name!r}: drop NAME (the file's name is "
                           f"used) or change the file's `name`")
         return own, text
     return name or Path(file).stem, text
@@ -234,8 +234,7 @@ def add_model_options(sp: argparse.ArgumentParser) -> None:
                    help="how long --wait waits (default: 1800)")
 
 
-def register(add: Callable[..., argparse.ArgumentParser], tools: dict[str, Any]) -> None:
-    lend(tools)
+def register(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp = add("eval", cmd_eval, "run an eval suite against a model's candidate (or live) revision",
              "Runs the suite through the router's OpenAI port and prints each case and the totals, compared with "
              "the live revision's last result. Exits 1 when the suite does not pass.")

@@ -1,6 +1,6 @@
 """`llmgw ctl`'s commands on routing: the router's endpoints, LoRA adapters per replica, recent
 decisions and why each went where it did, tier 2's index and parity, and a request's trace. The
-parsers and handlers; ctl.py lends its output helpers (emit, table) through ``register``."""
+parsers and handlers, which main registers (``register``); they print with output's functions."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from urllib.parse import quote
 
 from llmgw.admin_client.rationale import rationale_lines
 from llmgw.admin_client.trace_view import trace_lines
-from llmgw.ctl_views import ADAPTER_HEADERS, KV_HEADERS, adapter_rows, adapters_footer, kv_rows, kv_summary_lines
-from llmgw.ctl_tools import T, lend
+from llmgw.cli.ctl.views import ADAPTER_HEADERS, KV_HEADERS, adapter_rows, adapters_footer, kv_rows, kv_summary_lines
+from llmgw.cli.ctl.output import emit, table
 
 __all__ = ["register"]
 
@@ -26,15 +26,15 @@ def cmd_endpoints(api: Any, ns: argparse.Namespace) -> None:
             rows.append([e["id"], e.get("model"), e.get("url"), b.get("state", "-"), e.get("inflight", 0),
                          e.get("running"), e.get("waiting"), None if kv is None else f"{kv:.0%}",
                          "stale" if e.get("stale") else "", e.get("scrape_error") or ""])
-        return T.table(rows, ["ENDPOINT", "MODEL", "URL", "BREAKER", "INFLIGHT", "RUNNING", "WAITING", "KV",
+        return table(rows, ["ENDPOINT", "MODEL", "URL", "BREAKER", "INFLIGHT", "RUNNING", "WAITING", "KV",
                             "", "ERROR"])
 
-    T.emit(ns, api.call("GET", "/endpoints", params={"model": ns.model}), render)
+    emit(ns, api.call("GET", "/endpoints", params={"model": ns.model}), render)
 
 
 def cmd_adapters(api: Any, ns: argparse.Namespace) -> None:
-    T.emit(ns, api.call("GET", "/adapters", params={"model": ns.model}),
-         lambda d: T.table(adapter_rows(d), ADAPTER_HEADERS) + "\n" + adapters_footer(d))
+    emit(ns, api.call("GET", "/adapters", params={"model": ns.model}),
+         lambda d: table(adapter_rows(d), ADAPTER_HEADERS) + "\n" + adapters_footer(d))
 
 
 def cmd_decisions(api: Any, ns: argparse.Namespace) -> None:
@@ -45,44 +45,43 @@ def cmd_decisions(api: Any, ns: argparse.Namespace) -> None:
             rows.append([time.strftime("%H:%M:%S", time.localtime(d.get("decided_at", 0))), d["request_id"],
                          d.get("model"), d.get("strategy"), d.get("chosen"), best,
                          len(d.get("dropped", [])), f"{d.get('decide_us', 0):.0f}µs"])
-        return T.table(rows, ["TIME", "REQUEST", "MODEL", "STRATEGY", "CHOSEN", "SCORE", "DROPPED", "TOOK"])
+        return table(rows, ["TIME", "REQUEST", "MODEL", "STRATEGY", "CHOSEN", "SCORE", "DROPPED", "TOOK"])
 
-    T.emit(ns, api.call("GET", "/decisions", params={"model": ns.model, "replica": ns.replica, "limit": ns.limit}),
+    emit(ns, api.call("GET", "/decisions", params={"model": ns.model, "replica": ns.replica, "limit": ns.limit}),
          render)
 
 
 def cmd_kv(api: Any, ns: argparse.Namespace) -> None:
     def render(d: dict[str, Any]) -> str:
         rows = kv_rows(d, ns.model)
-        head = T.table(rows, KV_HEADERS) if rows else "no replica of a kv_events model"
+        head = table(rows, KV_HEADERS) if rows else "no replica of a kv_events model"
         return "\n".join([head, "", *kv_summary_lines(d, ns.model)])
 
-    T.emit(ns, api.call("GET", "/kv"), render)
+    emit(ns, api.call("GET", "/kv"), render)
 
 
 def cmd_explain(api: Any, ns: argparse.Namespace) -> None:
     data = api.call("GET", f"/decisions/{quote(ns.request_id, safe='')}")
     decisions = data.get("decisions", [data]) if isinstance(data, dict) else data
-    T.emit(ns, data, lambda _: "\n\n".join("\n".join(rationale_lines(d)) for d in decisions))
+    emit(ns, data, lambda _: "\n\n".join("\n".join(rationale_lines(d)) for d in decisions))
 
 
 def cmd_trace(api: Any, ns: argparse.Namespace) -> None:
     if ns.request_id is not None:
-        T.emit(ns, api.call("GET", f"/traces/{quote(ns.request_id, safe='')}"), lambda t: "\n".join(trace_lines(t)))
+        emit(ns, api.call("GET", f"/traces/{quote(ns.request_id, safe='')}"), lambda t: "\n".join(trace_lines(t)))
         return
 
     def render(ts: list[dict[str, Any]]) -> str:
         rows = [[time.strftime("%H:%M:%S", time.localtime(t.get("started_at", 0))), t.get("id"), t.get("kind"),
                  t.get("model"), t.get("outcome"), t.get("status"), t.get("attempts"), t.get("replica"),
                  "-" if t.get("total_ms") is None else f"{t['total_ms']:.1f}ms"] for t in ts]
-        return T.table(rows, ["TIME", "ID", "KIND", "MODEL", "OUTCOME", "STATUS", "TRIES", "REPLICA", "TOOK"])
+        return table(rows, ["TIME", "ID", "KIND", "MODEL", "OUTCOME", "STATUS", "TRIES", "REPLICA", "TOOK"])
 
-    T.emit(ns, api.call("GET", "/traces", params={"model": ns.model, "outcome": ns.outcome, "limit": ns.limit}),
+    emit(ns, api.call("GET", "/traces", params={"model": ns.model, "outcome": ns.outcome, "limit": ns.limit}),
          render)
 
 
-def register(add: Callable[..., argparse.ArgumentParser], tools: dict[str, Any]) -> None:
-    lend(tools)
+def register(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp = add("endpoints", cmd_endpoints, "the router's endpoints: breaker, scraped metrics, inflight")
     sp.add_argument("--model", help="only this model's endpoints")
     sp = add("adapters", cmd_adapters, "LoRA adapters per vLLM replica: held, loading, failed")

@@ -1,6 +1,6 @@
 """`llmgw ctl config check|reload`: the config file the daemon started with, against what runs
-(docs/configuration.md, "Reloading the config file"). ctl.py registers it (`register`) and lends
-its output helpers."""
+(docs/configuration.md, "Reloading the config file"). main registers it (`register`); the output
+functions come from output."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from llmgw.ctl_tools import T, lend
+from llmgw.cli.ctl.output import emit, table
 
 __all__ = ["register"]
 
@@ -24,7 +24,7 @@ def _text(r: dict[str, Any]) -> str:
     rows = [[c["section"], c["key"] or "-", _ACTIONS.get(c["action"], c["action"]), f"{c['old']} → {c['new']}",
              c["why"]] for c in changes]
     out = [head + (" (applied)" if r["applied"] else " (nothing changed: `llmgw ctl config reload` applies them)"),
-           T.table(rows, ["SECTION", "KEY", "ACTION", "CHANGE", "WHY"])]
+           table(rows, ["SECTION", "KEY", "ACTION", "CHANGE", "WHY"])]
     if r["jobs"]:
         out.append("candidates: " + ", ".join(r["jobs"]) + " (llmgw ctl jobs JOB; llmgw ctl models promote MODEL)")
     return "\n".join(out)
@@ -32,13 +32,12 @@ def _text(r: dict[str, Any]) -> str:
 
 def cmd_config(api: Any, ns: argparse.Namespace) -> None:
     if ns.action == "check":
-        T.emit(ns, api.call("GET", "/config/check"), _text)
+        emit(ns, api.call("GET", "/config/check"), _text)
     else:
-        T.emit(ns, api.call("POST", "/config/reload"), _text)
+        emit(ns, api.call("POST", "/config/reload"), _text)
 
 
-def register(add: Callable[..., argparse.ArgumentParser], tools: dict[str, Any]) -> None:
-    lend(tools)
+def register(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp = add("config", cmd_config, "check or reload the config file the daemon started with",
              "check: every difference between the config file and what runs, and what a reload would do with "
              "each: apply it at once (strategies, budgets, scale, …), make the model's new definition a candidate "

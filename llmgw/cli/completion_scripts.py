@@ -1,10 +1,10 @@
 """The completion scripts of `llmgw completion`, one writer per shell, from the contexts that
-llmgw.completion reads off the parsers. bash and zsh share the walker's tables (case statements
+llmgw.cli.completion reads off the parsers. bash and zsh share the walker's tables (case statements
 keyed "context|word"); fish states each completion with `complete -n CONDITION`."""
 
 from __future__ import annotations
 
-from llmgw.completion import SHELLS, Context, Option
+from llmgw.cli.completion import SHELLS, Context, Option
 
 __all__ = ["bash", "fish", "script", "zsh"]
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw.config import ConfigError, ConfigProblem
+from llmgw.config.load import ConfigError, ConfigProblem
 
 __all__ = ["CONFIG_ENV", "FILE_NAME", "SYSTEM_DIR", "ConfigSource", "find_config", "search_list"]
 

@@ -8,17 +8,16 @@ checking, defaults and unknown-key detection and collects every problem; checks 
 sections are small functions registered with ``@_cross_check``.  A new section is a new
 dataclass plus a field on its parent: no new validation code.
 
-Where things live: :mod:`llmgw.config_fields` (``opt`` and the value checks, the computed
-defaults), :mod:`llmgw.config_schema` (the section dataclasses and the cross-section checks),
-here the errors, the walker and the API (``parse_config``, ``load_config``, ``dump_config``,
-``model_from_dict`` ...), which also re-exports the schema: import from ``llmgw.config``.
+Where things live: :mod:`llmgw.config.fields` (``opt`` and the value checks),
+:mod:`llmgw.config.schema` (the section dataclasses and the cross-section checks), here the
+errors, the walker and the API (``parse_config``, ``load_config``, ``dump_config``,
+``model_from_dict`` ...). Import them all from ``llmgw.config``, the package's face.
 
 Pure module: no I/O besides ``load_config`` reading the file, no sockets, no trio.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
 from dataclasses import MISSING, dataclass, fields, is_dataclass
@@ -26,30 +25,26 @@ from datetime import date, datetime, time
 from functools import cache
 from pathlib import Path
 from types import UnionType
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hints
 
 import tomli_w
 
-from llmgw.admin.nesting import TooDeep, toml_loads
-from llmgw.config_fields import (  # noqa: F401  (re-exported: part of the config API)
-    _KNOWN_STRATEGIES, Check, _suggest, default_admin_socket, default_agent_state_dir,
-    default_node_name, default_store_path, header_name, host_port, http_url, in_range, key_value,
-    known_strategy, label_keys, node_name, nonempty, one_of, opt, positive,
+from llmgw.config.fields import _KNOWN_STRATEGIES, _suggest
+from llmgw.config.locate import KeyPath, TomlLocator
+from llmgw.config.names import PRESET_NAMES
+from llmgw.config.schema import (
+    _CROSS_CHECKS, Config, ModelConfig, PoolConfig, _adapter_sources, _metric_pairs, _pool_references,
+    multi_node_engine,
 )
-from llmgw.config_locate import KeyPath, TomlLocator
-from llmgw.config_schema import (  # noqa: F401  (re-exported: part of the config API)
-    _CROSS_CHECKS, DEFAULT_POOL, ENGINES, AdapterConfig, AdminConfig, AgentConfig, BreakerConfig, Config,
-    ControlConfig, DeployConfig, FacilityConfig, GpuConfig, LifecycleConfig, SpreadConfig, MetricNames, ModelConfig, PoolConfig,
-    PrefixRoutingConfig, ReplicaConfig, RestartConfig, RouterConfig, ScorerWeights, ServerConfig,
-    SimConfig, StrategyConfig, _adapter_sources, _metric_pairs, _pool_references, multi_node_engine,
-)
-from llmgw.route.names import PRESET_NAMES
+from llmgw.config.starter import STARTER_TEXT
+from llmgw.inputs.nesting import TooDeep, toml_loads
+
+if TYPE_CHECKING:
+    from os import PathLike
 
 __all__ = [
-    "AdapterConfig", "AdminConfig", "AgentConfig", "BreakerConfig", "ControlConfig", "DeployConfig", "GpuConfig", "LifecycleConfig", "RestartConfig", "Config", "PrefixRoutingConfig", "RouterConfig", "ScorerWeights", "StrategyConfig", "ConfigError", "ConfigProblem", "MetricNames", "ModelConfig",
-    "PoolConfig", "ReplicaConfig", "ServerConfig", "SimConfig", "DEFAULT_POOL", "FacilityConfig", "SpreadConfig",
-    "default_admin_socket", "default_config", "dump_config", "init_config_text",
-    "load_config", "model_from_dict", "model_to_dict", "parse_config",
+    "ConfigError", "ConfigProblem", "default_config", "dump_config", "init_config_text", "load_config",
+    "model_from_dict", "model_to_dict", "parse_config", "render_key", "too_deep_problem",
 ]
 
 
@@ -229,9 +224,9 @@ def parse_config(text: str, filename: str = "<string>") -> Config:
     return cfg
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
+def load_config(path: str | PathLike[str]) -> Config:
     """Read and validate a TOML config file; unreadable files also raise ConfigError."""
-    name = os.fspath(path)
+    name = path if isinstance(path, str) else path.__fspath__()
     try:
         text = Path(path).read_bytes().decode("utf-8")
     except OSError as e:
@@ -268,8 +263,6 @@ def dump_config(cfg: Config) -> str:
 
 def init_config_text() -> str:
     """The commented starter file `llmgw config init` writes (equals default_config())."""
-    from llmgw.config_starter import STARTER_TEXT
-
     return STARTER_TEXT
 
 

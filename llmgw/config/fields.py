@@ -1,27 +1,24 @@
 """How a config field is declared and checked: :func:`opt` (default, checks, uniqueness), the
-value checks it takes (``one_of``, ``in_range``, ``http_url``, ``host_port``, ``node_name``, ...)
-and the defaults computed from the environment (state directory, admin socket, node name).
+value checks it takes (``one_of``, ``in_range``, ``http_url``, ``host_port``, ``node_name``, ...).
+The defaults computed from the environment are :mod:`llmgw.config.defaults`'s.
 
 A check is ``(value) -> error message | None``. The sections that use them are in
-:mod:`llmgw.config_schema`; the walker that runs them and the public API are :mod:`llmgw.config`.
+:mod:`llmgw.config.schema`; the walker that runs them and the public API are :mod:`llmgw.config`.
 """
 
 from __future__ import annotations
 
 import difflib
 import ipaddress
-import os
 import re
-import socket
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import MISSING, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from llmgw.route.echo import echo
-from llmgw.route.names import PRESET_NAMES
+from llmgw.config.names import PRESET_NAMES
+from llmgw.inputs.echo import echo
 
 Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
 
@@ -184,33 +181,6 @@ def replica_nodes(v: int) -> str | None:
 def key_value(v: str) -> str | None:
     k, sep, _ = v.partition("=")
     return None if sep and k.strip() else f"expected \"KEY=VALUE\", got {v!r}"
-
-
-# ---------------------------------------------------------------------------------- defaults
-def _state_home() -> Path:
-    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "llmgw"
-
-
-def default_store_path() -> str:
-    """$XDG_STATE_HOME/llmgw/router.db (~/.local/state/llmgw/router.db)."""
-    return str(_state_home() / "router.db")
-
-
-def default_agent_state_dir() -> str:
-    """$XDG_STATE_HOME/llmgw/agent (~/.local/state/llmgw/agent)."""
-    return str(_state_home() / "agent")
-
-
-def default_node_name() -> str:
-    name = socket.gethostname().split(".")[0] or "localhost"
-    return name if node_name(name) is None else "localhost"
-
-
-def default_admin_socket() -> str:
-    """$XDG_RUNTIME_DIR/llmgw-<uid>/admin.sock, or under /tmp when XDG_RUNTIME_DIR is unset."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    uid = os.getuid() if hasattr(os, "getuid") else os.getpid()
-    return str(Path(base) / f"llmgw-{uid}" / "admin.sock")
 
 
 def _suggest(word: str, known: list[str]) -> str:

@@ -1,6 +1,6 @@
 """What `llmgw completion bash|zsh|fish` completes, read off the commands' own argparse parsers, so
 that a script offers exactly the subcommands, options and choices the installed version accepts
-(regenerate it after an upgrade). llmgw.cli puts the contexts together; llmgw.completion_scripts
+(regenerate it after an upgrade). llmgw.cli puts the contexts together; llmgw.cli.completion_scripts
 writes them out for each shell.
 
 The command line is a tree of contexts: "" (llmgw itself), "ctl", "ctl scale", "sim fleet", ...

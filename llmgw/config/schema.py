@@ -3,7 +3,7 @@ checks that span sections.
 
 Each field's annotation gives the TOML type (str, int, float, bool, ``X | None``, ``tuple[X, ...]``
 for arrays, a nested dataclass for a table, ``tuple[Section, ...]`` for an array of tables) and
-``opt(...)`` (:mod:`llmgw.config_fields`) its default and checks. Checks spanning sections are
+``opt(...)`` (:mod:`llmgw.config.fields`) its default and checks. Checks spanning sections are
 small functions registered with ``@_cross_check``. A new section is a new dataclass plus a field
 on its parent: no new validation code. Import these from :mod:`llmgw.config`, the public API.
 """
@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from llmgw.config_fields import (
-    _suggest, default_admin_socket, default_agent_state_dir, default_node_name,
-    cidr, default_store_path, domain_budget, facility_label_values, facility_level, header_name, replica_nodes, host_port, http_url, in_range, key_value, known_strategy,
+from llmgw.config.defaults import default_admin_socket, default_agent_state_dir, default_node_name, default_store_path
+from llmgw.config.fields import (
+    _suggest, cidr, domain_budget, facility_label_values, facility_level, header_name, replica_nodes, host_port, http_url, in_range, key_value, known_strategy,
     label_keys, metric_name, node_name, nonempty, one_of, opt, pem_certificate, positive,
 )
-from llmgw.config_locate import KeyPath
-from llmgw.route.names import DEFAULT_PICKER, PICKER_NAMES, SCORER_NAMES
+from llmgw.config.locate import KeyPath
+from llmgw.config.names import DEFAULT_PICKER, PICKER_NAMES, SCORER_NAMES
 
 ENGINES = ("vllm", "llamacpp")
 DEFAULT_POOL = "default"
@@ -184,7 +184,7 @@ class RouterConfig:
 @dataclass(frozen=True, kw_only=True)
 class ScorerWeights:
     """A strategy's weights by scorer name; unset = 0 (the scorer does not take part).
-    One field per name in ``llmgw.route.names.SCORER_NAMES`` (tests/test_route_names.py)."""
+    One field per name in ``llmgw.config.names.SCORER_NAMES`` (tests/test_route_names.py)."""
     load: float = opt(0.0, check=in_range(0))
     queue: float = opt(0.0, check=in_range(0))
     kv: float = opt(0.0, check=in_range(0))

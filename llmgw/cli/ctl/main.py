@@ -19,22 +19,18 @@ from urllib.parse import quote
 
 import httpx
 
+from llmgw.admin_client.facility import explanation_text, facility_text
 from llmgw.admin_client.printable import printable
-from llmgw.admin_client.rationale import text_table
 from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
-from llmgw.ctl_facility import explanation_text, facility_text
-from llmgw.ctl_config import register as register_config
-from llmgw.ctl_routing import register as register_routing
-from llmgw.ctl_views import model_text, status_text, store_line
-from llmgw.ctl_lifecycle import MODEL_ACTIONS, add_model_options, model_action, register
+from llmgw.cli.ctl.config import register as register_config
+from llmgw.cli.ctl.lifecycle import MODEL_ACTIONS, add_model_options, model_action, register
+from llmgw.cli.ctl.output import CtlError, age, emit, table
+from llmgw.cli.ctl.routing import register as register_routing
+from llmgw.cli.ctl.views import model_text, status_text, store_line
 from llmgw.fleet.domains import expand_key, label_clash
 
 __all__ = ["CtlError", "main", "store_line"]
 
-
-
-class CtlError(Exception):
-    """A failure to tell the operator, with what to do about it."""
 
 
 # -- the connection ---------------------------------------------------------------------------
@@ -86,36 +82,6 @@ class Admin:
         return r.json()
 
 
-# -- output -----------------------------------------------------------------------------------
-def table(rows: list[list[Any]], headers: list[str]) -> str:
-    return "\n".join(text_table(headers, [[_cell(c) for c in row] for row in rows]))
-
-
-def _cell(v: Any) -> str:
-    """One table cell, on one line whatever the daemon sent."""
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    if isinstance(v, list | tuple):
-        return printable(",".join(map(str, v))) or "-"
-    return printable(str(v))
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
-
-
-def emit(ns: argparse.Namespace, data: Any, render: Callable[[Any], str]) -> None:
-    if ns.output == "json":
-        print(json.dumps(data, indent=2, sort_keys=True))  # ensure_ascii: no control character gets through
-    else:
-        print(printable(render(data), keep_newlines=True))
-
-
 # -- commands ---------------------------------------------------------------------------------
 def _domain_filter(domain: str | None) -> Callable[[dict[str, Any]], bool]:
     """--domain rack=r12 (a facility key, short or llmgw.io/…) or --domain fra/hall-1 (a location prefix)."""
@@ -146,7 +112,7 @@ def cmd_nodes(api: Admin, ns: argparse.Namespace) -> None:
         for n in nodes:
             gpus = n.get("facts", {}).get("gpus", [])
             rows.append([n["name"], n["state"], n.get("location") or "-", len(gpus),
-                         len(n.get("replicas", [])), n.get("held") or "-", _age(n.get("since_s")),
+                         len(n.get("replicas", [])), n.get("held") or "-", age(n.get("since_s")),
                          n.get("reason", "")])
         return table(rows, ["NAME", "STATE", "LOCATION", "GPUS", "ENGINES", "HELD", "SINCE", "REASON"])
 
@@ -155,7 +121,7 @@ def cmd_nodes(api: Admin, ns: argparse.Namespace) -> None:
 
 def _render_node(n: dict[str, Any]) -> str:
     facts = n.get("facts", {})
-    lines = [f"node       {n['name']}", f"state      {n['state']} for {_age(n.get('since_s'))} ({n.get('reason', '')})",
+    lines = [f"node       {n['name']}", f"state      {n['state']} for {age(n.get('since_s'))} ({n.get('reason', '')})",
              f"location   {n.get('location') or '-'}"
              + (f"  (held: {', '.join(map(str, n['held']))})" if n.get("held") else ""),
              (f"facts      {facts.get('cpus', 0)} CPUs, {facts.get('memory_mb', 0)} MB memory, "
@@ -432,9 +398,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--node", help="only the replicas on this node")
     sp = add("restart", cmd_restart, "restart a replica's engine (clears a crash loop)")
     sp.add_argument("replica", metavar="REPLICA", help="the replica's id, as `llmgw ctl replicas` shows it")
-    register_routing(add, {"emit": emit, "table": table, "error": CtlError})
-    register(add, {"emit": emit, "table": table, "error": CtlError})
-    register_config(add, {"emit": emit, "table": table, "error": CtlError})
+    register_routing(add)
+    register(add)
+    register_config(add)
     return p
 
 

@@ -42,7 +42,7 @@ def usage() -> str:
     """USAGE with `ctl`'s commands as ctl's own parser has them, so the list cannot drift from it."""
     import textwrap
 
-    from llmgw.ctl import parser as ctl_parser
+    from llmgw.cli.ctl.main import parser as ctl_parser
 
     sub = next(a for a in ctl_parser()._actions if isinstance(a, argparse._SubParsersAction))
     text = "operate a running daemon: " + ", ".join(a.dest for a in sub._choices_actions)
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cmd == "config":
         return _config(rest)
     if cmd == "ctl":
-        from llmgw.ctl import main as ctl_main
+        from llmgw.cli.ctl.main import main as ctl_main
 
         return ctl_main(rest)
     if cmd == "console":
@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return console_main(rest)
     if cmd == "kv":
-        from llmgw.kv_cli import main as kv_main
+        from llmgw.cli.kv import main as kv_main
 
         return kv_main(rest)
     if cmd == "completion":
@@ -175,12 +175,12 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     """Each command's argparse parser, by the words that lead to it. `llmgw sim` reads vLLM's flags,
     or llama.cpp's after --engine llamacpp. The parsers of daemon and sim fleet are built inside
     their main functions and caught there at their first parse (nothing else of those runs)."""
-    from llmgw.completion import captured_parser
-    from llmgw.ctl import parser as ctl_parser
+    from llmgw.cli.completion import captured_parser
+    from llmgw.cli.ctl.main import parser as ctl_parser
     from llmgw.daemon.main import main as daemon_main
     from llmgw.daemon.sim.main import fleet_main
     from llmgw.daemon.sim.worker import worker_main
-    from llmgw.kv_cli import parser as kv_parser
+    from llmgw.cli.kv import parser as kv_parser
     from llmgw.sim.args import build_llamacpp_parser, build_vllm_parser
     from llmgw.tui.main import _parser as console_parser
 
@@ -192,8 +192,8 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def completion_contexts() -> dict[str, Any]:
-    """Every context of the `llmgw` command line (llmgw.completion), from each command's parser."""
-    from llmgw.completion import Context, Option, add_parser
+    """Every context of the `llmgw` command line (llmgw.cli.completion), from each command's parser."""
+    from llmgw.cli.completion import Context, Option, add_parser
 
     out: dict[str, Context] = {}
     out[""] = Context(subcommands=dict(COMMANDS), options=[Option(("-h", "--help"), False, (), "show the commands"),
@@ -209,7 +209,7 @@ def completion_contexts() -> dict[str, Any]:
 
 
 def _completion(argv: list[str]) -> int:
-    from llmgw.completion_scripts import script
+    from llmgw.cli.completion_scripts import script
 
     ns = completion_parser().parse_args(argv)
     sys.stdout.write(script(ns.shell, completion_contexts()))
@@ -221,7 +221,7 @@ def _how_the_daemon_finds(path: Any) -> str:
     import os
 
     from llmgw.config import ConfigError
-    from llmgw.config_discovery import CONFIG_ENV, find_config
+    from llmgw.config.discovery import CONFIG_ENV, find_config
 
     try:
         found = find_config(None)
@@ -252,7 +252,7 @@ def _config(argv: list[str]) -> int:
         print(f"wrote {path}; {_how_the_daemon_finds(path)}")
         return 0
     if ns.path is None:
-        from llmgw.config_discovery import find_config, search_list_words
+        from llmgw.config.discovery import find_config, search_list_words
 
         try:
             found = find_config(None)
