@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConfigError", "ConfigProblem", "default_config", "dump_config", "init_config_text", "load_config",
-    "model_from_dict", "model_to_dict", "parse_config", "render_key", "too_deep_problem",
+    "model_from_dict", "model_to_dict", "parse_config", "render_key", "to_plain", "too_deep_problem",
 ]
 
 
@@ -241,24 +241,24 @@ def default_config() -> Config:
     return Config()
 
 
-def _plain(obj: Any) -> Any:
+def to_plain(obj: Any) -> Any:
     if is_dataclass(obj):
         out = {}
         for f in fields(obj):
-            value = _plain(getattr(obj, f.name))
+            value = to_plain(getattr(obj, f.name))
             # tomli-w cannot write None; empty tables/arrays that equal the default add nothing
             if value is None or value == {} or (value == [] and f.default == ()):
                 continue
             out[f.name] = value
         return out
     if isinstance(obj, tuple):
-        return [_plain(x) for x in obj]
+        return [to_plain(x) for x in obj]
     return obj
 
 
 def dump_config(cfg: Config) -> str:
     """TOML text for `cfg`; parse_config(dump_config(cfg)) == cfg for any valid cfg."""
-    return tomli_w.dumps(_plain(cfg))
+    return tomli_w.dumps(to_plain(cfg))
 
 
 def init_config_text() -> str:
@@ -268,7 +268,7 @@ def init_config_text() -> str:
 
 def model_to_dict(m: ModelConfig) -> dict[str, Any]:
     """A model's definition as plain data (what the store keeps and the admin API answers)."""
-    return _plain(m)
+    return to_plain(m)
 
 
 def model_from_dict(data: Any, source: str = "<model>", *, pools: tuple[PoolConfig, ...] = ()) -> ModelConfig:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
-from llmgw.config import Config, ModelConfig, _plain, model_to_dict  # _plain: the form dump_config writes
+from llmgw.config import Config, ModelConfig, model_to_dict, to_plain  # to_plain: the form dump_config writes
 
 __all__ = ["Change", "ConfigPlan", "ModelPlan", "ScaleOverride", "diff_config", "diff_models",
            "RESTART_SECTIONS"]
@@ -248,7 +248,7 @@ def diff_models(file_models: tuple[ModelConfig, ...], live: Mapping[str, ModelCo
 
 
 def _section_rows(name: str, old: Any, new: Any, action: Action, why: str) -> list[Change]:
-    a, b = _plain(old), _plain(new)
+    a, b = to_plain(old), to_plain(new)
     if a == b:
         return []
     if isinstance(a, list) or isinstance(b, list):
