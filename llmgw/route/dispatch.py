@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from llmgw.config import Config, ModelConfig
 
 from .adapter_routing import AdapterRouting
-from .adapters import AdapterSettings, Load
+from .adapters import AdapterBook, AdapterSettings, Load
 from .admission import ConcurrencyCaps, Ticket, WaitQueue, suggest_retry_after
 from .attempt import Attempt
 from .breaker import NO_SLOT, FailureKind, Permit
@@ -44,23 +44,20 @@ from .cache_stats import CacheStats
 from .counters import RouterCounters
 from llmgw.inputs.echo import echo
 from .filters import is_saturated, room
-from .kv_scorer import KvCacheScorer
+from .kv_scorer import KvCacheScorer, KvDecisionStats
 from .lora_body import request_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
-from llmgw.config.names import PRESET_NAMES, SCORER_NAMES, is_candidate_key
-from .openai_req import ApiError, parse_body
+from .openai_req import ApiError
 from .plan import Plan
+from .planner import Planner
 from .prefix_capacity import Capacity, PrefixConfig
 from .replicas import ModelEntry, Replica, ReplicaTable
-from .request_head import request_head
 from .scheduler import Scheduler
-from .strategies import Strategy, StrategyError, resolve
-from .trace import MAX_NAME, AttemptRecord, Trace, TraceRing
-from .types import Decision, RequestInfo, SchedulerConfig
+from .tier2 import Tier2, Tokenize
+from .trace import AttemptRecord, Trace, TraceRing
+from .types import Decision, SchedulerConfig
 
-__all__ = ["KINDS", "STRATEGY_HEADER", "Plan", "RouterCore"]
-
-STRATEGY_HEADER = "x-llmgw-strategy"
+__all__ = ["KINDS", "RouterCore"]
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 _ALARM_EVERY = 64  # decisions between two looks at the prefix zero-hit alarm
 # The fast first-byte deadline's allowance for prefill: seconds per 1,000 prompt tokens (a
@@ -70,7 +67,8 @@ PREFILL_S_PER_1K_TOKENS = 1.0
 
 class RouterCore:
     def __init__(self, cfg: Config, table: ReplicaTable, *, cache_stats: CacheStats,
-                 wall: Callable[[], float], rng: random.Random) -> None:
+                 wall: Callable[[], float], rng: random.Random, clock: Callable[[], float] | None = None) -> None:
+        """`clock`: seconds, for measuring tier 2's step and hashing (None: not measured)."""
         self.cfg = cfg
         self.table = table
         rc = cfg.router
@@ -80,7 +78,7 @@ class RouterCore:
             PrefixConfig(budget_bytes=int(pc.budget_mb * (1 << 20))),
             PrefixScorerConfig(guard=pc.guard, abs_gap=pc.abs_gap, rel_gap=pc.rel_gap,
                                spill_factor=pc.spill_factor, spill_slack=pc.spill_slack))
-        # tier 2: its index lookup is set by the shell once the control plane's index exists
+        # tier 2: its index lookup is set by the shell (use_kv_index)
         self.kv_cache = KvCacheScorer()
         self.prefix.defer = self.kv_cache.verdict  # where tier 2 knows the holders, tier 1 votes its shares
         self.prefix.deny = self.kv_cache.denied  # where it knows a replica holds none, tier 1's guess is void
@@ -89,20 +87,19 @@ class RouterCore:
         self.cache_stats = cache_stats
         self.counters = RouterCounters(wall)
         self.rng = rng
-        self._wall = wall
         # Every request's trace, in a bounded ring; on_trace_end (the shell's JSONL writer) sees
         # each one as it ends.
         self.traces = TraceRing(rc.traces.kept)
         self.on_trace_end: Callable[[Trace], None] | None = None
-        self.canary: dict[str, float] = {}  # model -> share of its requests sent to its candidate
-        self.revision_ids: dict[str, str] = {}  # model or candidate key -> its revision's id (traces say it)
+        self.planner = Planner(cfg, table, self.sched.scorers, self.traces, wall=wall, rng=rng,
+                               refused=lambda t, now, status: self._trace_done(t, now, "rejected", status))
+        self.tier2 = Tier2(cfg, clock=clock)  # tier 2's step (kv_events models)
         # Per-replica caps (a pool's max_inflight_per_replica), taken check-and-reserve.
         self.caps = ConcurrencyCaps()
         for rep in table.all_replicas():
             self.caps.set_cap(rep.id, rep.view.max_inflight)
         self.decisions: deque[Decision] = deque(maxlen=rc.decisions_kept)
         self.queues: dict[str, WaitQueue] = {}
-        self.strategies: dict[str, Strategy] = self._configured_strategies()
         self.alarm_on = False
         self._alarm_news: bool | None = None  # a change of alarm_on the shell has not logged yet
         self._alarm_tick = 0
@@ -114,94 +111,56 @@ class RouterCore:
     # -- 1. the request ------------------------------------------------------------------------
     def plan(self, kind: str, body: bytes, rid: str, *, strategy: str | None, session: str | None,
              now: float, revision: str | None = None, internal: bool = False) -> Plan:
-        """`revision="candidate"`: to the model's candidate revision (the eval runner's requests;
-        the shell checks who may ask); `"live"`: to the live one, never the canary's share.
-        Otherwise the live revision — or, for a model with a canary share (set_canary), the
-        candidate for that share of requests. `internal`: the eval runner's request (not client
-        traffic: counted apart too, counters.internal). The trace carries the revision's id
-        (set_revision)."""
-        trace = Trace(rid, name=kind, started=now, wall=self._wall(), bytes_out=len(body))
-        trace.mark("prepare", now)
-        self.traces.add(trace)
-        try:
-            b = parse_body(body, kind=kind)
-            trace.model, trace.stream = b.model[:MAX_NAME], b.stream  # a client's name: bounded
-            if revision == "candidate":
-                resolved = self.table.resolve_candidate(b.model)
-                if resolved is None:
-                    raise ApiError(404, f"The model {echo(b.model, quote='`')} has no candidate revision.",
-                                   param="model", code="model_not_found")
-            else:
-                resolved = self.table.resolve(b.model)
-                if resolved is None:
-                    raise ApiError(404, f"The model {echo(b.model, quote='`')} does not exist.", param="model",
-                                   code="model_not_found")
-                share = self.canary.get(resolved[0].name) if self.canary and revision != "live" else None
-                if share and self.rng.random() < share:
-                    cand = self.table.resolve_candidate(b.model)
-                    if cand is not None and any(not r.draining for r in cand[0].replicas):
-                        resolved = cand
-            entry, adapter = resolved
-            # the revision's id (r1, r2…); "candidate" for a candidate whose id the router was not told
-            trace.revision = self.revision_ids.get(entry.name) or ("candidate" if is_candidate_key(entry.name) else "")
-            strat = self.strategy(entry, strategy)
-        except ApiError as e:  # refused: its trace ends here (the shell counts the request)
-            self._trace_done(trace, now, "rejected", e.status)
-            raise
-        salt = b.obj.get("cache_salt")
-        # Tier-1 cache affinity: the head the engine caches first, recorded for the chosen replica.
-        info = RequestInfo(request_id=rid, model=b.model, base_model=entry.name, adapter=adapter,
-                           session_key=session or b.session_key,
-                           prompt_tokens_estimate=b.prompt_chars // 4, strategy=strat.name,
-                           head=request_head(b.obj, kind) if kind != "embeddings" else b"",
-                           cache_salt=salt if isinstance(salt, str) else None)
-        return Plan(info, entry, strat, b.stream, now, body=b.obj, raw=body, trace=trace, internal=internal)
-
-    def strategy(self, entry: ModelEntry, asked: str | None) -> Strategy:
-        name = asked or entry.strategy
-        s = self.strategies.get(name)
-        if s is None:
-            try:
-                s = resolve(name)
-            except StrategyError as e:
-                known = ", ".join(sorted({*self.strategies, *PRESET_NAMES}))
-                raise ApiError(400, f"unknown strategy {echo(name)}; known: {known}",
-                               param=STRATEGY_HEADER) from e
-            self.strategies[name] = s
-        return s
-
-    def _configured_strategies(self, configs: Any = None) -> dict[str, Strategy]:
-        """[[strategies]] from the config (a preset's name replaces the preset)."""
-        out = {}
-        for sc in self.cfg.strategies if configs is None else configs:
-            w = sc.weights
-            weights = {k: getattr(w, k) for k in SCORER_NAMES
-                       if getattr(w, k) > 0 and k in self.sched.scorers}
-            out[sc.name] = Strategy(sc.name, weights, sc.picker, sc.temperature)
-        return out
+        """The request, planned (:meth:`.planner.Planner.plan`): its model, strategy and
+        RequestInfo, and whether tier 2's step is to come (a kv_events model under a strategy
+        that weighs it)."""
+        plan = self.planner.plan(kind, body, rid, strategy=strategy, session=session, now=now,
+                                 revision=revision, internal=internal)
+        plan.tier2 = self.tier2.wants(plan)
+        return plan
 
     def set_strategies(self, configs: Any) -> None:
         """A reloaded config's [[strategies]] (StrategyConfig), in force from the next request."""
-        self.strategies = self._configured_strategies(configs)
+        self.planner.set_strategies(configs)
 
     def set_canary(self, model: str, share: float) -> None:
         """Send `share` (0–1) of `model`'s client requests to its candidate revision (0: none)."""
-        if share > 0:
-            self.canary[model] = min(1.0, share)
-        else:
-            self.canary.pop(model, None)
+        self.planner.set_canary(model, share)
 
     def set_revision(self, key: str, revision_id: str) -> None:
         """The revision id a model (or a candidate's key) serves, for its requests' traces ("": none)."""
-        if revision_id:
-            self.revision_ids[key] = revision_id
-        else:
-            self.revision_ids.pop(key, None)
+        self.planner.set_revision(key, revision_id)
+
+    # -- tier 2's step -------------------------------------------------------------------------
+    def tokenized(self, plan: Plan, ask: Tokenize, now: float, status: int | None, body: bytes = b"",
+                  error: str = "") -> None:
+        """The shell's answer to a :class:`~.tier2.Tokenize` step ``next`` gave: the engine's
+        status and body, or (status None) ``error`` — "timeout" or the failure's name. Then ask
+        ``next`` again."""
+        self.tier2.answer(plan, ask, status, body, error, now)
+
+    def use_kv_index(self, lookup: Callable[[Sequence[int]], Any], alarmed: Callable[[str], bool],
+                     held_any: Callable[[int], bool]) -> None:
+        """Tier 2 votes with the router's index of what each engine holds (`lookup`: the leading
+        blocks each replica holds; `alarmed`: a replica whose parity check failed), and hashes a
+        prompt only as far as any replica holds it (`held_any`)."""
+        self.kv_cache.lookup = lookup
+        self.kv_cache.alarmed = alarmed
+        self.tier2.held_any = held_any
+
+    def watch_tier2(self, observe: Callable[[float], None]) -> None:
+        """`observe` gets each request's tier-2 step time (seconds of the injected clock)."""
+        self.tier2.observe = observe
 
     # -- 2. an attempt ---------------------------------------------------------------------------
-    def next(self, plan: Plan, now: float, wall: float) -> Attempt | Ticket | Load:
+    def next(self, plan: Plan, now: float, wall: float) -> Attempt | Ticket | Load | Tokenize:
         """... or a :class:`~.adapters.Load` of the request's LoRA adapter to wait on (then the
-        shell reports with ``adapters.waited`` and asks again)."""
+        shell reports with ``adapters.waited`` and asks again), or tier 2's
+        :class:`~.tier2.Tokenize` to answer (:meth:`tokenized`, then ask again)."""
+        if plan.tier2:
+            ask = self.tier2.step(plan, now)
+            if ask is not None:
+                return ask
         entry = plan.entry
         if entry.on_demand(plan.info.adapter):
             step = self.adapters.step(plan, now)
@@ -501,10 +460,52 @@ class RouterCore:
                 if first_byte_at is not None:  # it failed after the client got bytes: the request is done
                     self._done(plan, "upstream_failed", 502, ttft, now - started, now)
         rep.completed += 1
+        attempt.waiters = bool(self.queues.get(model))
         if not was_closed and rep.breaker.state == "closed":
             # recovered: every request waiting (e.g. for a probe slot) may try again now
             return self.capacity_freed(rep.view.model, everyone=True)
         return self.capacity_freed(rep.view.model, now)
+
+    # -- what the shell counts and reads besides a request's steps -------------------------------
+    def answered(self, outcome: str, status: int) -> None:
+        """A request the shell answered without a plan (``/v1/models``, the router's own refusals,
+        the HTTP server's 413/431/400/408, a bug): its one count, under model "-"."""
+        self.counters.request_done("-", outcome, status, None, None)
+
+    def failed(self, plan: Plan) -> None:
+        """A bug on the request's path: its one count (if not counted yet), under its model, as
+        the 500 the server answers."""
+        if not plan.counted:
+            plan.counted = True
+            self.counters.request_done(plan.model, "failed", 500, None, None)
+
+    def request_counts(self, model: str) -> tuple[int, int, float, int]:
+        """`model`'s client requests so far (RouterCounters.client_counts)."""
+        return self.counters.client_counts(model)
+
+    def adapters_listed(self, rep: Replica, names: set[str], asked_at: float) -> list[Ticket]:
+        """`rep`'s engine listed the adapters it holds (AdapterRouting.listed)."""
+        return self.adapters.listed(rep, names, asked_at)
+
+    def adapter_missing(self, plan: Plan, rep: Replica, now: float) -> bool:
+        """`rep` answered 404 for the request's adapter, which it held (AdapterRouting.missing)."""
+        return self.adapters.missing(plan, rep, now)
+
+    def model_changed(self, model: str) -> None:
+        """`model` was redefined: its adapters or max_loaded_adapters may differ."""
+        self.adapters.model_changed(model)
+
+    def adapter_book(self) -> tuple[AdapterBook, dict[str, str]]:
+        """Which replica holds which adapter, and each replica's model (for the admin API)."""
+        return self.adapters.book, {rid: r.view.model for rid, r in self.table.replicas.items()}
+
+    def kv_stats(self) -> KvDecisionStats:
+        """Tier 2's decisions so far (the kv_cache scorer's)."""
+        return self.kv_cache.stats
+
+    def tier2_state(self) -> Tier2:
+        """Tier 2's step: its outcomes, cache and hashing counts (for its metrics)."""
+        return self.tier2
 
     # -- what the exporter reads (llmgw.daemon.router.metrics.MetricsSource) ----------------------
     def all_replicas(self) -> Iterable[Replica]:
