@@ -6,16 +6,25 @@ The shell asks three things, and the answers carry everything it then does:
 
 1. ``plan(...)`` once per request: parse the body, resolve the model (or adapter), pick the
    strategy, build the :class:`~.types.RequestInfo` the scorers read (head and cache_salt
-   included). Raises :class:`~.openai_req.ApiError` for a bad request.
-2. ``next(plan, now, wall)`` once per attempt: admission (a bounded FIFO wait while every
-   replica is saturated), the decision (filter → score → pick, kept in the decision ring and
-   counted), the permits (cap, breaker, inflight: an :class:`~.attempt.Attempt`), the commit
-   that lets stateful scorers learn the pick. The answer is an Attempt to send upstream, or a
-   :class:`~.admission.Ticket` to wait on (then ask again), or an ApiError raised (429 when the
-   queue is full, 502/503/504 when no attempt is left), already counted.
+   included) — :mod:`.planner` — and note whether tier 2's step is to come. Raises
+   :class:`~.openai_req.ApiError` for a bad request.
+2. ``next(plan, now, wall)`` once per attempt: tier 2's step first (:mod:`.tier2`: the prompt's
+   KV block hashes, from its cache or by asking the shell), admission (a bounded FIFO wait
+   while every replica is saturated: :mod:`.waiting`), the decision (filter → score → pick,
+   kept in the decision ring and counted), the permits (cap, breaker, inflight: an
+   :class:`~.attempt.Attempt`), the commit that lets stateful scorers learn the pick. The
+   answer is an Attempt to send upstream, or something to do first and then ask again — a
+   :class:`~.admission.Ticket` to wait on, a :class:`~.adapters.Load` of the request's LoRA
+   adapter to wait on (reported with ``adapters.waited``), a :class:`~.tier2.Tokenize` call to
+   make and answer with ``tokenized(plan, step, now, status, body, error)`` — or an ApiError
+   raised (429 when the queue is full, 502/503/504 when no attempt is left), already counted.
 3. ``finish(plan, attempt, now, failure, ...)`` once per attempt that went out: the permits go
    back exactly once, the request is counted where it ended, and the answer is the waiting
-   tickets that may now proceed.
+   tickets that may now proceed (``attempt.waiters``: some still wait).
+
+Besides a request's steps the shell only tells the core what happened (replicas placed and
+withdrawn, scrapes, adapters listed, requests it answered itself: ``answered``) and reads what it
+exports, by the methods below — never through the core's members.
 
 A waiting request that gives up calls ``left_queue`` (the client went away, or its deadline
 passed: then a 429 is raised and counted).
@@ -37,13 +46,12 @@ from llmgw.config import Config, ModelConfig
 
 from .adapter_routing import AdapterRouting
 from .adapters import AdapterBook, AdapterSettings, Load
-from .admission import ConcurrencyCaps, Ticket, WaitQueue, suggest_retry_after
-from .attempt import Attempt
+from .admission import ConcurrencyCaps, Ticket, suggest_retry_after
+from .attempt import Attempt, first_byte_timeout
 from .breaker import NO_SLOT, FailureKind, Permit
 from .cache_stats import CacheStats
 from .counters import RouterCounters
 from llmgw.inputs.echo import echo
-from .filters import is_saturated, room
 from .kv_scorer import KvCacheScorer, KvDecisionStats
 from .lora_body import request_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
@@ -56,13 +64,11 @@ from .scheduler import Scheduler
 from .tier2 import Tier2, Tokenize
 from .trace import AttemptRecord, Trace, TraceRing
 from .types import Decision, SchedulerConfig
+from .waiting import WaitRoom
 
 __all__ = ["KINDS", "RouterCore"]
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 _ALARM_EVERY = 64  # decisions between two looks at the prefix zero-hit alarm
-# The fast first-byte deadline's allowance for prefill: seconds per 1,000 prompt tokens (a
-# conservative 1,000 tokens/s; GPUs prefill 5-50x faster).
-PREFILL_S_PER_1K_TOKENS = 1.0
 
 
 class RouterCore:
@@ -99,7 +105,8 @@ class RouterCore:
         for rep in table.all_replicas():
             self.caps.set_cap(rep.id, rep.view.max_inflight)
         self.decisions: deque[Decision] = deque(maxlen=rc.decisions_kept)
-        self.queues: dict[str, WaitQueue] = {}
+        self.wait = WaitRoom(rc.queue_size, self.sched.config, table)  # the models' wait queues
+        self.queues = self.wait.queues
         self.alarm_on = False
         self._alarm_news: bool | None = None  # a change of alarm_on the shell has not logged yet
         self._alarm_tick = 0
@@ -167,12 +174,12 @@ class RouterCore:
             if step is not None:
                 return step
         if plan.ticket is not None:  # it waited: let through, or still in the queue
-            if plan.ticket in self._queue(entry):
+            if plan.ticket in self.wait.queue(entry):
                 return plan.ticket
             plan.ticket = None
             plan.admitted = True
         elif not plan.admitted:
-            if self._queue(entry).admit_now(lambda: self._saturated(entry, now)):
+            if self.wait.queue(entry).admit_now(lambda: self.wait.saturated(entry, now)):
                 plan.admitted = True
             else:
                 return self._enqueue(plan, now)
@@ -229,7 +236,7 @@ class RouterCore:
             if info.adapter is not None:  # an adapter with a request in flight is never unloaded
                 self.adapters.book.acquire(chosen, info.adapter, now)
             a.alarm, self._alarm_news = self._alarm_news, None
-            a.first_byte_timeout = self._first_byte_timeout(plan, rep)
+            a.first_byte_timeout = first_byte_timeout(self.rc, plan, rep)
             if trace is not None:
                 if trace.attempts:
                     trace.attempts[-1].retried = True
@@ -240,28 +247,6 @@ class RouterCore:
             return a
         self._settle(plan, now, count=True)
         raise self._exhausted(plan, now)
-
-    def _first_byte_timeout(self, plan: Plan, rep: Replica) -> float:
-        """The ceiling (``first_byte_timeout_s``: long prefills take minutes) — unless another
-        replica of the model could start this request right now (not tried, not draining, its
-        breaker lets traffic, nothing in flight or queued on it): then a hung engine must not
-        hold the request that long, and the deadline is ``first_byte_fast_s`` plus a prefill
-        allowance for the prompt's size (``PREFILL_S_PER_1K_TOKENS``). A timeout counts on the
-        breaker like any other, so a replica whose requests all time out is ejected after
-        ``failure_threshold`` of them (outlier detection)."""
-        rc = self.rc
-        ceiling = rc.first_byte_timeout_s
-        fast = rc.first_byte_fast_s
-        if fast <= 0:
-            return ceiling
-        tried = plan.tried
-        for r in plan.entry.replicas:
-            if r is rep or r.draining or r.id in tried:
-                continue
-            v = r.view
-            if v.available and v.inflight == 0 and not v.running and not v.waiting:
-                return min(ceiling, fast + plan.info.prompt_tokens_estimate / 1000 * PREFILL_S_PER_1K_TOKENS)
-        return ceiling
 
     def _settle(self, plan: Plan, now: float, *, count: bool) -> None:
         """The held-back verdict of a replica that answered this request 5xx: counted now (no
@@ -312,29 +297,10 @@ class RouterCore:
             self.on_trace_end(trace)
 
     # -- admission -------------------------------------------------------------------------------
-    def _queue(self, entry: ModelEntry) -> WaitQueue:
-        q = self.queues.get(entry.name)
-        if q is None:
-            q = self.queues[entry.name] = WaitQueue(self.rc.queue_size)
-        return q
-
-    def _saturated(self, entry: ModelEntry, now: float) -> bool:
-        # Replicas behind an open breaker don't count: waiting cannot help them, and the
-        # scheduler's all-open fallback handles a model with none available.
-        # Draining replicas take no new requests, so their room does not count either. Each
-        # view's staleness is refreshed first: the last decision set it, and a scrape since may
-        # have made the engine's gauges usable (a stale view counts only our own inflight).
-        cfg = self.sched.config
-        table = self.table
-        live = [r for r in entry.replicas if not r.draining and r.breaker.can_pass(now)]
-        for r in live:
-            r.view.stale = table.is_stale(r, now)
-        return bool(live) and all(is_saturated(r.view, cfg) for r in live)
-
     def _enqueue(self, plan: Plan, now: float) -> Ticket:
         if plan.trace is not None and plan.trace.last_phase != "queued":
             plan.trace.mark("queued", now)
-        q = self._queue(plan.entry)
+        q = self.wait.queue(plan.entry)
         t = q.enqueue(plan.info.request_id, now + self.rc.queue_timeout_s, now)
         if t is None:
             raise self._reject(plan, now, "queue_full", "All replicas are saturated and the wait queue is full.")
@@ -345,17 +311,14 @@ class RouterCore:
         """The request stops waiting (its client left, its deadline passed) just as it was let
         through: the room it was woken for passes to the next waiter, or that waiter would wait
         on for a wake that was spent. Call before :meth:`left_queue`."""
-        t = plan.ticket
-        if t is None or t in self._queue(plan.entry):
-            return []
-        return self.capacity_freed(plan.model, now)
+        return self.wait.turn_passed(plan, now)
 
     def left_queue(self, plan: Plan, now: float, *, timed_out: bool) -> None:
         """A waiting request stops waiting without being let through: its client went away, or
         (``timed_out``) its deadline passed — then the 429 it gets is raised here."""
         t, plan.ticket = plan.ticket, None
         if t is not None:
-            self._queue(plan.entry).cancel(t)
+            self.wait.queue(plan.entry).cancel(t)
         self._settle(plan, now, count=timed_out)
         if timed_out:
             if plan.adapter_wait:
@@ -365,7 +328,7 @@ class RouterCore:
             self._done(plan, "client_cancelled", 499, None, None, now)
 
     def _reject(self, plan: Plan, now: float, reason: str, message: str) -> ApiError:
-        q = self._queue(plan.entry)
+        q = self.wait.queue(plan.entry)
         drain = sum(r.view.drain_rate or 0.0 for r in plan.entry.replicas) or None
         self.counters.rejected(plan.model, reason)
         self._done(plan, "rejected", 429, None, None, now)
@@ -376,34 +339,13 @@ class RouterCore:
 
     def capacity_freed(self, model: str, now: float | None = None, *, everyone: bool = False) -> list[Ticket]:
         """Tickets that may proceed now that a request on ``model`` ended (or a replica came, or
-        a breaker closed: ``everyone``). Saturation is judged as at admission (:meth:`_saturated`:
-        live replicas, staleness refreshed), so a waiter is never kept by a reading admission
-        would not trust."""
-        q = self.queues.get(model)
-        if not q:
-            return []
-        entry = self.table.models.get(model)
-        if entry is None or everyone or now is None:
-            return q.on_capacity(len(q))  # the model is gone, or a replica is back: all may try
-        # one finished request frees room for one waiter
-        return q.on_capacity(1, saturated=lambda: self._saturated(entry, now))
+        a breaker closed: ``everyone``): :meth:`.waiting.WaitRoom.freed`."""
+        return self.wait.freed(model, now, everyone=everyone)
 
     def scraped(self, rep: Replica, now: float) -> list[Ticket]:
         """A scrape of ``rep`` ended (read or failed): the tickets that may proceed if the model
-        now has room — as many as the live replicas' room (:func:`~.filters.room`), since the
-        scrape may show that many requests left the engine at once (a burst ended between two
-        scrapes: nothing the router saw finishing would have woken them)."""
-        q = self.queues.get(rep.view.model)
-        if not q:
-            return []
-        entry = self.table.models.get(rep.view.model)
-        if entry is None:
-            return q.on_capacity(len(q))
-        if self._saturated(entry, now):
-            return []
-        cfg = self.sched.config
-        free = sum(room(r.view, cfg) for r in entry.replicas if not r.draining and r.breaker.can_pass(now))
-        return q.on_capacity(int(min(max(free, 1), len(q))))
+        now has room (:meth:`.waiting.WaitRoom.scraped`)."""
+        return self.wait.scraped(rep, now)
 
     # -- 3. the end of an attempt -------------------------------------------------------------------
     def finish(self, plan: Plan, attempt: Attempt, now: float, failure: FailureKind | None, *,
@@ -521,7 +463,7 @@ class RouterCore:
         return self.prefix.zero_hit_alarm(now)
 
     def queue_lengths(self) -> dict[str, int]:
-        return {m: len(q) for m, q in self.queues.items()}
+        return self.wait.lengths()
 
     # -- replicas coming and going -------------------------------------------------------------------
     def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
