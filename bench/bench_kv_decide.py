@@ -166,7 +166,7 @@ def main() -> None:
             ("repeated prompt", "hash, repeat", look)):
         print(f"  {'total, ' + name:52} {r[hash_row] + lk + score:8.1f}   target <= 100")
 
-    def parse() -> None:  # as Tier2Tokenizer checks it
+    def parse() -> None:  # as Tier2.answer checks it (llmgw.route.tier2)
         toks = json.loads(answer)["tokens"]
         arr = array("I", toks)
         assert not ((arr.count(0) or arr.count(1)) and any(type(t) is bool for t in toks))

@@ -1,13 +1,15 @@
 """Walk one chat request through the router and count its crossings: each call from the trio
-shell (llmgw/daemon/) into the pure core (llmgw/route/). The shell should ask the core once per
-request and twice per attempt (plan; next, finish), not go back and forth.
+shell (llmgw/daemon/) into the pure core (llmgw/route/, llmgw/kv/). The shell should ask the core
+once per request and twice per attempt (plan; next, finish), not go back and forth.
 
-    .venv/bin/python bench/walk_request.py [--attempts 1|2]
+    .venv/bin/python bench/walk_request.py [--attempts 1|2] [--tier2]
 
 No sockets: the upstream pool is a stand-in that answers 200 with a short body (or, with
---attempts 2, fails the first try with a connect error, so the request is retried). Prints
-the crossings in order with the core function each lands in. Also used by
-tests/test_request_walk.py."""
+--attempts 2, fails the first try with a connect error, so the request is retried). With
+--tier2 the model has kv_events on: tier 2's step asks the shell for the engine's release and
+the prompt's tokens (each one more next, and one tokenized), and the same request again finds its
+hashes cached (no step: plan, next, finish). Prints the crossings in order with the core
+function each lands in. Also used by tests/test_request_walk.py."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ url = "http://127.0.0.1:1"
 [[models.replicas]]
 url = "http://127.0.0.1:2"
 """
+CFG_TIER2 = CFG.replace('engine = "vllm"\n', 'engine = "vllm"\n[models.deploy]\nkv_events = true\n', 1)
 BODY = (b'{"model": "m", "stream": true, "messages": [{"role": "system", "content": "be brief"},'
         b' {"role": "user", "content": "hello"}]}')
 
@@ -75,9 +78,20 @@ class _Exchange:
         return _Resp()
 
 
+class _Reply:
+    def __init__(self, body: bytes) -> None:
+        self.status = 200
+        self.body = body
+
+
 class _Pool:
     def __init__(self, failures: int) -> None:
         self.failures = failures
+
+    async def request(self, url: str, method: str, path: str, *a: Any, **kw: Any) -> _Reply:
+        if path == "/version":
+            return _Reply(b'{"version": "0.33.0"}')
+        return _Reply(b'{"count": 40, "tokens": [%s]}' % ",".join(str(i) for i in range(100, 140)).encode())
 
     def stream(self, *a: Any, **kw: Any) -> _Exchange:
         fail = self.failures > 0
@@ -85,15 +99,16 @@ class _Pool:
         return _Exchange(fail)
 
 
-def walk(attempts: int = 1) -> tuple[int, list[str], bytes]:
-    """(crossings, the core functions they landed in, the body the client got)."""
+def walk(attempts: int = 1, *, tier2: bool = False, repeat: bool = False) -> tuple[int, list[str], bytes]:
+    """(crossings, the core functions they landed in, the body the client got). `tier2`: a
+    kv_events model; `repeat`: count the same request's second walk (its hashes cached)."""
     from llmgw.config import parse_config
     from llmgw.daemon.net.httpserver import Request
     from llmgw.daemon.router.proxy import Router
 
     shell = str(ROOT / "llmgw" / "daemon")
-    core = str(ROOT / "llmgw" / "route")
-    router = Router(parse_config(CFG), _Pool(attempts - 1), seed=0)  # type: ignore[arg-type]
+    core = (str(ROOT / "llmgw" / "route"), str(ROOT / "llmgw" / "kv"))
+    router = Router(parse_config(CFG_TIER2 if tier2 else CFG), _Pool(attempts - 1), seed=0)  # type: ignore[arg-type]
     req = Request("POST", "/v1/chat/completions", "/v1/chat/completions", "",
                   [("content-type", "application/json")], BODY, ("127.0.0.1", 1))
     landed: list[str] = []
@@ -109,6 +124,9 @@ def walk(attempts: int = 1) -> tuple[int, list[str], bytes]:
     sink = _Sink()
 
     async def main() -> None:
+        if repeat:
+            resp = await router.handle(req)
+            await resp.body.relay(_Sink())  # type: ignore[union-attr]
         sys.setprofile(prof)
         try:
             resp = await router.handle(req)
@@ -123,12 +141,15 @@ def walk(attempts: int = 1) -> tuple[int, list[str], bytes]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--attempts", type=int, default=1, choices=(1, 2))
+    p.add_argument("--tier2", action="store_true", help="a kv_events model: tier 2's step, then a repeat")
     ns = p.parse_args()
-    n, landed, _ = walk(ns.attempts)
-    print(f"{n} crossings from llmgw/daemon/ into llmgw/route/ for one chat request "
-          f"({ns.attempts} attempt(s)):")
-    for name in landed:
-        print(f"  {name}")
+    for repeat in (False, True) if ns.tier2 else (False,):
+        n, landed, _ = walk(ns.attempts, tier2=ns.tier2, repeat=repeat)
+        what = "the same request again" if repeat else "one chat request"
+        print(f"{n} crossings from llmgw/daemon/ into llmgw/route/ and llmgw/kv/ for {what} "
+              f"({ns.attempts} attempt(s){', tier 2' if ns.tier2 else ''}):")
+        for name in landed:
+            print(f"  {name}")
 
 
 if __name__ == "__main__":

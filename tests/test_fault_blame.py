@@ -13,7 +13,9 @@ from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
 from llmgw.route.cache_stats import CacheStats
-from llmgw.route.dispatch import PREFILL_S_PER_1K_TOKENS, Plan, RouterCore
+from llmgw.route.attempt import PREFILL_S_PER_1K_TOKENS
+from llmgw.route.dispatch import RouterCore
+from llmgw.route.plan import Plan
 from llmgw.route.replicas import ReplicaTable
 
 CFG = """

@@ -119,9 +119,9 @@ def test_a_repeated_prompt_is_hashed_further_once_the_engine_stored_it() -> None
     from llmgw.daemon.net.httpserver import serve_tcp
     from llmgw.daemon.net.upstream import UpstreamPool
     from llmgw.daemon.router.kv_index import RouterKvIndex
-    from llmgw.daemon.router.tokenize import Tier2Metrics, Tier2Tokenizer
+    from llmgw.daemon.router.tokenize import Tier2Metrics
     from llmgw.fleet.wire import KvEvents
-    from tests.test_kv_tokenize import Engine, _cfg, _plan
+    from tests.test_kv_tokenize import Engine, Tier2Run, _cfg, _plan
 
     ctx16 = HashContext.create("0.33.0", "sha256_cbor", 16, "0")
     tokens = [random.Random(3).randrange(150_000) for _ in range(300 * 16 + 5)]
@@ -132,9 +132,9 @@ def test_a_repeated_prompt_is_hashed_further_once_the_engine_stored_it() -> None
         engine.tokens = tokens
         async with trio.open_nursery() as nursery, UpstreamPool() as pool:
             port = await nursery.start(serve_tcp, engine.handle, "127.0.0.1", 0)
-            t = Tier2Tokenizer(_cfg(), pool, timeout=2.0)
+            t = Tier2Run(_cfg(), pool, timeout=2.0)
             kv = RouterKvIndex(clock=lambda: 0.0)
-            t.held_any = kv.holds_any  # as RouterProxy.set_kv_index hands it over
+            t.held_any = kv.holds_any  # as RouterCore.use_kv_index hands it over
             p = _plan(port, "long")
             await t.annotate(p)
             assert p.info.kv_hashes == full[:16] and p.info.kv_blocks == 300

@@ -41,11 +41,11 @@ async def test_events_only_from_the_node_that_runs_the_replica(tmp_path: Path) -
         c = s.control
         assign(c, "m/a", "gpu-1")
         assert c.kv_events("gpu-1", kv("m/a", 1, 2, 3, reset=True))
-        assert c.kv_index.size("m/a") == 3
+        assert s.router.kv.size("m/a") == 3
         assert not c.kv_events("gpu-2", kv("m/a", 4))  # another node's replica
         assert not c.kv_events("gpu-1", kv("m/zzz", 5))  # no such replica
-        assert c.kv_index.size("m/a") == 3 and "m/zzz" not in c.kv_index.index.replicas()
-        text = scrape(c.kv_index)
+        assert s.router.kv.size("m/a") == 3 and "m/zzz" not in s.router.kv.index.replicas()
+        text = scrape(s.router.kv)
         assert 'llmgw_kv_index_blocks{endpoint="m/a"} 3.0' in text
         assert 'llmgw_kv_events_refused_total{reason="other_node"} 1.0' in text
         assert 'llmgw_kv_events_refused_total{reason="unknown_replica"} 1.0' in text
@@ -58,23 +58,23 @@ async def test_index_dropped_when_the_replica_leaves_routing_or_its_agent_goes(t
         assign(c, "m/b", "gpu-1")
         assert c.kv_events("gpu-1", kv("m/a", 1)) and c.kv_events("gpu-1", kv("m/b", 2))
         c._route(c.assignments["m/a"])  # no ready report: out of routing
-        assert "m/a" not in c.kv_index.index.replicas() and c.kv_index.size("m/b") == 1
+        assert "m/a" not in s.router.kv.index.replicas() and s.router.kv.size("m/b") == 1
         c.agent_disconnected(Node("gpu-1", "ready", 0.0), "agent", "stream closed")
-        assert c.kv_index.index.replicas() == []
+        assert s.router.kv.index.replicas() == []
 
 
 async def test_the_agents_counters_reach_the_metrics_once(tmp_path: Path) -> None:
     async with admin_stack(tmp_path) as s:
         c = s.control
         assign(c, "m/a", "gpu-1")
-        text = scrape(c.kv_index)
+        text = scrape(s.router.kv)
         assert 'llmgw_kv_replays_total{outcome="ok",reason="gap"} 0.0' in text and "llmgw_kv_gaps_total 0.0" in text
         assert c.kv_events("gpu-1", kv("m/a", 1, reset=True))
         for counts in ((("gaps", 2), ("replay_gap_ok", 1), ("replay_gap_missed", 1)),
                        (("gaps", 1), ("replay_start_ok", 1), ("bad_frames", 3), ("from_a_newer_agent", 9))):
             assert c.kv_events("gpu-1", KvEvents("m/a", 1, False, (), (), counts))
         assert not c.kv_events("gpu-2", KvEvents("m/a", 1, False, (), (), (("gaps", 100),)))  # refused: not counted
-        text = scrape(c.kv_index)
+        text = scrape(s.router.kv)
         for line in ('llmgw_kv_replays_total{outcome="ok",reason="gap"} 1.0',
                      'llmgw_kv_replays_total{outcome="missed",reason="gap"} 1.0',
                      'llmgw_kv_replays_total{outcome="ok",reason="start"} 1.0',
@@ -82,9 +82,9 @@ async def test_the_agents_counters_reach_the_metrics_once(tmp_path: Path) -> Non
                      "llmgw_kv_gaps_total 3.0", "llmgw_kv_bad_frames_total 3.0"):
             assert line in text, line
         assert "from_a_newer_agent" not in text
-        assert c.kv_index.replica_counts["m/a"]["gaps"] == 3
-        c.kv_index.remove("m/a")
-        assert "m/a" not in c.kv_index.replica_counts and "llmgw_kv_gaps_total 3.0" in scrape(c.kv_index)
+        assert s.router.kv.replica_counts["m/a"]["gaps"] == 3
+        s.router.kv.remove("m/a")
+        assert "m/a" not in s.router.kv.replica_counts and "llmgw_kv_gaps_total 3.0" in scrape(s.router.kv)
 
 
 async def test_a_stopped_engines_last_counts_are_counted_without_recreating_its_replica(tmp_path: Path) -> None:
@@ -92,8 +92,8 @@ async def test_a_stopped_engines_last_counts_are_counted_without_recreating_its_
         c = s.control
         assign(c, "m/a", "gpu-1")
         assert c.kv_events("gpu-1", KvEvents("m/a", None, False, (), (), (("replay_gap_timeout", 1),)))
-        assert "m/a" not in c.kv_index.index.replicas() and "m/a" not in c.kv_index.replica_counts
-        assert 'llmgw_kv_replays_total{outcome="timeout",reason="gap"} 1.0' in scrape(c.kv_index)
+        assert "m/a" not in s.router.kv.index.replicas() and "m/a" not in s.router.kv.replica_counts
+        assert 'llmgw_kv_replays_total{outcome="timeout",reason="gap"} 1.0' in scrape(s.router.kv)
 
 class Clock:
     def __init__(self) -> None:

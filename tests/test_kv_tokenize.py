@@ -13,14 +13,30 @@ import trio
 
 from llmgw.daemon.net.httpserver import Request, Response, serve_tcp
 from llmgw.daemon.net.upstream import UpstreamPool
-from llmgw.daemon.router.tokenize import Tier2Tokenizer
+from llmgw.daemon.router.tokenize import Tokenizer
 from llmgw.kv.hashing import HashContext, event_hash
 from llmgw.route.kv_scorer import KvCacheScorer
 from llmgw.route.scheduler import Scheduler
 from llmgw.route.strategies import PRESETS
+from llmgw.route.tier2 import Tier2
 from llmgw.route.types import EndpointView, RequestInfo
 
 TOKENS = list(range(100, 140))  # 40 tokens: 2 full blocks of 16
+
+
+class Tier2Run(Tier2):
+    """The core's tier 2 step with the shell's tokenizer, as the router runs them: the core asks
+    (``step``), the shell makes the call, the core takes the answer, until the step is over."""
+
+    def __init__(self, cfg: Any, pool: UpstreamPool, *, timeout: float) -> None:
+        super().__init__(cfg, timeout=timeout)
+        self.shell = Tokenizer(pool)
+
+    async def annotate(self, plan: Any) -> None:
+        plan.tier2 = True  # as RouterCore.plan sets it when wants(plan)
+        while plan.tier2 and (ask := self.step(plan, trio.current_time())) is not None:
+            a = await self.shell.ask(ask)
+            self.answer(plan, ask, a.status, a.body, a.error, trio.current_time())
 
 
 class Engine:
@@ -70,7 +86,7 @@ def test_tokenize_hash_cache_and_every_failure_falls_back_to_tier_1() -> None:
         engine = Engine()
         async with trio.open_nursery() as nursery, UpstreamPool() as pool:
             port = await nursery.start(serve_tcp, engine.handle, "127.0.0.1", 0)
-            t = Tier2Tokenizer(_cfg(), pool, timeout=0.3)
+            t = Tier2Run(_cfg(), pool, timeout=0.3)
             assert not t.wants(SimpleNamespace(entry=SimpleNamespace(name="plain"), strategy=PRESETS["chat"]))
             # a strategy that does not weigh tier 2 does not pay for its hashes
             assert not t.wants(SimpleNamespace(entry=SimpleNamespace(name="m"), strategy=PRESETS["batch"]))

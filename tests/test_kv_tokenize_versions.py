@@ -12,10 +12,9 @@ import trio
 
 from llmgw.daemon.net.httpserver import serve_tcp
 from llmgw.daemon.net.upstream import UpstreamPool
-from llmgw.daemon.router.tokenize import Tier2Tokenizer
 from llmgw.kv.hashing import HashContext, LoRA, event_hash
 
-from .test_kv_tokenize import TOKENS, Engine, _cfg, _plan
+from .test_kv_tokenize import TOKENS, Engine, Tier2Run, _cfg, _plan
 
 LORA = LoRA("sql-lora", None, "/adapters/sql-lora")
 
@@ -25,10 +24,10 @@ def _want(version: str, tokens: list[int], lora: LoRA | None = None, salt: str |
     return tuple(event_hash(d) for d in ctx.hash_tokens(tokens, lora, salt))  # type: ignore[misc]
 
 
-async def _annotate(engine: Engine, plans: list[Any]) -> Tier2Tokenizer:
+async def _annotate(engine: Engine, plans: list[Any]) -> Tier2Run:
     async with trio.open_nursery() as nursery, UpstreamPool() as pool:
         port = await nursery.start(serve_tcp, engine.handle, "127.0.0.1", 0)
-        t = Tier2Tokenizer(_cfg(), pool, timeout=0.3)
+        t = Tier2Run(_cfg(), pool, timeout=0.3)
         for make in plans:
             p = make(port)
             with trio.fail_after(5):
@@ -38,7 +37,7 @@ async def _annotate(engine: Engine, plans: list[Any]) -> Tier2Tokenizer:
     return t
 
 
-def _run(engine: Engine, *plans: Any) -> tuple[Tier2Tokenizer, list[Any]]:
+def _run(engine: Engine, *plans: Any) -> tuple[Tier2Run, list[Any]]:
     makers = [lambda port, a=a: _plan(port, *a[0], **a[1]) for a in plans]
     t = trio.run(_annotate, engine, makers)
     return t, [m.done for m in makers]  # type: ignore[attr-defined]
@@ -96,7 +95,7 @@ def test_the_next_turn_is_tokenized_again_and_hashes_only_its_new_blocks() -> No
     async def main() -> None:
         async with trio.open_nursery() as nursery, UpstreamPool() as pool:
             port = await nursery.start(serve_tcp, engine.handle, "127.0.0.1", 0)
-            t = Tier2Tokenizer(_cfg(), pool, timeout=0.3)
+            t = Tier2Run(_cfg(), pool, timeout=0.3)
             engine.tokens = first
             p = _plan(port, "turn 1")
             await t.annotate(p)

@@ -25,3 +25,18 @@ def test_a_retry_costs_two_more_crossings() -> None:
     assert landed == ["dispatch.RouterCore.plan", "dispatch.RouterCore.next", "dispatch.RouterCore.finish",
                       "dispatch.RouterCore.next", "dispatch.RouterCore.finish"]
     assert body.endswith(b"data: [DONE]\n\n")
+
+
+def test_tier_2s_step_is_asked_by_next_and_answered_with_tokenized() -> None:
+    """A kv_events model: next asks for the engine's release, then the prompt's tokens (the
+    shell makes each HTTP call, the core hashes); the same request again has its hashes cached
+    and walks plan, next, finish. What else it crosses is tier 2's parity check (kv/parity.py)."""
+    n, landed, body = walk_request.walk(1, tier2=True)
+    steps = [x for x in landed if x.startswith("dispatch.")]
+    assert steps == ["dispatch.RouterCore.plan", "dispatch.RouterCore.next", "dispatch.RouterCore.tokenized",
+                     "dispatch.RouterCore.next", "dispatch.RouterCore.tokenized", "dispatch.RouterCore.next",
+                     "dispatch.RouterCore.finish"]
+    assert all(x.startswith(("dispatch.", "parity.")) for x in landed) and body.endswith(b"data: [DONE]\n\n")
+    n, landed, _ = walk_request.walk(1, tier2=True, repeat=True)
+    assert [x for x in landed if x.startswith("dispatch.")] == \
+        ["dispatch.RouterCore.plan", "dispatch.RouterCore.next", "dispatch.RouterCore.finish"]

@@ -182,11 +182,11 @@ def test_a_request_that_left_during_planning_does_not_stay_in_flight() -> None:
     spec.loader.exec_module(walk)
     router = Router(parse_config(walk.CFG), walk._Pool(0), seed=0)
 
-    async def never(plan: object) -> None:
+    async def never(step: object) -> None:
         await trio.sleep_forever()
 
-    router.tier2.wants = lambda plan: True  # type: ignore[method-assign]
-    router.tier2.annotate = never  # type: ignore[method-assign]
+    router.core.tier2.wants = lambda plan: True  # type: ignore[method-assign]
+    router.tokenizer.ask = never  # type: ignore[method-assign,assignment]
 
     def request(rid: str, body: bytes) -> Request:
         return Request("POST", "/v1/chat/completions", "/v1/chat/completions", "", [("x-request-id", rid)],

@@ -332,7 +332,6 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
             if adopt:
                 log.warning("--adopt: engines that agents run and the store does not know are adopted as replicas")
             router.metrics.registry.register(StoreMetrics(control.guard))
-            router.set_kv_index(control.kv_index)
             if router.trace_log is not None:
                 try:
                     router.trace_log.check()
@@ -345,7 +344,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 if router.trace_log is not None:
                     inner.start_soon(router.trace_log.run)
                 inner.start_soon(control.guard.run)
-                inner.start_soon(control.kv_index.run)  # tier 2's parity verdicts and alarm
+                inner.start_soon(router.kv.run)  # tier 2's parity verdicts and alarm
                 inner.start_soon(control.reloader.serve_sighup)  # SIGHUP: llmgw ctl config reload
                 # before the listeners open: the first request after the start finds them
                 await control.restore_routing(pool)
@@ -366,7 +365,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                     router.metrics.registry.register(StreamMetrics(control.agents))
                     from llmgw.daemon.router.kv_index import KvIndexMetrics
 
-                    router.metrics.registry.register(KvIndexMetrics(control.kv_index))
+                    router.metrics.registry.register(KvIndexMetrics(router.kv))
                 else:
                     log.info("no control.join_token: agents cannot join this router")
                 try:

@@ -169,7 +169,7 @@ class AdapterRouting:
         entry = plan.entry
         name = plan.info.adapter
         assert name is not None
-        q = core._queue(entry)
+        q = core.wait.queue(entry)
         woken: Ticket | None = None
         if plan.ticket is not None:
             if not plan.adapter_wait:

@@ -19,18 +19,25 @@ Pure: ``now`` is passed in."""
 
 from __future__ import annotations
 
+from llmgw.config import RouterConfig
+
 from .admission import ConcurrencyCaps
 from .breaker import COUNTED_FAILURES, NO_SLOT, FailureKind, Permit
+from .plan import Plan
 from .replicas import Replica
 from .trace import AttemptRecord
 from .types import Decision
 
-__all__ = ["Attempt"]
+__all__ = ["PREFILL_S_PER_1K_TOKENS", "Attempt", "first_byte_timeout"]
+
+# The fast first-byte deadline's allowance for prefill: seconds per 1,000 prompt tokens (a
+# conservative 1,000 tokens/s; GPUs prefill 5-50x faster).
+PREFILL_S_PER_1K_TOKENS = 1.0
 
 
 class Attempt:
     __slots__ = ("alarm", "body", "bytes_in", "caps", "connected_at", "decision", "ended", "first_byte_timeout",
-                 "head_at", "permit", "record", "replica", "sent_at", "started", "_token")
+                 "head_at", "permit", "record", "replica", "sent_at", "started", "waiters", "_token")
 
     def __init__(self, replica: Replica, caps: ConcurrencyCaps, permit: Permit, decision: Decision,
                  started: float) -> None:
@@ -47,6 +54,7 @@ class Attempt:
         self.alarm: bool | None = None  # the prefix zero-hit alarm changed to this (None: unchanged)
         self.first_byte_timeout: float | None = None  # seconds; None: the configured ceiling
         self.body: bytes | None = None  # what to send; None: the client's body as it came
+        self.waiters = False  # set as it ends: requests of its model still wait (their room may lag)
         # Set by the shell for the trace (plain slots, no call into the core): when the request
         # went out, when the connection was there, when the response head came, body bytes relayed.
         self.sent_at: float | None = None
@@ -82,3 +90,25 @@ class Attempt:
         else:
             b.release_probe(self._token)
         return True
+
+
+def first_byte_timeout(rc: RouterConfig, plan: Plan, rep: Replica) -> float:
+    """The ceiling (``first_byte_timeout_s``: long prefills take minutes) — unless another
+    replica of the model could start this request right now (not tried, not draining, its
+    breaker lets traffic, nothing in flight or queued on it): then a hung engine must not
+    hold the request that long, and the deadline is ``first_byte_fast_s`` plus a prefill
+    allowance for the prompt's size (``PREFILL_S_PER_1K_TOKENS``). A timeout counts on the
+    breaker like any other, so a replica whose requests all time out is ejected after
+    ``failure_threshold`` of them (outlier detection)."""
+    ceiling = rc.first_byte_timeout_s
+    fast = rc.first_byte_fast_s
+    if fast <= 0:
+        return ceiling
+    tried = plan.tried
+    for r in plan.entry.replicas:
+        if r is rep or r.draining or r.id in tried:
+            continue
+        v = r.view
+        if v.available and v.inflight == 0 and not v.running and not v.waiting:
+            return min(ceiling, fast + plan.info.prompt_tokens_estimate / 1000 * PREFILL_S_PER_1K_TOKENS)
+    return ceiling

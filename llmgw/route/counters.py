@@ -106,3 +106,17 @@ class RouterCounters:
 
     def poisoned(self, model: str) -> None:
         self._bump(self.poison, (model,))
+
+    def client_counts(self, model: str) -> tuple[int, int, float, int]:
+        """`model`'s client requests so far (the eval runner's left out): (all, failed — 5xx and
+        the router's own failures —, the sum of their times to the first byte in s, how many have one)."""
+        total = failed = 0
+        for (m, outcome, code), (n, _) in self.requests.items():
+            if m == model:
+                total += n
+                if outcome != "ok" and (code >= 500 or outcome == "failed"):
+                    failed += n
+        h = self.ttft.get((model,))
+        evals = self.internal.get(model, [0, 0, 0.0, 0])
+        return (total - int(evals[0]), failed - int(evals[1]), (h.sum if h is not None else 0.0) - evals[2],
+                (sum(h.counts) if h is not None else 0) - int(evals[3]))

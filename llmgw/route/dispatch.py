@@ -6,16 +6,25 @@ The shell asks three things, and the answers carry everything it then does:
 
 1. ``plan(...)`` once per request: parse the body, resolve the model (or adapter), pick the
    strategy, build the :class:`~.types.RequestInfo` the scorers read (head and cache_salt
-   included). Raises :class:`~.openai_req.ApiError` for a bad request.
-2. ``next(plan, now, wall)`` once per attempt: admission (a bounded FIFO wait while every
-   replica is saturated), the decision (filter → score → pick, kept in the decision ring and
-   counted), the permits (cap, breaker, inflight: an :class:`~.attempt.Attempt`), the commit
-   that lets stateful scorers learn the pick. The answer is an Attempt to send upstream, or a
-   :class:`~.admission.Ticket` to wait on (then ask again), or an ApiError raised (429 when the
-   queue is full, 502/503/504 when no attempt is left), already counted.
+   included) — :mod:`.planner` — and note whether tier 2's step is to come. Raises
+   :class:`~.openai_req.ApiError` for a bad request.
+2. ``next(plan, now, wall)`` once per attempt: tier 2's step first (:mod:`.tier2`: the prompt's
+   KV block hashes, from its cache or by asking the shell), admission (a bounded FIFO wait
+   while every replica is saturated: :mod:`.waiting`), the decision (filter → score → pick,
+   kept in the decision ring and counted), the permits (cap, breaker, inflight: an
+   :class:`~.attempt.Attempt`), the commit that lets stateful scorers learn the pick. The
+   answer is an Attempt to send upstream, or something to do first and then ask again — a
+   :class:`~.admission.Ticket` to wait on, a :class:`~.adapters.Load` of the request's LoRA
+   adapter to wait on (reported with ``adapters.waited``), a :class:`~.tier2.Tokenize` call to
+   make and answer with ``tokenized(plan, step, now, status, body, error)`` — or an ApiError
+   raised (429 when the queue is full, 502/503/504 when no attempt is left), already counted.
 3. ``finish(plan, attempt, now, failure, ...)`` once per attempt that went out: the permits go
    back exactly once, the request is counted where it ended, and the answer is the waiting
-   tickets that may now proceed.
+   tickets that may now proceed (``attempt.waiters``: some still wait).
+
+Besides a request's steps the shell only tells the core what happened (replicas placed and
+withdrawn, scrapes, adapters listed, requests it answered itself: ``answered``) and reads what it
+exports, by the methods below — never through the core's members.
 
 A waiting request that gives up calls ``left_queue`` (the client went away, or its deadline
 passed: then a 429 is raised and counted).
@@ -30,47 +39,42 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from llmgw.config import Config, ModelConfig
 
 from .adapter_routing import AdapterRouting
-from .adapters import AdapterSettings, Load
-from .admission import ConcurrencyCaps, Ticket, WaitQueue, suggest_retry_after
-from .attempt import Attempt
+from .adapters import AdapterBook, AdapterSettings, Load
+from .admission import ConcurrencyCaps, Ticket, suggest_retry_after
+from .attempt import Attempt, first_byte_timeout
 from .breaker import NO_SLOT, FailureKind, Permit
 from .cache_stats import CacheStats
 from .counters import RouterCounters
 from llmgw.inputs.echo import echo
-from .filters import is_saturated, room
-from .kv_scorer import KvCacheScorer
+from .kv_scorer import KvCacheScorer, KvDecisionStats
 from .lora_body import request_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
-from llmgw.config.names import PRESET_NAMES, SCORER_NAMES, is_candidate_key
-from .openai_req import ApiError, parse_body
+from .openai_req import ApiError
 from .plan import Plan
+from .planner import Planner
 from .prefix_capacity import Capacity, PrefixConfig
 from .replicas import ModelEntry, Replica, ReplicaTable
-from .request_head import request_head
 from .scheduler import Scheduler
-from .strategies import Strategy, StrategyError, resolve
-from .trace import MAX_NAME, AttemptRecord, Trace, TraceRing
-from .types import Decision, RequestInfo, SchedulerConfig
+from .tier2 import Tier2, Tokenize
+from .trace import AttemptRecord, Trace, TraceRing
+from .types import Decision, SchedulerConfig
+from .waiting import WaitRoom
 
-__all__ = ["KINDS", "STRATEGY_HEADER", "Plan", "RouterCore"]
-
-STRATEGY_HEADER = "x-llmgw-strategy"
+__all__ = ["KINDS", "RouterCore"]
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 _ALARM_EVERY = 64  # decisions between two looks at the prefix zero-hit alarm
-# The fast first-byte deadline's allowance for prefill: seconds per 1,000 prompt tokens (a
-# conservative 1,000 tokens/s; GPUs prefill 5-50x faster).
-PREFILL_S_PER_1K_TOKENS = 1.0
 
 
 class RouterCore:
     def __init__(self, cfg: Config, table: ReplicaTable, *, cache_stats: CacheStats,
-                 wall: Callable[[], float], rng: random.Random) -> None:
+                 wall: Callable[[], float], rng: random.Random, clock: Callable[[], float] | None = None) -> None:
+        """`clock`: seconds, for measuring tier 2's step and hashing (None: not measured)."""
         self.cfg = cfg
         self.table = table
         rc = cfg.router
@@ -80,7 +84,7 @@ class RouterCore:
             PrefixConfig(budget_bytes=int(pc.budget_mb * (1 << 20))),
             PrefixScorerConfig(guard=pc.guard, abs_gap=pc.abs_gap, rel_gap=pc.rel_gap,
                                spill_factor=pc.spill_factor, spill_slack=pc.spill_slack))
-        # tier 2: its index lookup is set by the shell once the control plane's index exists
+        # tier 2: its index lookup is set by the shell (use_kv_index)
         self.kv_cache = KvCacheScorer()
         self.prefix.defer = self.kv_cache.verdict  # where tier 2 knows the holders, tier 1 votes its shares
         self.prefix.deny = self.kv_cache.denied  # where it knows a replica holds none, tier 1's guess is void
@@ -89,20 +93,20 @@ class RouterCore:
         self.cache_stats = cache_stats
         self.counters = RouterCounters(wall)
         self.rng = rng
-        self._wall = wall
         # Every request's trace, in a bounded ring; on_trace_end (the shell's JSONL writer) sees
         # each one as it ends.
         self.traces = TraceRing(rc.traces.kept)
         self.on_trace_end: Callable[[Trace], None] | None = None
-        self.canary: dict[str, float] = {}  # model -> share of its requests sent to its candidate
-        self.revision_ids: dict[str, str] = {}  # model or candidate key -> its revision's id (traces say it)
+        self.planner = Planner(cfg, table, self.sched.scorers, self.traces, wall=wall, rng=rng,
+                               refused=lambda t, now, status: self._trace_done(t, now, "rejected", status))
+        self.tier2 = Tier2(cfg, clock=clock)  # tier 2's step (kv_events models)
         # Per-replica caps (a pool's max_inflight_per_replica), taken check-and-reserve.
         self.caps = ConcurrencyCaps()
         for rep in table.all_replicas():
             self.caps.set_cap(rep.id, rep.view.max_inflight)
         self.decisions: deque[Decision] = deque(maxlen=rc.decisions_kept)
-        self.queues: dict[str, WaitQueue] = {}
-        self.strategies: dict[str, Strategy] = self._configured_strategies()
+        self.wait = WaitRoom(rc.queue_size, self.sched.config, table)  # the models' wait queues
+        self.queues = self.wait.queues
         self.alarm_on = False
         self._alarm_news: bool | None = None  # a change of alarm_on the shell has not logged yet
         self._alarm_tick = 0
@@ -114,106 +118,68 @@ class RouterCore:
     # -- 1. the request ------------------------------------------------------------------------
     def plan(self, kind: str, body: bytes, rid: str, *, strategy: str | None, session: str | None,
              now: float, revision: str | None = None, internal: bool = False) -> Plan:
-        """`revision="candidate"`: to the model's candidate revision (the eval runner's requests;
-        the shell checks who may ask); `"live"`: to the live one, never the canary's share.
-        Otherwise the live revision — or, for a model with a canary share (set_canary), the
-        candidate for that share of requests. `internal`: the eval runner's request (not client
-        traffic: counted apart too, counters.internal). The trace carries the revision's id
-        (set_revision)."""
-        trace = Trace(rid, name=kind, started=now, wall=self._wall(), bytes_out=len(body))
-        trace.mark("prepare", now)
-        self.traces.add(trace)
-        try:
-            b = parse_body(body, kind=kind)
-            trace.model, trace.stream = b.model[:MAX_NAME], b.stream  # a client's name: bounded
-            if revision == "candidate":
-                resolved = self.table.resolve_candidate(b.model)
-                if resolved is None:
-                    raise ApiError(404, f"The model {echo(b.model, quote='`')} has no candidate revision.",
-                                   param="model", code="model_not_found")
-            else:
-                resolved = self.table.resolve(b.model)
-                if resolved is None:
-                    raise ApiError(404, f"The model {echo(b.model, quote='`')} does not exist.", param="model",
-                                   code="model_not_found")
-                share = self.canary.get(resolved[0].name) if self.canary and revision != "live" else None
-                if share and self.rng.random() < share:
-                    cand = self.table.resolve_candidate(b.model)
-                    if cand is not None and any(not r.draining for r in cand[0].replicas):
-                        resolved = cand
-            entry, adapter = resolved
-            # the revision's id (r1, r2…); "candidate" for a candidate whose id the router was not told
-            trace.revision = self.revision_ids.get(entry.name) or ("candidate" if is_candidate_key(entry.name) else "")
-            strat = self.strategy(entry, strategy)
-        except ApiError as e:  # refused: its trace ends here (the shell counts the request)
-            self._trace_done(trace, now, "rejected", e.status)
-            raise
-        salt = b.obj.get("cache_salt")
-        # Tier-1 cache affinity: the head the engine caches first, recorded for the chosen replica.
-        info = RequestInfo(request_id=rid, model=b.model, base_model=entry.name, adapter=adapter,
-                           session_key=session or b.session_key,
-                           prompt_tokens_estimate=b.prompt_chars // 4, strategy=strat.name,
-                           head=request_head(b.obj, kind) if kind != "embeddings" else b"",
-                           cache_salt=salt if isinstance(salt, str) else None)
-        return Plan(info, entry, strat, b.stream, now, body=b.obj, raw=body, trace=trace, internal=internal)
-
-    def strategy(self, entry: ModelEntry, asked: str | None) -> Strategy:
-        name = asked or entry.strategy
-        s = self.strategies.get(name)
-        if s is None:
-            try:
-                s = resolve(name)
-            except StrategyError as e:
-                known = ", ".join(sorted({*self.strategies, *PRESET_NAMES}))
-                raise ApiError(400, f"unknown strategy {echo(name)}; known: {known}",
-                               param=STRATEGY_HEADER) from e
-            self.strategies[name] = s
-        return s
-
-    def _configured_strategies(self, configs: Any = None) -> dict[str, Strategy]:
-        """[[strategies]] from the config (a preset's name replaces the preset)."""
-        out = {}
-        for sc in self.cfg.strategies if configs is None else configs:
-            w = sc.weights
-            weights = {k: getattr(w, k) for k in SCORER_NAMES
-                       if getattr(w, k) > 0 and k in self.sched.scorers}
-            out[sc.name] = Strategy(sc.name, weights, sc.picker, sc.temperature)
-        return out
+        """The request, planned (:meth:`.planner.Planner.plan`): its model, strategy and
+        RequestInfo, and whether tier 2's step is to come (a kv_events model under a strategy
+        that weighs it)."""
+        plan = self.planner.plan(kind, body, rid, strategy=strategy, session=session, now=now,
+                                 revision=revision, internal=internal)
+        plan.tier2 = self.tier2.wants(plan)
+        return plan
 
     def set_strategies(self, configs: Any) -> None:
         """A reloaded config's [[strategies]] (StrategyConfig), in force from the next request."""
-        self.strategies = self._configured_strategies(configs)
+        self.planner.set_strategies(configs)
 
     def set_canary(self, model: str, share: float) -> None:
         """Send `share` (0–1) of `model`'s client requests to its candidate revision (0: none)."""
-        if share > 0:
-            self.canary[model] = min(1.0, share)
-        else:
-            self.canary.pop(model, None)
+        self.planner.set_canary(model, share)
 
     def set_revision(self, key: str, revision_id: str) -> None:
         """The revision id a model (or a candidate's key) serves, for its requests' traces ("": none)."""
-        if revision_id:
-            self.revision_ids[key] = revision_id
-        else:
-            self.revision_ids.pop(key, None)
+        self.planner.set_revision(key, revision_id)
+
+    # -- tier 2's step -------------------------------------------------------------------------
+    def tokenized(self, plan: Plan, ask: Tokenize, now: float, status: int | None, body: bytes = b"",
+                  error: str = "") -> None:
+        """The shell's answer to a :class:`~.tier2.Tokenize` step ``next`` gave: the engine's
+        status and body, or (status None) ``error`` — "timeout" or the failure's name. Then ask
+        ``next`` again."""
+        self.tier2.answer(plan, ask, status, body, error, now)
+
+    def use_kv_index(self, lookup: Callable[[Sequence[int]], Any], alarmed: Callable[[str], bool],
+                     held_any: Callable[[int], bool]) -> None:
+        """Tier 2 votes with the router's index of what each engine holds (`lookup`: the leading
+        blocks each replica holds; `alarmed`: a replica whose parity check failed), and hashes a
+        prompt only as far as any replica holds it (`held_any`)."""
+        self.kv_cache.lookup = lookup
+        self.kv_cache.alarmed = alarmed
+        self.tier2.held_any = held_any
+
+    def watch_tier2(self, observe: Callable[[float], None]) -> None:
+        """`observe` gets each request's tier-2 step time (seconds of the injected clock)."""
+        self.tier2.observe = observe
 
     # -- 2. an attempt ---------------------------------------------------------------------------
-    def next(self, plan: Plan, now: float, wall: float) -> Attempt | Ticket | Load:
+    def next(self, plan: Plan, now: float, wall: float) -> Attempt | Ticket | Load | Tokenize:
         """... or a :class:`~.adapters.Load` of the request's LoRA adapter to wait on (then the
-        shell reports with ``adapters.waited`` and asks again)."""
+        shell reports with ``adapters.waited`` and asks again), or tier 2's
+        :class:`~.tier2.Tokenize` to answer (:meth:`tokenized`, then ask again)."""
+        if plan.tier2:
+            ask = self.tier2.step(plan, now)
+            if ask is not None:
+                return ask
         entry = plan.entry
         if entry.on_demand(plan.info.adapter):
             step = self.adapters.step(plan, now)
             if step is not None:
                 return step
         if plan.ticket is not None:  # it waited: let through, or still in the queue
-            if plan.ticket in self._queue(entry):
+            if plan.ticket in self.wait.queue(entry):
                 return plan.ticket
             plan.ticket = None
             plan.admitted = True
         elif not plan.admitted:
-            if self._queue(entry).admit_now(lambda: self._saturated(entry, now)):
+            if self.wait.queue(entry).admit_now(lambda: self.wait.saturated(entry, now)):
                 plan.admitted = True
             else:
                 return self._enqueue(plan, now)
@@ -270,7 +236,7 @@ class RouterCore:
             if info.adapter is not None:  # an adapter with a request in flight is never unloaded
                 self.adapters.book.acquire(chosen, info.adapter, now)
             a.alarm, self._alarm_news = self._alarm_news, None
-            a.first_byte_timeout = self._first_byte_timeout(plan, rep)
+            a.first_byte_timeout = first_byte_timeout(self.rc, plan, rep)
             if trace is not None:
                 if trace.attempts:
                     trace.attempts[-1].retried = True
@@ -281,28 +247,6 @@ class RouterCore:
             return a
         self._settle(plan, now, count=True)
         raise self._exhausted(plan, now)
-
-    def _first_byte_timeout(self, plan: Plan, rep: Replica) -> float:
-        """The ceiling (``first_byte_timeout_s``: long prefills take minutes) — unless another
-        replica of the model could start this request right now (not tried, not draining, its
-        breaker lets traffic, nothing in flight or queued on it): then a hung engine must not
-        hold the request that long, and the deadline is ``first_byte_fast_s`` plus a prefill
-        allowance for the prompt's size (``PREFILL_S_PER_1K_TOKENS``). A timeout counts on the
-        breaker like any other, so a replica whose requests all time out is ejected after
-        ``failure_threshold`` of them (outlier detection)."""
-        rc = self.rc
-        ceiling = rc.first_byte_timeout_s
-        fast = rc.first_byte_fast_s
-        if fast <= 0:
-            return ceiling
-        tried = plan.tried
-        for r in plan.entry.replicas:
-            if r is rep or r.draining or r.id in tried:
-                continue
-            v = r.view
-            if v.available and v.inflight == 0 and not v.running and not v.waiting:
-                return min(ceiling, fast + plan.info.prompt_tokens_estimate / 1000 * PREFILL_S_PER_1K_TOKENS)
-        return ceiling
 
     def _settle(self, plan: Plan, now: float, *, count: bool) -> None:
         """The held-back verdict of a replica that answered this request 5xx: counted now (no
@@ -353,29 +297,10 @@ class RouterCore:
             self.on_trace_end(trace)
 
     # -- admission -------------------------------------------------------------------------------
-    def _queue(self, entry: ModelEntry) -> WaitQueue:
-        q = self.queues.get(entry.name)
-        if q is None:
-            q = self.queues[entry.name] = WaitQueue(self.rc.queue_size)
-        return q
-
-    def _saturated(self, entry: ModelEntry, now: float) -> bool:
-        # Replicas behind an open breaker don't count: waiting cannot help them, and the
-        # scheduler's all-open fallback handles a model with none available.
-        # Draining replicas take no new requests, so their room does not count either. Each
-        # view's staleness is refreshed first: the last decision set it, and a scrape since may
-        # have made the engine's gauges usable (a stale view counts only our own inflight).
-        cfg = self.sched.config
-        table = self.table
-        live = [r for r in entry.replicas if not r.draining and r.breaker.can_pass(now)]
-        for r in live:
-            r.view.stale = table.is_stale(r, now)
-        return bool(live) and all(is_saturated(r.view, cfg) for r in live)
-
     def _enqueue(self, plan: Plan, now: float) -> Ticket:
         if plan.trace is not None and plan.trace.last_phase != "queued":
             plan.trace.mark("queued", now)
-        q = self._queue(plan.entry)
+        q = self.wait.queue(plan.entry)
         t = q.enqueue(plan.info.request_id, now + self.rc.queue_timeout_s, now)
         if t is None:
             raise self._reject(plan, now, "queue_full", "All replicas are saturated and the wait queue is full.")
@@ -386,17 +311,14 @@ class RouterCore:
         """The request stops waiting (its client left, its deadline passed) just as it was let
         through: the room it was woken for passes to the next waiter, or that waiter would wait
         on for a wake that was spent. Call before :meth:`left_queue`."""
-        t = plan.ticket
-        if t is None or t in self._queue(plan.entry):
-            return []
-        return self.capacity_freed(plan.model, now)
+        return self.wait.turn_passed(plan, now)
 
     def left_queue(self, plan: Plan, now: float, *, timed_out: bool) -> None:
         """A waiting request stops waiting without being let through: its client went away, or
         (``timed_out``) its deadline passed — then the 429 it gets is raised here."""
         t, plan.ticket = plan.ticket, None
         if t is not None:
-            self._queue(plan.entry).cancel(t)
+            self.wait.queue(plan.entry).cancel(t)
         self._settle(plan, now, count=timed_out)
         if timed_out:
             if plan.adapter_wait:
@@ -406,7 +328,7 @@ class RouterCore:
             self._done(plan, "client_cancelled", 499, None, None, now)
 
     def _reject(self, plan: Plan, now: float, reason: str, message: str) -> ApiError:
-        q = self._queue(plan.entry)
+        q = self.wait.queue(plan.entry)
         drain = sum(r.view.drain_rate or 0.0 for r in plan.entry.replicas) or None
         self.counters.rejected(plan.model, reason)
         self._done(plan, "rejected", 429, None, None, now)
@@ -417,34 +339,13 @@ class RouterCore:
 
     def capacity_freed(self, model: str, now: float | None = None, *, everyone: bool = False) -> list[Ticket]:
         """Tickets that may proceed now that a request on ``model`` ended (or a replica came, or
-        a breaker closed: ``everyone``). Saturation is judged as at admission (:meth:`_saturated`:
-        live replicas, staleness refreshed), so a waiter is never kept by a reading admission
-        would not trust."""
-        q = self.queues.get(model)
-        if not q:
-            return []
-        entry = self.table.models.get(model)
-        if entry is None or everyone or now is None:
-            return q.on_capacity(len(q))  # the model is gone, or a replica is back: all may try
-        # one finished request frees room for one waiter
-        return q.on_capacity(1, saturated=lambda: self._saturated(entry, now))
+        a breaker closed: ``everyone``): :meth:`.waiting.WaitRoom.freed`."""
+        return self.wait.freed(model, now, everyone=everyone)
 
     def scraped(self, rep: Replica, now: float) -> list[Ticket]:
         """A scrape of ``rep`` ended (read or failed): the tickets that may proceed if the model
-        now has room — as many as the live replicas' room (:func:`~.filters.room`), since the
-        scrape may show that many requests left the engine at once (a burst ended between two
-        scrapes: nothing the router saw finishing would have woken them)."""
-        q = self.queues.get(rep.view.model)
-        if not q:
-            return []
-        entry = self.table.models.get(rep.view.model)
-        if entry is None:
-            return q.on_capacity(len(q))
-        if self._saturated(entry, now):
-            return []
-        cfg = self.sched.config
-        free = sum(room(r.view, cfg) for r in entry.replicas if not r.draining and r.breaker.can_pass(now))
-        return q.on_capacity(int(min(max(free, 1), len(q))))
+        now has room (:meth:`.waiting.WaitRoom.scraped`)."""
+        return self.wait.scraped(rep, now)
 
     # -- 3. the end of an attempt -------------------------------------------------------------------
     def finish(self, plan: Plan, attempt: Attempt, now: float, failure: FailureKind | None, *,
@@ -501,10 +402,52 @@ class RouterCore:
                 if first_byte_at is not None:  # it failed after the client got bytes: the request is done
                     self._done(plan, "upstream_failed", 502, ttft, now - started, now)
         rep.completed += 1
+        attempt.waiters = bool(self.queues.get(model))
         if not was_closed and rep.breaker.state == "closed":
             # recovered: every request waiting (e.g. for a probe slot) may try again now
             return self.capacity_freed(rep.view.model, everyone=True)
         return self.capacity_freed(rep.view.model, now)
+
+    # -- what the shell counts and reads besides a request's steps -------------------------------
+    def answered(self, outcome: str, status: int) -> None:
+        """A request the shell answered without a plan (``/v1/models``, the router's own refusals,
+        the HTTP server's 413/431/400/408, a bug): its one count, under model "-"."""
+        self.counters.request_done("-", outcome, status, None, None)
+
+    def failed(self, plan: Plan) -> None:
+        """A bug on the request's path: its one count (if not counted yet), under its model, as
+        the 500 the server answers."""
+        if not plan.counted:
+            plan.counted = True
+            self.counters.request_done(plan.model, "failed", 500, None, None)
+
+    def request_counts(self, model: str) -> tuple[int, int, float, int]:
+        """`model`'s client requests so far (RouterCounters.client_counts)."""
+        return self.counters.client_counts(model)
+
+    def adapters_listed(self, rep: Replica, names: set[str], asked_at: float) -> list[Ticket]:
+        """`rep`'s engine listed the adapters it holds (AdapterRouting.listed)."""
+        return self.adapters.listed(rep, names, asked_at)
+
+    def adapter_missing(self, plan: Plan, rep: Replica, now: float) -> bool:
+        """`rep` answered 404 for the request's adapter, which it held (AdapterRouting.missing)."""
+        return self.adapters.missing(plan, rep, now)
+
+    def model_changed(self, model: str) -> None:
+        """`model` was redefined: its adapters or max_loaded_adapters may differ."""
+        self.adapters.model_changed(model)
+
+    def adapter_book(self) -> tuple[AdapterBook, dict[str, str]]:
+        """Which replica holds which adapter, and each replica's model (for the admin API)."""
+        return self.adapters.book, {rid: r.view.model for rid, r in self.table.replicas.items()}
+
+    def kv_stats(self) -> KvDecisionStats:
+        """Tier 2's decisions so far (the kv_cache scorer's)."""
+        return self.kv_cache.stats
+
+    def tier2_state(self) -> Tier2:
+        """Tier 2's step: its outcomes, cache and hashing counts (for its metrics)."""
+        return self.tier2
 
     # -- what the exporter reads (llmgw.daemon.router.metrics.MetricsSource) ----------------------
     def all_replicas(self) -> Iterable[Replica]:
@@ -520,7 +463,7 @@ class RouterCore:
         return self.prefix.zero_hit_alarm(now)
 
     def queue_lengths(self) -> dict[str, int]:
-        return {m: len(q) for m, q in self.queues.items()}
+        return self.wait.lengths()
 
     # -- replicas coming and going -------------------------------------------------------------------
     def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,

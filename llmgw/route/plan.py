@@ -40,7 +40,7 @@ class Plan:
     # replica answered 5xx (the next 5xx is the engine's word, relayed) or on the last attempt.
     retry_5xx: bool = True
     counted: bool = False  # its one llmgw_requests_total increment is done (RouterCore._done)
-    body: dict[str, Any] | None = None  # the parsed request (the shell's tier-2 tokenize step reads it)
+    body: dict[str, Any] | None = None  # the parsed request (tier 2's step reads it)
     raw: bytes = b""  # the request's body as it came (what an attempt sends: Attempt.body)
     load: Load | None = None  # the adapter load it waits on (adapter_routing.py)
     adapter_wait: bool = False  # its ticket waits for an adapter slot, not for the model's admission
@@ -48,6 +48,8 @@ class Plan:
     adapter_missing: bool = False  # a holder answered 404 for its adapter once (retried; a second is relayed)
     trace: Trace | None = None  # its phases, attempts and outcome (llmgw.route.trace)
     internal: bool = False  # the eval runner's: not client traffic (not in the canary's tally)
+    tier2: bool = False  # tier 2's step (its prompt's KV block hashes) is still to do (tier2.py)
+    tier2_started: float | None = None  # ... began then (Tier2's clock)
 
     @property
     def model(self) -> str:

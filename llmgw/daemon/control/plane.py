@@ -55,7 +55,6 @@ from llmgw.daemon.control.unknown_engines import (
     adopted_model,
 )
 from llmgw.daemon.router.control_port import RouterPort
-from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.fleet.engine_cmd import ray_group
 from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.placement import Demand
@@ -101,7 +100,6 @@ class ControlPlane(OperatorActions):
         self.unplaceable: dict[str, str] = {}
         self.group_nodes: set[str] = set()  # nodes whose agents run multi-node parts (FEATURE_GROUPS)
         self.told_workers: dict[str, tuple[int | None, ...]] = {}  # multi-node heads: groups.py
-        self.kv_index = RouterKvIndex()  # tier 2: what each replica's engine holds, fed by kv_events
         self.agents = AgentSessions(self, c, token)
         self._wake = trio.Event()
         self._partition_logged: dict[str, str] = {}
@@ -194,7 +192,7 @@ class ControlPlane(OperatorActions):
         self.unknown.node_gone(node, keep=reported)
         for r in hello.engines:
             self._on_report(node, r)
-            self.kv_index.session_started(r.replica)  # its mirror comes again as a reset: no lost events
+            self.router.kv_session_started(r.replica)  # its mirror comes again as a reset: no lost events
         self.unknown.warn(node, self.fresh_store)
         return n
 
@@ -228,26 +226,26 @@ class ControlPlane(OperatorActions):
         """An agent's kv_events: applied only for a replica assigned to `node` (an agent never
         writes another node's replicas); refused and counted otherwise (False)."""
         if (why := self.kv_refusal(node, msg.replica)) is not None:
-            self.kv_index.refuse(why)
+            self.router.kv_refused(why)
             return False
-        self.kv_index.apply(msg)
+        self.router.kv_events(msg)
         return True
 
     def kv_skipped(self, node: str, sk: Skipped) -> None:
         """A kv_events message the session's gate turned away undecoded: refused (not the node's
         replica) or dropped (over the node's event budget)."""
         if sk.why == "budget":
-            self.kv_index.dropped(sk.replica if sk.replica and self.kv_refusal(node, sk.replica) is None else None,
+            self.router.kv_dropped(sk.replica if sk.replica and self.kv_refusal(node, sk.replica) is None else None,
                                   sk.blocks)
         else:
-            self.kv_index.refuse(sk.why)
+            self.router.kv_refused(sk.why)
 
     def agent_disconnected(self, n: Node, agent_id: str, reason: str) -> None:
         # Its engines' events stop with the stream: their index is dropped (the agent's next
         # session starts with a full copy) rather than kept and silently aging.
         for a in self.assignments.values():
             if a.node == n.name:
-                self.kv_index.remove(a.replica)
+                self.router.kv_forget(a.replica)
         self._transitions(self.nodes.disconnected(n.name, agent_id, reason, trio.current_time()))
         if n.state != "ready":
             log.info("node %s disconnected: %s", n.name, reason)
@@ -359,7 +357,7 @@ class ControlPlane(OperatorActions):
                     and (a.spec.group is None or routable_group(self, a)))
         if not routable:
             self.router.withdraw_replica(a.replica)
-            self.kv_index.remove(a.replica)
+            self.router.kv_forget(a.replica)
             return
         if a.desired == "run":
             d = m.deploy or DeployConfig()  # type: ignore[union-attr]
@@ -371,7 +369,7 @@ class ControlPlane(OperatorActions):
     def _forget(self, a: Assignment, why: str) -> None:
         self.assignments.pop(a.replica, None)
         self.told_workers.pop(a.replica, None)
-        self.kv_index.remove(a.replica)
+        self.router.kv_forget(a.replica)
         self.urls.pop(a.replica, None)
         self.facility.placed.pop(a.replica, None)
         self.unknown.removed(a.replica)

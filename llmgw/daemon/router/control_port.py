@@ -2,8 +2,9 @@
 protocol, and RouterAdapter, which implements it over a Router.
 
 The control plane keeps the router's models in step with its own, moves the replicas it placed
-in and out of routing (add, drain, withdraw) and reads one replica's routing state to know when
-a drain is over. The admin API reads the recent routing decisions and traces, the endpoints as the
+in and out of routing (add, drain, withdraw), reads one replica's routing state to know when
+a drain is over, and feeds tier 2's index of what each engine holds (the router's own: the
+agents' kv_events, and when a replica's holdings are void). The admin API reads the recent routing decisions and traces, the endpoints as the
 scheduler sees them and the cache-hit summary. Nothing else of the router is theirs: the adapter
 is the only code outside daemon/router/ that reaches into the Router and its registry."""
 
@@ -18,6 +19,7 @@ import trio
 from llmgw.admin.schema import AdapterSummary, CacheSummary, EndpointStatus, KvSummary
 from llmgw.admin.views import adapter_summary_view, breaker_view, cache_summary_view, scraped_metrics_view
 from llmgw.config import ModelConfig, StrategyConfig
+from llmgw.fleet.wire import KvEvents
 from llmgw.daemon.router.kv_view import kv_summary
 from llmgw.route.trace import TraceRing
 from llmgw.route.types import Decision
@@ -73,6 +75,23 @@ class RouterPort(Protocol):
         """`model`'s client requests so far (the eval runner's left out): (all, failed — 5xx and
         the router's own failures —, the sum of their times to the first byte in s, how many have one)."""
 
+    # -- tier 2's index (the control plane checked the node may write the replica) -----------------
+    def kv_events(self, msg: KvEvents) -> None:
+        """An agent's kv_events for a replica it runs: applied to the router's index."""
+
+    def kv_refused(self, reason: str) -> None:
+        """A kv_events message was refused ("unknown_replica", "other_node"): counted."""
+
+    def kv_dropped(self, replica: str | None, blocks: int) -> None:
+        """A kv_events message over its node's event budget was dropped undecoded: `replica`'s
+        index (None: not the node's replica) is void until its next reset."""
+
+    def kv_session_started(self, replica: str) -> None:
+        """`replica`'s agent began a new session: its next reset resends the whole mirror."""
+
+    def kv_forget(self, replica: str) -> None:
+        """`replica` left routing, or its agent's stream ended: its index is dropped."""
+
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:
         """The recent routing decisions, oldest first: the router's live ring, to read at once
@@ -103,7 +122,7 @@ class RouterAdapter:
     # -- the control plane --------------------------------------------------------------------
     def define_model(self, m: ModelConfig) -> None:
         self._router.registry.add_model(m)
-        self._router.core.adapters.model_changed(m.name)  # its adapters or max_loaded_adapters may differ
+        self._router.core.model_changed(m.name)  # its adapters or max_loaded_adapters may differ
 
     def forget_model(self, name: str) -> None:
         entry = self._router.registry.models.get(name)
@@ -138,17 +157,23 @@ class RouterAdapter:
         self._router.core.set_revision(model, revision_id)
 
     def request_counts(self, model: str) -> tuple[int, int, float, int]:
-        c = self._router.core.counters
-        total = failed = 0
-        for (m, outcome, code), (n, _) in c.requests.items():
-            if m == model:
-                total += n
-                if outcome != "ok" and (code >= 500 or outcome == "failed"):
-                    failed += n
-        h = c.ttft.get((model,))
-        evals = c.internal.get(model, [0, 0, 0.0, 0])
-        return (total - int(evals[0]), failed - int(evals[1]), (h.sum if h is not None else 0.0) - evals[2],
-                (sum(h.counts) if h is not None else 0) - int(evals[3]))
+        return self._router.core.request_counts(model)
+
+    # -- tier 2's index ---------------------------------------------------------------------------
+    def kv_events(self, msg: KvEvents) -> None:
+        self._router.kv.apply(msg)
+
+    def kv_refused(self, reason: str) -> None:
+        self._router.kv.refuse(reason)
+
+    def kv_dropped(self, replica: str | None, blocks: int) -> None:
+        self._router.kv.dropped(replica, blocks)
+
+    def kv_session_started(self, replica: str) -> None:
+        self._router.kv.session_started(replica)
+
+    def kv_forget(self, replica: str) -> None:
+        self._router.kv.remove(replica)
 
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:
@@ -174,10 +199,8 @@ class RouterAdapter:
         return out
 
     def adapters(self, model: str | None = None) -> AdapterSummary:
-        core = self._router.core
-        reps = core.table.replicas
-        return adapter_summary_view(core.adapters.book, trio.current_time(),
-                                    {rid: r.view.model for rid, r in reps.items()}, model)
+        book, models = self._router.core.adapter_book()
+        return adapter_summary_view(book, trio.current_time(), models, model)
 
     def cache_summary(self, window_s: float | None = None) -> CacheSummary:
         return cache_summary_view(self._router.registry.cache_stats.summary(trio.current_time(), window_s))
@@ -187,4 +210,4 @@ class RouterAdapter:
         kv_models = {m.name for m in r.cfg.models if m.deploy is not None and m.deploy.kv_events}
         routed = [(rep.id, rep.view.model, rep.node) for rep in r.registry.all_replicas()
                   if rep.view.model in kv_models]
-        return kv_summary(r.kv, r.core.kv_cache.stats, routed, trio.current_time())
+        return kv_summary(r.kv, r.core.kv_stats(), routed, trio.current_time())

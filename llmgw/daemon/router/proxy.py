@@ -44,14 +44,17 @@ from llmgw.daemon.router.adapter_loader import AdapterLoader, AdapterMetrics
 from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.daemon.router.metrics import RouterMetrics, Tier2DecisionMetrics
 from llmgw.daemon.router.registry import Registry, Replica
-from llmgw.daemon.router.tokenize import Tier2Metrics, Tier2Tokenizer
+from llmgw.daemon.router.tokenize import Tier2Metrics, Tokenizer
 from llmgw.daemon.router.trace_log import TraceLog
 from llmgw.http1.sinks import BodyAborted, BodySink
 from llmgw.route.adapters import Load
 from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
-from llmgw.route.dispatch import KINDS, STRATEGY_HEADER, Plan, RouterCore
+from llmgw.route.dispatch import KINDS, RouterCore
+from llmgw.route.plan import Plan
+from llmgw.route.planner import STRATEGY_HEADER
+from llmgw.route.tier2 import Tokenize
 from llmgw.config.names import is_candidate_key
 from llmgw.inputs.echo import echo
 from llmgw.route.openai_req import ApiError, error_body
@@ -120,20 +123,24 @@ class Router:
         self.pool = pool
         self.registry = Registry(cfg)
         self.core = RouterCore(cfg, self.registry, cache_stats=self.registry.cache_stats, wall=time.time,
-                               rng=random.Random(seed))
+                               rng=random.Random(seed), clock=time.perf_counter)
         self.registry.on_capacity = self.core.capacity_known
         self.registry.on_adapters = self._adapters_listed
         self.registry.on_scraped = lambda rep: self._wake(self.core.scraped(rep, trio.current_time()))
         self._wakers: dict[Ticket, trio.Event] = {}
         self.http_stats = ServerStats()  # the OpenAI endpoint's connections (see server_options)
         self.metrics = RouterMetrics(self.core.counters, self.core, registry=self.registry, http=self.http_stats)
-        self.tier2 = Tier2Tokenizer(cfg, pool)  # tier 2's tokenize step, for kv_events models only
-        self.metrics.registry.register(Tier2Metrics(self.tier2))
+        self.tokenizer = Tokenizer(pool)  # the HTTP calls of tier 2's step (kv_events models only)
+        self.metrics.registry.register(Tier2Metrics(self.core.tier2_state()))
         self.adapters = AdapterLoader(self.core, pool, self._wake)  # LoRA on demand (vLLM)
         self.metrics.registry.register(AdapterMetrics(self.core))
-        self.tier2_metrics = Tier2DecisionMetrics(self.core.kv_cache.stats, time.time())
+        self.tier2_metrics = Tier2DecisionMetrics(self.core.kv_stats(), time.time())
         self.metrics.registry.register(self.tier2_metrics)
-        self.kv: RouterKvIndex | None = None  # tier 2's index, once the control plane has one
+        self.core.watch_tier2(self.tier2_metrics.observe_tokenize)
+        # Tier 2's index of what each engine holds: the router's own, fed by the control plane
+        # through RouterPort (kv_events, kv_forget ...); its parity task runs beside the router's.
+        self.kv = RouterKvIndex()
+        self.core.use_kv_index(self.kv.index.leading_blocks, self.kv.alarmed, self.kv.holds_any)
         self._parity: dict[Attempt, int] = {}  # an attempt's open parity check (RouterKvIndex.check_open)
         # finished traces to a JSONL file, when [router.traces] file is set (its task: main.py)
         self.trace_log = TraceLog(cfg.router.traces) if cfg.router.traces.file else None
@@ -149,14 +156,6 @@ class Router:
     def decisions(self) -> deque[Decision]:
         """The ring of recent decisions, each with its whole rationale."""
         return self.core.decisions
-
-    def set_kv_index(self, kv: RouterKvIndex) -> None:
-        """Tier 2 votes with the control plane's index of what each engine holds, and checks that
-        the engines' reported blocks carry the hashes the router computes (parity)."""
-        self.core.kv_cache.lookup = kv.index.leading_blocks
-        self.core.kv_cache.alarmed = kv.alarmed
-        self.tier2.held_any = kv.holds_any  # hash a prompt only as far as any replica holds it
-        self.kv = kv
 
     @property
     def prefix(self) -> PrefixRouting:
@@ -181,7 +180,7 @@ class Router:
     def _server_rejected(self, status: int) -> None:
         """The HTTP server answered a request itself (413 body too large, 431, 400 malformed,
         408): counted like the router's own refusals."""
-        self.core.counters.request_done("-", "rejected", status, None, None)
+        self.core.answered("rejected", status)
 
     # -- replicas placed and withdrawn by the control plane ------------------------------------
     def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
@@ -194,7 +193,7 @@ class Router:
         self.core.remove_replica(rid)
 
     def _adapters_listed(self, rep: Replica, names: set[str], asked_at: float) -> None:
-        self._wake(self.core.adapters.listed(rep, names, asked_at))
+        self._wake(self.core.adapters_listed(rep, names, asked_at))
 
     def _wake(self, tickets: Iterable[Ticket]) -> None:
         for t in tickets:
@@ -221,7 +220,7 @@ class Router:
                 if req.method != "GET":
                     raise ApiError(405, f"Method {echo(req.method, quote='')} not allowed on {echo(path, quote='')}")
                 resp = self._models(rid) if path == "/v1/models" else self._model(path[11:], rid)
-                self.core.counters.request_done("-", "ok", 200, None, None)
+                self.core.answered("ok", 200)
                 return resp
             kind = KINDS.get(path)
             if kind is None:
@@ -234,11 +233,11 @@ class Router:
             # the rest are the router's own refusals (401, 404 model or route, 405, 400), under
             # model "-" (a name the client made up must not become a series).
             if not e.counted and path != "/metrics":
-                self.core.counters.request_done("-", "rejected", e.status, None, None)
+                self.core.answered("rejected", e.status)
             return _error(e, rid, self.rid_header)
         except Exception as e:  # a bug: the server answers 500 and logs it; the request still counts
             if path != "/metrics" and not getattr(e, "llmgw_counted", False):
-                self.core.counters.request_done("-", "failed", 500, None, None)
+                self.core.answered("failed", 500)
             raise
 
     def _ready(self, req: Request) -> Response:
@@ -300,17 +299,13 @@ class Router:
                          internal=internal)
         headers = [("content-type", "application/json"), ("x-request-id", rid)]
         try:
-            if self.tier2.wants(plan):
-                t0 = trio.current_time()
-                await self.tier2.annotate(plan)
-                self.tier2_metrics.observe_tokenize(trio.current_time() - t0)
             while True:
                 step = core.next(plan, trio.current_time(), time.time())  # raises the final ApiError
                 if type(step) is Attempt:
                     if step.alarm is not None:
                         _log_alarm(step.alarm)
-                    if plan.info.kv_hashes and self.kv is not None:
-                        cid = self.kv.check_open(step.replica.id, plan.model, plan.info.kv_hashes,
+                    if plan.info.kv_hashes:
+                        cid = self.kv.check_open(step.replica.view.id, plan.entry.name, plan.info.kv_hashes,
                                                  trio.current_time())
                         if cid is not None:
                             self._parity[step] = cid
@@ -319,14 +314,15 @@ class Router:
                         return resp
                 elif type(step) is Load:  # its LoRA adapter is being loaded (once, for all who want it)
                     await self.adapters.wait(plan, step)
+                elif type(step) is Tokenize:  # tier 2: the prompt's tokens (or the engine's release)
+                    a = await self.tokenizer.ask(step)
+                    core.tokenized(plan, step, trio.current_time(), a.status, a.body, a.error)
                 else:
                     await self._wait(plan, step)  # type: ignore[arg-type]
         except ApiError:
             raise
         except Exception as e:  # a bug: counted once, under its model, as the 500 the server answers
-            if not plan.counted:
-                plan.counted = True
-                core.counters.request_done(plan.model, "failed", 500, None, None)
+            core.failed(plan)
             _end_trace(plan, "failed", 500)
             e.llmgw_counted = True  # type: ignore[attr-defined]
             raise
@@ -374,7 +370,7 @@ class Router:
             self._finish(plan, a, None, None, None)
             raise
         if resp.status == 404 and plan.info.adapter is not None and \
-                self.core.adapters.missing(plan, rep, trio.current_time()):
+                self.core.adapter_missing(plan, rep, trio.current_time()):
             resp.close()  # the engine lost the adapter: loaded again (or another holder), never the client's 404
             log.info("replica %s answered 404 for adapter %s, which it held: its engine restarted? Trying again",
                      rep.id, plan.info.adapter, extra={"endpoint": rep.id, "request_id": plan.info.request_id})
@@ -441,10 +437,10 @@ class Router:
             detail = outcome.phase if isinstance(outcome, UpstreamTimeout) else \
                 f"replica {a.replica.view.id}: {outcome.public}"  # type: ignore[union-attr]
         self._wake(self.core.finish(plan, a, now, failure, first_byte_at=first, status=status, detail=detail))
-        if self.core.queues.get(plan.model):  # waiters stay: the engine's gauges may lag what just ended
+        if a.waiters:  # waiters stay: the engine's gauges may lag what just ended
             self.registry.scrape_soon()
         cid = self._parity.pop(a, None) if self._parity else None
-        if cid is not None and self.kv is not None:
+        if cid is not None:
             # parity: what the engine stored for a request it answered whole
             self.kv.check_end(cid, now, ok=failure is None and status == 200)
         if log.isEnabledFor(logging.INFO):  # the access log: one JSON line per attempt
