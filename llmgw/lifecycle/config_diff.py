@@ -1,5 +1,5 @@
 """The config file against what runs: what a reload (`llmgw ctl config reload`, SIGHUP) or a start
-does with each difference. Pure: the shell (daemon/control/config_reload.py) applies the plan.
+does with each difference. Pure: the shell (daemon/control/plane/config_reload.py) applies the plan.
 
 Every difference gets one of three actions (docs/configuration.md, "Reloading the config file"):
 
@@ -29,7 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
-from llmgw.config import Config, ModelConfig, _plain, model_to_dict  # _plain: the form dump_config writes
+from llmgw.config import Config, ModelConfig, model_to_dict
+from llmgw.config.load import _plain  # the form dump_config writes
 
 __all__ = ["Change", "ConfigPlan", "ModelPlan", "ScaleOverride", "diff_config", "diff_models",
            "RESTART_SECTIONS"]

@@ -1,6 +1,6 @@
 """The admin API's handlers for the model lifecycle (routes tagged `lifecycle` in
 llmgw.admin.routes): update, promote, rollback, eval, revisions, jobs, suites. Each is
-``async (app, call) -> answer``; admin_server.py registers them by route name. A request that
+``async (app, call) -> answer``; admin/server.py registers them by route name. A request that
 cannot be done now raises LifecycleError (its status and message become the answer); bad input
 raises ConfigError (a 400 naming every field, with the suite file's line)."""
 

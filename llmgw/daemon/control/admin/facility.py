@@ -1,6 +1,6 @@
 """The admin API's handlers for the facility (docs/placement.md): the domains with their holds and
 power, holding and releasing a domain, and a placement's explanation. Each is
-``async (app, call) -> answer``; admin_server.py registers them by route name."""
+``async (app, call) -> answer``; admin/server.py registers them by route name."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from llmgw.admin.schema import Problem
 from llmgw.admin.schema_facility import PlacementCandidate, PlacementExplanation, PlacementRecord
-from llmgw.daemon.control.admin_errors import AdminFail, invalid
+from llmgw.daemon.control.admin.errors import AdminFail, invalid
 from llmgw.fleet.domains import DomainError
 from llmgw.inputs.echo import echo
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from llmgw.daemon.control.store_guard import StoreUnavailable
+from llmgw.daemon.control.store.guard import StoreUnavailable
 from llmgw.lifecycle.jobs import Job
 from llmgw.lifecycle.revisions import LifecycleError
 

@@ -61,7 +61,7 @@ class OperatorActions:
     def scale(self, name: str, count: int) -> ModelConfig:
         """Set a model's replica count. For a model the config file defines this is an operator
         override, kept in the store until the file's count for the model changes (then the file's
-        new count wins: config_reload.py, docs/admin-api.md)."""
+        new count wins: plane/config_reload.py, docs/admin-api.md)."""
         m = self.models.get(name)
         if m is None:
             raise KeyError(name)
@@ -132,7 +132,7 @@ class OperatorActions:
         self.nodes.set_operator_labels(node, merged)
         self._wake.set()
 
-    # -- the facility (facility.py) -----------------------------------------------------------------
+    # -- the facility (plane/facility.py) -----------------------------------------------------------------
     facility: Any
 
     def hold(self, domain: str, reason: str, drain: bool) -> Any:

@@ -14,7 +14,7 @@ agent reports is told apart:
   routed (the router does not know it is wanted), and nothing new is placed on its node — the
   node's GPUs are taken by engines outside placement's books — until it is adopted or gone. A loud
   warning says so and names ``--adopt``. With ``--adopt`` the control plane adopts it as an
-  assignment instead (plane.py), and its model from the config, the store, or — for a model
+  assignment instead (plane/plane.py), and its model from the config, the store, or — for a model
   neither defines — from the engine's own spec (`adopted_model`).
 """
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw.config import ConfigError, ModelConfig, model_from_dict
-from llmgw.daemon.control.store import Store
-from llmgw.daemon.control.store_guard import StoreGuard, StoreUnavailable
+from llmgw.daemon.control.store.sqlite import Store
+from llmgw.daemon.control.store.guard import StoreGuard, StoreUnavailable
 from llmgw.fleet.types import EngineReport, EngineSpec
 
 log = logging.getLogger("llmgw.control")

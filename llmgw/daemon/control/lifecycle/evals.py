@@ -1,5 +1,5 @@
 """The model lifecycle's eval side and its views: suites stored and deleted, eval jobs (started
-here, run by eval_runner.py through the router's OpenAI port, their results kept and compared
+here, run by lifecycle/eval_runner.py through the router's OpenAI port, their results kept and compared
 with the live revision's last one), and what the admin API answers of jobs and revisions. A
 mixin of :class:`.lifecycle.Lifecycle`, whose state it works on."""
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from llmgw.daemon.control.eval_runner import EvalTarget, run_cases
+from llmgw.daemon.control.lifecycle.eval_runner import EvalTarget, run_cases
 from llmgw.lifecycle.evals import compare, summarize
 from llmgw.lifecycle.jobs import Job
 from llmgw.lifecycle.revisions import LifecycleError, ModelRevisions, candidate_key

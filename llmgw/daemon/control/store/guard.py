@@ -38,7 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from llmgw.admin.schema import StoreStatus
-from llmgw.daemon.control.store import Store, describe
+from llmgw.daemon.control.store.sqlite import Store, describe
 
 log = logging.getLogger("llmgw.control.store")
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmgw.daemon.control.store import AssignmentRow, Store, StoreCorrupt
+from llmgw.daemon.control.store.sqlite import AssignmentRow, Store, StoreCorrupt
 from llmgw.fleet.nodes import Node
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.types import EngineSpec, NodeFacts

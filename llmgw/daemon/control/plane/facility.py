@@ -16,8 +16,8 @@ from llmgw.admin.schema_facility import (
     HoldView,
 )
 from llmgw.config import FacilityConfig
-from llmgw.daemon.control.store import Store
-from llmgw.daemon.control.store_guard import StoreGuard
+from llmgw.daemon.control.store.sqlite import Store
+from llmgw.daemon.control.store.guard import StoreGuard
 from llmgw.fleet.domains import LEVELS, node_domains, parse_domain
 from llmgw.fleet.nodes import Node
 from llmgw.fleet.placement import Placer

@@ -1,7 +1,7 @@
 """The config file while the daemon runs: `llmgw ctl config check|reload`, SIGHUP, and the same
 rule at a start. The pure diff (llmgw.lifecycle.config_diff) says what each difference does; this
 applies it to the control plane: hot changes at once, a changed deploy profile as a lifecycle
-candidate (eval → promote, or promoted by itself: lifecycle_auto.py), the rest left for a start.
+candidate (eval → promote, or promoted by itself: lifecycle/auto.py), the rest left for a start.
 
 A file that cannot be read or parsed changes nothing: it is refused whole, with each problem's
 file:line and key. At a start the file's models are compared with those stored (the definitions

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from llmgw.config import ConfigError, ModelConfig, model_from_dict, model_to_dict
-from llmgw.daemon.control.eval_runner import EvalTarget
-from llmgw.daemon.control.lifecycle_auto import auto_promote_step
-from llmgw.daemon.control.lifecycle_evals import EvalsAndViews
+from llmgw.daemon.control.lifecycle.eval_runner import EvalTarget
+from llmgw.daemon.control.lifecycle.auto import auto_promote_step
+from llmgw.daemon.control.lifecycle.evals import EvalsAndViews
 from llmgw.daemon.control.model_deploy import deploy_of
-from llmgw.daemon.control.store_guard import StoreUnavailable
+from llmgw.daemon.control.store.guard import StoreUnavailable
 from llmgw.lifecycle.jobs import MAX_JOBS, Job, after_restart, job_from_dict
 from llmgw.lifecycle.revisions import (
     LifecycleError,
@@ -51,7 +51,7 @@ from llmgw.config.names import CANDIDATE_SUFFIX
 from llmgw.inputs.echo import echo
 
 if TYPE_CHECKING:
-    from llmgw.daemon.control.store import Store
+    from llmgw.daemon.control.store.sqlite import Store
     from llmgw.daemon.net.upstream import UpstreamPool
 
 log = logging.getLogger("llmgw.lifecycle")
@@ -64,7 +64,7 @@ _FAILED_STATES = ("crashed", "failed", "crashloop")
 
 class Lifecycle(EvalsAndViews):
     def __init__(self, plane: Any) -> None:
-        """`plane`: the ControlPlane (plane.py) whose models, deploys and assignments it works on."""
+        """`plane`: the ControlPlane (plane/plane.py) whose models, deploys and assignments it works on."""
         self.plane = plane
         self.revisions: dict[str, ModelRevisions] = {}
         self.suites: dict[str, Suite] = {}
@@ -207,8 +207,8 @@ class Lifecycle(EvalsAndViews):
         same definition; `whole`: this whole definition instead) and place its replicas beside the
         live ones. ConfigError names bad fields. `restored_from`: a rollback's (rollback()): the
         job is a ``rollback`` job, and the candidate is promoted once ready. `from_config`: what
-        made it from the config file (a reload, a start: config_reload.py) — its
-        `[models.lifecycle]` then says whether it is promoted by itself (lifecycle_auto.py)."""
+        made it from the config file (a reload, a start: plane/config_reload.py) — its
+        `[models.lifecycle]` then says whether it is promoted by itself (lifecycle/auto.py)."""
         p = self.plane
         m = p.models.get(name)
         if m is None:
@@ -294,7 +294,7 @@ class Lifecycle(EvalsAndViews):
                    f"{': ' + r.detail if r is not None and r.detail else ''}" + (f"\nlog tail:\n{tail}" if tail else ""))
             self._fail_update(job, why)
         elif len(ready) >= want and job.params.get("auto_promote"):
-            auto_promote_step(self, job, now)  # evals of the required suites, then promote (lifecycle_auto.py)
+            auto_promote_step(self, job, now)  # evals of the required suites, then promote (lifecycle/auto.py)
         elif len(ready) >= want:
             p.guard.record("candidate ready", model=job.model, detail=job.revision_id)
             if not job.params.get("then_promote"):

@@ -43,14 +43,14 @@ from llmgw.admin.schema_traces import trace_summary, trace_view
 from llmgw.admin.validate import Invalid, from_json, query_value
 from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
-from llmgw.daemon.control.admin_errors import TYPES, AdminFail, admin_error_body, invalid
-from llmgw.daemon.control.admin_events import EventStream
-from llmgw.daemon.control.admin_config import CONFIG_HANDLERS
-from llmgw.daemon.control.admin_facility import FACILITY_HANDLERS
-from llmgw.daemon.control.admin_lifecycle import LIFECYCLE_HANDLERS, BodyProblems
-from llmgw.daemon.control.node_identity import RotateError
-from llmgw.daemon.control.plane import ControlPlane, ModelError
-from llmgw.daemon.control.store_guard import StoreUnavailable
+from llmgw.daemon.control.admin.errors import TYPES, AdminFail, admin_error_body, invalid
+from llmgw.daemon.control.admin.events import EventStream
+from llmgw.daemon.control.admin.config import CONFIG_HANDLERS
+from llmgw.daemon.control.admin.facility import FACILITY_HANDLERS
+from llmgw.daemon.control.admin.lifecycle import LIFECYCLE_HANDLERS, BodyProblems
+from llmgw.daemon.control.agents.identity import RotateError
+from llmgw.daemon.control.plane.plane import ControlPlane, ModelError
+from llmgw.daemon.control.store.guard import StoreUnavailable
 from llmgw.daemon.net.httpserver import (
     Request,
     Response,
@@ -96,9 +96,9 @@ def _handles(name: str) -> Callable[[_Handler], _Handler]:
     return register
 
 
-_HANDLERS.update(LIFECYCLE_HANDLERS)  # the model lifecycle's (admin_lifecycle.py)
-_HANDLERS.update(FACILITY_HANDLERS)  # the facility's (admin_facility.py)
-_HANDLERS.update(CONFIG_HANDLERS)  # the config file's check and reload (admin_config.py)
+_HANDLERS.update(LIFECYCLE_HANDLERS)  # the model lifecycle's (admin/lifecycle.py)
+_HANDLERS.update(FACILITY_HANDLERS)  # the facility's (admin/facility.py)
+_HANDLERS.update(CONFIG_HANDLERS)  # the config file's check and reload (admin/config.py)
 
 
 class AdminApp:
@@ -425,7 +425,7 @@ class AdminApp:
         return [HistoryEvent(id=r.id, ts=r.ts, event=r.event, replica=r.replica, model=r.model, node=r.node,
                              detail=r.detail) for r in rows]
 
-    # -- the event stream (admin_events.py), the document ---------------------------------------------
+    # -- the event stream (admin/events.py), the document ---------------------------------------------
     @_handles("events")
     async def _events(self, call: _Call) -> Any:
         return Response(200, [("content-type", _NDJSON), ("cache-control", "no-cache")],

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmgw.daemon.control.store import CredentialRow, Store
+from llmgw.daemon.control.store.sqlite import CredentialRow, Store
 from llmgw.fleet.identity import Admission, CredentialRecord, LiveSession, admit, credential_hash
 from llmgw.fleet.wire import FEATURE_CREDENTIAL, Hello
 
