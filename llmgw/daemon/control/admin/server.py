@@ -238,7 +238,7 @@ class AdminApp:
     @_handles("set_node_labels")
     async def _set_labels(self, call: _Call) -> Any:
         name = self._node_name(call)
-        self.control.set_labels(name, call.body.labels)
+        self.control.actions.set_labels(name, call.body.labels)
         return self._node_view(name)
 
     @_handles("remove_node_labels")
@@ -246,7 +246,7 @@ class AdminApp:
         name = self._node_name(call)
         if name not in self.control.nodes.nodes:
             raise AdminFail(404, f"No node {echo(name)}.")
-        self.control.remove_labels(name, call.body.keys)
+        self.control.actions.remove_labels(name, call.body.keys)
         return self._node_view(name)
 
     # -- node identity ------------------------------------------------------------------------------
@@ -280,7 +280,7 @@ class AdminApp:
 
     def _save(self, data: dict[str, Any]) -> dict[str, Any]:
         try:
-            m = self.control.put_model(data, source="api")
+            m = self.control.actions.put_model(data, source="api")
         except ConfigError as e:
             raise invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
         except ModelError as e:
@@ -316,7 +316,7 @@ class AdminApp:
     async def _delete_model(self, call: _Call) -> Any:
         name = call.params["name"]
         try:
-            self.control.delete_model(name)
+            self.control.actions.delete_model(name)
         except KeyError:
             raise AdminFail(404, f"No model {echo(name)}.") from None
         except ModelError as e:
@@ -327,7 +327,7 @@ class AdminApp:
     async def _scale(self, call: _Call) -> Any:
         name = call.params["name"]
         try:
-            m = self.control.scale(name, call.body.replicas)
+            m = self.control.actions.scale(name, call.body.replicas)
         except KeyError:
             raise AdminFail(404, f"No model {echo(name)}.") from None
         except ModelError as e:
@@ -347,7 +347,7 @@ class AdminApp:
     async def _restart(self, call: _Call) -> Any:
         rid = call.params["id"]
         try:
-            self.control.restart_replica(rid)
+            self.control.actions.restart_replica(rid)
         except KeyError:
             raise AdminFail(404, f"No placed replica {echo(rid)} (static endpoints are not restarted "
                                  "by llmgw).") from None

@@ -372,7 +372,7 @@ class Lifecycle(EvalsAndViews):
         # refuses the promote (503) and nothing changes; a restart finds it done or not begun.
         try:
             with p.store.transaction():
-                p.guard.must_write("put_model", name, p.model_record(name, cm, source))
+                p.guard.must_write("put_model", name, p.actions.model_record(name, cm, source))
                 p.guard.must_write("put_doc", "revisions", name, after.to_dict())
                 for a in moving:
                     p.guard.must_write("put_assignment", p._row(replace(a, model=name)))

@@ -128,7 +128,7 @@ def _apply_models(plane: Any, plan: ConfigPlan, trigger: str) -> list[str]:
             log.warning("model %s: %s", name, mp.override_dropped)
         if mp.live is not None or mp.override_dropped or mp.add:
             m = mp.live if mp.live is not None else plane.models[name]
-            plane._save_model(m, "config")
+            plane.actions.save_model(m, "config")
         if mp.candidate is not None:
             try:
                 job = lc.update(name, None, whole=model_to_dict(mp.candidate), from_config=trigger)

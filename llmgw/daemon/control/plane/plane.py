@@ -73,7 +73,7 @@ log = logging.getLogger("llmgw.control")
 __all__ = ["ControlPlane", "ModelError", "deploy_of"]
 
 
-class ControlPlane(OperatorActions):
+class ControlPlane:
     def __init__(self, cfg: Config, store: Store, router: RouterPort, *, token: str | None,
                  settle_s: float | None = None, adopt: bool = False, fresh_store: bool = False) -> None:
         """`adopt`: engines the store does not know are adopted (`llmgw daemon --adopt`);
@@ -111,6 +111,7 @@ class ControlPlane(OperatorActions):
         self._settle_until = self._started + (c.settle_s if settle_s is None else settle_s)
         self._reconciles = 0
         self.lifecycle = Lifecycle(self)  # revisions, eval suites and results, jobs (lifecycle/lifecycle.py)
+        self.actions = OperatorActions(self)  # what an operator asks of it (plane/actions.py)
         self.reloader: Any = None  # the config file's check and reload (plane/config_reload.py), set by the daemon
         self._load()
         self.guard.rewrite = self._rewrite
@@ -140,7 +141,7 @@ class ControlPlane(OperatorActions):
 
     def _rewrite(self, st: Store) -> None:
         """The whole state from memory into `st` (the StoreGuard's recovery, in one transaction)."""
-        models = {n: self.model_record(n, m, self.sources.get(n, "api")) for n, m in self.models.items()}
+        models = {n: self.actions.model_record(n, m, self.sources.get(n, "api")) for n, m in self.models.items()}
         write_state(st, models={**self._unloadable, **models}, nodes=self.nodes.nodes, seen_wall=self._seen_wall,
                     assignments={rid: self._row(a) for rid, a in self.assignments.items()})
         self.lifecycle.rewrite(st)
