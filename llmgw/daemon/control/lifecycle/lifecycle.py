@@ -32,7 +32,7 @@ import trio
 from llmgw.config import ConfigError, ModelConfig, model_from_dict, model_to_dict
 from llmgw.daemon.control.lifecycle.eval_runner import EvalTarget
 from llmgw.daemon.control.lifecycle.auto import auto_promote_step
-from llmgw.daemon.control.lifecycle.evals import EvalsAndViews
+from llmgw.daemon.control.lifecycle.evals import Evals
 from llmgw.daemon.control.model_deploy import deploy_of
 from llmgw.daemon.control.store.guard import StoreUnavailable
 from llmgw.lifecycle.jobs import MAX_JOBS, Job, after_restart, job_from_dict
@@ -62,7 +62,7 @@ DEFAULT_READY_TIMEOUT_S = 900.0
 _FAILED_STATES = ("crashed", "failed", "crashloop")
 
 
-class Lifecycle(EvalsAndViews):
+class Lifecycle:
     def __init__(self, plane: Any) -> None:
         """`plane`: the ControlPlane (plane/plane.py) whose models, deploys and assignments it works on."""
         self.plane = plane
@@ -74,6 +74,7 @@ class Lifecycle(EvalsAndViews):
         self._nursery: trio.Nursery | None = None
         self._pool: UpstreamPool | None = None
         self._target: EvalTarget | None = None
+        self.evals = Evals(self)  # suites, eval jobs and their results, the admin views (lifecycle/evals.py)
 
     # -- the store ---------------------------------------------------------------------------------
     def load(self) -> None:
@@ -350,7 +351,7 @@ class Lifecycle(EvalsAndViews):
         reps = self._candidate_replicas(name)
         ready = sum(1 for a in reps if a.engine_state == "ready" and p.router.replica_state(a.replica) is not None)
         want = p.deploys[candidate_key(name)].count if candidate_key(name) in p.deploys else 0
-        results = {s: self._last_result(name, s, revs.candidate.id if revs and revs.candidate else "")
+        results = {s: self.evals.last_result(name, s, revs.candidate.id if revs and revs.candidate else "")
                    for s in require}
         why = promote_problem(revs, ready=ready, wanted=want, required=require, results=results)
         if why is not None:
