@@ -32,7 +32,7 @@ from llmgw.config import ControlConfig
 from llmgw.daemon.control.agents.tls import ControlTls, ca_fingerprint
 from llmgw.daemon.control.agents.identity import IdentityStoreError, JoinToken, NodeIdentities, Verdict
 from llmgw.daemon.control.agents.report_check import ReportChecker, peer_address, rejected_report
-from llmgw.daemon.control.store.sqlite import Store
+from llmgw.daemon.control.store.port import FleetStore
 from llmgw.daemon.control.agents.stream_metrics import StreamStats
 from llmgw.daemon.net.message_stream import MessageStream, StreamClosed
 from llmgw.fleet.budget import TokenBucket
@@ -70,7 +70,7 @@ class SessionHost(Protocol):
     """The control plane, as the agents' sessions see it (ControlPlane implements it)."""
 
     router_id: str
-    store: Store
+    store: FleetStore
 
     def agent_joined(self, hello: Hello, peer: str) -> Node:
         """A node's agent said hello (and was welcome): the node's record."""

@@ -51,7 +51,7 @@ from llmgw.config.names import CANDIDATE_SUFFIX
 from llmgw.inputs.echo import echo
 
 if TYPE_CHECKING:
-    from llmgw.daemon.control.store.sqlite import Store
+    from llmgw.daemon.control.store.port import FleetStore
     from llmgw.daemon.net.upstream import UpstreamPool
 
 log = logging.getLogger("llmgw.lifecycle")
@@ -115,7 +115,7 @@ class Lifecycle:
                             "resumed" if outcome == "resume" else "failed")
                 self._save_job(job)
 
-    def rewrite(self, st: Store) -> None:
+    def rewrite(self, st: FleetStore) -> None:
         """Everything into `st` (the StoreGuard's write-back after the store could not write)."""
         for name, revs in self.revisions.items():
             st.put_doc("revisions", name, revs.to_dict())

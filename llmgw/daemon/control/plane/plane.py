@@ -45,7 +45,8 @@ from llmgw.daemon.control.model_deploy import ModelError, deploy_of
 from llmgw.daemon.control.plane.actions import OperatorActions
 from llmgw.daemon.control.plane.views import model_views, node_views, replica_views
 from llmgw.daemon.control.plane.restore import restore_routing
-from llmgw.daemon.control.store.sqlite import AssignmentRow, Store
+from llmgw.daemon.control.store.port import FleetStore
+from llmgw.daemon.control.store.rows import AssignmentRow
 from llmgw.daemon.control.store.guard import StoreGuard
 from llmgw.daemon.control.store.state import read_state, write_state
 from llmgw.daemon.control.plane.unknown_engines import (
@@ -74,7 +75,7 @@ __all__ = ["ControlPlane", "ModelError", "deploy_of"]
 
 
 class ControlPlane:
-    def __init__(self, cfg: Config, store: Store, router: RouterPort, *, token: str | None,
+    def __init__(self, cfg: Config, store: FleetStore, router: RouterPort, *, token: str | None,
                  settle_s: float | None = None, adopt: bool = False, fresh_store: bool = False) -> None:
         """`adopt`: engines the store does not know are adopted (`llmgw daemon --adopt`);
         `fresh_store`: the store was created at this start (said in the warnings about them)."""
@@ -139,7 +140,7 @@ class ControlPlane:
         self.lifecycle.load()
         reconcile_file(self)  # the file's models against those stored (docs/configuration.md)
 
-    def _rewrite(self, st: Store) -> None:
+    def _rewrite(self, st: FleetStore) -> None:
         """The whole state from memory into `st` (the StoreGuard's recovery, in one transaction)."""
         models = {n: self.actions.model_record(n, m, self.sources.get(n, "api")) for n, m in self.models.items()}
         write_state(st, models={**self._unloadable, **models}, nodes=self.nodes.nodes, seen_wall=self._seen_wall,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw.config import ConfigError, ModelConfig, model_from_dict
-from llmgw.daemon.control.store.sqlite import Store
+from llmgw.daemon.control.store.port import FleetStore
 from llmgw.daemon.control.store.guard import StoreGuard, StoreUnavailable
 from llmgw.fleet.types import EngineReport, EngineSpec
 
@@ -64,7 +64,7 @@ class UnknownEngines:
         if replica in self._removed:
             return True
 
-        def newest(st: Store) -> Any:
+        def newest(st: FleetStore) -> Any:
             return st.history(limit=1, replica=replica)
 
         try:
