@@ -34,7 +34,6 @@ from llmgw.config import (
     Config,
     DeployConfig,
     ModelConfig,
-    model_to_dict,
 )
 from llmgw.daemon.control.agents.sessions import AgentSessions
 from llmgw.daemon.control.plane.config_reload import load_models, reconcile_file
@@ -49,17 +48,11 @@ from llmgw.daemon.control.store.port import FleetStore
 from llmgw.daemon.control.store.rows import AssignmentRow
 from llmgw.daemon.control.store.guard import StoreGuard
 from llmgw.daemon.control.store.state import read_state, write_state
-from llmgw.daemon.control.plane.unknown_engines import (
-    KEPT_STATES,
-    MAX_PER_NODE,
-    UnknownEngines,
-    adopted_model,
-)
+from llmgw.daemon.control.plane.unknown_engines import UnknownEngines, adopt
 from llmgw.daemon.router.control_port import RouterPort
 from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.fleet.engine_cmd import ray_group
 from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
-from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.config.names import CANDIDATE_SUFFIX
@@ -280,7 +273,7 @@ class ControlPlane:
             assert report is not None
             a = self.assignments.get(report.replica)
             if a is None:
-                if self.adopt and self._adopt(node, report):
+                if self.adopt and adopt(self, node, report):
                     return
                 new = report.replica not in self.unknown.engines
                 if self.unknown.report(node, report) and new:
@@ -303,46 +296,6 @@ class ControlPlane:
         self._route(a)
         if a.desired == "stop" and (report is None or report.state == "stopped"):
             self._forget(a, "stopped")
-
-    def _adopt(self, node: str, report: EngineReport) -> bool:
-        """`--adopt`: an engine the store does not know becomes an assignment (its model from the
-        config or the store, or rebuilt from its spec). False if it cannot be (it is then kept or
-        stopped as without --adopt)."""
-        spec = report.spec
-        if spec is None or report.state not in KEPT_STATES or (spec.replica, spec.model) != (report.replica,
-                                                                                             report.model):
-            return False
-        if self.unknown.was_removed(report.replica):
-            return False
-        if sum(1 for a in self.assignments.values() if a.node == node) >= MAX_PER_NODE:
-            log.warning("node %s: engine %s not adopted: the node has %d replicas already", node, report.replica,
-                        MAX_PER_NODE)
-            return False
-        m = self.models.get(spec.model)
-        if m is None or self.sources.get(spec.model) == "adopted":
-            count = 1 + sum(1 for a in self.assignments.values() if a.model == spec.model and a.desired == "run")
-            rebuilt = adopted_model(spec, count, self.cfg.pools)
-            if rebuilt is None:
-                return False
-            self._set_model(rebuilt, "adopted")
-            self.guard.write("put_model", rebuilt.name, {"source": "adopted", "model": model_to_dict(rebuilt)})
-            m = rebuilt
-        dep = self.deploys.get(m.name)
-        demand = dep.demand if dep is not None else Demand(gpus=len(spec.gpu_indices))
-        a = Assignment(spec.replica, spec.model, node, spec, demand, created_at=time.time())
-        self.assignments[a.replica] = a
-        self.unknown.engines.pop(a.replica, None)
-        if report.url:
-            self.urls[a.replica] = report.url
-        self.guard.write("put_assignment", self._row(a))
-        self.guard.record("replica adopted", replica=a.replica, model=a.model, node=node,
-                          detail=f"{report.state} at {report.url or '?'} (pid {report.pid})")
-        log.warning("adopted engine %s of model %s on %s (%s; pid %s) as a replica", a.replica, a.model, node,
-                    report.state, report.pid)
-        self._on_report(node, report, a)
-        self.agents.push(node)
-        self._wake.set()
-        return True
 
     def _route(self, a: Assignment) -> None:
         if a.spec.is_worker:  # never routed; its head is, while the whole group is ready
