@@ -29,8 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
-from llmgw.config import Config, ModelConfig, model_to_dict
-from llmgw.config.load import _plain  # the form dump_config writes
+from llmgw.config import Config, ModelConfig, _plain, model_to_dict  # _plain: the form dump_config writes
 
 __all__ = ["Change", "ConfigPlan", "ModelPlan", "ScaleOverride", "diff_config", "diff_models",
            "RESTART_SECTIONS"]
