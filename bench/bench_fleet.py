@@ -33,10 +33,10 @@ from typing import Any
 import trio
 
 from llmgw.config import Config, ControlConfig, DeployConfig, ModelConfig
-from llmgw.daemon.control.plane import ControlPlane
+from llmgw.daemon.control.plane.plane import ControlPlane
 from llmgw.daemon.router.control_port import RouterAdapter
 from llmgw.daemon.router.proxy import Router
-from llmgw.daemon.control.store import Store
+from llmgw.daemon.control.store.sqlite import Store
 from llmgw.daemon.net.upstream import UpstreamPool
 from llmgw.fleet.types import EngineReport, GpuInfo, NodeFacts
 

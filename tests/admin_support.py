@@ -18,8 +18,8 @@ import trio
 from llmgw.admin.openapi import document
 from llmgw.admin.routes import Resolver
 from llmgw.config import Config, parse_config
-from llmgw.daemon.control.admin_server import AdminApp, serve_admin
-from llmgw.daemon.control.plane import ControlPlane
+from llmgw.daemon.control.admin.server import AdminApp, serve_admin
+from llmgw.daemon.control.plane.plane import ControlPlane
 from llmgw.daemon.net.httpserver import (
     Request,
     Response,
@@ -29,7 +29,7 @@ from llmgw.daemon.net.httpserver import (
 )
 from llmgw.daemon.router.control_port import RouterAdapter
 from llmgw.daemon.router.proxy import Router
-from llmgw.daemon.control.store import Store
+from llmgw.daemon.control.store.sqlite import Store
 from llmgw.daemon.net.upstream import UpstreamPool
 
 TOKEN = "s3cret-admin-token"

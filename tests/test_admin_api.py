@@ -16,7 +16,7 @@ import trio
 
 from llmgw import __version__
 from llmgw.admin.openapi import document
-from llmgw.daemon.control.admin_server import AdminSetupError, _private_dir
+from llmgw.daemon.control.admin.server import AdminSetupError, _private_dir
 from llmgw.daemon.net.httpserver import json_response, serve_unix
 from llmgw.fleet.types import NodeFacts
 

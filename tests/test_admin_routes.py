@@ -14,7 +14,7 @@ from llmgw.admin.openapi import document, render
 from llmgw.admin.routes import PREFIX, ROUTES, Resolver
 from llmgw.admin.schema import LabelKeysBody, LabelsBody, ScaleBody, UpdateEvent
 from llmgw.admin.validate import Invalid, from_json, query_value
-from llmgw.daemon.control.admin_server import AdminApp
+from llmgw.daemon.control.admin.server import AdminApp
 
 COMMITTED = Path(__file__).resolve().parents[1] / "docs" / "admin-api.openapi.json"
 REGENERATE = "python -m llmgw.admin.openapi > docs/admin-api.openapi.json"

@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from llmgw.config import Config, ModelConfig, parse_config
-from llmgw.daemon.control.config_reload import engines_differ
+from llmgw.daemon.control.plane.config_reload import engines_differ
 from llmgw.lifecycle.config_diff import ScaleOverride, diff_config, diff_models
 
 BASE = """

@@ -334,7 +334,7 @@ def test_command_line_picks_socket_url_token_and_config(tmp_path: Path, monkeypa
 
 # -- the daemon never imports the console -----------------------------------------------------------------
 def test_daemon_cli_and_pure_console_modules_do_not_import_textual() -> None:
-    modules = ["llmgw.daemon.main", "llmgw.daemon.control.admin_server", "llmgw.cli", "llmgw.tui.state", "llmgw.tui.rows",
+    modules = ["llmgw.daemon.main", "llmgw.daemon.control.admin.server", "llmgw.cli", "llmgw.tui.state", "llmgw.tui.rows",
                "llmgw.tui.client", "llmgw.tui.labels", "llmgw.tui.main"]
     if importlib.util.find_spec("llmgw.cli.ctl.main") is not None:
         modules.append("llmgw.cli.ctl.main")

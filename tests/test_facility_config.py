@@ -8,7 +8,7 @@ import pytest
 from llmgw.admin.schema import LabelsBody
 from llmgw.config import ConfigError, parse_config
 from llmgw.daemon.control.model_deploy import deploy_of
-from llmgw.daemon.control.store import SCHEMA_VERSION, Store
+from llmgw.daemon.control.store.sqlite import SCHEMA_VERSION, Store
 from llmgw.fleet.facts import parse_power_draw
 from llmgw.fleet.spread import DEFAULT_SPREAD, SpreadRule
 
@@ -107,8 +107,8 @@ def test_a_heartbeat_may_carry_the_measured_power() -> None:
 def test_a_hold_is_written_first_and_refused_whole() -> None:
     """Bad input or a store that cannot write: a clear error, and the holds (memory and store) unchanged."""
     from llmgw.config import FacilityConfig
-    from llmgw.daemon.control.facility import FacilityControl
-    from llmgw.daemon.control.store_guard import StoreGuard, StoreUnavailable
+    from llmgw.daemon.control.plane.facility import FacilityControl
+    from llmgw.daemon.control.store.guard import StoreGuard, StoreUnavailable
     from llmgw.fleet.domains import DomainError
     from llmgw.fleet.nodes import Node
 

@@ -12,7 +12,7 @@ import trio
 import zmq
 
 from llmgw.config import ConfigError, parse_config
-from llmgw.daemon.control.plane import deploy_of
+from llmgw.daemon.control.plane.plane import deploy_of
 from llmgw.fleet.engine_cmd import build_command, build_env
 from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.fleet.wire_fields import WireProtocolError  # noqa: F401  (the wire checker's error)

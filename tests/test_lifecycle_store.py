@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.daemon.control.store import MIGRATIONS, SCHEMA_VERSION, Store
+from llmgw.daemon.control.store.sqlite import MIGRATIONS, SCHEMA_VERSION, Store
 
 
 def test_documents_round_trip_by_kind(tmp_path: Path) -> None:

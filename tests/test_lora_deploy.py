@@ -154,7 +154,7 @@ async def test_missing_adapter_file_fails_the_engine_with_the_reason_in_its_log_
 
 @pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
 def test_an_adopted_model_keeps_the_adapters_its_engine_started_with(engine):
-    from llmgw.daemon.control.unknown_engines import adopted_model
+    from llmgw.daemon.control.plane.unknown_engines import adopted_model
     m = parse_config(_cfg(engine, TWO, "max_loaded_adapters = 3\n")).models[0]
     spec = deploy_of(m).spec_for("m/1", (), 2)
     back = adopted_model(spec, 1, ())

@@ -238,7 +238,7 @@ def test_a_hold_with_drain_on_a_worker_s_domain_moves_the_group() -> None:
 
 def test_a_group_counts_ready_only_when_whole_and_the_head_says_why_not() -> None:
     from llmgw.config import model_from_dict
-    from llmgw.daemon.control.plane_views import model_views, replica_views
+    from llmgw.daemon.control.plane.views import model_views, replica_views
 
     class Router:
         def replica_state(self, rid: str) -> None:
@@ -290,7 +290,7 @@ def test_groups_go_only_to_agents_that_run_their_parts() -> None:
 
 
 def test_the_plane_tells_the_head_and_restarts_it_when_a_worker_is_a_new_process() -> None:
-    from llmgw.daemon.control.groups import head_startable, sync_head
+    from llmgw.daemon.control.plane.groups import head_startable, sync_head
 
     class Recorder:
         def __init__(self) -> None:

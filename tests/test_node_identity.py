@@ -1,6 +1,6 @@
 """The shell of node identity, without a network: the router's credential records and join token
-(llmgw.daemon.control.node_identity), the agent's credential file, and the control listener's
-generated CA (llmgw.daemon.control.control_tls)."""
+(llmgw.daemon.control.agents.identity), the agent's credential file, and the control listener's
+generated CA (llmgw.daemon.control.agents.tls)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import trio.testing
 
 from llmgw.config import parse_config
 from llmgw.daemon.agent.credential import FILE_NAME, load_credential, save_credential
-from llmgw.daemon.control.control_tls import SERVER_NAME, ca_fingerprint, setup_control_tls
-from llmgw.daemon.control.node_identity import IdentityStoreError, JoinToken, NodeIdentities, RotateError
-from llmgw.daemon.control.store import Store
+from llmgw.daemon.control.agents.tls import SERVER_NAME, ca_fingerprint, setup_control_tls
+from llmgw.daemon.control.agents.identity import IdentityStoreError, JoinToken, NodeIdentities, RotateError
+from llmgw.daemon.control.store.sqlite import Store
 from llmgw.fleet.identity import credential_hash
 from llmgw.fleet.types import NodeFacts
 from llmgw.fleet.wire import AGENT_FEATURES, Hello

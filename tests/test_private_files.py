@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.daemon.control.store import Store, private_store_files
+from llmgw.daemon.control.store.sqlite import Store, private_store_files
 from llmgw.daemon.private_files import open_private, private_dir, write_private
 
 from .test_fleet_integration import fleet_factory, sim_model  # noqa: F401 — the fixture

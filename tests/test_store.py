@@ -4,7 +4,7 @@ import stat
 
 import pytest
 
-from llmgw.daemon.control.store import SCHEMA_VERSION, AssignmentRow, NodeRow, Store, StoreError
+from llmgw.daemon.control.store.sqlite import SCHEMA_VERSION, AssignmentRow, NodeRow, Store, StoreError
 from llmgw.fleet.types import EngineSpec
 
 

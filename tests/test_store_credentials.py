@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from llmgw.daemon.control.store import MIGRATIONS, SCHEMA_VERSION, CredentialRow, Store
-from llmgw.daemon.control.store_rows import sql_statements
+from llmgw.daemon.control.store.sqlite import MIGRATIONS, SCHEMA_VERSION, CredentialRow, Store
+from llmgw.daemon.control.store.rows import sql_statements
 
 
 def test_issue_confirm_revoke_and_reissue() -> None:

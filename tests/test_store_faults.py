@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmgw.daemon.control.store_faults import FAULT_ENV
+from llmgw.daemon.control.store.faults import FAULT_ENV
 
 from .test_fleet_integration import fleet_factory, sim_model  # noqa: F401 — the fixture
 from .test_sim_vllm import wait_for

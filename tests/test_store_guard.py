@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from llmgw.daemon.control.store import AssignmentRow, Store, StoreCorrupt, describe
-from llmgw.daemon.control.store_faults import FaultInjectingConnection
-from llmgw.daemon.control.store_guard import StoreGuard, StoreMetrics, StoreUnavailable
-from llmgw.daemon.control.store_state import read_state
+from llmgw.daemon.control.store.sqlite import AssignmentRow, Store, StoreCorrupt, describe
+from llmgw.daemon.control.store.faults import FaultInjectingConnection
+from llmgw.daemon.control.store.guard import StoreGuard, StoreMetrics, StoreUnavailable
+from llmgw.daemon.control.store.state import read_state
 from llmgw.tui.rows import status_line
 from llmgw.tui.state import ConsoleState
 

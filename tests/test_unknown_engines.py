@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmgw.config import parse_config
-from llmgw.daemon.control.plane import deploy_of
-from llmgw.daemon.control.store import Store
-from llmgw.daemon.control.store_guard import StoreGuard
-from llmgw.daemon.control.unknown_engines import MAX_PER_NODE, UNKNOWN_EVENT, UnknownEngines, adopted_model
+from llmgw.daemon.control.plane.plane import deploy_of
+from llmgw.daemon.control.store.sqlite import Store
+from llmgw.daemon.control.store.guard import StoreGuard
+from llmgw.daemon.control.plane.unknown_engines import MAX_PER_NODE, UNKNOWN_EVENT, UnknownEngines, adopted_model
 from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.fleet.wire import EngineUpdate, FrameDecoder, encode
 

@@ -11,8 +11,8 @@ import pytest
 
 from llmgw.daemon.agent.processes import ray_port_of
 from llmgw.daemon.agent.ray_launch import split_host_port
-from llmgw.daemon.control.groups import head_startable, sync_head
-from llmgw.daemon.control.plane_views import _group_detail
+from llmgw.daemon.control.plane.groups import head_startable, sync_head
+from llmgw.daemon.control.plane.views import _group_detail
 from llmgw.fleet.engine_cmd import RAY_LAUNCH_MODULE, build_command, probes_tcp, ray_candidates, ray_group
 from llmgw.fleet.group_parts import group_ready, ray_head_address, worker_id
 from llmgw.fleet.placement import Demand, Policy

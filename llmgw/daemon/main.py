@@ -193,8 +193,8 @@ def _read_secret(value: str | None, path: str | None, what: str) -> str | None:
 
 
 def _server_tls(cfg: Config, host: str) -> Any:
-    """The control listener's TLS (llmgw.daemon.control.control_tls), or None for plain TCP."""
-    from llmgw.daemon.control.control_tls import TlsSetupError, setup_control_tls
+    """The control listener's TLS (llmgw.daemon.control.agents.tls), or None for plain TCP."""
+    from llmgw.daemon.control.agents.tls import TlsSetupError, setup_control_tls
 
     try:
         return setup_control_tls(cfg.control, host)
@@ -276,9 +276,9 @@ def _open_store(path: str) -> tuple[Any, bool]:
     """The store, and whether it was created now. A store that cannot be opened or read stops the
     daemon here with one line saying what to do; a missing one where a router has run before (its
     lock file is still there) is warned about: the fleet's engines are then kept, not stopped."""
-    from llmgw.daemon.control.store import Store, StoreCorrupt, StoreError
-    from llmgw.daemon.control.store_faults import FAULT_ENV, FaultInjectingConnection
-    from llmgw.daemon.control.store_state import CORRUPT_ADVICE
+    from llmgw.daemon.control.store.sqlite import Store, StoreCorrupt, StoreError
+    from llmgw.daemon.control.store.faults import FAULT_ENV, FaultInjectingConnection
+    from llmgw.daemon.control.store.state import CORRUPT_ADVICE
 
     if path == ":memory:":
         return Store.memory(), True
@@ -303,13 +303,13 @@ def _open_store(path: str) -> tuple[Any, bool]:
 async def _router_role(cfg: Config, token: str | None, settle_s: float | None, adopt: bool,
                        config_path: str | None, prepare: Any,
                        task_status: trio.TaskStatus[dict[str, Any]]) -> None:
-    from llmgw.daemon.control.admin_server import AdminApp, AdminSetupError, serve_admin
-    from llmgw.daemon.control.config_reload import ConfigReloader
-    from llmgw.daemon.control.eval_runner import EvalTarget
-    from llmgw.daemon.control.plane import ControlPlane
-    from llmgw.daemon.control.store import StoreCorrupt
-    from llmgw.daemon.control.store_guard import StoreMetrics
-    from llmgw.daemon.control.store_state import CORRUPT_ADVICE
+    from llmgw.daemon.control.admin.server import AdminApp, AdminSetupError, serve_admin
+    from llmgw.daemon.control.plane.config_reload import ConfigReloader
+    from llmgw.daemon.control.lifecycle.eval_runner import EvalTarget
+    from llmgw.daemon.control.plane.plane import ControlPlane
+    from llmgw.daemon.control.store.sqlite import StoreCorrupt
+    from llmgw.daemon.control.store.guard import StoreMetrics
+    from llmgw.daemon.control.store.state import CORRUPT_ADVICE
     from llmgw.daemon.net.httpserver import serve_tcp
     from llmgw.daemon.net.upstream import UpstreamPool
     from llmgw.daemon.router.control_port import RouterAdapter
@@ -360,7 +360,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                     info["control"] = f"{host}:{cport}"
                     info["control_tls"] = tls is not None
                     info["_control_tls"] = tls  # for the local agent; not printed
-                    from llmgw.daemon.control.stream_metrics import StreamMetrics
+                    from llmgw.daemon.control.agents.stream_metrics import StreamMetrics
 
                     router.metrics.registry.register(StreamMetrics(control.agents))
                     from llmgw.daemon.router.kv_index import KvIndexMetrics

@@ -1,5 +1,5 @@
 """The config file against what runs: what a reload (`llmgw ctl config reload`, SIGHUP) or a start
-does with each difference. Pure: the shell (daemon/control/config_reload.py) applies the plan.
+does with each difference. Pure: the shell (daemon/control/plane/config_reload.py) applies the plan.
 
 Every difference gets one of three actions (docs/configuration.md, "Reloading the config file"):
 

@@ -1,6 +1,6 @@
 """An eval run's arithmetic: one case's answer against its checks, the run's totals and verdict,
 and its comparison with the live revision's last result. Pure: the control plane's runner
-(llmgw/daemon/control/eval_runner.py) sends the requests and measures; this judges.
+(llmgw/daemon/control/lifecycle/eval_runner.py) sends the requests and measures; this judges.
 
 A result is plain data (what the store keeps and the admin API answers):
 ``{"suite", "model", "revision", "revision_id", "started_at", "ended_at", "passed", "pass_rate",

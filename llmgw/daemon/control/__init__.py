@@ -1,2 +1,3 @@
-"""The control plane (plane.py), the agents' sessions with it (agent_sessions.py), its store
-(store.py) and the admin API's HTTP shell (admin_server.py)."""
+"""The control plane in rooms: plane/ (the plane itself), agents/ (the agents' sessions with it),
+store/ (its store), lifecycle/ (model revisions and evals) and admin/ (the admin API's HTTP shell);
+model_deploy.py (a model's deploy profile) is shared by the plane and the lifecycle."""

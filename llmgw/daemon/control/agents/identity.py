@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmgw.daemon.control.store import CredentialRow, Store
+from llmgw.daemon.control.store.port import FleetStore
+from llmgw.daemon.control.store.rows import CredentialRow
 from llmgw.fleet.identity import Admission, CredentialRecord, LiveSession, admit, credential_hash
 from llmgw.fleet.wire import FEATURE_CREDENTIAL, Hello
 
@@ -119,7 +120,7 @@ class Verdict:
 
 
 class NodeIdentities:
-    def __init__(self, store: Store, token: JoinToken, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: FleetStore, token: JoinToken, *, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.token = token
         self.clock = clock

@@ -14,24 +14,30 @@ agent reports is told apart:
   routed (the router does not know it is wanted), and nothing new is placed on its node — the
   node's GPUs are taken by engines outside placement's books — until it is adopted or gone. A loud
   warning says so and names ``--adopt``. With ``--adopt`` the control plane adopts it as an
-  assignment instead (plane.py), and its model from the config, the store, or — for a model
+  assignment instead (`adopt`), and its model from the config, the store, or — for a model
   neither defines — from the engine's own spec (`adopted_model`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from llmgw.config import ConfigError, ModelConfig, model_from_dict
-from llmgw.daemon.control.store import Store
-from llmgw.daemon.control.store_guard import StoreGuard, StoreUnavailable
+import trio
+
+from llmgw.config import ConfigError, ModelConfig, model_from_dict, model_to_dict
+from llmgw.daemon.control.store.port import FleetStore
+from llmgw.daemon.control.store.guard import StoreGuard, StoreUnavailable
+from llmgw.fleet.placement import Demand
+from llmgw.fleet.reconcile import Assignment
 from llmgw.fleet.types import EngineReport, EngineSpec
 
 log = logging.getLogger("llmgw.control")
 
-__all__ = ["KEPT_STATES", "MAX_PER_NODE", "UNKNOWN_EVENT", "UnknownEngine", "UnknownEngines", "adopted_model"]
+__all__ = ["KEPT_STATES", "MAX_PER_NODE", "UNKNOWN_EVENT", "UnknownEngine", "UnknownEngines", "adopt",
+           "adopted_model"]
 
 UNKNOWN_EVENT = "engine unknown"  # the history event; it alone does not make a replica known
 KEPT_STATES = frozenset({"starting", "ready", "unhealthy", "crashed", "failed", "crashloop"})
@@ -64,7 +70,7 @@ class UnknownEngines:
         if replica in self._removed:
             return True
 
-        def newest(st: Store) -> Any:
+        def newest(st: FleetStore) -> Any:
             return st.history(limit=1, replica=replica)
 
         try:
@@ -160,3 +166,64 @@ def adopted_model(spec: EngineSpec, count: int, pools: Any) -> ModelConfig | Non
     except ConfigError as e:
         log.error("engine of model %s cannot be adopted: its spec is not a valid model: %s", spec.model, e)
         return None
+
+
+class AdoptHost(Protocol):
+    """What `adopt` reads and calls of the control plane (plane/plane.py)."""
+    cfg: Any  # the pools an adopted model's rebuilt definition may name
+    models: dict[str, ModelConfig]
+    sources: dict[str, str]
+    deploys: dict[str, Any]
+    assignments: dict[str, Assignment]
+    urls: dict[str, str]
+    unknown: UnknownEngines
+    guard: StoreGuard
+    agents: Any  # AgentSessions: push
+    _wake: trio.Event
+
+    def _set_model(self, m: ModelConfig, source: str) -> None: ...
+
+    def _row(self, a: Assignment) -> Any: ...
+
+    def _on_report(self, node: str, report: EngineReport | None, a: Assignment | None = None) -> None: ...
+
+
+def adopt(plane: AdoptHost, node: str, report: EngineReport) -> bool:
+    """`--adopt`: an engine the store does not know becomes an assignment (its model from the
+    config or the store, or rebuilt from its spec). False if it cannot be (it is then kept or
+    stopped as without --adopt)."""
+    spec = report.spec
+    if spec is None or report.state not in KEPT_STATES or (spec.replica, spec.model) != (report.replica,
+                                                                                         report.model):
+        return False
+    if plane.unknown.was_removed(report.replica):
+        return False
+    if sum(1 for a in plane.assignments.values() if a.node == node) >= MAX_PER_NODE:
+        log.warning("node %s: engine %s not adopted: the node has %d replicas already", node, report.replica,
+                    MAX_PER_NODE)
+        return False
+    m = plane.models.get(spec.model)
+    if m is None or plane.sources.get(spec.model) == "adopted":
+        count = 1 + sum(1 for a in plane.assignments.values() if a.model == spec.model and a.desired == "run")
+        rebuilt = adopted_model(spec, count, plane.cfg.pools)
+        if rebuilt is None:
+            return False
+        plane._set_model(rebuilt, "adopted")
+        plane.guard.write("put_model", rebuilt.name, {"source": "adopted", "model": model_to_dict(rebuilt)})
+        m = rebuilt
+    dep = plane.deploys.get(m.name)
+    demand = dep.demand if dep is not None else Demand(gpus=len(spec.gpu_indices))
+    a = Assignment(spec.replica, spec.model, node, spec, demand, created_at=time.time())
+    plane.assignments[a.replica] = a
+    plane.unknown.engines.pop(a.replica, None)
+    if report.url:
+        plane.urls[a.replica] = report.url
+    plane.guard.write("put_assignment", plane._row(a))
+    plane.guard.record("replica adopted", replica=a.replica, model=a.model, node=node,
+                      detail=f"{report.state} at {report.url or '?'} (pid {report.pid})")
+    log.warning("adopted engine %s of model %s on %s (%s; pid %s) as a replica", a.replica, a.model, node,
+                report.state, report.pid)
+    plane._on_report(node, report, a)
+    plane.agents.push(node)
+    plane._wake.set()
+    return True

@@ -16,8 +16,8 @@ from llmgw.admin.schema_facility import (
     HoldView,
 )
 from llmgw.config import FacilityConfig
-from llmgw.daemon.control.store import Store
-from llmgw.daemon.control.store_guard import StoreGuard
+from llmgw.daemon.control.store.port import FleetStore
+from llmgw.daemon.control.store.guard import StoreGuard
 from llmgw.fleet.domains import LEVELS, node_domains, parse_domain
 from llmgw.fleet.nodes import Node
 from llmgw.fleet.placement import Placer
@@ -33,7 +33,7 @@ MAX_PLACED_RECORDS = 4096  # placement-time records kept in memory; the oldest p
 
 
 class FacilityControl:
-    def __init__(self, cfg: FacilityConfig, guard: StoreGuard, store: Store) -> None:
+    def __init__(self, cfg: FacilityConfig, guard: StoreGuard, store: FleetStore) -> None:
         self.cfg = cfg
         self.guard = guard
         self.budgets = dict(cfg.budgets)

@@ -1,5 +1,5 @@
 """The admin API's handlers for the config file while the daemon runs (routes tagged `config` in
-llmgw.admin.routes): check and reload (config_reload.py). admin_server.py registers them by
+llmgw.admin.routes): check and reload (plane/config_reload.py). admin/server.py registers them by
 route name. A file that does not parse is a 400 naming each problem with its file:line."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 from llmgw.admin.schema import Problem
 from llmgw.config import ConfigError
-from llmgw.daemon.control.admin_errors import AdminFail
-from llmgw.daemon.control.config_reload import NoConfigFile
+from llmgw.daemon.control.admin.errors import AdminFail
+from llmgw.daemon.control.plane.config_reload import NoConfigFile
 
 __all__ = ["CONFIG_HANDLERS"]
 

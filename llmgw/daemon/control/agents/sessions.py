@@ -4,16 +4,16 @@ An agent dials in and must say hello within `hello_timeout_s`. Until its hello i
 connection is an outsider: at most `max_pending_agents` wait at once (more are closed at once),
 and its frames are capped at `max_hello_bytes`; only an accepted hello lifts the cap to
 `max_message_bytes`. The hello is checked — a common protocol version, then the node's identity
-(node_identity.py, llmgw.fleet.identity): the node's credential, or the join token for a node that
+(agents/identity.py, llmgw.fleet.identity): the node's credential, or the join token for a node that
 has none — and refused with a reason, or answered with a welcome (carrying a new credential at a
 first join). A node's live connection is never replaced by another identity.
 
 A session then runs two loops until the stream ends, the agent says bye, falls silent, its node is
 revoked, or a newer connection of the same node replaces it: a receiver (heartbeats, engine updates
-— each report's URL checked, report_check.py — bye) and a sender (the node's `desired` set whenever
+— each report's URL checked, agents/report_check.py — bye) and a sender (the node's `desired` set whenever
 it changed, a heartbeat otherwise).
 
-What the agents say goes to the control plane (plane.py) through SessionHost: a node joined, was
+What the agents say goes to the control plane (plane/plane.py) through SessionHost: a node joined, was
 heard, reported an engine, left or disconnected; the plane answers each node's desired set."""
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import trio
 
 from llmgw.admin.schema import JoinInfo
 from llmgw.config import ControlConfig
-from llmgw.daemon.control.control_tls import ControlTls, ca_fingerprint
-from llmgw.daemon.control.node_identity import IdentityStoreError, JoinToken, NodeIdentities, Verdict
-from llmgw.daemon.control.report_check import ReportChecker, peer_address, rejected_report
-from llmgw.daemon.control.store import Store
-from llmgw.daemon.control.stream_metrics import StreamStats
+from llmgw.daemon.control.agents.tls import ControlTls, ca_fingerprint
+from llmgw.daemon.control.agents.identity import IdentityStoreError, JoinToken, NodeIdentities, Verdict
+from llmgw.daemon.control.agents.report_check import ReportChecker, peer_address, rejected_report
+from llmgw.daemon.control.store.port import FleetStore
+from llmgw.daemon.control.agents.stream_metrics import StreamStats
 from llmgw.daemon.net.message_stream import MessageStream, StreamClosed
 from llmgw.fleet.budget import TokenBucket
 from llmgw.fleet.identity import LiveSession
@@ -70,7 +70,7 @@ class SessionHost(Protocol):
     """The control plane, as the agents' sessions see it (ControlPlane implements it)."""
 
     router_id: str
-    store: Store
+    store: FleetStore
 
     def agent_joined(self, hello: Hello, peer: str) -> Node:
         """A node's agent said hello (and was welcome): the node's record."""

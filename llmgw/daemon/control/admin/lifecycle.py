@@ -1,6 +1,6 @@
 """The admin API's handlers for the model lifecycle (routes tagged `lifecycle` in
 llmgw.admin.routes): update, promote, rollback, eval, revisions, jobs, suites. Each is
-``async (app, call) -> answer``; admin_server.py registers them by route name. A request that
+``async (app, call) -> answer``; admin/server.py registers them by route name. A request that
 cannot be done now raises LifecycleError (its status and message become the answer); bad input
 raises ConfigError (a 400 naming every field, with the suite file's line)."""
 
@@ -28,18 +28,18 @@ async def update_model(app: Any, call: Any) -> Any:
     lc = app.control.lifecycle
     job = lc.update(call.params["name"], call.body, canary=call.query["canary"] / 100.0,
                     ready_timeout_s=call.query["ready_timeout_s"])
-    return lc.job_view(job)
+    return lc.evals.job_view(job)
 
 
 async def promote_model(app: Any, call: Any) -> Any:
     lc = app.control.lifecycle
     require = list(call.body.require_suites) if call.body is not None else []
-    return lc.job_view(lc.promote(call.params["name"], require))
+    return lc.evals.job_view(lc.promote(call.params["name"], require))
 
 
 async def rollback_model(app: Any, call: Any) -> Any:
     lc = app.control.lifecycle
-    return lc.job_view(lc.rollback(call.params["name"]))
+    return lc.evals.job_view(lc.rollback(call.params["name"]))
 
 
 async def eval_model(app: Any, call: Any) -> Any:
@@ -49,18 +49,18 @@ async def eval_model(app: Any, call: Any) -> Any:
     if revision is None:
         revs = lc.revisions.get(name)
         revision = "candidate" if revs is not None and revs.candidate is not None else "live"
-    return lc.job_view(lc.start_eval(name, call.body.suite, revision))
+    return lc.evals.job_view(lc.evals.start_eval(name, call.body.suite, revision))
 
 
 async def get_revisions(app: Any, call: Any) -> Any:
-    return app.control.lifecycle.revisions_view(call.params["name"])
+    return app.control.lifecycle.evals.revisions_view(call.params["name"])
 
 
 async def list_jobs(app: Any, call: Any) -> Any:
     lc = app.control.lifecycle
     model = call.query["model"]
     jobs = [j for j in reversed(lc.jobs.values()) if model is None or j.model == model]
-    return [lc.job_view(j, result=False) for j in jobs[:call.query["limit"]]]
+    return [lc.evals.job_view(j, result=False) for j in jobs[:call.query["limit"]]]
 
 
 async def get_job(app: Any, call: Any) -> Any:
@@ -68,7 +68,7 @@ async def get_job(app: Any, call: Any) -> Any:
     job = lc.jobs.get(call.params["id"])
     if job is None:
         raise LifecycleError(404, f"No job {echo(call.params['id'])}.")
-    return lc.job_view(job)
+    return lc.evals.job_view(job)
 
 
 async def list_suites(app: Any, call: Any) -> Any:
@@ -92,13 +92,13 @@ class BodyProblems(Exception):
 
 async def put_suite(app: Any, call: Any) -> Any:
     try:
-        return _suite_view(app.control.lifecycle.put_suite(call.params["name"], call.body.toml))
+        return _suite_view(app.control.lifecycle.evals.put_suite(call.params["name"], call.body.toml))
     except ConfigError as e:  # each problem of the file, with its line: `suite NAME:LINE: key: what`
         raise BodyProblems([("toml", str(p)) for p in e.problems]) from None
 
 
 async def delete_suite(app: Any, call: Any) -> Any:
-    app.control.lifecycle.delete_suite(call.params["name"])
+    app.control.lifecycle.evals.delete_suite(call.params["name"])
     return None
 
 

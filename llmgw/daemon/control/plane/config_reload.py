@@ -1,7 +1,7 @@
 """The config file while the daemon runs: `llmgw ctl config check|reload`, SIGHUP, and the same
 rule at a start. The pure diff (llmgw.lifecycle.config_diff) says what each difference does; this
 applies it to the control plane: hot changes at once, a changed deploy profile as a lifecycle
-candidate (eval → promote, or promoted by itself: lifecycle_auto.py), the rest left for a start.
+candidate (eval → promote, or promoted by itself: lifecycle/auto.py), the rest left for a start.
 
 A file that cannot be read or parsed changes nothing: it is refused whole, with each problem's
 file:line and key. At a start the file's models are compared with those stored (the definitions
@@ -128,7 +128,7 @@ def _apply_models(plane: Any, plan: ConfigPlan, trigger: str) -> list[str]:
             log.warning("model %s: %s", name, mp.override_dropped)
         if mp.live is not None or mp.override_dropped or mp.add:
             m = mp.live if mp.live is not None else plane.models[name]
-            plane._save_model(m, "config")
+            plane.actions.save_model(m, "config")
         if mp.candidate is not None:
             try:
                 job = lc.update(name, None, whole=model_to_dict(mp.candidate), from_config=trigger)

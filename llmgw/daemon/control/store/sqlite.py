@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Self
 
-from llmgw.daemon.control.store_rows import (
+from llmgw.daemon.control.store.rows import (
     DESIRED_STATES,
     AssignmentRow,
     CredentialRow,
@@ -134,7 +134,7 @@ class Store:
         self._conn.close()
 
     def wrap_connection(self, wrap: Any) -> None:
-        """Put `wrap(connection)` between the store and SQLite (a test hook: store_faults.py)."""
+        """Put `wrap(connection)` between the store and SQLite (a test hook: store/faults.py)."""
         self._conn = wrap(self._conn)
 
     def __enter__(self) -> Self:

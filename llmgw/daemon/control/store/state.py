@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmgw.daemon.control.store import AssignmentRow, Store, StoreCorrupt
+from llmgw.daemon.control.store.port import FleetStore
+from llmgw.daemon.control.store.rows import AssignmentRow, StoreCorrupt
 from llmgw.fleet.nodes import Node
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.types import EngineSpec, NodeFacts
@@ -50,7 +51,7 @@ class StoredState:
     assignments: dict[str, StoredAssignment]
 
 
-def read_state(st: Store) -> StoredState:
+def read_state(st: FleetStore) -> StoredState:
     where = "models"
     try:
         models = st.models()
@@ -74,7 +75,7 @@ def read_state(st: Store) -> StoredState:
     return StoredState(models, nodes, assignments)
 
 
-def write_state(st: Store, *, models: Mapping[str, dict[str, Any]], nodes: Mapping[str, Node],
+def write_state(st: FleetStore, *, models: Mapping[str, dict[str, Any]], nodes: Mapping[str, Node],
                 seen_wall: Mapping[str, float], assignments: Mapping[str, AssignmentRow]) -> None:
     """Make the store say what memory says. `seen_wall`: nodes whose agent said hello in this run
     (their agent labels and facts are written with that time)."""

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from llmgw.config import ConfigError, ModelConfig, model_from_dict, model_to_dict
-from llmgw.daemon.control.eval_runner import EvalTarget
-from llmgw.daemon.control.lifecycle_auto import auto_promote_step
-from llmgw.daemon.control.lifecycle_evals import EvalsAndViews
+from llmgw.daemon.control.lifecycle.eval_runner import EvalTarget
+from llmgw.daemon.control.lifecycle.auto import auto_promote_step
+from llmgw.daemon.control.lifecycle.evals import Evals
 from llmgw.daemon.control.model_deploy import deploy_of
-from llmgw.daemon.control.store_guard import StoreUnavailable
+from llmgw.daemon.control.store.guard import StoreUnavailable
 from llmgw.lifecycle.jobs import MAX_JOBS, Job, after_restart, job_from_dict
 from llmgw.lifecycle.revisions import (
     LifecycleError,
@@ -51,7 +51,7 @@ from llmgw.config.names import CANDIDATE_SUFFIX
 from llmgw.inputs.echo import echo
 
 if TYPE_CHECKING:
-    from llmgw.daemon.control.store import Store
+    from llmgw.daemon.control.store.port import FleetStore
     from llmgw.daemon.net.upstream import UpstreamPool
 
 log = logging.getLogger("llmgw.lifecycle")
@@ -62,9 +62,9 @@ DEFAULT_READY_TIMEOUT_S = 900.0
 _FAILED_STATES = ("crashed", "failed", "crashloop")
 
 
-class Lifecycle(EvalsAndViews):
+class Lifecycle:
     def __init__(self, plane: Any) -> None:
-        """`plane`: the ControlPlane (plane.py) whose models, deploys and assignments it works on."""
+        """`plane`: the ControlPlane (plane/plane.py) whose models, deploys and assignments it works on."""
         self.plane = plane
         self.revisions: dict[str, ModelRevisions] = {}
         self.suites: dict[str, Suite] = {}
@@ -74,6 +74,7 @@ class Lifecycle(EvalsAndViews):
         self._nursery: trio.Nursery | None = None
         self._pool: UpstreamPool | None = None
         self._target: EvalTarget | None = None
+        self.evals = Evals(self)  # suites, eval jobs and their results, the admin views (lifecycle/evals.py)
 
     # -- the store ---------------------------------------------------------------------------------
     def load(self) -> None:
@@ -114,7 +115,7 @@ class Lifecycle(EvalsAndViews):
                             "resumed" if outcome == "resume" else "failed")
                 self._save_job(job)
 
-    def rewrite(self, st: Store) -> None:
+    def rewrite(self, st: FleetStore) -> None:
         """Everything into `st` (the StoreGuard's write-back after the store could not write)."""
         for name, revs in self.revisions.items():
             st.put_doc("revisions", name, revs.to_dict())
@@ -207,8 +208,8 @@ class Lifecycle(EvalsAndViews):
         same definition; `whole`: this whole definition instead) and place its replicas beside the
         live ones. ConfigError names bad fields. `restored_from`: a rollback's (rollback()): the
         job is a ``rollback`` job, and the candidate is promoted once ready. `from_config`: what
-        made it from the config file (a reload, a start: config_reload.py) — its
-        `[models.lifecycle]` then says whether it is promoted by itself (lifecycle_auto.py)."""
+        made it from the config file (a reload, a start: plane/config_reload.py) — its
+        `[models.lifecycle]` then says whether it is promoted by itself (lifecycle/auto.py)."""
         p = self.plane
         m = p.models.get(name)
         if m is None:
@@ -294,7 +295,7 @@ class Lifecycle(EvalsAndViews):
                    f"{': ' + r.detail if r is not None and r.detail else ''}" + (f"\nlog tail:\n{tail}" if tail else ""))
             self._fail_update(job, why)
         elif len(ready) >= want and job.params.get("auto_promote"):
-            auto_promote_step(self, job, now)  # evals of the required suites, then promote (lifecycle_auto.py)
+            auto_promote_step(self, job, now)  # evals of the required suites, then promote (lifecycle/auto.py)
         elif len(ready) >= want:
             p.guard.record("candidate ready", model=job.model, detail=job.revision_id)
             if not job.params.get("then_promote"):
@@ -350,7 +351,7 @@ class Lifecycle(EvalsAndViews):
         reps = self._candidate_replicas(name)
         ready = sum(1 for a in reps if a.engine_state == "ready" and p.router.replica_state(a.replica) is not None)
         want = p.deploys[candidate_key(name)].count if candidate_key(name) in p.deploys else 0
-        results = {s: self._last_result(name, s, revs.candidate.id if revs and revs.candidate else "")
+        results = {s: self.evals.last_result(name, s, revs.candidate.id if revs and revs.candidate else "")
                    for s in require}
         why = promote_problem(revs, ready=ready, wanted=want, required=require, results=results)
         if why is not None:
@@ -372,7 +373,7 @@ class Lifecycle(EvalsAndViews):
         # refuses the promote (503) and nothing changes; a restart finds it done or not begun.
         try:
             with p.store.transaction():
-                p.guard.must_write("put_model", name, p.model_record(name, cm, source))
+                p.guard.must_write("put_model", name, p.actions.model_record(name, cm, source))
                 p.guard.must_write("put_doc", "revisions", name, after.to_dict())
                 for a in moving:
                     p.guard.must_write("put_assignment", p._row(replace(a, model=name)))

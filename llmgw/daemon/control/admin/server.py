@@ -43,14 +43,14 @@ from llmgw.admin.schema_traces import trace_summary, trace_view
 from llmgw.admin.validate import Invalid, from_json, query_value
 from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
-from llmgw.daemon.control.admin_errors import TYPES, AdminFail, admin_error_body, invalid
-from llmgw.daemon.control.admin_events import EventStream
-from llmgw.daemon.control.admin_config import CONFIG_HANDLERS
-from llmgw.daemon.control.admin_facility import FACILITY_HANDLERS
-from llmgw.daemon.control.admin_lifecycle import LIFECYCLE_HANDLERS, BodyProblems
-from llmgw.daemon.control.node_identity import RotateError
-from llmgw.daemon.control.plane import ControlPlane, ModelError
-from llmgw.daemon.control.store_guard import StoreUnavailable
+from llmgw.daemon.control.admin.errors import TYPES, AdminFail, admin_error_body, invalid
+from llmgw.daemon.control.admin.events import EventStream
+from llmgw.daemon.control.admin.config import CONFIG_HANDLERS
+from llmgw.daemon.control.admin.facility import FACILITY_HANDLERS
+from llmgw.daemon.control.admin.lifecycle import LIFECYCLE_HANDLERS, BodyProblems
+from llmgw.daemon.control.agents.identity import RotateError
+from llmgw.daemon.control.plane.plane import ControlPlane, ModelError
+from llmgw.daemon.control.store.guard import StoreUnavailable
 from llmgw.daemon.net.httpserver import (
     Request,
     Response,
@@ -96,9 +96,9 @@ def _handles(name: str) -> Callable[[_Handler], _Handler]:
     return register
 
 
-_HANDLERS.update(LIFECYCLE_HANDLERS)  # the model lifecycle's (admin_lifecycle.py)
-_HANDLERS.update(FACILITY_HANDLERS)  # the facility's (admin_facility.py)
-_HANDLERS.update(CONFIG_HANDLERS)  # the config file's check and reload (admin_config.py)
+_HANDLERS.update(LIFECYCLE_HANDLERS)  # the model lifecycle's (admin/lifecycle.py)
+_HANDLERS.update(FACILITY_HANDLERS)  # the facility's (admin/facility.py)
+_HANDLERS.update(CONFIG_HANDLERS)  # the config file's check and reload (admin/config.py)
 
 
 class AdminApp:
@@ -238,7 +238,7 @@ class AdminApp:
     @_handles("set_node_labels")
     async def _set_labels(self, call: _Call) -> Any:
         name = self._node_name(call)
-        self.control.set_labels(name, call.body.labels)
+        self.control.actions.set_labels(name, call.body.labels)
         return self._node_view(name)
 
     @_handles("remove_node_labels")
@@ -246,7 +246,7 @@ class AdminApp:
         name = self._node_name(call)
         if name not in self.control.nodes.nodes:
             raise AdminFail(404, f"No node {echo(name)}.")
-        self.control.remove_labels(name, call.body.keys)
+        self.control.actions.remove_labels(name, call.body.keys)
         return self._node_view(name)
 
     # -- node identity ------------------------------------------------------------------------------
@@ -280,7 +280,7 @@ class AdminApp:
 
     def _save(self, data: dict[str, Any]) -> dict[str, Any]:
         try:
-            m = self.control.put_model(data, source="api")
+            m = self.control.actions.put_model(data, source="api")
         except ConfigError as e:
             raise invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
         except ModelError as e:
@@ -316,7 +316,7 @@ class AdminApp:
     async def _delete_model(self, call: _Call) -> Any:
         name = call.params["name"]
         try:
-            self.control.delete_model(name)
+            self.control.actions.delete_model(name)
         except KeyError:
             raise AdminFail(404, f"No model {echo(name)}.") from None
         except ModelError as e:
@@ -327,7 +327,7 @@ class AdminApp:
     async def _scale(self, call: _Call) -> Any:
         name = call.params["name"]
         try:
-            m = self.control.scale(name, call.body.replicas)
+            m = self.control.actions.scale(name, call.body.replicas)
         except KeyError:
             raise AdminFail(404, f"No model {echo(name)}.") from None
         except ModelError as e:
@@ -347,7 +347,7 @@ class AdminApp:
     async def _restart(self, call: _Call) -> Any:
         rid = call.params["id"]
         try:
-            self.control.restart_replica(rid)
+            self.control.actions.restart_replica(rid)
         except KeyError:
             raise AdminFail(404, f"No placed replica {echo(rid)} (static endpoints are not restarted "
                                  "by llmgw).") from None
@@ -425,7 +425,7 @@ class AdminApp:
         return [HistoryEvent(id=r.id, ts=r.ts, event=r.event, replica=r.replica, model=r.model, node=r.node,
                              detail=r.detail) for r in rows]
 
-    # -- the event stream (admin_events.py), the document ---------------------------------------------
+    # -- the event stream (admin/events.py), the document ---------------------------------------------
     @_handles("events")
     async def _events(self, call: _Call) -> Any:
         return Response(200, [("content-type", _NDJSON), ("cache-control", "no-cache")],

@@ -19,7 +19,7 @@ from llmgw.fleet.reconcile import Assignment
 
 
 class ControlPlane(Protocol):
-    """What these read and call of the control plane (plane.py; named so to keep imports one-way)."""
+    """What these read and call of the control plane (plane/plane.py; named so to keep imports one-way)."""
 
     assignments: dict[str, Assignment]
     guard: Any

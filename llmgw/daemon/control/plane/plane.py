@@ -1,18 +1,18 @@
 """The router's control plane: models, the node registry, reconciliation, the store, and the
 replicas it routes in and out of the router's scheduler; the admin API's views of all that.
 
-Agents dial in (docs/architecture.md has the protocol; their sessions are agent_sessions.py) and
+Agents dial in (docs/architecture.md has the protocol; their sessions are agents/sessions.py) and
 report their engines. A reconcile loop applies the node timeouts, asks the pure reconciler for a
 plan, writes it to the store, pushes each changed node its desired set, and moves replicas in and
 out of the scheduler (through the router's control port) as their engines report ready or stop.
 Draining replicas take no new requests and stop when their last request ends (or at
 `drain_timeout_s`).
 
-Every store call goes through a StoreGuard (store_guard.py): a store that cannot write leaves the
+Every store call goes through a StoreGuard (store/guard.py): a store that cannot write leaves the
 plane running from memory, and the whole state is written back when it can. The plane loads its
-state from the store at start (store_state.py: a store it cannot read stops the daemon there with
+state from the store at start (store/state.py: a store it cannot read stops the daemon there with
 what to do), routes the replicas whose engines still answer before their agents are back
-(`restore_routing`), and keeps engines the store does not know running (unknown_engines.py) —
+(`restore_routing`), and keeps engines the store does not know running (plane/unknown_engines.py) —
 or adopts them, with `--adopt`.
 """
 
@@ -34,30 +34,24 @@ from llmgw.config import (
     Config,
     DeployConfig,
     ModelConfig,
-    model_to_dict,
 )
-from llmgw.daemon.control.agent_sessions import AgentSessions
-from llmgw.daemon.control.config_reload import load_models, reconcile_file
-from llmgw.daemon.control.facility import FacilityControl
-from llmgw.daemon.control.groups import head_of, head_startable, routable_group, stop_workers, sync_head
-from llmgw.daemon.control.lifecycle import Lifecycle
+from llmgw.daemon.control.agents.sessions import AgentSessions
+from llmgw.daemon.control.plane.config_reload import load_models, reconcile_file
+from llmgw.daemon.control.plane.facility import FacilityControl
+from llmgw.daemon.control.plane.groups import head_of, head_startable, routable_group, stop_workers, sync_head
+from llmgw.daemon.control.lifecycle.lifecycle import Lifecycle
 from llmgw.daemon.control.model_deploy import ModelError, deploy_of
-from llmgw.daemon.control.plane_actions import OperatorActions
-from llmgw.daemon.control.plane_views import model_views, node_views, replica_views
-from llmgw.daemon.control.restore import restore_routing
-from llmgw.daemon.control.store import AssignmentRow, Store
-from llmgw.daemon.control.store_guard import StoreGuard
-from llmgw.daemon.control.store_state import read_state, write_state
-from llmgw.daemon.control.unknown_engines import (
-    KEPT_STATES,
-    MAX_PER_NODE,
-    UnknownEngines,
-    adopted_model,
-)
+from llmgw.daemon.control.plane.actions import OperatorActions
+from llmgw.daemon.control.plane.views import model_views, node_views, replica_views
+from llmgw.daemon.control.plane.restore import restore_routing
+from llmgw.daemon.control.store.port import FleetStore
+from llmgw.daemon.control.store.rows import AssignmentRow
+from llmgw.daemon.control.store.guard import StoreGuard
+from llmgw.daemon.control.store.state import read_state, write_state
+from llmgw.daemon.control.plane.unknown_engines import UnknownEngines, adopt
 from llmgw.daemon.router.control_port import RouterPort
 from llmgw.fleet.engine_cmd import ray_group
 from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
-from llmgw.fleet.placement import Demand
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.config.names import CANDIDATE_SUFFIX
@@ -72,8 +66,8 @@ log = logging.getLogger("llmgw.control")
 __all__ = ["ControlPlane", "ModelError", "deploy_of"]
 
 
-class ControlPlane(OperatorActions):
-    def __init__(self, cfg: Config, store: Store, router: RouterPort, *, token: str | None,
+class ControlPlane:
+    def __init__(self, cfg: Config, store: FleetStore, router: RouterPort, *, token: str | None,
                  settle_s: float | None = None, adopt: bool = False, fresh_store: bool = False) -> None:
         """`adopt`: engines the store does not know are adopted (`llmgw daemon --adopt`);
         `fresh_store`: the store was created at this start (said in the warnings about them)."""
@@ -99,7 +93,7 @@ class ControlPlane(OperatorActions):
         self.assignments: dict[str, Assignment] = {}
         self.unplaceable: dict[str, str] = {}
         self.group_nodes: set[str] = set()  # nodes whose agents run multi-node parts (FEATURE_GROUPS)
-        self.told_workers: dict[str, tuple[int | None, ...]] = {}  # multi-node heads: groups.py
+        self.told_workers: dict[str, tuple[int | None, ...]] = {}  # multi-node heads: plane/groups.py
         self.agents = AgentSessions(self, c, token)
         self._wake = trio.Event()
         self._partition_logged: dict[str, str] = {}
@@ -108,8 +102,9 @@ class ControlPlane(OperatorActions):
         # Placing before the fleet has joined would stack every replica on the first agent in.
         self._settle_until = self._started + (c.settle_s if settle_s is None else settle_s)
         self._reconciles = 0
-        self.lifecycle = Lifecycle(self)  # revisions, eval suites and results, jobs (lifecycle.py)
-        self.reloader: Any = None  # the config file's check and reload (config_reload.py), set by the daemon
+        self.lifecycle = Lifecycle(self)  # revisions, eval suites and results, jobs (lifecycle/lifecycle.py)
+        self.actions = OperatorActions(self)  # what an operator asks of it (plane/actions.py)
+        self.reloader: Any = None  # the config file's check and reload (plane/config_reload.py), set by the daemon
         self._load()
         self.guard.rewrite = self._rewrite
         self._from_store = {n for n, node in self.nodes.nodes.items() if not node.connected}
@@ -117,9 +112,9 @@ class ControlPlane(OperatorActions):
     # -- startup ------------------------------------------------------------------------------
     def _load(self) -> None:
         """The state from the store (read_state raises StoreCorrupt for one it cannot read), then the
-        config file's models reconciled with it by the reload's rule (config_reload.py)."""
+        config file's models reconciled with it by the reload's rule (plane/config_reload.py)."""
         stored = read_state(self.store)
-        load_models(self, stored.models)  # the store's, and the file's new ones (config_reload.py)
+        load_models(self, stored.models)  # the store's, and the file's new ones (plane/config_reload.py)
         now = trio.current_time()
         for name, row in stored.nodes.items():
             self.nodes.remember(name, agent_labels=row.agent_labels, operator_labels=row.operator_labels,
@@ -136,9 +131,9 @@ class ControlPlane(OperatorActions):
         self.lifecycle.load()
         reconcile_file(self)  # the file's models against those stored (docs/configuration.md)
 
-    def _rewrite(self, st: Store) -> None:
+    def _rewrite(self, st: FleetStore) -> None:
         """The whole state from memory into `st` (the StoreGuard's recovery, in one transaction)."""
-        models = {n: self.model_record(n, m, self.sources.get(n, "api")) for n, m in self.models.items()}
+        models = {n: self.actions.model_record(n, m, self.sources.get(n, "api")) for n, m in self.models.items()}
         write_state(st, models={**self._unloadable, **models}, nodes=self.nodes.nodes, seen_wall=self._seen_wall,
                     assignments={rid: self._row(a) for rid, a in self.assignments.items()})
         self.lifecycle.rewrite(st)
@@ -155,7 +150,7 @@ class ControlPlane(OperatorActions):
         self.lifecycle.say_revisions(m.name)  # the revision id its requests' traces carry
 
     async def restore_routing(self, pool: UpstreamPool) -> int:
-        """Route the stored replicas whose engines still serve, before any agent is back (restore.py);
+        """Route the stored replicas whose engines still serve, before any agent is back (plane/restore.py);
         call it before the control listener opens. Answers how many were routed."""
         return await restore_routing(pool, self.assignments, self.urls, lambda a, r: self._on_report(a.node, r))
 
@@ -170,7 +165,7 @@ class ControlPlane(OperatorActions):
             await nursery.start(trio.serve_listeners, lambda s: self.agents.serve_agent(s, ssl_context), listeners)
             task_status.started(self.port)
 
-    # -- what the agents' sessions tell us (the SessionHost of agent_sessions.py) ----------------
+    # -- what the agents' sessions tell us (the SessionHost of agents/sessions.py) ----------------
     def agent_joined(self, hello: Hello, peer: str) -> Node:
         node = hello.node
         now = trio.current_time()
@@ -252,7 +247,7 @@ class ControlPlane(OperatorActions):
         self._wake.set()
 
     def node_revoked(self, node: str) -> list[str]:
-        """An operator revoked the node (agent_sessions.py cut its connection): its replicas leave
+        """An operator revoked the node (agents/sessions.py cut its connection): its replicas leave
         routing now and are placed elsewhere at the next reconcile; the node is forgotten."""
         mine = [a for a in self.assignments.values() if a.node == node]
         for a in mine:
@@ -276,7 +271,7 @@ class ControlPlane(OperatorActions):
             assert report is not None
             a = self.assignments.get(report.replica)
             if a is None:
-                if self.adopt and self._adopt(node, report):
+                if self.adopt and adopt(self, node, report):
                     return
                 new = report.replica not in self.unknown.engines
                 if self.unknown.report(node, report) and new:
@@ -300,46 +295,6 @@ class ControlPlane(OperatorActions):
         if a.desired == "stop" and (report is None or report.state == "stopped"):
             self._forget(a, "stopped")
 
-    def _adopt(self, node: str, report: EngineReport) -> bool:
-        """`--adopt`: an engine the store does not know becomes an assignment (its model from the
-        config or the store, or rebuilt from its spec). False if it cannot be (it is then kept or
-        stopped as without --adopt)."""
-        spec = report.spec
-        if spec is None or report.state not in KEPT_STATES or (spec.replica, spec.model) != (report.replica,
-                                                                                             report.model):
-            return False
-        if self.unknown.was_removed(report.replica):
-            return False
-        if sum(1 for a in self.assignments.values() if a.node == node) >= MAX_PER_NODE:
-            log.warning("node %s: engine %s not adopted: the node has %d replicas already", node, report.replica,
-                        MAX_PER_NODE)
-            return False
-        m = self.models.get(spec.model)
-        if m is None or self.sources.get(spec.model) == "adopted":
-            count = 1 + sum(1 for a in self.assignments.values() if a.model == spec.model and a.desired == "run")
-            rebuilt = adopted_model(spec, count, self.cfg.pools)
-            if rebuilt is None:
-                return False
-            self._set_model(rebuilt, "adopted")
-            self.guard.write("put_model", rebuilt.name, {"source": "adopted", "model": model_to_dict(rebuilt)})
-            m = rebuilt
-        dep = self.deploys.get(m.name)
-        demand = dep.demand if dep is not None else Demand(gpus=len(spec.gpu_indices))
-        a = Assignment(spec.replica, spec.model, node, spec, demand, created_at=time.time())
-        self.assignments[a.replica] = a
-        self.unknown.engines.pop(a.replica, None)
-        if report.url:
-            self.urls[a.replica] = report.url
-        self.guard.write("put_assignment", self._row(a))
-        self.guard.record("replica adopted", replica=a.replica, model=a.model, node=node,
-                          detail=f"{report.state} at {report.url or '?'} (pid {report.pid})")
-        log.warning("adopted engine %s of model %s on %s (%s; pid %s) as a replica", a.replica, a.model, node,
-                    report.state, report.pid)
-        self._on_report(node, report, a)
-        self.agents.push(node)
-        self._wake.set()
-        return True
-
     def _route(self, a: Assignment) -> None:
         if a.spec.is_worker:  # never routed; its head is, while the whole group is ready
             head = head_of(self, a)
@@ -348,9 +303,9 @@ class ControlPlane(OperatorActions):
                 self._route(head)
             return
         if ray_group(a.spec):
-            sync_head(self, a)  # a vLLM head's Ray port: its workers are told it (groups.py)
+            sync_head(self, a)  # a vLLM head's Ray port: its workers are told it (plane/groups.py)
         r = a.report
-        m = self.models.get(a.model) or self.lifecycle.router_model(a.model)  # a candidate's: lifecycle.py
+        m = self.models.get(a.model) or self.lifecycle.router_model(a.model)  # a candidate's: lifecycle/lifecycle.py
         routable = (r is not None and r.state == "ready" and r.url and m is not None
                     and a.desired in ("run", "drain") and self.nodes.nodes.get(a.node) is not None
                     and self.nodes.nodes[a.node].state != "lost"
@@ -428,7 +383,7 @@ class ControlPlane(OperatorActions):
                     log.warning("replica %s of %s written off: %s", rid, a.model, why)
                     self._forget(a, f"lost: {why}")
                     self.agents.push(a.node)  # a multi-node part on a live node: its agent stops it
-            if plan.create:  # the verdicts as they stand now, kept beside each new replica (facility.py)
+            if plan.create:  # the verdicts as they stand now, kept beside each new replica (plane/facility.py)
                 self.facility.record_placements(plan.create, nodes, self.assignments.values(), self.deploys,
                                                 time.time())
             for a in plan.create:
@@ -510,7 +465,7 @@ class ControlPlane(OperatorActions):
         return AssignmentRow(replica=a.replica, model=a.model, node=a.node, spec=spec, desired=a.desired,
                              created_at=a.created_at, updated_at=time.time(), url=self.urls.get(a.replica))
 
-    # -- views (plane_views.py) -------------------------------------------------------------------
+    # -- views (plane/views.py) -------------------------------------------------------------------
     def node_views(self) -> list[NodeView]:
         return node_views(self.nodes.nodes.values(), self.assignments.values(), trio.current_time(),
                           held=self.facility.held_domains)

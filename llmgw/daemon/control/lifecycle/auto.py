@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from llmgw.daemon.control.store_guard import StoreUnavailable
+from llmgw.daemon.control.store.guard import StoreUnavailable
 from llmgw.lifecycle.jobs import Job
 from llmgw.lifecycle.revisions import LifecycleError
 
@@ -42,7 +42,7 @@ def auto_promote_step(lc: Any, job: Job, now: float) -> None:
         ids = []
         try:
             for s in require:
-                ids.append(lc.start_eval(job.model, s, "candidate").id)
+                ids.append(lc.evals.start_eval(job.model, s, "candidate").id)
         except LifecycleError as e:  # the OpenAI port not listening yet, too many evals: next round
             if ids:
                 job.params["auto_evals"] = ids  # those started are waited on; the rest failed to start

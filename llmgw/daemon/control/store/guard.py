@@ -38,7 +38,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from llmgw.admin.schema import StoreStatus
-from llmgw.daemon.control.store import Store, describe
+from llmgw.daemon.control.store.port import FleetStore
+from llmgw.daemon.control.store.rows import describe
 
 log = logging.getLogger("llmgw.control.store")
 
@@ -77,7 +78,7 @@ class StoreGuard:
     """See the module docstring. `rewrite(store)` writes the whole state from memory; it is set by
     the control plane once it has loaded (before that there is nothing to re-write)."""
 
-    def __init__(self, store: Store, *, rewrite: Callable[[Store], None] | None = None,
+    def __init__(self, store: FleetStore, *, rewrite: Callable[[FleetStore], None] | None = None,
                  max_pending_history: int = MAX_PENDING_HISTORY, wall: Callable[[], float] = time.time) -> None:
         self.store = store
         self.rewrite = rewrite
@@ -125,7 +126,7 @@ class StoreGuard:
             self._fail(op, e)
             raise StoreUnavailable(self.reason, self.detail) from None
 
-    def read(self, op: str, fn: Callable[[Store], Any]) -> Any:
+    def read(self, op: str, fn: Callable[[FleetStore], Any]) -> Any:
         """A read for an answer (the admin API's history): its result, or StoreUnavailable."""
         try:
             return fn(self.store)

@@ -1,6 +1,6 @@
 """The admin API's handlers for the facility (docs/placement.md): the domains with their holds and
 power, holding and releasing a domain, and a placement's explanation. Each is
-``async (app, call) -> answer``; admin_server.py registers them by route name."""
+``async (app, call) -> answer``; admin/server.py registers them by route name."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from llmgw.admin.schema import Problem
 from llmgw.admin.schema_facility import PlacementCandidate, PlacementExplanation, PlacementRecord
-from llmgw.daemon.control.admin_errors import AdminFail, invalid
+from llmgw.daemon.control.admin.errors import AdminFail, invalid
 from llmgw.fleet.domains import DomainError
 from llmgw.inputs.echo import echo
 
@@ -19,23 +19,23 @@ Handler = Callable[[Any, Any], Awaitable[Any]]
 
 
 async def get_facility(app: Any, call: Any) -> Any:
-    return app.control.facility_view()
+    return app.control.actions.facility_view()
 
 
 async def hold_domain(app: Any, call: Any) -> Any:
     try:
-        view = app.control.hold(call.params["domain"], call.body.reason, call.body.drain)
+        view = app.control.actions.hold(call.params["domain"], call.body.reason, call.body.drain)
     except DomainError as e:  # unknown domains are 404, naming the known ones; bad syntax is 400
         raise (AdminFail(404, str(e)) if str(e).startswith("no node") else
                invalid([Problem("domain", str(e))], "invalid_path")) from None
     except ValueError as e:
         raise invalid([Problem("reason", str(e))], "invalid_body") from None
-    return next((h for h in app.control.facility_view().holds if h.domain == view.domain), view)
+    return next((h for h in app.control.actions.facility_view().holds if h.domain == view.domain), view)
 
 
 async def release_domain(app: Any, call: Any) -> Any:
     try:
-        app.control.release(call.params["domain"])
+        app.control.actions.release(call.params["domain"])
     except DomainError as e:
         raise invalid([Problem("domain", str(e))], "invalid_path") from None
     except KeyError:
@@ -46,7 +46,7 @@ async def release_domain(app: Any, call: Any) -> Any:
 async def explain_placement(app: Any, call: Any) -> Any:
     target = call.params["target"]
     try:
-        e = app.control.explain_placement(target)
+        e = app.control.actions.explain_placement(target)
     except KeyError:
         raise AdminFail(404, f"No placed replica or deployed model {echo(target)}.") from None
     return PlacementExplanation(

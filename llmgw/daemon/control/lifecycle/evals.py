@@ -1,17 +1,18 @@
 """The model lifecycle's eval side and its views: suites stored and deleted, eval jobs (started
-here, run by eval_runner.py through the router's OpenAI port, their results kept and compared
-with the live revision's last one), and what the admin API answers of jobs and revisions. A
-mixin of :class:`.lifecycle.Lifecycle`, whose state it works on."""
+here, run by lifecycle/eval_runner.py through the router's OpenAI port, their results kept and compared
+with the live revision's last one), and what the admin API answers of jobs and revisions. The
+Lifecycle holds one (``lifecycle.evals``); it reaches the Lifecycle's state only through
+:class:`EvalsHost`."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from llmgw.daemon.control.eval_runner import EvalTarget, run_cases
+from llmgw.daemon.control.lifecycle.eval_runner import EvalTarget, run_cases
 from llmgw.lifecycle.evals import compare, summarize
 from llmgw.lifecycle.jobs import Job
 from llmgw.lifecycle.revisions import LifecycleError, ModelRevisions, candidate_key
@@ -23,16 +24,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llmgw.lifecycle")
 
-__all__ = ["MAX_RESULTS", "MAX_RUNNING_EVALS", "MAX_SUITES", "EvalsAndViews"]
+__all__ = ["MAX_RESULTS", "MAX_RUNNING_EVALS", "MAX_SUITES", "Evals", "EvalsHost"]
 
 MAX_SUITES = 1000
 MAX_RESULTS = 200  # eval results kept (the newest); each holds at most 1,000 cases of a few KiB
 MAX_RUNNING_EVALS = 4  # eval jobs at once (each with its suite's concurrency)
 
 
-class EvalsAndViews:
-    # The Lifecycle's state these work on (set in its __init__).
-    plane: Any
+class EvalsHost(Protocol):
+    """What the evals and views read and call of the Lifecycle (lifecycle/lifecycle.py)."""
+    plane: Any  # the ControlPlane: models, guard, unplaceable, router's request counts
     revisions: dict[str, ModelRevisions]
     suites: dict[str, Suite]
     results: dict[str, dict[str, Any]]
@@ -42,57 +43,59 @@ class EvalsAndViews:
     _pool: UpstreamPool | None
     _target: EvalTarget | None
 
-    def _new_job(self, kind: str, model: str, revision_id: str = "", **params: Any) -> Job:
-        raise NotImplementedError
+    def _new_job(self, kind: str, model: str, revision_id: str = "", **params: Any) -> Job: ...
 
-    def _save_job(self, job: Job) -> None:
-        raise NotImplementedError
+    def _save_job(self, job: Job) -> None: ...
 
-    def _candidate_replicas(self, name: str) -> list[Any]:
-        raise NotImplementedError
+    def _candidate_replicas(self, name: str) -> list[Any]: ...
+
+
+class Evals:
+    def __init__(self, lifecycle: EvalsHost) -> None:
+        self.lc = lifecycle
 
     # -- suites ------------------------------------------------------------------------------------
     def put_suite(self, name: str, text: str) -> Suite:
         if (why := suite_name_problem(name)) is not None:
             raise LifecycleError(400, why)
-        if name not in self.suites and len(self.suites) >= MAX_SUITES:
+        if name not in self.lc.suites and len(self.lc.suites) >= MAX_SUITES:
             raise LifecycleError(409, f"at most {MAX_SUITES} suites; delete one first")
         suite = parse_suite(text, f"suite {name}", name=name)  # ConfigError: every problem, file:line:key
-        self.plane.guard.must_write("put_doc", "suite", name, {"toml": text})
-        self.suites[name] = suite
+        self.lc.plane.guard.must_write("put_doc", "suite", name, {"toml": text})
+        self.lc.suites[name] = suite
         return suite
 
     def delete_suite(self, name: str) -> None:
-        if name not in self.suites:
+        if name not in self.lc.suites:
             raise LifecycleError(404, f"No suite {echo(name)}.")
-        self.plane.guard.must_write("delete_doc", "suite", name)
-        del self.suites[name]
+        self.lc.plane.guard.must_write("delete_doc", "suite", name)
+        del self.lc.suites[name]
 
     # -- evals -------------------------------------------------------------------------------------
-    def _last_result(self, model: str, suite: str, revision_id: str) -> dict[str, Any] | None:
-        return self.results.get(f"{model}/{suite}/{revision_id}")
+    def last_result(self, model: str, suite: str, revision_id: str) -> dict[str, Any] | None:
+        return self.lc.results.get(f"{model}/{suite}/{revision_id}")
 
     def start_eval(self, name: str, suite_name: str, revision: str) -> Job:
-        p = self.plane
+        p = self.lc.plane
         if name not in p.models:
             raise LifecycleError(404, f"No model {echo(name)}.")
-        suite = self.suites.get(suite_name)
+        suite = self.lc.suites.get(suite_name)
         if suite is None:
             raise LifecycleError(404, f"No suite {echo(suite_name)}.")
-        revs = self.revisions.get(name) or ModelRevisions(name)
+        revs = self.lc.revisions.get(name) or ModelRevisions(name)
         if revision == "candidate" and revs.candidate is None:
             raise LifecycleError(409, f"model {name} has no candidate: `llmgw ctl models update {name}` makes one")
-        if self._nursery is None or self._pool is None or self._target is None:
+        if self.lc._nursery is None or self.lc._pool is None or self.lc._target is None:
             raise LifecycleError(409, "the router's OpenAI port is not listening yet; retry in a moment")
-        running = [j.id for j in self.jobs.values() if j.kind == "eval" and not j.done]
+        running = [j.id for j in self.lc.jobs.values() if j.kind == "eval" and not j.done]
         if len(running) >= MAX_RUNNING_EVALS:
             raise LifecycleError(409, f"{len(running)} eval jobs are running ({', '.join(running)}); wait for one")
         rid = revs.candidate.id if revision == "candidate" and revs.candidate else revs.live_id
-        job = self._new_job("eval", name, rid, suite=suite_name, revision=revision)
+        job = self.lc._new_job("eval", name, rid, suite=suite_name, revision=revision)
         job.step(f"running {len(suite.cases)} cases on {revision} {rid}", job.created_at,
                  f"concurrency {suite.concurrency}, {suite.timeout_s:g} s a case")
-        self._save_job(job)
-        self._nursery.start_soon(self._eval, job, suite, name, revision, rid)
+        self.lc._save_job(job)
+        self.lc._nursery.start_soon(self._eval, job, suite, name, revision, rid)
         return job
 
     async def _eval(self, job: Job, suite: Suite, name: str, revision: str, rid: str) -> None:
@@ -101,25 +104,25 @@ class EvalsAndViews:
         except Exception as e:  # noqa: BLE001 — a bug (or a damaged stored result) fails the job, never the router
             log.exception("eval job %s failed", job.id)
             job.fail(time.time(), f"the eval failed: {e}")
-            self._save_job(job)
+            self.lc._save_job(job)
 
     async def _run_eval(self, job: Job, suite: Suite, name: str, revision: str, rid: str) -> None:
-        assert self._pool is not None and self._target is not None
+        assert self.lc._pool is not None and self.lc._target is not None
         started = time.time()
-        cases = await run_cases(self._pool, self._target, suite, name, revision, job.id)
+        cases = await run_cases(self.lc._pool, self.lc._target, suite, name, revision, job.id)
         result = {"suite": suite.name, "model": name, "revision": revision, "revision_id": rid,
                   "job": job.id, "started_at": started, "ended_at": time.time(), **summarize(suite, cases),
                   "cases": cases}
-        revs = self.revisions.get(name)
+        revs = self.lc.revisions.get(name)
         live_id = revs.live_id if revs else "r1"
-        result["compare"] = None if rid == live_id else compare(result, self._last_result(name, suite.name, live_id))
+        result["compare"] = None if rid == live_id else compare(result, self.last_result(name, suite.name, live_id))
         key = f"{name}/{suite.name}/{rid}"
-        self.results.pop(key, None)
-        self.results[key] = result
-        for old in list(self.results)[:max(0, len(self.results) - MAX_RESULTS)]:
-            del self.results[old]
-            self.plane.guard.write("delete_doc", "result", old)
-        self.plane.guard.write("put_doc", "result", key, result)
+        self.lc.results.pop(key, None)
+        self.lc.results[key] = result
+        for old in list(self.lc.results)[:max(0, len(self.lc.results) - MAX_RESULTS)]:
+            del self.lc.results[old]
+            self.lc.plane.guard.write("delete_doc", "result", old)
+        self.lc.plane.guard.write("put_doc", "result", key, result)
         t = result["totals"]
         verdict = "passed" if result["passed"] else "failed"
         job.step("stored the result", time.time())
@@ -129,8 +132,8 @@ class EvalsAndViews:
             job.succeed(time.time(), f"suite {suite.name} passed: {figures}")
         else:  # the job's state says the verdict (jobs.py); its result is attached all the same
             job.fail(time.time(), f"suite {suite.name} did not pass: {figures}")
-        self._save_job(job)
-        self.plane.guard.record("eval " + verdict, model=name, detail=f"{suite.name} on {rid} (job {job.id})")
+        self.lc._save_job(job)
+        self.lc.plane.guard.record("eval " + verdict, model=name, detail=f"{suite.name} on {rid} (job {job.id})")
 
     # -- views ------------------------------------------------------------------------------------
     def job_view(self, job: Job, *, result: bool = True) -> dict[str, Any]:
@@ -139,28 +142,28 @@ class EvalsAndViews:
         d = job.to_dict()
         d.pop("trace")  # GET /api/v1/traces/{job_id} answers it
         key = job.params.get("result")
-        d["result"] = self.results.get(key) if result and isinstance(key, str) else None
+        d["result"] = self.lc.results.get(key) if result and isinstance(key, str) else None
         return d
 
     def revisions_view(self, name: str) -> dict[str, Any]:
-        p = self.plane
+        p = self.lc.plane
         if name not in p.models:
             raise LifecycleError(404, f"No model {echo(name)}.")
-        revs = self.revisions.get(name) or ModelRevisions(name)
+        revs = self.lc.revisions.get(name) or ModelRevisions(name)
         cand = revs.candidate
         out: dict[str, Any] = {"model": name, "live": revs.live_id,
                                "live_restored_from": revs.live_restored_from or None, "candidate": None,
                                "previous": revs.previous.id if revs.previous else None,
                                "promoted_at": revs.promoted_at, "canary": None}
         if cand is not None:
-            reps = self._candidate_replicas(name)
+            reps = self.lc._candidate_replicas(name)
             out["candidate"] = {"id": cand.id, "restored_from": cand.restored_from or None,
                                 "created_at": cand.created_at, "definition": cand.definition,
                                 "replicas": sorted(a.replica for a in reps),
                                 "ready": sum(1 for a in reps if a.engine_state == "ready"),
                                 "unplaceable": p.unplaceable.get(candidate_key(name))}
             if cand.canary > 0:
-                base = self._canary_base.get(name, ((0, 0, 0.0, 0), (0, 0, 0.0, 0)))
+                base = self.lc._canary_base.get(name, ((0, 0, 0.0, 0), (0, 0, 0.0, 0)))
                 out["canary"] = {"share": cand.canary,
                                  "live": _since(p.router.request_counts(name), base[0]),
                                  "candidate": _since(p.router.request_counts(candidate_key(name)), base[1])}

@@ -1,6 +1,6 @@
 """The admin API's errors: AdminFail (status, message, the field it names) and the envelope every
 error answer has (OpenAI's shape: message, type, param, code). Shared by the server and the
-handler modules (admin_lifecycle.py, admin_facility.py)."""
+handler modules (admin/lifecycle.py, admin/facility.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""The agents' side of the control plane: their sessions, node identities, the control TLS, report checks."""

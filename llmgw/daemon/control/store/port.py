@@ -1,0 +1,93 @@
+"""What the control plane needs of a store: the seam for a second backend.
+
+Everything the plane, its agents' sessions, the lifecycle and the admin API keep goes through
+these methods (most of them by name, through ``StoreGuard.write``/``must_write``/``read``), and
+nothing else of a store is used outside store/. The SQLite store (sqlite.py) is the one backend
+today; another (PostgreSQL, for several routers sharing a fleet) implements this Protocol and is
+opened in its place by the daemon. The row types and errors a backend speaks are rows.py's.
+
+What a backend must keep that the signatures cannot say:
+- ``transaction()`` makes every write inside one commit, and nests (an inner block that fails and
+  is caught leaves none of its writes behind: the guard's write-back relies on it);
+- a failed write raises (the guard turns it into degraded mode: the plane goes on from memory and
+  writes its whole state back later), and a store whose contents cannot be read raises
+  StoreCorrupt when it is loaded;
+- ``record``/``history``/``prune_history`` are the history: newest first, filters all matching;
+- ``path`` names the store in logs and in the admin API's status (a file, or a database's DSN
+  without its password).
+The guard's classification of failures (``describe``: "disk full", "locked", ...) is SQLite's
+today: a second backend brings its own."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
+
+from llmgw.daemon.control.store.rows import AssignmentRow, CredentialRow, HistoryRow, HoldRow, NodeRow
+
+__all__ = ["FleetStore"]
+
+
+@runtime_checkable
+class FleetStore(Protocol):
+    """The store as the control plane uses it (implemented by store.sqlite.Store)."""
+    path: str
+
+    def close(self) -> None: ...
+
+    def transaction(self) -> AbstractContextManager[None]: ...
+
+    def put_model(self, name: str, spec: dict[str, Any], *, now: float | None = None) -> None: ...
+
+    def delete_model(self, name: str) -> bool: ...
+
+    def models(self) -> dict[str, dict[str, Any]]: ...
+
+    def model(self, name: str) -> dict[str, Any] | None: ...
+
+    def put_doc(self, kind: str, key: str, value: dict[str, Any], *, now: float | None = None) -> None: ...
+
+    def delete_doc(self, kind: str, key: str) -> bool: ...
+
+    def docs(self, kind: str) -> dict[str, dict[str, Any]]: ...
+
+    def upsert_node(self, name: str, *, agent_labels: dict[str, str], facts: dict[str, Any],
+                    seen_at: float) -> None: ...
+
+    def set_node_labels(self, name: str, labels: dict[str, str]) -> None: ...
+
+    def remove_node_labels(self, name: str, keys: list[str]) -> None: ...
+
+    def nodes(self) -> dict[str, NodeRow]: ...
+
+    def delete_node(self, name: str) -> bool: ...
+
+    def put_assignment(self, row: AssignmentRow) -> None: ...
+
+    def set_desired(self, replica: str, desired: str, *, now: float | None = None) -> None: ...
+
+    def delete_assignment(self, replica: str) -> bool: ...
+
+    def assignments(self) -> dict[str, AssignmentRow]: ...
+
+    def record(self, event: str, *, replica: str | None = None, model: str | None = None,
+               node: str | None = None, detail: str = "", ts: float | None = None) -> None: ...
+
+    def history(self, limit: int = 100, replica: str | None = None, model: str | None = None,
+                node: str | None = None) -> list[HistoryRow]: ...
+
+    def prune_history(self, keep: int = 100_000) -> int: ...
+
+    def credentials(self) -> dict[str, CredentialRow]: ...
+
+    def put_credential(self, node: str, hash_: str, *, issued_at: float) -> None: ...
+
+    def confirm_credential(self, node: str, hash_: str, *, at: float) -> bool: ...
+
+    def revoke_credential(self, node: str, *, at: float) -> bool: ...
+
+    def put_hold(self, domain: str, *, reason: str, drain: bool, now: float | None = None) -> None: ...
+
+    def delete_hold(self, domain: str) -> bool: ...
+
+    def holds(self) -> dict[str, HoldRow]: ...
