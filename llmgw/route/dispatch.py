@@ -44,8 +44,9 @@ from typing import Any
 
 from llmgw.config import Config, ModelConfig
 
+from .adapter_port import AdapterPort
 from .adapter_routing import AdapterRouting
-from .adapters import AdapterBook, AdapterSettings, Load
+from .adapters import AdapterSettings, Load
 from .admission import ConcurrencyCaps, Ticket, suggest_retry_after
 from .attempt import Attempt, first_byte_timeout
 from .breaker import NO_SLOT, FailureKind, Permit
@@ -425,21 +426,17 @@ class RouterCore:
         """`model`'s client requests so far (RouterCounters.client_counts)."""
         return self.counters.client_counts(model)
 
-    def adapters_listed(self, rep: Replica, names: set[str], asked_at: float) -> list[Ticket]:
-        """`rep`'s engine listed the adapters it holds (AdapterRouting.listed)."""
-        return self.adapters.listed(rep, names, asked_at)
-
-    def adapter_missing(self, plan: Plan, rep: Replica, now: float) -> bool:
-        """`rep` answered 404 for the request's adapter, which it held (AdapterRouting.missing)."""
-        return self.adapters.missing(plan, rep, now)
+    def counts(self) -> RouterCounters:
+        """The counters, to read at scrape time (the metrics exporter's; it never writes them)."""
+        return self.counters
 
     def model_changed(self, model: str) -> None:
         """`model` was redefined: its adapters or max_loaded_adapters may differ."""
         self.adapters.model_changed(model)
 
-    def adapter_book(self) -> tuple[AdapterBook, dict[str, str]]:
-        """Which replica holds which adapter, and each replica's model (for the admin API)."""
-        return self.adapters.book, {rid: r.view.model for rid, r in self.table.replicas.items()}
+    def adapter_port(self) -> AdapterPort:
+        """The adapter state machine's face to the shell (the loader, its metrics, the admin API)."""
+        return AdapterPort(self.adapters, self.table, self.rc.adapter_load_timeout_s)
 
     def kv_stats(self) -> KvDecisionStats:
         """Tier 2's decisions so far (the kv_cache scorer's)."""

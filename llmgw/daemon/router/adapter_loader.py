@@ -27,8 +27,9 @@ from prometheus_client.registry import Collector
 
 from llmgw.daemon.net.log_limit import LogLimiter, repeats
 from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
+from llmgw.route.adapter_port import AdapterPort
 from llmgw.route.adapters import LATENCY_BUCKETS, Load, Unload
-from llmgw.route.dispatch import Plan, RouterCore
+from llmgw.route.plan import Plan
 from llmgw.route.engine_answers import MAX_MODELS_BYTES, BadAnswer, adapters_of
 
 log = logging.getLogger("llmgw.router")
@@ -41,11 +42,11 @@ RETIRE_EVERY_S = 1.0  # adapters no longer served are looked for at least this o
 
 
 class AdapterLoader:
-    def __init__(self, core: RouterCore, pool: UpstreamPool, wake: Callable[[Iterable[Any]], None]) -> None:
-        self.core = core
+    def __init__(self, port: AdapterPort, pool: UpstreamPool, wake: Callable[[Iterable[Any]], None]) -> None:
+        self.port = port  # the core's adapter state machine, as RouterCore.adapter_port() offers it
         self.pool = pool
         self.wake = wake
-        self.timeout = core.rc.adapter_load_timeout_s
+        self.timeout = port.load_timeout_s
         self._events: dict[Load, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
         self._faults = LogLimiter(60.0)
@@ -54,20 +55,20 @@ class AdapterLoader:
     async def run(self) -> None:
         """The nursery loads and unloads run in (started by the daemon beside the scrape loop);
         it begins the unloads of adapters the model no longer serves."""
-        routing = self.core.adapters
+        port = self.port
         async with trio.open_nursery() as n:
             self._nursery = n
-            routing.on_retire = self._poke
+            port.watch_retire(self._poke)
             try:
                 while True:
                     with trio.move_on_after(RETIRE_EVERY_S):
                         await self._retire.wait()
                     self._retire = trio.Event()
-                    for u in routing.retire_due(trio.current_time()):
+                    for u in port.retire_due(trio.current_time()):
                         n.start_soon(self._unload, u)
             finally:
                 self._nursery = None
-                routing.on_retire = _nothing
+                port.watch_retire(None)
 
     def _poke(self) -> None:
         self._retire.set()
@@ -76,12 +77,12 @@ class AdapterLoader:
         """Unload an adapter the model no longer serves; the core takes the end (exactly once)."""
         ok, why = False, ""
         try:
-            rep = self.core.table.replicas.get(u.replica)
-            if rep is None:
+            url = self.port.replica_url(u.replica)
+            if url is None:
                 why = "the replica is gone"
             else:
                 with trio.fail_after(self.timeout):
-                    status, text = await self._post(rep.view.url, "/v1/unload_lora_adapter", {"lora_name": u.adapter})
+                    status, text = await self._post(url, "/v1/unload_lora_adapter", {"lora_name": u.adapter})
                 ok = status == 200 or status == 404  # 404: "cannot be found", it is gone already
                 why = "" if ok else f"the engine answered {status}: {text}"
         except (trio.TooSlowError, UpstreamTimeout):
@@ -94,7 +95,7 @@ class AdapterLoader:
             log.exception("adapter %s on %s: unload failed", u.adapter, u.replica)
             why = f"internal error: {type(e).__name__}"
         finally:
-            self.wake(self.core.adapters.unload_done(u, trio.current_time(), ok=ok))
+            self.wake(self.port.unload_done(u, trio.current_time(), ok=ok))
         if ok:
             log.info("adapter %s unloaded from %s: model %s no longer serves it", u.adapter, u.replica, u.model,
                      extra={"endpoint": u.replica})
@@ -115,7 +116,7 @@ class AdapterLoader:
             else:  # no router nursery (an embedded router): the first waiter runs it, shielded
                 with trio.CancelScope(shield=True):
                     await self._load(ld, ev)
-        routing = self.core.adapters
+        routing = self.port
         try:
             with trio.move_on_at(ld.started + self.timeout + 1.0):
                 await ev.wait()
@@ -125,7 +126,7 @@ class AdapterLoader:
         routing.waited(plan, trio.current_time())
 
     async def _load(self, ld: Load, ev: trio.Event) -> None:
-        routing = self.core.adapters
+        routing = self.port
         failure: tuple[str, int, str] | None = None
         try:
             with trio.fail_after(self.timeout):
@@ -157,22 +158,19 @@ class AdapterLoader:
                             failure[0], repeats(n), extra={"endpoint": ld.replica})
 
     async def _calls(self, ld: Load) -> tuple[str, int, str] | None:
-        core = self.core
-        rep = core.table.replicas.get(ld.replica)
-        entry = core.table.models.get(ld.model)
-        decl = entry.declared.get(ld.adapter) if entry is not None else None
-        if rep is None or decl is None:
+        target = self.port.load_target(ld)
+        if target is None:
             return ("the replica or the adapter's declaration is gone", 503, "failed")
-        url = rep.view.url
+        url, source = target
         if ld.unload is not None:
             status, text = await self._post(url, "/v1/unload_lora_adapter", {"lora_name": ld.unload})
             ok = status == 200 or status == 404  # 404: "cannot be found", it is gone already
             ld.unload_reported = True
-            core.adapters.unloaded(ld, trio.current_time(), ok=ok)
+            self.port.unloaded(ld, trio.current_time(), ok=ok)
             if not ok:
                 return (f"unloading {ld.unload!r} to make room: the engine answered {status}: {text}", 502, "failed")
         status, text = await self._post(url, "/v1/load_lora_adapter", {"lora_name": ld.adapter,
-                                                                        "lora_path": decl.source})
+                                                                        "lora_path": source})
         if status != 200 and not (status == 400 and "already been loaded" in text):
             return (f"the engine answered {status}: {text}", 502, "failed")
         reply = await self.pool.request(url, "GET", "/v1/models", connect_timeout=self.timeout,
@@ -192,10 +190,6 @@ class AdapterLoader:
                                         first_byte_timeout=self.timeout, idle_timeout=self.timeout,
                                         max_body_bytes=MAX_ANSWER_BYTES)
         return reply.status, _reason(reply.body)
-
-
-def _nothing() -> None:
-    pass
 
 
 def _reason(body: bytes) -> str:
@@ -224,11 +218,11 @@ class AdapterMetrics(Collector):
     llmgw_adapter_unloads_total{outcome}, llmgw_adapter_load_seconds,
     llmgw_adapter_load_waiting, llmgw_adapter_load_waits_total."""
 
-    def __init__(self, core: RouterCore) -> None:
-        self.core = core
+    def __init__(self, port: AdapterPort) -> None:
+        self.port = port
 
     def collect(self) -> Iterable[Metric]:
-        book = self.core.adapters.book
+        book = self.port.book()
         g = GaugeMetricFamily("llmgw_adapters_loaded", "LoRA adapters the router counts as loaded on each vLLM "
                               "replica (its loads in progress included).", labels=["replica"])
         for rid, h in sorted(book.replicas.items()):

@@ -199,7 +199,7 @@ class RouterAdapter:
         return out
 
     def adapters(self, model: str | None = None) -> AdapterSummary:
-        book, models = self._router.core.adapter_book()
+        book, models = self._router.adapter_port.holdings()
         return adapter_summary_view(book, trio.current_time(), models, model)
 
     def cache_summary(self, window_s: float | None = None) -> CacheSummary:

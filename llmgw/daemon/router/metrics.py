@@ -51,6 +51,8 @@ class MetricsSource(Protocol):
 
     def queue_lengths(self) -> Mapping[str, int]: ...
 
+    def counts(self) -> RouterCounters: ...
+
 
 def _hist_family(name: str, doc: str, labels: list[str], bounds: tuple[float, ...],
                  series: Mapping[tuple[str, ...], Hist]) -> HistogramMetricFamily:
@@ -78,9 +80,9 @@ class RouterMetrics(Collector):
     """The router's Prometheus exposition: the core's counters and, computed at scrape time,
     the state gauges read from a :class:`MetricsSource`."""
 
-    def __init__(self, counters: RouterCounters, source: MetricsSource, *, registry: Registry | None = None,
+    def __init__(self, source: MetricsSource, *, registry: Registry | None = None,
                  http: ServerStats | None = None) -> None:
-        self.counters = counters
+        self.counters = source.counts()  # read-only here: the core bumps them
         self.source = source
         self.replicas = registry  # its failed reads of engines' /v1/models and /slots
         self.http = http  # the OpenAI endpoint's connection counters

@@ -129,11 +129,12 @@ class Router:
         self.registry.on_scraped = lambda rep: self._wake(self.core.scraped(rep, trio.current_time()))
         self._wakers: dict[Ticket, trio.Event] = {}
         self.http_stats = ServerStats()  # the OpenAI endpoint's connections (see server_options)
-        self.metrics = RouterMetrics(self.core.counters, self.core, registry=self.registry, http=self.http_stats)
+        self.metrics = RouterMetrics(self.core, registry=self.registry, http=self.http_stats)
         self.tokenizer = Tokenizer(pool)  # the HTTP calls of tier 2's step (kv_events models only)
         self.metrics.registry.register(Tier2Metrics(self.core.tier2_state()))
-        self.adapters = AdapterLoader(self.core, pool, self._wake)  # LoRA on demand (vLLM)
-        self.metrics.registry.register(AdapterMetrics(self.core))
+        self.adapter_port = self.core.adapter_port()
+        self.adapters = AdapterLoader(self.adapter_port, pool, self._wake)  # LoRA on demand (vLLM)
+        self.metrics.registry.register(AdapterMetrics(self.adapter_port))
         self.tier2_metrics = Tier2DecisionMetrics(self.core.kv_stats(), time.time())
         self.metrics.registry.register(self.tier2_metrics)
         self.core.watch_tier2(self.tier2_metrics.observe_tokenize)
@@ -193,7 +194,7 @@ class Router:
         self.core.remove_replica(rid)
 
     def _adapters_listed(self, rep: Replica, names: set[str], asked_at: float) -> None:
-        self._wake(self.core.adapters_listed(rep, names, asked_at))
+        self._wake(self.adapter_port.listed(rep, names, asked_at))
 
     def _wake(self, tickets: Iterable[Ticket]) -> None:
         for t in tickets:
@@ -370,7 +371,7 @@ class Router:
             self._finish(plan, a, None, None, None)
             raise
         if resp.status == 404 and plan.info.adapter is not None and \
-                self.core.adapter_missing(plan, rep, trio.current_time()):
+                self.adapter_port.missing(plan, rep, trio.current_time()):
             resp.close()  # the engine lost the adapter: loaded again (or another holder), never the client's 404
             log.info("replica %s answered 404 for adapter %s, which it held: its engine restarted? Trying again",
                      rep.id, plan.info.adapter, extra={"endpoint": rep.id, "request_id": plan.info.request_id})
