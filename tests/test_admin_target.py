@@ -18,7 +18,8 @@ from llmgw.admin_client.target import (
     TargetError,
     resolve_target,
 )
-from llmgw.config import AdminConfig, default_admin_socket, load_config
+from llmgw.config import AdminConfig, load_config
+from llmgw.config.defaults import default_admin_socket
 from llmgw.config.discovery import CONFIG_ENV, ConfigSource
 from llmgw.cli.ctl.main import Admin, CtlError, parser
 from llmgw.tui.main import UsageError, client_from_args

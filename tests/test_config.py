@@ -23,6 +23,8 @@ from llmgw.config import (
     load_config,
     parse_config,
 )
+from llmgw.config.defaults import default_node_name, with_machine_defaults
+from llmgw.config.fields import node_name
 from llmgw.config.locate import TomlLocator as _Locator
 
 
@@ -44,13 +46,43 @@ def test_defaults():
     assert cfg.models == () and cfg.pools == ()
 
 
-def test_admin_socket_default_is_computed_at_load(monkeypatch, tmp_path):
+def _machine_fields(cfg):
+    return cfg.control.store, cfg.agent.node, cfg.agent.state_dir, cfg.admin.socket
+
+
+def test_machine_defaults_are_empty_in_the_schema_and_filled_by_the_shell(monkeypatch, tmp_path):
+    """The schema is pure data: the four fields that depend on the machine are "" (unset) until the
+    shell's with_machine_defaults fills them from the environment, the uid and the hostname."""
     uid = os.getuid()
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    assert parse_config("").admin.socket == f"{tmp_path}/llmgw-{uid}/admin.sock"
+    assert _machine_fields(parse_config("")) == ("", "", "", "")
+    assert _machine_fields(default_config()) == ("", "", "", "")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    cfg = with_machine_defaults(parse_config(""))
+    assert _machine_fields(cfg) == (f"{tmp_path}/state/llmgw/router.db", default_node_name(),
+                                    f"{tmp_path}/state/llmgw/agent", f"{tmp_path}/run/llmgw-{uid}/admin.sock")
+    assert node_name(cfg.agent.node) is None and cfg.agent.node
+    assert with_machine_defaults(cfg) is cfg  # already resolved: nothing to do
     monkeypatch.delenv("XDG_RUNTIME_DIR")
-    assert default_config().admin.socket == f"/tmp/llmgw-{uid}/admin.sock"
-    assert parse_config('[admin]\nsocket = "/x/a.sock"').admin.socket == "/x/a.sock"
+    assert with_machine_defaults(default_config()).admin.socket == f"/tmp/llmgw-{uid}/admin.sock"
+    given = {"XDG_STATE_HOME": "/given"}  # an explicit environment instead of the process's
+    assert with_machine_defaults(default_config(), given).control.store == "/given/llmgw/router.db"
+    # a file's explicit values are kept; "" in the file means unset, like leaving the key out
+    text = ('[admin]\nsocket = "/x/a.sock"\n[control]\nstore = ":memory:"\n'
+            '[agent]\nnode = "gpu-01"\nstate_dir = "/var/lib/a"\n')
+    explicit = parse_config(text)
+    assert with_machine_defaults(explicit) is explicit
+    assert _machine_fields(explicit) == (":memory:", "gpu-01", "/var/lib/a", "/x/a.sock")
+    half = with_machine_defaults(parse_config('[agent]\nnode = ""\nstate_dir = "/s"\n'))
+    assert (half.agent.node, half.agent.state_dir) == (default_node_name(), "/s")
+
+
+def test_machine_fields_still_reject_blank_and_bad_values():
+    for text, key in (('[admin]\nsocket = " "', "admin.socket"), ('[control]\nstore = " "', "control.store"),
+                      ('[agent]\nstate_dir = " "', "agent.state_dir"), ('[agent]\nnode = "-bad"', "agent.node")):
+        with pytest.raises(ConfigError) as e:
+            parse_config(text)
+        assert [p.key for p in e.value.problems] == [key], text
 
 
 # --------------------------------------------------------------------------- valid file

@@ -18,7 +18,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
-from llmgw.config import default_admin_socket
+from llmgw.config.defaults import default_admin_socket
 from llmgw.tui.app import ConsoleApp
 from llmgw.tui.client import DaemonUnreachable
 from llmgw.tui.label_editor import LabelEditor

@@ -29,7 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from llmgw.config import ConfigError, default_admin_socket, load_config
+from llmgw.config import ConfigError, load_config
+from llmgw.config.defaults import default_admin_socket, with_default_socket
 from llmgw.config.discovery import ConfigSource, find_config
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class TargetError(Exception):
 
 
 def _admin_section(path: str) -> AdminConfig:
-    return load_config(path).admin
+    return with_default_socket(load_config(path).admin)
 
 
 def _discover(env: Mapping[str, str]) -> ConfigSource:
@@ -116,7 +117,9 @@ def resolve_target(*, url: str | None = None, socket: str | None = None, token: 
                               "or --socket", usage=True)
         url, socket, origin = env_url, env_socket, f"${URL_ENV}" if env_url else f"${SOCKET_ENV}"
     elif (found := config_admin()) is not None:  # 3. the config file
-        return AdminTarget(socket=found.socket, origin=f"[admin] socket of {name}")
+        if found.socket:
+            return AdminTarget(socket=found.socket, origin=f"[admin] socket of {name}")
+        return AdminTarget(socket=default_socket(), origin=f"the default socket ({name} names none)")
     else:  # 4. the default
         return AdminTarget(socket=default_socket(), origin="the default socket")
     if socket:

@@ -62,6 +62,13 @@ def nonempty(v: str) -> str | None:
     return None if v.strip() else "must not be empty"
 
 
+def unset_or(check: Check) -> Check:
+    """``check``, with "" allowed: the value is unset (the shell fills in this machine's default)."""
+    def unset_or_check(v: str) -> str | None:
+        return None if v == "" else check(v)
+    return unset_or_check
+
+
 def metric_name(v: str) -> str | None:
     """A Prometheus sample name as an engine's /metrics writes it (counters with their ``_total``)."""
     if re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", v):

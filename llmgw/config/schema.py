@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from llmgw.config.defaults import default_admin_socket, default_agent_state_dir, default_node_name, default_store_path
 from llmgw.config.fields import (
     _suggest, cidr, domain_budget, facility_label_values, facility_level, header_name, replica_nodes, host_port, http_url, in_range, key_value, known_strategy,
-    label_keys, metric_name, node_name, nonempty, one_of, opt, pem_certificate, positive,
+    label_keys, metric_name, node_name, nonempty, one_of, opt, pem_certificate, positive, unset_or,
 )
 from llmgw.config.locate import KeyPath
 from llmgw.config.names import DEFAULT_PICKER, PICKER_NAMES, SCORER_NAMES
@@ -39,7 +38,7 @@ class ServerConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class AdminConfig:
-    socket: str = opt(factory=default_admin_socket, check=nonempty)
+    socket: str = opt("", check=unset_or(nonempty))  # "": this machine's (config/defaults.py)
     tcp: str | None = opt(None, check=host_port)  # "host:port"; requires token
     token: str | None = opt(None, check=nonempty)
 
@@ -80,7 +79,7 @@ class ControlConfig:
     settle_s: float = opt(3.0, check=in_range(0))  # after a start, agents get this long to join before placing
     drain_timeout_s: float = opt(30.0, check=positive)  # a stopping replica's requests may finish
     max_message_bytes: int = opt(4 * 1024 * 1024, check=in_range(1024))
-    store: str = opt(factory=default_store_path, check=nonempty)  # SQLite file; ":memory:" = none
+    store: str = opt("", check=unset_or(nonempty))  # SQLite file; ":memory:" = none; "": this machine's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +99,7 @@ class RestartConfig:
 @dataclass(frozen=True, kw_only=True)
 class AgentConfig:
     """[agent]: this node's agent."""
-    node: str = opt(factory=default_node_name, check=node_name)
+    node: str = opt("", check=unset_or(node_name))  # "": the hostname (config/defaults.py)
     router: str = opt("127.0.0.1:7070", check=host_port)  # the router's [control] listen address
     join_token: str | None = opt(None, check=nonempty)  # needed at the first join only
     join_token_file: str | None = opt(None, check=nonempty)
@@ -110,7 +109,7 @@ class AgentConfig:
     tls_server_name: str | None = opt(None, check=nonempty)  # the name to verify; default: the router's host
     labels: dict[str, str] = opt(factory=dict, check=(label_keys, facility_label_values))  # llmgw.io/rack = "r12", ...
     advertise_host: str = opt("127.0.0.1", check=nonempty)  # engines listen here; the router dials it
-    state_dir: str = opt(factory=default_agent_state_dir, check=nonempty)
+    state_dir: str = opt("", check=unset_or(nonempty))  # "": this machine's (config/defaults.py)
     gpus: tuple[GpuConfig, ...] | None = opt(None)  # declared GPUs instead of nvidia-smi's
     memory_mb: int | None = opt(None, check=in_range(0))  # instead of /proc/meminfo
     reconnect_min_s: float = opt(0.5, check=positive)

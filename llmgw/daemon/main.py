@@ -27,6 +27,7 @@ from llmgw.config import (
     default_config,
     load_config,
 )
+from llmgw.config.defaults import with_machine_defaults
 from llmgw.config.discovery import CONFIG_ENV, FILE_NAME, SYSTEM_DIR, find_config
 from llmgw.daemon.logs import (
     FORMAT_ENV,
@@ -78,7 +79,7 @@ def main(argv: list[str]) -> int:
     source = None
     try:
         source = find_config(ns.config)
-        cfg = load_config(source.path) if source.path else default_config()
+        cfg = with_machine_defaults(load_config(source.path) if source.path else default_config())
     except ConfigError as e:
         where = "" if source is None or source.explicit else \
             f" (found as {source.origin}; pass --config to use another)"

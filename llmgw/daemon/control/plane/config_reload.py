@@ -20,6 +20,7 @@ import trio
 
 from llmgw.admin.schema_config import ConfigChangeView, ConfigReport
 from llmgw.config import Config, ConfigError, ModelConfig, load_config, model_from_dict, model_to_dict
+from llmgw.config.defaults import with_machine_defaults
 from llmgw.daemon.control.model_deploy import deploy_of
 from llmgw.lifecycle.config_diff import ConfigPlan, ScaleOverride, diff_config, diff_models, shown
 from llmgw.lifecycle.revisions import LifecycleError
@@ -166,7 +167,8 @@ def reconcile_file(plane: Any) -> None:
 
 class ConfigReloader:
     """`path`: the file the daemon started with (None: the embedded default); `prepare`: what the
-    daemon did to it at start (--host/--port, the embedded fleet), done to the re-read file too."""
+    daemon did to it at start (--host/--port, the embedded fleet), done to the re-read file too,
+    after its empty machine defaults are filled in as at start (else they would show as changes)."""
 
     def __init__(self, plane: Any, path: str | None, prepare: Callable[[Config], Config]) -> None:
         self.plane, self.path, self.prepare = plane, path, prepare
@@ -176,7 +178,7 @@ class ConfigReloader:
         if self.path is None:
             raise NoConfigFile("the daemon runs the embedded default (no config file): there is nothing to reload; "
                                "start it with --config FILE")
-        return self.prepare(load_config(self.path))
+        return self.prepare(with_machine_defaults(load_config(self.path)))  # resolved as at start
 
     def _plan(self, cfg: Config) -> ConfigPlan:
         p = self.plane
