@@ -24,9 +24,15 @@ def test_engine_kv_events_reach_the_router_index(fleet_factory: Any) -> None:  #
     f.start_agent("a")
     wait_for(lambda: len(f.ready("m")) == 1, 30)
     rid = f.ready("m")[0]["replica"]
-    body = {"model": "m", "messages": [{"role": "user", "content": "tell me about caches " * 40}], "max_tokens": 2}
+    sent = []
 
     def filled() -> bool:
+        # A new prompt each time: a repeated one is a cache hit that publishes no event, so events
+        # lost before the agent's SUB joined (ZMQ's slow joiner) would never be followed by one
+        # that shows the gap and brings the replay.
+        sent.append(1)
+        body = {"model": "m", "max_tokens": 2,
+                "messages": [{"role": "user", "content": f"{len(sent)} tell me about caches " * 40}]}
         r = httpx.post(f"{f.router.url}/v1/chat/completions", json=body, timeout=10)
         assert r.status_code == 200, r.text
         return index_blocks(f).get(rid, 0.0) > 0
