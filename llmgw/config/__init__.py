@@ -12,7 +12,7 @@ from llmgw.config.fields import (
 )
 from llmgw.config.load import (
     ConfigError, ConfigProblem, default_config, dump_config, init_config_text, load_config, model_from_dict,
-    model_to_dict, parse_config, render_key, to_plain, too_deep_problem,
+    model_to_dict, parse_config, render_key, to_plain, toml_document, too_deep_problem,
 )
 from llmgw.config.schema import (
     DEFAULT_POOL, ENGINES, AdapterConfig, AdminConfig, AgentConfig, BreakerConfig, Config, ControlConfig,
@@ -29,5 +29,5 @@ __all__ = [
     "default_config",
     "dump_config", "header_name", "host_port", "http_url", "in_range", "init_config_text", "key_value",
     "known_strategy", "label_keys", "load_config", "model_from_dict", "model_to_dict", "node_name", "nonempty",
-    "one_of", "opt", "parse_config", "positive", "render_key", "to_plain", "too_deep_problem",
+    "one_of", "opt", "parse_config", "positive", "render_key", "to_plain", "toml_document", "too_deep_problem",
 ]

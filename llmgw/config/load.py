@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConfigError", "ConfigProblem", "default_config", "dump_config", "init_config_text", "load_config",
-    "model_from_dict", "model_to_dict", "parse_config", "render_key", "to_plain", "too_deep_problem",
+    "model_from_dict", "model_to_dict", "parse_config", "render_key", "to_plain", "toml_document", "too_deep_problem",
 ]
 
 
@@ -191,19 +191,24 @@ def too_deep_problem(file: str, text: str, e: TooDeep) -> ConfigProblem:
     return ConfigProblem(file, e.where, line, e.message)
 
 
-def parse_config(text: str, filename: str = "<string>") -> Config:
-    """Parse and validate TOML text; raise ConfigError listing every problem found."""
+def toml_document(text: str, filename: str, *, invalid: str = "invalid TOML") -> dict[str, Any]:
+    """TOML text as a table, nesting bounded; a syntax error or too deep a nesting is a
+    ConfigError with the line and column (`invalid`: how the message begins)."""
     try:
-        data = toml_loads(text)
+        return toml_loads(text)
     except TooDeep as e:
         raise ConfigError([too_deep_problem(filename, text, e)]) from None
     except tomllib.TOMLDecodeError as e:
         msg, line, col = str(e), text.count("\n") + 1, None
         if m := _SYNTAX_AT.match(msg):
             msg, line, col = m.group(1), int(m.group(2)), int(m.group(3))
-        elif msg.endswith(" (at end of document)"):
-            msg = msg.removesuffix(" (at end of document)")
-        raise ConfigError([ConfigProblem(filename, "", line, f"invalid TOML: {msg}", col)]) from None
+        msg = msg.removesuffix(" (at end of document)")
+        raise ConfigError([ConfigProblem(filename, "", line, f"{invalid}: {msg}", col)]) from None
+
+
+def parse_config(text: str, filename: str = "<string>") -> Config:
+    """Parse and validate TOML text; raise ConfigError listing every problem found."""
+    data = toml_document(text, filename)
     problems: list[tuple[KeyPath, str]] = []
     raw = data.get("strategies")
     names = {st.get("name") for st in raw if isinstance(st, dict)} if isinstance(raw, list) else set()

@@ -18,13 +18,11 @@ like the config (llmgw.config.locate finds the lines). Pure.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmgw.config import ConfigError, ConfigProblem, render_key, too_deep_problem
+from llmgw.config import ConfigError, ConfigProblem, render_key, toml_document
 from llmgw.config.locate import KeyPath, TomlLocator
-from llmgw.inputs.nesting import TooDeep, toml_loads
 from llmgw.lifecycle.json_schema import schema_problems
 
 __all__ = ["CHECK_KEYS", "MAX_CASES", "MAX_SUITE_BYTES", "Case", "Checks", "Suite", "parse_suite",
@@ -42,7 +40,6 @@ PARAM_KEYS = {"max_tokens": int, "temperature": float, "top_p": float, "seed": i
 CHECK_KEYS = ("contains", "not_contains", "regex", "equals", "json", "json_schema", "max_tokens",
               "max_ttft_ms", "max_latency_ms")
 ROLES = ("system", "user", "assistant")
-_SYNTAX_AT = re.compile(r"^(.*) \(at line (\d+), column (\d+)\)$", re.DOTALL)  # tomllib's message
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -108,16 +105,7 @@ def parse_suite(text: str, file: str = "suite", *, name: str | None = None) -> S
     `name`: the name it is stored under (the file's own `name`, if any, must agree)."""
     if len(text.encode()) > MAX_SUITE_BYTES:
         raise ConfigError([ConfigProblem(file, "", None, f"larger than {MAX_SUITE_BYTES} bytes")])
-    try:
-        doc = toml_loads(text)
-    except TooDeep as e:
-        raise ConfigError([too_deep_problem(file, text, e)]) from None
-    except tomllib.TOMLDecodeError as e:
-        msg, line, col = str(e), text.count("\n") + 1, None
-        if m := _SYNTAX_AT.match(msg):
-            msg, line, col = m.group(1), int(m.group(2)), int(m.group(3))
-        raise ConfigError([ConfigProblem(file, "", line, f"not valid TOML: {msg.removesuffix(' (at end of document)')}",
-                                         col)]) from None
+    doc = toml_document(text, file, invalid="not valid TOML")
     p = _Problems(file, text)
     known = {"name", "description", "pass_threshold", "concurrency", "timeout_s", "cases"}
     for k in doc:
