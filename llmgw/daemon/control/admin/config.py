@@ -31,22 +31,23 @@ def _refused(e: ConfigError) -> AdminFail:
                      code="invalid_config", problems=problems)
 
 
-async def check_config(app: Any, call: Any) -> Any:
+def _run(app: Any, reload: bool) -> Any:
+    """Check or reload, with the reloader's two refusals as the admin API answers them."""
+    r = _reloader(app)
     try:
-        return _reloader(app).check()
+        return r.reload() if reload else r.check()
     except ConfigError as e:
         raise _refused(e) from None
     except NoConfigFile as e:
         raise AdminFail(409, str(e)) from None
+
+
+async def check_config(app: Any, call: Any) -> Any:
+    return _run(app, reload=False)
 
 
 async def reload_config(app: Any, call: Any) -> Any:
-    try:
-        return _reloader(app).reload()
-    except ConfigError as e:
-        raise _refused(e) from None
-    except NoConfigFile as e:
-        raise AdminFail(409, str(e)) from None
+    return _run(app, reload=True)
 
 
 CONFIG_HANDLERS: dict[str, Handler] = {f.__name__: f for f in (check_config, reload_config)}
