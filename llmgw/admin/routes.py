@@ -43,6 +43,7 @@ from llmgw.admin.schema import (
     ReplicaView,
     RequestDecisions,
     ScaleBody,
+    RoutersView,
     Status,
 )
 from llmgw.admin.schema_config import ConfigReport
@@ -132,6 +133,9 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", f"{PREFIX}/status", "get_status", "Daemon status", Status, tag="status",
           description="The control plane's summary and llmgw's version, the store's health (`store.state` "
                       "is `degraded` while it cannot write) and engines the store does not know."),
+    Route("GET", f"{PREFIX}/routers", "list_routers", "List routers", RoutersView, tag="status",
+          description="The routers sharing this router's store (several routers: docs/ha.md), which one leads "
+                      "and at what epoch, and how this router's calls to the store fare."),
     # nodes
     Route("GET", f"{PREFIX}/nodes", "list_nodes", "List nodes", list[NodeView], tag="nodes"),
     Route("GET", f"{PREFIX}/nodes/{{name}}", "get_node", "Show a node", NodeView, tag="nodes"),

@@ -26,7 +26,7 @@ from llmgw.cli.ctl.config import register as register_config
 from llmgw.cli.ctl.lifecycle import MODEL_ACTIONS, add_model_options, model_action, register
 from llmgw.cli.ctl.output import CtlError, age, emit, table
 from llmgw.cli.ctl.routing import register as register_routing
-from llmgw.cli.ctl.views import model_text, status_text, store_line
+from llmgw.cli.ctl.views import model_text, routers_text, status_text, store_line
 from llmgw.fleet.domains import expand_key, label_clash
 
 __all__ = ["CtlError", "main", "store_line"]
@@ -297,6 +297,11 @@ def cmd_status(api: Admin, ns: argparse.Namespace) -> None:
     emit(ns, data, status_text)
 
 
+def cmd_routers(api: Admin, ns: argparse.Namespace) -> None:
+    data = api.call("GET", "/routers")
+    emit(ns, data, routers_text)
+
+
 # -- argument parsing -------------------------------------------------------------------------
 COMMON_TITLE = "output and connection (before or after the command)"
 
@@ -346,6 +351,11 @@ def parser() -> argparse.ArgumentParser:
              "The daemon's summary: version, nodes by state, replicas placed, the partition guard, models "
              "that cannot be placed and why, the store (ok, or degraded and why), and engines the store "
              "does not know.")
+    sp = add("routers", cmd_routers, "the routers sharing this router's store, and which one leads",
+             "Every router sharing the store (docs/ha.md): its role (leader, follower, gone), host and process, "
+             "where clients, agents and the other routers reach it, and how fresh its row is; then the lease "
+             "(leader, epoch, length) and how this router's calls to the store fare. A router alone on its store "
+             "says so.")
     sp = add("nodes", cmd_nodes, "nodes with their state and location (or one node, by name); `nodes revoke NODE` "
                                  "cuts a node off")
     sp.add_argument("name", nargs="?", metavar="NAME | revoke",

@@ -135,6 +135,28 @@ def status_text(d: Mapping[str, Any]) -> str:
     return "\n".join(out)
 
 
+def routers_text(d: Mapping[str, Any]) -> str:
+    """`GET /routers`: a table of the routers, then the lease and the store as this router sees them."""
+    if not d.get("ha"):
+        return (f"router {d.get('this_router')} is alone on its store: it leads the control plane (several routers "
+                "share a PostgreSQL store, or `llmgw daemon --workers N` one file: docs/ha.md)")
+    rows = [["ROUTER", "ROLE", "HOST", "PID", "AGENTS", "SEEN", "URL", "CONTROL"]]
+    for r in d.get("routers", []):
+        rows.append([f"{r['id']}{' *' if r.get('this') else ''}", r.get("role", ""), r.get("host", ""),
+                     str(r.get("pid") or "-") + (f"/w{r['worker']}" if r.get("worker") is not None else ""),
+                     "-" if r.get("agents") is None else str(r["agents"]), f"{r.get('seen_s', 0):.1f}s ago",
+                     r.get("url") or "-", r.get("control") or "-"])
+    widths = [max(len(printable(row[i])) for row in rows) for i in range(len(rows[0]))]
+    out = ["  ".join(printable(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lat = d.get("store_latency_ms")
+    out += ["", _line("leader", f"{d.get('leader') or 'none'} (epoch {d.get('epoch')}, lease {d.get('lease_s')}s; "
+                                f"{d.get('leadership_changes')} changes seen here)"),
+            _line("store", ("ok" if d.get("store_ok") else f"FAILING: {d.get('store_error')}")
+                  + (f", {lat:.2f} ms a call" if lat is not None else "")),
+            "(* the router that answered)"]
+    return "\n".join(out)
+
+
 # -- one model --------------------------------------------------------------------------------
 def _flat(prefix: str, v: Any) -> Iterator[tuple[str, str]]:
     """A definition's leaves as dotted keys, as in the config file: deploy.count, replicas[0].url."""

@@ -47,6 +47,8 @@ from llmgw.daemon.control.admin.errors import TYPES, AdminFail, admin_error_body
 from llmgw.daemon.control.admin.events import EventStream
 from llmgw.daemon.control.admin.config import CONFIG_HANDLERS
 from llmgw.daemon.control.admin.facility import FACILITY_HANDLERS
+from llmgw.daemon.control.admin.forward import Forwarder, answer_of, request_of
+from llmgw.daemon.control.admin.routers import ROUTER_HANDLERS
 from llmgw.daemon.control.admin.lifecycle import LIFECYCLE_HANDLERS, BodyProblems
 from llmgw.daemon.control.agents.identity import RotateError
 from llmgw.daemon.control.plane.plane import ControlPlane, ModelError
@@ -99,6 +101,7 @@ def _handles(name: str) -> Callable[[_Handler], _Handler]:
 _HANDLERS.update(LIFECYCLE_HANDLERS)  # the model lifecycle's (admin/lifecycle.py)
 _HANDLERS.update(FACILITY_HANDLERS)  # the facility's (admin/facility.py)
 _HANDLERS.update(CONFIG_HANDLERS)  # the config file's check and reload (admin/config.py)
+_HANDLERS.update(ROUTER_HANDLERS)  # the routers sharing the store (admin/routers.py)
 
 
 class AdminApp:
@@ -113,6 +116,22 @@ class AdminApp:
         self.resolver = Resolver(ROUTES)
         self.events_tick_s, self.ping_s, self.decisions_poll_s = events_tick_s, ping_s, decisions_poll_s
         self._openapi = render().encode()
+        self.forwarder: Forwarder | None = None  # several routers: a follower's changes go to the leader
+
+    async def run_forwarded(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A change another router queued for this one, the leader (admin/forward.py): run as a local
+        caller's, its answer as the follower returns it."""
+        try:
+            req = request_of(request)
+        except (KeyError, TypeError, ValueError) as e:
+            return answer_of(json_response(400, {"error": {"message": f"A forwarded request that cannot be read: {e}",
+                                                           "type": "invalid_request_error", "param": None,
+                                                           "code": None}}))
+        resp = await self.handle(req)
+        if not isinstance(resp.body, bytes):  # no change answers with a stream
+            resp = json_response(500, {"error": {"message": "the answer cannot be forwarded", "type": "server_error",
+                                                 "param": None, "code": None}})
+        return answer_of(resp)
 
     @staticmethod
     def handler_names() -> frozenset[str]:
@@ -140,7 +159,9 @@ class AdminApp:
                 body["error"]["problems"] = [{"field": p.field, "message": p.message} for p in e.problems]
             return json_response(e.status, body, e.headers)
         if req.method != "GET" and resp.status < 400:  # the audit trail of operator changes
+            via = req.header("x-llmgw-forwarded-from") if req.client is None else None
             log.info("admin %s %s -> %d (%s)", req.method, req.path, resp.status,
+                     f"forwarded by router {via}" if via else
                      "unix socket" if req.client is None else f"{req.client[0]}:{req.client[1]}")
         return resp
 
@@ -156,6 +177,8 @@ class AdminApp:
                             headers=[("allow", ", ".join(res.allow))])
             raise AdminFail(404, f"Unknown route {echo(req.path, quote='')}")
         call = _Call(route, res.params, self._query(route, req), self._body(route, req))
+        if route.method != "GET" and self.forwarder is not None and not self.control.leading():
+            return await self.forwarder.forward(req)  # a follower: the leader makes changes (admin/forward.py)
         out = await _HANDLERS[route.name](self, call)
         if isinstance(out, Response):
             return out

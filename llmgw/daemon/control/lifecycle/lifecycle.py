@@ -77,23 +77,26 @@ class Lifecycle:
         self.evals = Evals(self)  # suites, eval jobs and their results, the admin views (lifecycle/evals.py)
 
     # -- the store ---------------------------------------------------------------------------------
-    def load(self) -> None:
+    def load(self, docs: dict[str, dict[str, dict[str, Any]]] | None = None, *, resume: bool = True) -> None:
         """Revisions, suites, results and jobs from the store (a record it cannot read is logged
         and skipped: it never stops the router); candidates are installed; running jobs resume or
-        fail (jobs.after_restart)."""
+        fail (jobs.after_restart) when `resume` — a router that leads. `docs`: the records as
+        already read (a follower's snapshot, plane/follow.py); None reads them from the store."""
         st = self.plane.store
-        for name, d in st.docs("revisions").items():
+        if docs is None:
+            docs = {k: st.docs(k) for k in ("revisions", "suite", "result", "job")}
+        for name, d in docs.get("revisions", {}).items():
             try:
                 self.revisions[name] = revisions_from_dict(d)
             except (KeyError, TypeError, ValueError) as e:
                 log.error("stored revisions of model %s are invalid and are ignored: %s", name, e)
-        for name, d in st.docs("suite").items():
+        for name, d in docs.get("suite", {}).items():
             try:
                 self.suites[name] = parse_suite(str(d["toml"]), f"stored suite {name}", name=name)
             except (ConfigError, KeyError) as e:
                 log.error("stored suite %s is invalid and is ignored: %s", name, e)
-        self.results = {k: r for k, r in st.docs("result").items() if isinstance(r, dict)}
-        for jid, d in st.docs("job").items():
+        self.results = {k: r for k, r in docs.get("result", {}).items() if isinstance(r, dict)}
+        for jid, d in docs.get("job", {}).items():
             try:
                 self.jobs[jid] = job_from_dict(d)
             except (KeyError, TypeError, ValueError) as e:
@@ -103,6 +106,21 @@ class Lifecycle:
                 revs.candidate = None
         for name in self.plane.models:
             self.say_revisions(name)
+        if resume:
+            self._resume_jobs()
+
+    def reload(self, docs: dict[str, dict[str, dict[str, Any]]], *, resume: bool = False) -> None:
+        """Everything again from `docs` (a follower following the store, a new leader taking over):
+        candidates no longer stored are uninstalled, the others installed as stored."""
+        before = {name for name, revs in self.revisions.items() if revs.candidate is not None}
+        self.revisions, self.suites, self.results, self.jobs = {}, {}, {}, {}
+        self.load(docs, resume=resume)
+        for name in before:
+            revs = self.revisions.get(name)
+            if revs is None or revs.candidate is None:
+                self._uninstall(name)
+
+    def _resume_jobs(self) -> None:
         now = time.time()
         for job in self.jobs.values():
             if job.trace is None or job.trace.ended is None:  # stored before traces, or still running

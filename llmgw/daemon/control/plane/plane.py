@@ -38,6 +38,7 @@ from llmgw.config import (
 from llmgw.daemon.control.agents.sessions import AgentSessions
 from llmgw.daemon.control.plane.config_reload import load_models, reconcile_file
 from llmgw.daemon.control.plane.facility import FacilityControl
+from llmgw.daemon.control.plane.follow import Snapshot, apply_snapshot, router_addrs
 from llmgw.daemon.control.plane.groups import head_of, head_startable, routable_group, stop_workers, sync_head
 from llmgw.daemon.control.lifecycle.lifecycle import Lifecycle
 from llmgw.daemon.control.model_deploy import ModelError, deploy_of
@@ -105,6 +106,11 @@ class ControlPlane:
         self.lifecycle = Lifecycle(self)  # revisions, eval suites and results, jobs (lifecycle/lifecycle.py)
         self.actions = OperatorActions(self)  # what an operator asks of it (plane/actions.py)
         self.reloader: Any = None  # the config file's check and reload (plane/config_reload.py), set by the daemon
+        # Several routers on one store (docs/ha.md): daemon/control/leader.py, set by the daemon before
+        # the plane runs; None: this router alone, always the leader.
+        self.leadership: Any = None
+        self.heard: dict[str, tuple[str, EngineReport]] = {}  # replica -> (node, its agent's latest report)
+        self.followed_generation = -1  # the store's generation a follower last applied (plane/follow.py)
         self._load()
         self.guard.rewrite = self._rewrite
         self._from_store = {n for n, node in self.nodes.nodes.items() if not node.connected}
@@ -154,6 +160,51 @@ class ControlPlane:
         call it before the control listener opens. Answers how many were routed."""
         return await restore_routing(pool, self.assignments, self.urls, lambda a, r: self._on_report(a.node, r))
 
+    # -- several routers (docs/ha.md) ---------------------------------------------------------------
+    def leading(self) -> bool:
+        """Whether this router's control plane acts: places, reconciles, sends desired sets, writes
+        the store. Always, for a router alone on its store."""
+        return self.leadership is None or self.leadership.leading()
+
+    def epoch(self) -> int:
+        """The lease's epoch this router leads with (agents refuse a desired set of an older one)."""
+        return 0 if self.leadership is None else self.leadership.epoch
+
+    def follow(self, snap: Snapshot) -> None:
+        """A follower: the store's state, as read (plane/follow.py)."""
+        apply_snapshot(self, snap)
+
+    def take_lead(self, epoch: int, snap: Snapshot) -> None:
+        """This router now leads at `epoch`: its writes carry the epoch (the store refuses them once
+        another router leads), its memory starts from the store, its config file's models are applied
+        as at a start, jobs in flight resume, and every agent is sent its desired set."""
+        self.store.set_fence(self.router_id, epoch)
+        self.guard.active = True
+        apply_snapshot(self, snap, resume=True)
+        load_models(self, snap.state.models)
+        reconcile_file(self)
+        now = trio.current_time()
+        # Nodes whose agents have not reached this router yet get the settle time to do so.
+        self._from_store = {n for n, node in self.nodes.nodes.items() if not node.connected}
+        self._settle_until = now + self.cfg.control.settle_s
+        self.agents.leadership_changed()
+        self._wake.set()
+
+    def step_down(self, reason: str) -> None:
+        """Another router leads (or may): stop acting at once; follow the store from now on."""
+        self.guard.active = False
+        self.agents.leadership_changed()
+
+    def routers_changed(self) -> None:
+        """The live routers changed: agents are told where to reach each."""
+        self.agents.leadership_changed()
+
+    def router_addrs(self) -> list[Any]:
+        """Every live router's control address and TLS pin, for the agents (fleet/wire.py RouterAddr)."""
+        if self.leadership is None:
+            return []
+        return router_addrs(self.leadership.live_routers())
+
     # -- serving agents ------------------------------------------------------------------------
     async def serve(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -180,6 +231,10 @@ class ControlPlane:
         self.guard.write("upsert_node", node, agent_labels=hello.labels, facts=hello.facts.to_wire(),
                          seen_at=self._seen_wall[node])
         log.info("node %s joined from %s (agent %s, %d engines)", node, peer, hello.agent_id, len(hello.engines))
+        for rid in [rid for rid, (n, _) in self.heard.items() if n == node]:
+            del self.heard[rid]
+        for r in hello.engines:
+            self.heard[r.replica] = (node, r)
         # The hello is the agent's whole truth: what it does not mention, it does not run.
         reported = {r.replica for r in hello.engines}
         for a in [a for a in self.assignments.values() if a.node == node and a.replica not in reported]:
@@ -200,11 +255,14 @@ class ControlPlane:
             n.facts = replace(n.facts, measured_watts=watts)
 
     def engine_reported(self, node: str, report: EngineReport) -> None:
+        self.heard[report.replica] = (node, report)
         self._on_report(node, report)
         self._wake.set()
 
     def agent_left(self, node: str) -> None:
         # A leaving agent stops its engines: out of routing now, not after failed requests.
+        for rid in [rid for rid, (n, _) in self.heard.items() if n == node]:
+            del self.heard[rid]
         for a in [a for a in self.assignments.values() if a.node == node]:
             self._on_report(node, None, a)
         self.unknown.node_gone(node)
@@ -271,6 +329,8 @@ class ControlPlane:
             assert report is not None
             a = self.assignments.get(report.replica)
             if a is None:
+                if not self.leading():
+                    return  # a follower: the assignment may not have reached it yet (self.heard keeps the report)
                 if self.adopt and adopt(self, node, report):
                     return
                 new = report.replica not in self.unknown.engines
@@ -360,6 +420,8 @@ class ControlPlane:
     def reconcile_once(self) -> None:
         now = trio.current_time()
         self._transitions(self.nodes.tick(now, {a.node for a in self.assignments.values()}))
+        if not self.leading():
+            return  # a follower: its views' node states are its own, its decisions the leader's
         self._log_partition()
         if now < self._settle_until:
             known = [self.nodes.nodes[n] for n in self._from_store if n in self.nodes.nodes]
@@ -485,4 +547,12 @@ class ControlPlane:
                       control_port=self.port, unplaceable=dict(self.unplaceable), store=self.guard.status(),
                       unknown_engines=self.unknown.by_node(), adopt=self.adopt,
                       kv_parity_alarms={r.replica: r.model for r in self.router.kv_summary().replicas
-                                        if r.parity.status == "alarm"})
+                                        if r.parity.status == "alarm"}, **self._ha_summary())
+
+    def _ha_summary(self) -> dict[str, Any]:
+        ld = self.leadership
+        if ld is None:
+            return {}
+        leading = self.leading()
+        return {"role": "leader" if leading else "follower", "leader": self.router_id if leading else ld.leader_id,
+                "epoch": ld.epoch, "routers": max(1, len(ld.live_routers()))}
