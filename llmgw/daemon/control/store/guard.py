@@ -44,7 +44,7 @@ from prometheus_client.registry import Collector
 
 from llmgw.admin.schema import StoreStatus
 from llmgw.daemon.control.store.port import FleetStore
-from llmgw.daemon.control.store.rows import Fenced, describe
+from llmgw.daemon.control.store.rows import UNFENCED_OPS, Fenced, describe
 
 log = logging.getLogger("llmgw.control.store")
 
@@ -98,6 +98,9 @@ class StoreGuard:
         self.store = store
         self.rewrite = rewrite
         self.on_fenced = on_fenced
+        # False on a router that follows another (docs/ha.md): the fleet's state is the leader's to
+        # write, so fenced writes are skipped, history is the leader's, and must_write raises NotLeader.
+        self.active = True
         self.fenced = 0  # writes refused by the fence, since start
         self._tx_fenced = False  # a write inside the current guard.transaction was fenced
         self._in_tx = 0  # guard.transaction nesting
@@ -121,7 +124,7 @@ class StoreGuard:
     # -- writes ---------------------------------------------------------------------------------
     def write(self, op: str, *args: Any, **kw: Any) -> bool:
         """`store.<op>(*args, **kw)`, or nothing while degraded. True when it was written."""
-        if self.degraded or self._tx_fenced:
+        if self.degraded or self._tx_fenced or (not self.active and op not in UNFENCED_OPS):
             return False
         try:
             getattr(self.store, op)(*args, **kw)
@@ -139,6 +142,8 @@ class StoreGuard:
     def must_write(self, op: str, *args: Any, **kw: Any) -> Any:
         """A write that must persist before its change is made (an operator's): the store's
         answer, or StoreUnavailable. Other exceptions (a bad value) reach the caller."""
+        if not self.active and op not in UNFENCED_OPS:
+            raise NotLeader("this router follows another one, which makes the fleet's changes")
         if self.degraded and not self.try_recover():
             raise StoreUnavailable(self.reason, self.detail)
         try:
@@ -161,6 +166,8 @@ class StoreGuard:
     def record(self, event: str, *, replica: str | None = None, model: str | None = None,
                node: str | None = None, detail: str = "") -> None:
         """A history event: written now, or kept until the store can write again."""
+        if not self.active:
+            return  # the leader keeps the fleet's history
         ev = _Event(event, replica, model, node, detail, self._wall())
         if not self.degraded and self.write("record", event, replica=replica, model=model, node=node,
                                             detail=detail, ts=ev.ts):
@@ -176,7 +183,7 @@ class StoreGuard:
         """One commit for the writes inside, as Store.transaction — but a store error never leaves
         it: a failed BEGIN or COMMIT degrades the guard and the block runs (or has run) in full,
         its writes skipped; a write that failed inside rolls the whole transaction back."""
-        if self.degraded or self._tx_fenced:
+        if self.degraded or self._tx_fenced or not self.active:
             yield
             return
         entered = False
@@ -242,7 +249,7 @@ class StoreGuard:
         pending = list(self._pending)
         try:
             with self.store.transaction():
-                if self.rewrite is not None:
+                if self.rewrite is not None and self.active:  # a follower has nothing of its own to write
                     self.rewrite(self.store)
                 for ev in pending:
                     self.store.record(ev.event, replica=ev.replica, model=ev.model, node=ev.node,

@@ -121,12 +121,14 @@ class Store(ClusterMixin):
         self._tx_fenced = False  # the outermost transaction holds a fenced write (checked): bump at commit
 
     @classmethod
-    def open(cls, path: str) -> Store:
+    def open(cls, path: str, *, threaded: bool = False) -> Store:
+        """`threaded`: the connection is used from worker threads, one call at a time (several routers'
+        Leadership: daemon/control/leader.py)."""
         if path != ":memory:":
             private_store_files(path)
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves instead of the module guessing.
-            conn = sqlite3.connect(path, isolation_level=None)
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=not threaded)
         except sqlite3.Error as e:
             raise StoreError(f"store {path}: cannot open: {e}") from e
         store = cls(conn, path)
