@@ -55,7 +55,7 @@ from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.config.names import CANDIDATE_SUFFIX
-from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents, Skipped
+from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents, RouterAddr, Skipped
 from llmgw.lifecycle.config_diff import ScaleOverride
 
 if TYPE_CHECKING:
@@ -211,6 +211,17 @@ class ControlPlane:
 
     def knows_node(self, node: str) -> bool:
         return node in self.nodes.nodes
+
+    # One router and its embedded store: always the leader, epoch 1, no other routers to name.
+    # (Leadership through the store replaces these: docs/ha.md.)
+    def leading(self) -> bool:
+        return True
+
+    def epoch(self) -> int:
+        return 1
+
+    def router_addrs(self) -> list[RouterAddr]:
+        return []
 
     def kv_refusal(self, node: str, replica: str) -> str | None:
         """Why `node` may not write `replica`'s KV index ("unknown_replica", "other_node"), or None."""
