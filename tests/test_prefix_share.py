@@ -146,3 +146,67 @@ def test_the_shared_head_is_cut_where_the_tree_cuts_it() -> None:
     decide(a, big, "a", 0.0)
     (ins,) = share.take()
     assert len(ins.head) == a.prefix.index.config.max_head_bytes
+
+
+# -- the feed's message (llmgw.route.prefix_wire) ---------------------------------------------------
+KEY = b"k" * 32
+
+
+def test_a_message_round_trips() -> None:
+    from llmgw.route.prefix_wire import FeedMessage, decode, encode
+
+    batch = [PrefixInsert("m", None, "salt", "m/0", b"abc" * 30, 3), PrefixInsert("m", "sql", None, "m/1", b"\x00\xff", 1)]
+    frame = encode(KEY, "router-a", 12345, 7, batch)
+    assert decode(KEY, frame) == FeedMessage("router-a", 12345, 7, batch)
+    assert decode(b"j" * 32, frame) == "bad_mac"
+    assert decode(KEY, frame, max_bytes=len(frame) - 1) == "oversize"
+    assert decode(KEY, b"\x02" + frame[1:]) == "version"
+    assert decode(KEY, frame[:20]) == "malformed"
+    flipped = bytearray(frame)
+    flipped[-1] ^= 1
+    assert decode(KEY, bytes(flipped)) == "bad_mac"
+
+
+@pytest.mark.parametrize("t", [
+    ["m", None, None, "r", b"h", True],  # a bool is not a count
+    ["m", None, None, "r", b"h", 0],
+    ["m", None, None, "r", "h", 1],  # a str head
+    ["m", None, None, "r", b"", 1],
+    ["", None, None, "r", b"h", 1],
+    ["m", 5, None, "r", b"h", 1],
+    ["m", None, None, None, b"h", 1],
+    ["m", None, None, "r", b"h"],
+    "not a list",
+])
+def test_a_badly_shaped_insert_drops_the_message(t: object) -> None:
+    import hmac
+
+    import msgpack
+
+    from llmgw.route.prefix_wire import decode
+
+    body = msgpack.packb({"s": "a", "i": 1, "n": 1, "t": [["m", None, None, "r", b"ok", 1], t]}, use_bin_type=True)
+    frame = b"\x01" + hmac.digest(KEY, b"\x01" + body, "sha256") + body
+    assert decode(KEY, frame) == "malformed"
+
+
+def test_any_body_with_a_good_mac_decodes_without_raising() -> None:
+    import hmac
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from llmgw.route.prefix_wire import FeedMessage, decode
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.binary(max_size=200) | st.builds(lambda d: __import__("msgpack").packb(d, use_bin_type=True),
+                                                st.recursive(st.none() | st.integers(-2**63, 2**64 - 1) | st.text(max_size=5)
+                                                             | st.binary(max_size=5),
+                                                             lambda c: st.lists(c, max_size=6)
+                                                             | st.dictionaries(st.sampled_from("sintx"), c),
+                                                             max_leaves=20)))
+    def check(body: bytes) -> None:
+        frame = b"\x01" + hmac.digest(KEY, b"\x01" + body, "sha256") + body
+        assert isinstance(decode(KEY, frame), (str, FeedMessage))
+
+    check()
