@@ -297,3 +297,12 @@ async def test_start_peer_feed_joins_two_routers() -> None:
         assert "llmgw_peer_feed_received_total" in text and "llmgw_peer_feed_peers 1.0" in text
         assert "llmgw_peer_feed_sent_total" in generate_latest(r1.metrics.registry).decode()
         n.cancel_scope.cancel()
+
+
+def test_a_taken_address_is_a_clear_error() -> None:
+    f = PeerFeed("ra", KEY, FakeShare())
+    try:
+        with pytest.raises(OSError, match=r"feed_listen = '127.0.0.1:\d+'"):
+            PeerFeed("rb", KEY, FakeShare(), listen=f.bound)
+    finally:
+        f.close()

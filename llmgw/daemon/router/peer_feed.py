@@ -48,9 +48,11 @@ log = logging.getLogger("llmgw.router.peer_feed")
 
 __all__ = ["FeedStats", "PeerFeed", "PeerFeedMetrics", "SharePort", "start_peer_feed", "zmq_endpoint"]
 
+_APPLY_SLICE = 16  # a peer's inserts applied between two yields to the router's other tasks
 # Inserts dropped on the way (besides whole messages, DROP_REASONS): pushed out of the outbox
 # before they were sent, too large for a message, lost between two routers (a gap in seq: counted
-# in messages), and a peer's insert for a replica this router does not route to, or for another model.
+# in messages), a peer's insert for a replica this router does not route to, or for another
+# model; and messages a bug kept from being handled (logged).
 INSERT_DROPS = ("outbox_full", "too_large", "gap", "unknown_replica", "other_model", "error")
 
 
@@ -127,9 +129,11 @@ class PeerFeed:
             sub.setsockopt(zmq.RECONNECT_IVL, 100)
             sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
             pub.bind(zmq_endpoint(listen))
-        except BaseException:
+        except BaseException as e:
             pub.close(0)
             sub.close(0)
+            if isinstance(e, zmq.ZMQError):
+                raise OSError(f"the peer feed cannot bind [ha] feed_listen = {listen!r}: {e}") from None
             raise
         self._pub = pub
         self._sub = AsyncSocket(sub)
@@ -258,36 +262,46 @@ class PeerFeed:
             if frames is None:  # woken: the peers changed
                 continue
             try:
-                self.received(frames)
+                msg = self.checked(frames)
+                if msg is not None:
+                    await self._apply(msg.inserts)
             except Exception:  # noqa: BLE001 — a bug here must not stop the feed or the router
                 self.stats.dropped["error"] += 1
                 n = self._log.hit("handle", trio.current_time())
                 if n is not None:
                     log.exception("peer feed: a message could not be handled%s", repeats(n))
 
-    def received(self, frames: list[Any]) -> None:
-        """One message from the SUB socket: checked, then its inserts applied."""
+    def checked(self, frames: list[Any]) -> FeedMessage | None:
+        """One message from the SUB socket, if it passes every check (else counted)."""
         st = self.stats
         if len(frames) != 1:
             st.dropped["malformed"] += 1
-            return
+            return None
         msg = decode(self.key, frames[0], max_bytes=self.max_message_bytes)
         if isinstance(msg, str):
             st.dropped[msg] += 1
-            return
+            return None
         why = self._check_sender(msg)
         if why is not None:
             st.dropped[why] += 1
-            return
+            return None
         st.received_messages += 1
         st.received += len(msg.inserts)
-        now = trio.current_time()
+        return msg
+
+    async def _apply(self, inserts: list[PrefixInsert]) -> None:
+        """A message's inserts into the core, yielding to the router's requests every
+        ``_APPLY_SLICE`` of them (a message of 256 can take milliseconds of tree inserts)."""
         apply = self.share.apply
-        drop = st.dropped
-        for ins in msg.inserts:
-            outcome = apply(ins, now)
-            if outcome != "applied":
-                drop[outcome] = drop.get(outcome, 0) + 1
+        drop = self.stats.dropped
+        for k in range(0, len(inserts), _APPLY_SLICE):
+            if k:
+                await trio.lowlevel.checkpoint()
+            now = trio.current_time()
+            for ins in inserts[k:k + _APPLY_SLICE]:
+                outcome = apply(ins, now)
+                if outcome != "applied":
+                    drop[outcome] = drop.get(outcome, 0) + 1
 
     def _check_sender(self, msg: FeedMessage) -> str | None:
         s = msg.sender
