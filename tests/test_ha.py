@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from .ha_cluster import Cluster
@@ -145,3 +146,28 @@ def test_every_router_routes_and_a_killed_leader_costs_no_request(cluster: Any) 
     assert r.status_code == 200, r.text
     wait_for(lambda: len(c.routed(other, "m")) == 3, timeout=30)
     assert {k: v for k, v in _engines(c, other, "m").items() if k in before} == before
+
+
+def _metric(c: Cluster, i: int, name: str) -> float:
+    text = httpx.get(f"{c.router(i).url}/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
+def test_a_conversation_whose_turns_land_on_different_routers_finds_its_replica(cluster: Any) -> None:
+    """Engines without KV events: tier 1 is each router's own guess, shared over the routers' feed
+    (docs/ha.md "Routing as one"); a next turn sent to the other router goes where the first went."""
+    c = cluster([sim_model("m", 3)], routers=2)
+    c.start_agent("n1")
+    for i in (0, 1):
+        wait_for(lambda i=i: len(c.routed(i, "m")) == 3, timeout=30)
+    wait_for(lambda: _metric(c, 0, "llmgw_peer_feed_peers") == 1 and _metric(c, 1, "llmgw_peer_feed_peers") == 1)
+    for n in range(6):
+        first = f"conversation {n}: " + " ".join(f"word{n}-{k}" for k in range(300))
+        got = _metric(c, 1, "llmgw_peer_feed_received_total")
+        r1 = c.chat(0, "m", first)
+        assert r1.status_code == 200
+        wait_for(lambda got=got: _metric(c, 1, "llmgw_peer_feed_received_total") > got, timeout=5)
+        r2 = c.chat(1, "m", first + " and a next turn")
+        assert r2.status_code == 200
+        assert r2.headers["x-llmgw-endpoint"] == r1.headers["x-llmgw-endpoint"], n

@@ -81,6 +81,8 @@ class Leadership:
         self._registered = False
         self._info: dict[str, Any] | None = None
         self._pruned_at = float("-inf")
+        self.feed: Any = None  # the router's peer feed, when it shares tier 1 (cluster.py)
+        self._feeds: dict[str, Any] = {}
 
     # -- what the plane asks ----------------------------------------------------------------------
     def leading(self) -> bool:
@@ -209,6 +211,11 @@ class Leadership:
         self.routers = await self._call(self.store.routers)
         if set(self.live_routers()) != before:
             self.plane.routers_changed()
+        feeds = {rid: r.info.get("feed") for rid, r in self.live_routers().items()
+                 if isinstance(r.info, dict) and r.info.get("feed")}
+        if feeds != self._feeds and self.feed is not None:
+            self._feeds = feeds
+            self.feed.set_peers(feeds)  # tier 1 shared with every live router (daemon/router/peer_feed.py)
         if self.leading():
             await self._serve_admin_queue()
             return
