@@ -15,6 +15,7 @@ import pytest
 
 from .ha_cluster import Cluster
 from .test_fleet_integration import sim_model
+from .test_router_integration import free_port
 from .test_sim_vllm import wait_for
 
 
@@ -171,3 +172,21 @@ def test_a_conversation_whose_turns_land_on_different_routers_finds_its_replica(
         r2 = c.chat(1, "m", first + " and a next turn")
         assert r2.status_code == 200
         assert r2.headers["x-llmgw-endpoint"] == r1.headers["x-llmgw-endpoint"], n
+
+
+def test_a_router_no_agent_reaches_gives_up_the_lead(cluster: Any) -> None:
+    """Router 0 leads first, but no agent can reach it (no control listener: as if cut off from the
+    nodes); router 1 hears the agent. Router 0 gives the lead up within a lease or so and does not
+    stand again; router 1 leads and places the model."""
+    c = cluster([sim_model("m", 2)], routers=1, deaf=frozenset({0}))
+    assert c.wait_leader() == 0
+    c.ports.append(free_port())
+    c.routers.append(None)
+    c.clients.append(httpx.Client(transport=httpx.HTTPTransport(uds=str(c.socket(1))), base_url="http://llmgw",
+                                  timeout=10))
+    c.start_router(1)
+    c.agents["n1"] = c.start_agent("n1", router=f"127.0.0.1:{c.ports[1]}")
+    wait_for(lambda: c.leader() == 1, timeout=20)
+    wait_for(lambda: len(c.routed(1, "m")) == 2, timeout=30)
+    assert c.status(0)["role"] == "follower"
+    assert "gives up the lead: it hears no agent while router" in "".join(c.router(0).err)

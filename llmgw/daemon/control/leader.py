@@ -139,17 +139,43 @@ class Leadership:
             with trio.CancelScope(shield=True):
                 await self.stop()
 
+    def _deaf(self) -> str | None:
+        """Why this router should not lead: it hears no agent while another live router hears some
+        (cut off from the nodes, it could neither tell them anything nor see them). None: it may."""
+        if self.info().get("agents", 0):
+            return None
+        for rid, r in self.live_routers().items():
+            n = r.info.get("agents") if isinstance(r.info, dict) else None
+            if rid != self.router_id and isinstance(n, int) and n > 0:
+                return f"it hears no agent while router {rid} hears {n}"
+        return None
+
     async def _lease_loop(self) -> None:
+        deaf_rounds = 0
         while True:
             sent = trio.current_time()
+            deaf = self._deaf()
+            deaf_rounds = deaf_rounds + 1 if deaf else 0
             try:
-                row = await self._call(self.store.try_lead, self.router_id, self.keeper.lease_s)
+                if deaf and self.keeper.leading(sent) and deaf_rounds >= 3:  # a whole lease of it: yield
+                    log.warning("router %s gives up the lead: %s", self.router_id, deaf)
+                    if (sd := self.keeper.resign(deaf)) is not None:
+                        self._step_down(sd)
+                    await self._release()
+                    row = await self._call(self.store.lease)
+                elif deaf and not self.keeper.leading(sent):  # does not stand: only looks
+                    row = await self._call(self.store.lease)
+                else:
+                    row = await self._call(self.store.try_lead, self.router_id, self.keeper.lease_s)
             except Exception as e:  # noqa: BLE001 — a store fault, or a bug: the lease is not renewed
                 if not isinstance(e, self.store.faults):
                     log.exception("asking for the lease failed")
                 change: Lead | StepDown | None = self.keeper.unreachable(trio.current_time())
             else:
-                change = self.keeper.renewed(LeaseView(row.holder, row.epoch, row.mine), sent)
+                if row is None:  # no lease at all yet
+                    change = None
+                else:
+                    change = self.keeper.renewed(LeaseView(row.holder, row.epoch, row.mine), sent)
             if isinstance(change, Lead):
                 await self._lead(change.epoch)
             elif isinstance(change, StepDown):
