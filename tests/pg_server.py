@@ -157,8 +157,23 @@ class PgServer:
         self._signal_all(signal.SIGCONT)
 
     def _signal_all(self, sig: int) -> None:
+        """The postmaster and every process it forked (each backend is a process group of its own)."""
         assert self.proc is not None
-        os.killpg(self.proc.pid, sig)  # its own session: the postmaster and every backend it forked
+        pids = [self.proc.pid]
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                if ppid == self.proc.pid:
+                    pids.append(int(entry))
+        for pid in (pids if sig == signal.SIGSTOP else reversed(pids)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
@@ -166,7 +181,9 @@ class PgServer:
             return
         if proc.poll() is None:
             try:
-                os.killpg(proc.pid, signal.SIGCONT)
+                self.proc = proc
+                self.resume()
+                self.proc = None
                 proc.send_signal(signal.SIGINT)  # a fast shutdown
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
