@@ -138,6 +138,7 @@ class PgStore(FleetRowsMixin):
         self._tx_fenced = False
         self._failed_at = -float("inf")  # monotonic time of the last failed connect
         self._last_error = ""
+        self.created = False  # open() made the schema (an empty database)
 
     @classmethod
     def open(cls, dsn: str, *, password: str | None = None, timeout_s: float = 2.0) -> PgStore:
@@ -148,7 +149,7 @@ class PgStore(FleetRowsMixin):
                 conn = store._connection(force=True)
                 conn.deadline = time.monotonic() + max(timeout_s, 30.0)  # a migration may take a while
                 try:
-                    migrate(conn, store.path)
+                    store.created = migrate(conn, store.path) == 0
                 finally:
                     conn.deadline = None
         except (psycopg.Error, StoreTimeout) as e:
