@@ -52,7 +52,8 @@ class Cluster:
                                    "heartbeat_s": 0.2, "not_ready_after_s": 1.0, "lost_after_s": self.lost_after,
                                    "drain_timeout_s": 2.0, "settle_s": 1.0, "store": str(self.tmp / "router.db"),
                                    **self.control_extra})
-        lines += table("store", {"lease_s": self.lease_s, "poll_s": 0.1, **self.store})
+        bound = {"timeout_s": round(self.lease_s / 3, 3)}  # a call that times out ends within the lease
+        lines += table("store", {"lease_s": self.lease_s, "poll_s": 0.1, **bound, **self.store})
         lines += table("admin", {"socket": str(self.socket(i))})
         for m in self.models:
             lines += ["[[models]]"] + [f"{k} = {toml_value(v)}" for k, v in m.items() if k != "deploy"]

@@ -20,10 +20,14 @@ from .test_sim_vllm import wait_for
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Any]:
+def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """`make(models, backend=...)`: "postgresql" (a fresh database on the session's throwaway server;
+    skipped with the reason when none can run) or "sqlite" (one file shared on this host)."""
     made: list[Cluster] = []
 
-    def make(models: list[dict[str, Any]], **kw: Any) -> Cluster:
+    def make(models: list[dict[str, Any]], backend: str = "sqlite", **kw: Any) -> Cluster:
+        if backend == "postgresql":
+            kw["store"] = {"url": request.getfixturevalue("pg_url")}
         c = Cluster(tmp_path, models, **kw)
         made.append(c)
         return c
@@ -39,7 +43,7 @@ def _model(c: Cluster, i: int, name: str) -> dict[str, Any] | None:
 
 
 def test_one_leader_the_others_follow_and_forward_changes(cluster: Any) -> None:
-    c = cluster([sim_model("m", 0)], routers=3)
+    c = cluster([sim_model("m", 0)], routers=3, backend="postgresql")
     lead = c.wait_leader()
     rows = c.get(lead, "/api/v1/routers")
     wait_for(lambda: len([r for r in c.get(lead, "/api/v1/routers")["routers"] if r["role"] != "gone"]) == 3)
@@ -47,8 +51,9 @@ def test_one_leader_the_others_follow_and_forward_changes(cluster: Any) -> None:
     assert rows["ha"] and rows["epoch"] >= 1
     assert sorted(r["role"] for r in rows["routers"]) == ["follower", "follower", "leader"]
     follower = next(i for i in range(3) if i != lead)
+    wait_for(lambda: c.status(follower)["routers"] == 3)
     st = c.status(follower)
-    assert st["role"] == "follower" and st["leader"] == rows["leader"] and st["routers"] == 3
+    assert st["role"] == "follower" and st["leader"] == rows["leader"]
     # a change asked of a follower is made by the leader, and every router follows it
     r = c.clients[follower].post("/api/v1/models/m/scale", json={"replicas": 0})
     assert r.status_code == 200, r.text
@@ -84,7 +89,7 @@ def test_leader_killed_another_leads_within_the_lease(cluster: Any) -> None:
 def test_a_paused_leader_wakes_and_steps_down(cluster: Any) -> None:
     """SIGSTOP the leader for longer than its lease: another router leads; SIGCONT: the old one
     finds it no longer leads (its lease ran out), steps down and follows; nothing of it is written."""
-    c = cluster([sim_model("m", 0)], routers=2, lease_s=1.5)
+    c = cluster([sim_model("m", 0)], routers=2, lease_s=1.5, backend="postgresql")
     lead = c.wait_leader()
     other = 1 - lead
     epoch = c.status(lead)["epoch"]
@@ -92,7 +97,7 @@ def test_a_paused_leader_wakes_and_steps_down(cluster: Any) -> None:
     try:
         assert c.wait_leader(among=[other], timeout=10) == other
         r = c.clients[other].post("/api/v1/models/m/scale", json={"replicas": 0})
-        assert r.status_code == 200
+        assert r.status_code == 200, r.text
     finally:
         c.signal(lead, signal.SIGCONT)
     wait_for(lambda: c.status(lead)["role"] == "follower", timeout=10)
@@ -126,7 +131,7 @@ def test_every_router_routes_and_a_killed_leader_costs_no_request(cluster: Any) 
     """Agents stream to every router, so each routes every ready replica; the leader SIGKILLed under
     load: the other router's clients see no failure, it leads within the lease, and it keeps the
     engines as they run (none restarted, none moved) — then acts (a scale) as the leader."""
-    c = cluster([sim_model("m", 2)], routers=2, lease_s=1.5)
+    c = cluster([sim_model("m", 2)], routers=2, lease_s=1.5, backend="postgresql")
     lead = c.wait_leader()
     other = 1 - lead
     c.start_agent("n1")

@@ -81,6 +81,7 @@ class Leadership:
         self._registered = False
         self._info: dict[str, Any] | None = None
         self._pruned_at = float("-inf")
+        self._took = -1  # the epoch the plane took the lead at (take_lead done); -1: it follows
         self.feed: Any = None  # the router's peer feed, when it shares tier 1 (cluster.py)
         self._feeds: dict[str, Any] = {}
 
@@ -90,7 +91,8 @@ class Leadership:
         now = trio.current_time()
         if (sd := self.keeper.expired(now)) is not None:
             self._step_down(sd)
-        return self.keeper.leading(now)
+        # and the plane has taken the lead (its state read, its guard writing): not merely the lease
+        return self.keeper.leading(now) and self._took == self.keeper.epoch
 
     @property
     def epoch(self) -> int:
@@ -200,8 +202,10 @@ class Leadership:
         log.warning("router %s leads the control plane (epoch %d)", self.router_id, epoch)
         self.followed = snap.generation
         self.plane.take_lead(epoch, snap)
+        self._took = epoch
 
     def _step_down(self, sd: StepDown) -> None:
+        self._took = -1
         log.warning("router %s no longer leads: %s", self.router_id, sd.reason)
         self.plane.step_down(sd.reason)
         self.followed = -1  # follow the store from a fresh snapshot
@@ -288,7 +292,7 @@ class LeadershipMetrics:
 
         ld = self.ld
         g = GaugeMetricFamily("llmgw_leader", "1 while this router leads the control plane (several routers).")
-        g.add_metric([], 1.0 if ld.keeper.leading(trio.current_time()) else 0.0)
+        g.add_metric([], 1.0 if ld.leading() else 0.0)
         yield g
         e = GaugeMetricFamily("llmgw_leader_epoch", "The lease's epoch as this router last saw it.")
         e.add_metric([], float(ld.epoch))
