@@ -195,3 +195,38 @@ def test_a_router_no_agent_reaches_gives_up_the_lead(cluster: Any) -> None:
     wait_for(lambda: len(c.routed(1, "m")) == 2, timeout=30)
     assert c.status(0)["role"] == "follower"
     assert "gives up the lead: it hears no agent while router" in "".join(c.router(0).err)
+
+
+def test_store_unreachable_routers_route_from_memory_and_resume(cluster: Any, pg_server: Any) -> None:
+    """PostgreSQL stops answering (every process of it SIGSTOPped: calls hang, as on a cut network)
+    for several leases: both routers keep routing from memory, no router leads (none can renew a
+    lease), an admin change answers 503 saying why; once it answers again a router leads, changes
+    are made, and no engine was restarted."""
+    c = cluster([sim_model("m", 2)], routers=2, lease_s=1.5, backend="postgresql")
+    c.wait_leader()
+    c.start_agent("n1")
+    for i in (0, 1):
+        wait_for(lambda i=i: len(c.routed(i, "m")) == 2, timeout=30)
+    before = _engines(c, 0, "m")
+    pg_server.pause()
+    try:
+        wait_for(lambda: c.leader() is None and all(c.status(i)["role"] == "follower" for i in (0, 1)), timeout=10)
+        t_end = time.monotonic() + 6.0  # four leases without a store
+        n = 0
+        while time.monotonic() < t_end:
+            for i in (0, 1):
+                r = c.chat(i, "m", f"while the store is away {n}")
+                assert r.status_code == 200, r.text
+                n += 1
+        r = c.clients[0].post("/api/v1/models/m/scale", json={"replicas": 3})
+        assert r.status_code == 503, r.text
+        msg = r.json()["error"]["message"]
+        assert "lead" in msg or "store" in msg, msg
+        assert r.headers.get("retry-after")
+    finally:
+        pg_server.resume()
+    lead = c.wait_leader(timeout=20)
+    r = c.clients[1 - lead].post("/api/v1/models/m/scale", json={"replicas": 3})
+    assert r.status_code == 200, r.text
+    wait_for(lambda: len(c.routed(lead, "m")) == 3, timeout=30)
+    assert {k: v for k, v in _engines(c, lead, "m").items() if k in before} == before
