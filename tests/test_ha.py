@@ -230,3 +230,15 @@ def test_store_unreachable_routers_route_from_memory_and_resume(cluster: Any, pg
     assert r.status_code == 200, r.text
     wait_for(lambda: len(c.routed(lead, "m")) == 3, timeout=30)
     assert {k: v for k, v in _engines(c, lead, "m").items() if k in before} == before
+
+
+def test_an_agent_whose_first_router_is_down_joins_through_another(cluster: Any) -> None:
+    """`[agent] routers`: more routers of the fleet to dial from the start — the first is down, the
+    agent joins (with the join token) at the second, and its engines are placed and routed."""
+    c = cluster([sim_model("m", 1)], routers=2)
+    c.wait_leader()
+    c.kill(0)
+    wait_for(lambda: c.leader(among=[1]) == 1, timeout=20)
+    c.start_agent("n1", routers=[f"127.0.0.1:{c.ports[1]}"])
+    wait_for(lambda: len(c.routed(1, "m")) == 1, timeout=30)
+    assert c.chat(1, "m").status_code == 200

@@ -113,6 +113,9 @@ class AgentConfig:
     """[agent]: this node's agent."""
     node: str = opt("", check=unset_or(node_name))  # "": the hostname (config/defaults.py)
     router: str = opt("127.0.0.1:7070", check=host_port)  # the router's [control] listen address
+    # more routers of the same fleet to dial from the start (several routers: docs/ha.md); the agent
+    # learns the others from the first that welcomes it, and keeps a stream to each
+    routers: tuple[str, ...] = opt((), items=host_port)
     join_token: str | None = opt(None, check=nonempty)  # needed at the first join only
     join_token_file: str | None = opt(None, check=nonempty)
     tls: bool | None = opt(None)  # unset: TLS when a CA is given or the router is not on loopback

@@ -260,7 +260,8 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
                     raise _StartupError("agent.join_token (or join_token_file) is required to join a router "
                                         "(once joined, the node's credential in agent.state_dir is enough)")
                 tls = _client_tls(cfg)
-            agent = Agent(cfg.agent, router=router_addr, token=agent_token, tls=tls)
+            agent = Agent(cfg.agent, router=router_addr, token=agent_token, tls=tls,
+                          more_routers=() if "router" in roles else cfg.agent.routers)
             await nursery.start(agent.run)
             ready.update({"node": cfg.agent.node, "state_dir": cfg.agent.state_dir})
         print(json.dumps(ready), flush=True)
