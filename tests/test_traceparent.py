@@ -13,6 +13,7 @@ from llmgw.route.trace_spans import exported, spans_of
 from llmgw.route.traceparent import (
     MAX_TRACESTATE,
     format_traceparent,
+    sampled,
     new_span_id,
     new_trace_id,
     parse_traceparent,
@@ -105,12 +106,21 @@ def test_ids_are_hex_and_never_zero() -> None:
     assert len(t) == 32 and len(s) == 16 and int(t, 16) and int(s, 16)
 
 
-def _planner_core(**kw):  # type: ignore[no-untyped-def]
+def test_a_new_trace_is_sampled_by_its_ids_low_bits() -> None:
+    assert sampled("f" * 32, 1.0) and not sampled("0" * 16 + "f" * 16, 0.0)
+    assert sampled("f" * 16 + "0" * 15 + "1", 0.5) and not sampled("0" * 16 + "8" + "0" * 15, 0.5)
+    bits = random.Random(5).getrandbits
+    share = sum(sampled(new_trace_id(bits), 0.25) for _ in range(4000)) / 4000
+    assert 0.22 < share < 0.28
+
+
+def _planner_core(extra: str = "", **kw):  # type: ignore[no-untyped-def]
     from llmgw.route.cache_stats import CacheStats
     from llmgw.route.dispatch import RouterCore
     from llmgw.route.replicas import ReplicaTable
 
-    cfg = parse_config('[[models]]\nname = "m"\nengine = "vllm"\n[[models.replicas]]\nurl = "http://127.0.0.1:1"\n')
+    cfg = parse_config('[[models]]\nname = "m"\nengine = "vllm"\n[[models.replicas]]\nurl = "http://127.0.0.1:1"\n'
+                       + extra)
     return RouterCore(cfg, ReplicaTable(cfg), cache_stats=CacheStats(), wall=lambda: 1000.0,
                       rng=random.Random(0), ids=random.Random(7).getrandbits, **kw)
 
@@ -133,6 +143,15 @@ def test_the_request_trace_is_the_clients_trace() -> None:
               tracestate="rojo=1")
     assert core.traceparent_invalid() == {"format": 1}
     assert core.traces.get("r3").tracestate == ""  # never without a valid traceparent
+
+
+def test_otlp_sample_applies_to_the_routers_own_traces_only() -> None:
+    core = _planner_core("[router.traces]\notlp_sample = 0.0\n")
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    own = core.plan("chat", body, "r1", strategy=None, session=None, now=1.0).trace
+    theirs = core.plan("chat", body, "r2", strategy=None, session=None, now=1.0, traceparent=GOOD).trace
+    assert own is not None and own.flags == 0 and not upstream_headers(own, None)[0][1].endswith("-01")
+    assert theirs is not None and theirs.flags == 1
 
 
 def test_a_refused_request_still_carries_its_trace_id() -> None:
@@ -170,9 +189,20 @@ def _finished_trace() -> Trace:
     return t
 
 
+def test_phases_are_events_on_their_attempt_or_the_request_by_default() -> None:
+    t = _finished_trace()
+    root, a1, a2 = spans_of(t, random.Random(3).getrandbits)
+    assert [e[0] for e in root.events] == ["prepare", "decide", "decide"]
+    assert [e[0] for e in a1.events] == ["connect"] and [e[0] for e in a2.events] == ["connect", "head",
+                                                                                        "first_byte", "body"]
+    name, at, attrs = a2.events[-1]
+    assert at == 1000 * 10**9 + 30 * 10**6 and attrs == {"llmgw.duration_ms": 70.0}
+    assert root.events[2][2]["llmgw.note"] == "retry"
+
+
 def test_a_finished_trace_maps_to_request_attempt_and_phase_spans() -> None:
     t = _finished_trace()
-    spans = spans_of(t, random.Random(3).getrandbits)
+    spans = spans_of(t, random.Random(3).getrandbits, phase_spans=True)
     root, a1, a2, *phases = spans
     assert (root.span_id, root.parent_id, root.kind, root.error) == ("a" * 16, PID, "server", None)
     assert root.start_ns == 1000 * 10**9 and root.end_ns == 1000 * 10**9 + 100 * 10**6

@@ -20,7 +20,7 @@ from .replicas import ModelEntry, ReplicaTable
 from .request_head import request_head
 from .strategies import Strategy, StrategyError, resolve
 from .trace import MAX_NAME, Trace, TraceRing
-from .traceparent import SAMPLED, new_span_id, new_trace_id, parse_traceparent, parse_tracestate
+from .traceparent import SAMPLED, new_span_id, new_trace_id, parse_traceparent, parse_tracestate, sampled
 from .types import RequestInfo
 
 __all__ = ["STRATEGY_HEADER", "Planner"]
@@ -100,7 +100,8 @@ class Planner:
         return Plan(info, entry, strat, b.stream, now, body=b.obj, raw=body, trace=trace, internal=internal)
 
     def _trace_context(self, trace: Trace, traceparent: str | None, tracestate: str | None) -> None:
-        """The client's trace when its traceparent is valid (ours is a span of it), else a new one."""
+        """The client's trace when its traceparent is valid (ours is a span of it; its sampled flag
+        holds), else a new one, sampled by ``[router.traces] otlp_sample``."""
         ctx, bad = parse_traceparent(traceparent)
         if ctx is not None:
             trace.trace_id, trace.parent_span_id, trace.flags = ctx.trace_id, ctx.parent_id, ctx.flags
@@ -108,7 +109,8 @@ class Planner:
         else:
             if bad:
                 self.traceparent_invalid[bad] = self.traceparent_invalid.get(bad, 0) + 1
-            trace.trace_id, trace.flags = new_trace_id(self.ids), SAMPLED
+            trace.trace_id = new_trace_id(self.ids)
+            trace.flags = SAMPLED if sampled(trace.trace_id, self.cfg.router.traces.otlp_sample) else 0
         trace.span_id = new_span_id(self.ids)
 
     def strategy(self, entry: ModelEntry, asked: str | None) -> Strategy:

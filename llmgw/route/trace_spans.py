@@ -10,8 +10,11 @@ One trace becomes:
 - one **attempt** span per try (kind client; its id ``AttemptRecord.span_id``: the span named in
   the ``traceparent`` the engine was sent, so an engine's own spans hang under it), with the
   replica, node, status, outcome and error of that try;
-- one span per **phase** (prepare, queued, decide, connect, head, first_byte, body), under its
-  attempt's span when it belongs to one, else under the request's.
+- each **phase** (prepare, queued, decide, connect, head, first_byte, body) on its attempt's span
+  when it belongs to one, else on the request's: as a span event at the phase's start (its
+  ``duration_ms`` and note as attributes) — or, with ``phase_spans``, as a child span of its own
+  (a waterfall in a trace viewer; each span costs the SDK's encoder about as much as the whole
+  request costs the router: docs/router.md has the figures).
 
 Times: the trace's marks are on the monotonic clock; a span's times are Unix nanoseconds, from
 the trace's wall-clock start plus the monotonic offset (so the spans of one trace never drift
@@ -42,6 +45,7 @@ class SpanData:
     end_ns: int
     attributes: dict[str, AttrValue] = field(default_factory=dict)
     error: str | None = None  # None: not an error; else the status description
+    events: list[tuple[str, int, dict[str, AttrValue]]] = field(default_factory=list)  # (name, Unix ns, attributes)
 
 
 def exported(trace: Trace) -> bool:
@@ -50,7 +54,7 @@ def exported(trace: Trace) -> bool:
         and bool(trace.flags & SAMPLED)
 
 
-def spans_of(trace: Trace, bits: Callable[[int], int]) -> list[SpanData]:
+def spans_of(trace: Trace, bits: Callable[[int], int], *, phase_spans: bool = False) -> list[SpanData]:
     """The trace's spans, the request's first (see the module's docstring). A trace still in
     flight has none."""
     if trace.ended is None or not trace.trace_id:
@@ -62,19 +66,19 @@ def spans_of(trace: Trace, bits: Callable[[int], int]) -> list[SpanData]:
 
     end = trace.ended
     last = trace.attempts[-1] if trace.attempts else None
-    attrs: dict[str, AttrValue] = {
-        "llmgw.request_id": trace.id, "llmgw.endpoint_kind": trace.name, "gen_ai.request.model": trace.model,
-        "llmgw.stream": trace.stream, "llmgw.outcome": trace.outcome, "llmgw.retries": sum(a.retried for a in
-                                                                                            trace.attempts),
-        "llmgw.request.bytes": trace.bytes_out, "llmgw.response.bytes": trace.bytes_in,
-        "llmgw.attempts": len(trace.attempts),
-    }
+    # Few attributes, each told once: the SDK's encoder costs ~8 µs an attribute (docs/router.md)
+    attrs: dict[str, AttrValue] = {"llmgw.request_id": trace.id, "gen_ai.request.model": trace.model,
+                                   "llmgw.outcome": trace.outcome}
     _put(attrs, "llmgw.strategy", trace.strategy)
-    _put(attrs, "llmgw.revision", trace.revision)
     _put(attrs, "http.response.status_code", trace.status)
+    _put(attrs, "llmgw.revision", trace.revision)
     if last is not None:
         attrs["llmgw.replica"] = last.replica
-        _put(attrs, "llmgw.node", last.node)
+    retries = sum(a.retried for a in trace.attempts)
+    if retries:
+        attrs["llmgw.retries"] = retries
+    if trace.stream:
+        attrs["llmgw.stream"] = True
     root = SpanData(f"{trace.name} {trace.model}".strip() or "request", trace.span_id, trace.parent_span_id,
                     "server", ns(t0), ns(end), attrs,
                     None if trace.outcome == "ok" else f"{trace.outcome} ({trace.status})")
@@ -85,24 +89,29 @@ def spans_of(trace: Trace, bits: Callable[[int], int]) -> list[SpanData]:
             continue
         spans_by_attempt[a.n] = a.span_id
         aa: dict[str, AttrValue] = {"llmgw.attempt": a.n, "llmgw.replica": a.replica,
-                                    "llmgw.outcome": a.outcome or "in_flight", "llmgw.retried": a.retried,
-                                    "llmgw.response.bytes": a.bytes_in, "llmgw.decision": a.decision}
+                                    "llmgw.outcome": a.outcome or "in_flight"}
         _put(aa, "llmgw.node", a.node)
-        _put(aa, "llmgw.revision", a.revision)
         _put(aa, "http.response.status_code", a.status)
         _put(aa, "error.type", a.error)
+        if a.retried:
+            aa["llmgw.retried"] = True
         stop = a.ended_at if a.ended_at is not None else end
         out.append(SpanData(f"attempt {a.n} {a.replica}", a.span_id, trace.span_id, "client", ns(a.sent_at),
                             ns(max(stop, a.sent_at)), aa, None if a.outcome == "ok" else (a.error or a.outcome)))
     marks = trace.marks
+    holder = {s.span_id: s for s in out}
     for i, (phase, at, attempt, note) in enumerate(marks):
         stop = marks[i + 1][1] if i + 1 < len(marks) else end
-        pa: dict[str, Any] = {"llmgw.phase": phase}
-        if attempt:
-            pa["llmgw.attempt"] = attempt
+        parent = spans_by_attempt.get(attempt, trace.span_id)
+        pa: dict[str, Any] = {}
         _put(pa, "llmgw.note", note)
-        out.append(SpanData(phase, new_span_id(bits), spans_by_attempt.get(attempt, trace.span_id), "internal",
-                            ns(at), ns(max(stop, at)), pa))
+        if phase_spans:
+            if attempt:
+                pa["llmgw.attempt"] = attempt
+            out.append(SpanData(phase, new_span_id(bits), parent, "internal", ns(at), ns(max(stop, at)), pa))
+        else:
+            pa["llmgw.duration_ms"] = round(max(stop - at, 0.0) * 1e3, 3)
+            holder[parent].events.append((phase, ns(at), pa))
     return out
 
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["MAX_TRACESTATE", "SAMPLED", "TraceContext", "format_traceparent", "new_span_id", "new_trace_id",
-           "parse_traceparent", "parse_tracestate"]
+           "parse_traceparent", "parse_tracestate", "sampled"]
 
 SAMPLED = 0x01
 MAX_TRACESTATE = 512  # characters passed on (the spec: propagate at least 512)
@@ -119,3 +119,11 @@ def new_span_id(bits: Callable[[int], int]) -> str:
 def format_traceparent(trace_id: str, span_id: str, flags: int) -> str:
     """The version-00 header for a span of ours."""
     return f"00-{trace_id}-{span_id}-{flags & SAMPLED:02x}"
+
+
+def sampled(trace_id: str, ratio: float) -> bool:
+    """A new trace's sampling by its id, as OpenTelemetry's TraceIdRatioBased sampler decides: the
+    id's low 64 bits below ``ratio`` × 2^64 (the same id, the same answer, on every router)."""
+    if ratio >= 1.0:
+        return True
+    return int(trace_id[16:], 16) < int(ratio * (1 << 64))
