@@ -42,6 +42,8 @@ MAX_MEMBERS = 32
 _LONG_MEMBER = 128
 
 _HEX = re.compile(r"[0-9a-f]+")
+_V00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 # tracestate: key = simple-key / tenant@system; value = 0-255 of 0x20-0x7e but , and = ending non-space
 _KEY = re.compile(r"[a-z][a-z0-9_\-*/]{0,255}|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13}")
 _VALUE = re.compile(r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
@@ -61,6 +63,9 @@ def parse_traceparent(value: str | None) -> tuple[TraceContext | None, str]:
     if value is None:
         return None, ""
     v = value.strip(" \t")  # optional whitespace around a header's value is not the value's
+    m = _V00.fullmatch(v)  # the common case, in one match; the rest says why it is not
+    if m is not None and m[1] != _ZERO_TRACE and m[2] != _ZERO_SPAN:
+        return TraceContext(m[1], m[2], int(m[3], 16) & SAMPLED), ""
     if len(v) < 55:
         return None, "length"
     version = v[:2]
@@ -78,9 +83,9 @@ def parse_traceparent(value: str | None) -> tuple[TraceContext | None, str]:
     trace_id, parent_id, flags = v[3:35], v[36:52], v[53:55]
     if _HEX.fullmatch(trace_id) is None or _HEX.fullmatch(parent_id) is None or _HEX.fullmatch(flags) is None:
         return None, "format"
-    if trace_id == "0" * 32:
+    if trace_id == _ZERO_TRACE:
         return None, "trace_id"
-    if parent_id == "0" * 16:
+    if parent_id == _ZERO_SPAN:
         return None, "parent_id"
     return TraceContext(trace_id, parent_id, int(flags, 16) & SAMPLED), ""
 
