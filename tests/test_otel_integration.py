@@ -8,7 +8,9 @@ opentelemetry-proto) receives the request's spans in the client's trace."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -217,3 +219,26 @@ def test_by_default_phases_are_events_of_the_request_and_attempt_spans(procs: li
     assert (root["span_id"], root["parent_id"], root["events"]) == (t["span_id"], "", ["prepare", "decide"])
     assert att["parent_id"] == root["span_id"] and att["events"] == ["connect", "head", "first_byte", "body"]
     assert root["resource"]["service.name"] == "llmgw"
+
+
+def test_a_collector_that_is_down_costs_only_its_batches(procs: list[Any], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()  # nothing listens there: every export is refused
+    engine = _engine(procs)
+    d = Daemon(write_config(tmp_path, [{"name": "m", "replicas": [{"url": engine.url}]}],
+                            router=f'[router.traces]\notlp_endpoint = "http://127.0.0.1:{port}/v1/traces"'))
+    procs.append(d)
+    for i in range(3):
+        r = httpx.post(f"{d.url}/v1/chat/completions", json=BODY, headers={"x-request-id": f"down-{i}"})
+        assert r.status_code == 200
+    wait_for(lambda: metric(d.url, "llmgw_trace_spans_total", result="failed") >= 2, timeout=30)
+    assert metric(d.url, "llmgw_trace_spans_total", result="exported") == 0
+    t0 = time.monotonic()
+    d.stop()  # the flush at stop is bounded; no traceback (conftest checks the log)
+    assert time.monotonic() - t0 < 9
+    # the SDK's words about it: rate-limited (one line a minute of each kind), never a traceback
+    assert 1 <= sum("opentelemetry" in line for line in d.err) <= 3, d.err

@@ -13,8 +13,8 @@ One trace becomes:
 - each **phase** (prepare, queued, decide, connect, head, first_byte, body) on its attempt's span
   when it belongs to one, else on the request's: as a span event at the phase's start (its
   ``duration_ms`` and note as attributes) — or, with ``phase_spans``, as a child span of its own
-  (a waterfall in a trace viewer; each span costs the SDK's encoder about as much as the whole
-  request costs the router: docs/router.md has the figures).
+  (a waterfall in a trace viewer; each span costs the SDK's encoder about as much CPU as the
+  whole request costs the router: docs/router.md has the figures).
 
 Times: the trace's marks are on the monotonic clock; a span's times are Unix nanoseconds, from
 the trace's wall-clock start plus the monotonic offset (so the spans of one trace never drift

@@ -189,7 +189,7 @@ class OtlpExport:
         try:
             await trio.sleep_forever()
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(STOP_FLUSH_S + 1):
+            with trio.CancelScope(shield=True), trio.move_on_after(STOP_FLUSH_S):  # then the thread is left
                 await trio.to_thread.run_sync(self.close, abandon_on_cancel=True)
 
     def close(self) -> None:
