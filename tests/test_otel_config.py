@@ -55,3 +55,22 @@ def test_the_traces_url() -> None:
     assert otlp_url("http://c:4318") == "http://c:4318/v1/traces"
     assert otlp_url("http://c:4318/") == "http://c:4318/v1/traces"
     assert otlp_url("https://c/otlp/v1/traces") == "https://c/otlp/v1/traces"
+
+
+def test_every_trace_sink_sees_each_finished_trace() -> None:
+    from llmgw.daemon.router.otel_export import trace_sink
+
+    class Sink:
+        def __init__(self) -> None:
+            self.seen: list[object] = []
+
+        def on_end(self, t: object) -> None:
+            self.seen.append(t)
+
+    a, b = Sink(), Sink()
+    assert trace_sink(None, None) is None
+    assert trace_sink(a, None) == a.on_end
+    both = trace_sink(a, b)
+    assert both is not None
+    both("t1")  # type: ignore[arg-type]
+    assert a.seen == ["t1"] and b.seen == ["t1"]

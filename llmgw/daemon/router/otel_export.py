@@ -39,7 +39,7 @@ from llmgw.route.trace_spans import SpanData, exported, spans_of
 
 log = logging.getLogger("llmgw.traces")
 
-__all__ = ["OtlpExport", "TraceExportMetrics", "make_exporter", "otlp_url"]
+__all__ = ["OtlpExport", "TraceExportMetrics", "make_exporter", "otlp_url", "trace_sink"]
 
 STOP_FLUSH_S = 3.0  # what is queued at stop is sent for at most this long
 EXPORT_TIMEOUT_S = 10.0  # one export call (with the SDK's retries) to the collector
@@ -67,6 +67,19 @@ def make_exporter(cfg: TracesConfig, bits: Callable[[int], int]) -> OtlpExport |
                     "pip install 'llmgw[otel]'; traces stay local")
         return None
     return OtlpExport(cfg, bits)
+
+
+def trace_sink(*sinks: Any) -> Callable[[Trace], None] | None:
+    """The core's ``on_trace_end``: each of ``sinks`` (a TraceLog, an OtlpExport; None: absent)
+    sees every finished trace."""
+    ends = [s.on_end for s in sinks if s is not None]
+    if len(ends) <= 1:
+        return ends[0] if ends else None
+
+    def each(trace: Trace) -> None:
+        for f in ends:
+            f(trace)
+    return each
 
 
 class _SdkLogLimit(logging.Filter):

@@ -45,7 +45,7 @@ from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.daemon.router.metrics import RouterMetrics, Tier2DecisionMetrics
 from llmgw.daemon.router.registry import Registry, Replica
 from llmgw.daemon.router.tokenize import Tier2Metrics, Tokenizer
-from llmgw.daemon.router.otel_export import TraceExportMetrics, make_exporter
+from llmgw.daemon.router.otel_export import TraceExportMetrics, make_exporter, trace_sink
 from llmgw.daemon.router.trace_log import TraceLog
 from llmgw.http1.sinks import BodyAborted, BodySink
 from llmgw.route.adapters import Load
@@ -56,7 +56,7 @@ from llmgw.route.dispatch import KINDS, RouterCore
 from llmgw.route.plan import Plan
 from llmgw.route.planner import STRATEGY_HEADER
 from llmgw.route.tier2 import Tokenize
-from llmgw.route.trace import Trace, upstream_headers
+from llmgw.route.trace import upstream_headers
 from llmgw.config.names import is_candidate_key
 from llmgw.inputs.echo import echo
 from llmgw.route.openai_req import ApiError, error_body
@@ -149,14 +149,7 @@ class Router:
         self.trace_log = TraceLog(cfg.router.traces) if cfg.router.traces.file else None
         # ... and as OpenTelemetry spans over OTLP, when [router.traces] otlp_endpoint is set (its task: main.py)
         self.otlp = make_exporter(cfg.router.traces, _rid_bits)
-        sinks = [s.on_end for s in (self.trace_log, self.otlp) if s is not None]
-        if len(sinks) == 1:
-            self.core.on_trace_end = sinks[0]
-        elif sinks:
-            def both(t: Trace) -> None:
-                for f in sinks:
-                    f(t)
-            self.core.on_trace_end = both
+        self.core.on_trace_end = trace_sink(self.trace_log, self.otlp)
         self.metrics.registry.register(TraceExportMetrics(self.core.traceparent_invalid, self.otlp))
         self.api_keys = set(cfg.server.api_keys)
         self.rid_header = cfg.server.request_id_header.lower()
