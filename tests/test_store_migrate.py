@@ -6,6 +6,10 @@ flags are refused with one line."""
 
 from __future__ import annotations
 
+import pytest
+
+psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL store's tests need psycopg (the test extra)")
+
 import subprocess
 import sys
 from pathlib import Path

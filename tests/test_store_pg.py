@@ -5,13 +5,15 @@ refused, two routers starting at once); the DSN's password never shown; describe
 
 from __future__ import annotations
 
+import pytest
+
+psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL store's tests need psycopg (the test extra)")
+
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
-import pytest
 import trio
 
 from llmgw.daemon.control.store.guard import StoreGuard
