@@ -191,9 +191,11 @@ class PgStore(FleetRowsMixin):
         self._conn = None
         if not force and time.monotonic() - self._failed_at < RECONNECT_EVERY_S:
             raise StoreTimeout(f"cannot reach the store ({self._last_error}); trying again shortly", "unreachable")
-        ms = max(int(self.timeout_s * 1000), 1)
+        # The server gives up on a statement or a lock wait a little before our deadline, so a
+        # slow one ends with its own clean error and the connection stays usable.
+        ms, lock_ms = max(int(self.timeout_s * 900), 1), max(int(self.timeout_s * 800), 1)
         kw: dict[str, Any] = {"connect_timeout": max(2, int(self.timeout_s + 0.999)),
-                              "options": f"-c statement_timeout={ms} -c lock_timeout={ms} "
+                              "options": f"-c statement_timeout={ms} -c lock_timeout={lock_ms} "
                                          f"-c idle_in_transaction_session_timeout={max(ms, IDLE_TX_MIN_MS)}",
                               "application_name": "llmgw"}
         if self._password is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -117,6 +118,7 @@ class Store(ClusterMixin):
         self._conn = conn
         self.path = path
         self._depth = 0  # transaction() nesting; > 0 means savepoints
+        self._lock = threading.RLock()  # held by the thread whose transaction is open
         self._fence: tuple[str, int] | None = None  # set_fence: the (router, epoch) fenced writes need
         self._tx_fenced = False  # the outermost transaction holds a fenced write (checked): bump at commit
 
@@ -126,7 +128,9 @@ class Store(ClusterMixin):
             private_store_files(path)
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves instead of the module guessing.
-            conn = sqlite3.connect(path, isolation_level=None)
+            # check_same_thread=False: the lease loop and the guard's probe may call from a worker
+            # thread; transaction() holds self._lock, so threads never share a transaction.
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
             raise StoreError(f"store {path}: cannot open: {e}") from e
         store = cls(conn, path)
@@ -223,6 +227,10 @@ class Store(ClusterMixin):
     def transaction(self) -> Iterator[None]:
         """One commit for every write inside. Nested use becomes a savepoint, so an inner block that
         fails and is caught by its caller leaves none of its writes behind."""
+        with self._lock:
+            yield from self._transaction()
+
+    def _transaction(self) -> Iterator[None]:
         conn = self._conn
         if self._depth == 0:
             conn.execute("BEGIN IMMEDIATE")  # take the write lock now: no SQLITE_BUSY on upgrade
