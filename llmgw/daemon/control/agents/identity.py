@@ -148,10 +148,22 @@ class NodeIdentities:
             return Verdict(adm, presented_hash=presented)
         secret = secrets.token_urlsafe(32)
         digest, now = credential_hash(secret), self.clock()
+        # First writer wins: written only if the store still holds what this decision saw (another
+        # router sharing the store may have issued one to the same node meanwhile).
+        known = self.records.get(hello.node)
+        replacing = None if known is None or known.revoked_at is not None else known.hash
         try:
-            self.store.put_credential(hello.node, digest, issued_at=now)
+            written = self.store.put_credential(hello.node, digest, issued_at=now, replacing=replacing)
         except self.store.faults as e:
             raise IdentityStoreError(f"cannot record node {hello.node}'s credential in the store: {e}") from None
+        if written is False:
+            try:
+                if (row := self.store.credentials().get(hello.node)) is not None:
+                    self.records[hello.node] = row  # what the other router issued: the agent's retry meets it
+            except self.store.faults:
+                pass
+            raise IdentityStoreError(f"node {hello.node} was given a credential by another router at the same "
+                                     "moment; this hello is refused for now and the agent retries")
         self.records[hello.node] = CredentialRow(hello.node, digest, now, None, None)
         self.issued += 1
         return Verdict(adm, secret=secret, presented_hash=digest)
