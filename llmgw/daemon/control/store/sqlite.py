@@ -1,6 +1,7 @@
 """The router's persistent store: models, nodes, replica assignments and an event history in one
 SQLite file (WAL). Synchronous on purpose: writes are small and fast, and the router runs one
-reconcile at a time, so a thread would buy nothing but locking."""
+reconcile at a time, so a thread would buy nothing but locking. A worker thread may still call it
+(the leader's lease loop): a transaction holds the store's lock, so threads never share one."""
 
 from __future__ import annotations
 
