@@ -161,6 +161,16 @@ drain_timeout_s = 30.0           # a replica being removed may finish its reques
 max_message_bytes = 4194304      # larger messages close the connection
 # store = "/var/lib/llmgw/router.db"       # default: $XDG_STATE_HOME/llmgw/router.db
 
+[store]
+# Where the fleet's state is kept (docs/ha.md). Unset: the SQLite file at [control] store, for one
+# router. Several routers share one PostgreSQL database (pip install 'llmgw[postgres]'): each of
+# them serves, one leads the control plane.
+# url = "postgresql://llmgw@db.example:5432/llmgw"  # or "sqlite:/var/lib/llmgw/router.db"
+# password_file = "/etc/llmgw/pg-password"   # PostgreSQL's password, kept out of this file (0600)
+timeout_s = 2.0                  # every store call at most; past it the router runs from memory
+lease_s = 5.0                    # the leader's lease (renewed every lease_s / 3): a dead leader's successor
+poll_s = 0.5                     # ... leads within it; followers check the store for changes this often
+
 [agent]
 # This node's agent (--role agent, or the local agent of the one-process mode).
 # node = "gpu-01"                # default: the host name

@@ -384,6 +384,10 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 control = ControlPlane(cfg, store, router_port, token=token, settle_s=settle_s, adopt=adopt,
                                        fresh_store=fresh and where != ":memory:", shared=shared)
             except StoreCorrupt as e:
+                if kind != "sqlite":
+                    raise _StartupError(f"store.url: {e}: restore the database from a backup, or start with "
+                                        "`llmgw daemon --adopt` on an empty one to rebuild it from what the agents "
+                                        "report") from None
                 raise _StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
             except StoreError as e:  # another backend's fault while loading (a server gone away)
                 raise _StartupError(f"store.url: {e}") from None
