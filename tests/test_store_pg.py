@@ -235,3 +235,22 @@ def test_a_store_that_goes_away_while_loading_is_not_called_corrupt(pg_url: str,
         assert "cannot be read (timeout)" in str(err.value) and "corrupt" not in str(err.value)
     finally:
         st.close()
+
+
+def test_the_store_metrics_time_postgresql_calls_and_count_fenced_writes(pg_url: str) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from llmgw.daemon.control.store.guard import StoreMetrics
+
+    with PgStore.open(pg_url) as st:
+        guard = StoreGuard(st)
+        reg = CollectorRegistry()
+        reg.register(StoreMetrics(guard))
+        st.try_lead("a", 30.0)
+        st.set_fence("b", 7)
+        assert guard.write("put_model", "m", {}) is False
+        text = generate_latest(reg).decode()
+    assert "llmgw_store_fenced_writes_total 1.0" in text
+    count = next(line for line in text.splitlines() if line.startswith("llmgw_store_call_seconds_count"))
+    assert float(count.split()[-1]) >= 3  # the migration's, the lease's, the fenced write's
+    assert 'llmgw_store_call_seconds_bucket{le="+Inf"}' in text

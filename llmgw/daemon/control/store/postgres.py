@@ -36,7 +36,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from llmgw.daemon.control.store.pg_schema import migrate
 from llmgw.daemon.control.store.postgres_fleet import FleetRowsMixin
-from llmgw.daemon.control.store.rows import Fenced, LeaseRow, RouterRow, StoreError, check_name, check_obj, dumps_json
+from llmgw.daemon.control.store.rows import CallTimes, Fenced, LeaseRow, RouterRow, StoreError, check_name, check_obj, dumps_json
 
 log = logging.getLogger("llmgw.control")
 
@@ -143,6 +143,7 @@ class PgStore(FleetRowsMixin):
         self._failed_at = -float("inf")  # monotonic time of the last failed connect
         self._last_error = ""
         self.created = False  # open() made the schema (an empty database)
+        self.call_times = CallTimes()  # every statement, for /metrics
 
     @classmethod
     def open(cls, dsn: str, *, password: str | None = None, timeout_s: float = 2.0) -> PgStore:
@@ -217,7 +218,8 @@ class PgStore(FleetRowsMixin):
         """One statement, bounded by timeout_s."""
         with self._lock:
             conn = self._connection()
-            conn.deadline = time.monotonic() + self.timeout_s
+            t0 = time.monotonic()
+            conn.deadline = t0 + self.timeout_s
             try:
                 return conn.execute(sql, args)
             except (psycopg.OperationalError, StoreTimeout):
@@ -226,6 +228,7 @@ class PgStore(FleetRowsMixin):
                 raise
             finally:
                 conn.deadline = None
+                self.call_times.record(time.monotonic() - t0)
 
     def ping(self) -> None:
         with self._lock:
