@@ -67,6 +67,7 @@ from llmgw.daemon.net.http_types import (
     text_response,
 )
 from llmgw.daemon.net.inline_epoll import InlineEpoll
+from llmgw.daemon.net.reuse_port import open_reuse_port_listeners
 from llmgw.daemon.net.unix_sockets import _peer_uid, _remove_stale_socket
 from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
 from llmgw.http1.response_head import BODY_CHUNKED, BODY_CLOSE, BODY_LENGTH, BODY_NONE, serialize_response_head
@@ -435,13 +436,20 @@ async def serve_listeners(handler: Handler, listeners: list[trio.SocketListener]
 
 async def serve_tcp(handler: Handler, host: str = "127.0.0.1", port: int = 0, *,
                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
-                    backlog: int | None = None, **options: Unpack[ServerOptions]) -> NoReturn:
+                    backlog: int | None = None, reuse_port: bool = False,
+                    **options: Unpack[ServerOptions]) -> NoReturn:
     """Serve HTTP on host:port; ``started(bound_port)`` (useful with port 0).
 
     Give a literal address: with port 0, a name that resolves to several addresses
     gets a different ephemeral port on each, and only the first is reported.
+    ``reuse_port``: bind with SO_REUSEPORT, so that several processes of this user
+    (``llmgw daemon --workers N``) listen on one port and the kernel spreads the new
+    connections among them.
     """
-    listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
+    if reuse_port:
+        listeners = await open_reuse_port_listeners(port, host=host, backlog=backlog)
+    else:
+        listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
     task_status.started(listeners[0].socket.getsockname()[1])
     await serve_listeners(handler, listeners, **options)
 

@@ -1,0 +1,285 @@
+"""`llmgw daemon --workers N` (N > 1): a small supervisor of N router processes on one host, sharing
+the OpenAI port (SO_REUSEPORT) and the store (docs/ha.md "One host, several cores").
+
+The supervisor serves nothing itself. It
+
+- holds the store's lock (one set of routers per store) for its lifetime: the workers skip it;
+- makes the one join token the embedded default's workers share (in an environment variable);
+- starts worker 0 (`sys.executable -m llmgw daemon <the same arguments> --worker-index 0`), reads
+  its ready line, and only then the others, with `--port` set to the port worker 0 bound (with
+  `--port 0` they could not otherwise agree on one);
+- prints one ready line on stdout: worker 0's, with the supervisor's pid and a `workers` list (each
+  worker's index, pid, admin socket and control address);
+- restarts a worker that exits while it was not asked to (after a backoff: 0.5 s, doubling to 30 s,
+  back to 0.5 s once a worker has served a minute), logging its exit status and the count, and
+  printing a `{"worker_restarted": ...}` line on stdout with the new pid;
+- forwards SIGHUP (config reload) to every worker, and on SIGTERM or SIGINT stops them all by pid:
+  SIGTERM, then SIGKILL for those still running after a grace period.
+
+The workers run in a process group of their own, so a terminal's Ctrl-C reaches the supervisor
+only, which stops them in order; if the supervisor dies, the kernel sends each worker SIGTERM
+(daemon/workers.py enter_worker)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from llmgw.config import Config
+from llmgw.daemon.workers import SUPERVISOR_ENV, TOKEN_ENV
+
+log = logging.getLogger("llmgw.daemon.supervisor")
+
+__all__ = ["Supervisor", "port_free", "supervise"]
+
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
+HEALTHY_AFTER_S = 60.0  # a worker that served this long restarts without the accumulated backoff
+
+
+def supervise(argv: list[str], count: int, cfg: Config, roles: set[str], config_path: str | None) -> int:
+    """`--workers N`: check what the workers cannot check each for itself, hold the store, then start
+    and keep N workers; the exit status."""
+    from llmgw.daemon.main import _lock_store, _StartupError, _warn_lost_store
+    from llmgw.daemon.private_files import private_dir
+
+    path = cfg.control.store
+    if path == ":memory:":
+        print("llmgw daemon: --workers: control.store = \":memory:\" cannot be shared between workers; "
+              "give it a file", file=sys.stderr)
+        return 2
+    if cfg.server.port and (why := port_free(cfg.server.host, cfg.server.port)) is not None:
+        print(f"llmgw daemon: server.port (--port): cannot listen on {cfg.server.host}:{cfg.server.port}: {why} "
+              "(another llmgw, or another program, is listening there)", file=sys.stderr)
+        return 2
+    try:
+        _warn_lost_store(path)
+        private_dir(os.path.dirname(os.path.abspath(path)), "control.store",
+                    dedicated="llmgw" in os.path.basename(os.path.dirname(os.path.abspath(path))), log=log)
+        lock = _lock_store(path)
+    except _StartupError as e:
+        print(f"llmgw daemon: {e}", file=sys.stderr)
+        return e.code
+    except OSError as e:
+        print(f"llmgw daemon: control.store: {path}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    embedded_token = "agent" in roles and cfg.control.join_token is None and cfg.control.join_token_file is None
+    args = [*argv, "--config", config_path] if config_path else list(argv)
+    sup = Supervisor(args, count, port=cfg.server.port, grace_s=cfg.agent.stop_grace_s + 20.0,
+                     join_token=embedded_token)
+    with lock:
+        return trio.run(sup.run)
+
+
+class _WorkerFailed(Exception):
+    """A worker exited before its ready line (it logged why): the supervisor exits with its status."""
+
+    def __init__(self, index: int, status: int) -> None:
+        super().__init__(f"worker {index} exited with status {status} before it was ready")
+        self.index, self.status = index, status
+
+
+class Supervisor:
+    def __init__(self, argv: Sequence[str], count: int, *, port: int, grace_s: float,
+                 join_token: bool) -> None:
+        """`argv`: the daemon's arguments as given (each worker gets them, then its own flags);
+        `join_token`: make the embedded default's shared join token."""
+        self.argv = list(argv)
+        self.count = count
+        self.port = port
+        self.grace_s = grace_s
+        self.env = dict(os.environ, **{SUPERVISOR_ENV: str(os.getpid())})
+        if join_token:
+            self.env[TOKEN_ENV] = secrets.token_urlsafe(24)
+        self.procs: dict[int, trio.Process] = {}  # index -> the worker running now
+        self.readies: dict[int, dict[str, Any]] = {}
+        self.restarts = 0
+        self.stopping = False
+
+    def command(self, index: int) -> list[str]:
+        return [sys.executable, "-m", "llmgw", "daemon", *self.argv, "--port", str(self.port),
+                "--worker-index", str(index)]
+
+    async def run(self) -> int:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            try:
+                async with trio.open_nursery() as nursery:
+                    first = await nursery.start(self._keep, 0)
+                    self.port = int(first["port"])
+                    async with trio.open_nursery() as starting:
+                        for i in range(1, self.count):
+                            starting.start_soon(nursery.start, self._keep, i)
+                    print(json.dumps(self._ready_line(first)), flush=True)
+                    log.info("%d workers serve %s", self.count, first.get("url"))
+                    async for signum in signals:
+                        if signum == signal.SIGHUP:
+                            self._signal_all(signal.SIGHUP)
+                            continue
+                        break
+                    await self._stop()
+                    nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as eg:
+                failed = eg.subgroup(_WorkerFailed)
+                if failed is None:
+                    raise
+                await self._stop()
+                first_failure = failed.exceptions[0]
+                while isinstance(first_failure, BaseExceptionGroup):
+                    first_failure = first_failure.exceptions[0]
+                assert isinstance(first_failure, _WorkerFailed)
+                return first_failure.status if first_failure.status > 0 else 1
+        log.info("stopped (%d worker restarts)", self.restarts)
+        return 0
+
+    def _ready_line(self, first: dict[str, Any]) -> dict[str, Any]:
+        ready = dict(first, pid=os.getpid())
+        ready.pop("worker", None)
+        ready["workers"] = [self._worker_entry(i) for i in range(self.count)]
+        return ready
+
+    def _worker_entry(self, index: int) -> dict[str, Any]:
+        r = self.readies[index]
+        entry = {"index": index, "pid": r.get("pid"), "admin_socket": r.get("admin_socket"),
+                 "control": r.get("control")}
+        if r.get("admin_tcp"):
+            entry["admin_tcp"] = r["admin_tcp"]
+        return entry
+
+    # -- one worker, kept running ------------------------------------------------------------------
+    async def _keep(self, index: int, task_status: trio.TaskStatus[dict[str, Any]] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        backoff = BACKOFF_MIN_S
+        started = False
+        while not self.stopping:
+            t0 = time.monotonic()
+            proc = await trio.lowlevel.open_process(self.command(index), stdout=subprocess.PIPE, env=self.env,
+                                                    process_group=0)
+            self.procs[index] = proc
+            try:
+                status = await self._serve(index, proc, task_status if not started else None)
+            finally:  # (cancelled: it may still run, and _stop must find it)
+                if proc.returncode is not None and self.procs.get(index) is proc:
+                    del self.procs[index]
+            if not started:
+                if index not in self.readies or self.readies[index].get("pid") != proc.pid:
+                    raise _WorkerFailed(index, status)
+                started = True
+            if self.stopping:
+                return
+            self.restarts += 1
+            if time.monotonic() - t0 >= HEALTHY_AFTER_S:
+                backoff = BACKOFF_MIN_S
+            log.warning("worker %d (pid %d) exited unexpectedly (%s); restarting it in %.1f s (restart %d)",
+                        index, proc.pid, _describe_status(status), backoff, self.restarts)
+            await trio.sleep(backoff)
+            backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    async def _serve(self, index: int, proc: trio.Process,
+                     task_status: trio.TaskStatus[dict[str, Any]] | None) -> int:
+        """Read the worker's ready line, then pass on what else it prints, until it exits."""
+        assert proc.stdout is not None
+        lines = _Lines(proc.stdout)
+        line = await lines.next()
+        if line is not None:
+            try:
+                ready = json.loads(line)
+            except ValueError:
+                ready = None
+            if isinstance(ready, dict) and ready.get("ready"):
+                ready["pid"] = proc.pid
+                self.readies[index] = ready
+                if task_status is not None:
+                    task_status.started(ready)
+                else:
+                    print(json.dumps({"worker_restarted": index, "pid": proc.pid, "restarts": self.restarts,
+                                      "admin_socket": ready.get("admin_socket"), "control": ready.get("control")}),
+                          flush=True)
+            else:
+                print(line, flush=True)
+            while (line := await lines.next()) is not None:
+                print(line, flush=True)
+        return await proc.wait()
+
+    # -- stopping ----------------------------------------------------------------------------------
+    def _signal_all(self, signum: int) -> None:
+        for proc in list(self.procs.values()):
+            if proc.returncode is None:
+                try:
+                    proc.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+
+    async def _stop(self) -> None:
+        """SIGTERM to every worker; SIGKILL to those still running after the grace period."""
+        self.stopping = True
+        procs = list(self.procs.values())
+        log.info("stopping %d workers", len(procs))
+        self._signal_all(signal.SIGTERM)
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(self.grace_s):
+                for proc in procs:
+                    await proc.wait()
+            for proc in procs:
+                if proc.returncode is None:
+                    log.warning("worker pid %d did not stop within %.0f s: killed", proc.pid, self.grace_s)
+                    proc.kill()
+                    await proc.wait()
+
+
+class _Lines:
+    """Lines of a trio stream (a worker's stdout), without the newline; None at EOF."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self.stream = stream
+        self.buf = b""
+        self.eof = False
+
+    async def next(self) -> str | None:
+        while b"\n" not in self.buf:
+            if self.eof:
+                break
+            data = await self.stream.receive_some(65536)
+            if not data:
+                self.eof = True
+            self.buf += data
+        if not self.buf:
+            return None
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode(errors="replace")
+
+
+def _describe_status(status: int) -> str:
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit status {status}"
+
+
+def port_free(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on by a new set of workers (another program, or another
+    llmgw's workers, listens there), or None. A plain bind: one without SO_REUSEPORT fails while any
+    socket listens on the port, where the workers' own binds would join a stranger's."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as e:
+        return str(e.strerror or e)
+    for family, type_, proto, _, addr in infos:
+        with socket.socket(family, type_, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(addr)
+            except OSError as e:
+                return str(e.strerror or e)
+    return None

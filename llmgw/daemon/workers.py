@@ -1,0 +1,102 @@
+"""`llmgw daemon --workers N`, a worker's side: what differs between the N router processes of one
+host (docs/ha.md "One host, several cores"; the supervisor that starts them is daemon/supervisor.py).
+
+Every worker runs today's router on the same config and the same store, and binds the OpenAI port
+with SO_REUSEPORT. What cannot be shared is derived from the config by the worker's index; worker 0
+keeps every configured value, so `llmgw ctl` and agents find it where they found the single router:
+
+- `[admin] socket`: worker i > 0 listens at the same path with `.w<i>` before its extension
+  (admin.sock -> admin.w1.sock; a name without one gets `.w<i>` appended);
+- `[admin] tcp`: worker 0 only (a port per worker would collide with whatever the next ports are);
+- `[control] listen`: worker 0 as configured; the others on an ephemeral port of the same host
+  (agents learn every router's address from the welcome's `routers` list);
+- `[router.traces] file`: per worker, named like the admin socket (traces.w1.jsonl);
+- the embedded agent (role router,agent) runs in worker 0 only: the others are routers;
+- the store's lock (one router per store) is held by the supervisor: workers do not take it.
+
+The supervisor hands a worker what is shared but secret (the embedded default's join token) in an
+environment variable, which the worker reads and removes at once: never on the command line, which
+`ps` shows to every user."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from dataclasses import dataclass, replace
+
+from llmgw.config import Config
+
+__all__ = ["MAX_WORKERS", "SUPERVISOR_ENV", "TOKEN_ENV", "WorkerSeat", "check_workers", "enter_worker",
+           "for_worker", "worker_path", "worker_roles"]
+
+MAX_WORKERS = 64
+SUPERVISOR_ENV = "LLMGW_WORKER_OF"  # the supervisor's pid: a worker's parent must be it
+TOKEN_ENV = "LLMGW_WORKER_JOIN_TOKEN"  # the embedded default's join token, one for all workers
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSeat:
+    """This process is worker `index` of `count`, started by the supervisor `supervisor`."""
+    index: int
+    count: int
+    supervisor: int
+    join_token: str | None = None  # the shared embedded join token, if the supervisor made one
+
+
+def check_workers(n: int) -> str | None:
+    """The problem with `--workers n`, or None."""
+    if not 1 <= n <= MAX_WORKERS:
+        return f"--workers {n}: expected 1 to {MAX_WORKERS} router processes (1: no supervisor, one process)"
+    return None
+
+
+def worker_path(path: str, index: int) -> str:
+    """`path` for worker `index`: unchanged for worker 0, else `.w<index>` before the extension."""
+    if index == 0:
+        return path
+    head, name = os.path.split(path)
+    stem, dot, ext = name.rpartition(".")
+    name = f"{stem}.w{index}.{ext}" if dot and stem else f"{name}.w{index}"
+    return os.path.join(head, name)
+
+
+def for_worker(cfg: Config, index: int, default_control_listen: str) -> Config:
+    """`cfg` as worker `index` runs it (see the module's docstring)."""
+    if index == 0:
+        return cfg
+    admin = replace(cfg.admin, socket=worker_path(cfg.admin.socket, index), tcp=None)
+    host = (cfg.control.listen or default_control_listen).rpartition(":")[0]
+    control = replace(cfg.control, listen=f"{host}:0")
+    traces = cfg.router.traces
+    router = cfg.router if traces.file is None else \
+        replace(cfg.router, traces=replace(traces, file=worker_path(traces.file, index)))
+    return replace(cfg, admin=admin, control=control, router=router)
+
+
+def worker_roles(roles: set[str], index: int) -> set[str]:
+    """The agent runs once, in worker 0; the other workers are routers."""
+    return set(roles) if index == 0 else {"router"}
+
+
+def enter_worker(index: int, count: int) -> WorkerSeat:
+    """Become worker `index` of `count`: check that the supervisor started this process (it holds the
+    store's lock the worker skips), take the shared secrets out of the environment, and ask the kernel
+    to stop this process when the supervisor dies. Raises ValueError with the message to print."""
+    parent = os.getppid()
+    if os.environ.get(SUPERVISOR_ENV) != str(parent):
+        raise ValueError("--worker-index is internal to --workers: only the supervisor starts workers")
+    if not 0 <= index < count:
+        raise ValueError(f"--worker-index {index}: expected 0 to {count - 1}")
+    os.environ.pop(SUPERVISOR_ENV, None)  # not inherited by the engines the agent starts
+    token = os.environ.pop(TOKEN_ENV, None)
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # then an orphaned worker serves on until stopped, as a lone router would
+        if os.getppid() != parent:  # the supervisor died before the prctl
+            raise ValueError("the supervisor is gone")
+    return WorkerSeat(index=index, count=count, supervisor=parent, join_token=token)
