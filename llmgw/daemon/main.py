@@ -337,6 +337,16 @@ def _open_store(path: str, seat: WorkerSeat | None = None) -> tuple[Any, bool]:
     return store, fresh
 
 
+def _open_store_again(store: Any) -> Any:
+    """A second connection to the same store, for the Leadership's calls in worker threads."""
+    again = getattr(store, "open_again", None)
+    if again is not None:
+        return again()
+    from llmgw.daemon.control.store.sqlite import Store
+
+    return Store.open(store.path, threaded=True)
+
+
 async def _router_role(cfg: Config, token: str | None, settle_s: float | None, adopt: bool,
                        config_path: str | None, prepare: Any, seat: WorkerSeat | None,
                        task_status: trio.TaskStatus[dict[str, Any]]) -> None:
@@ -354,17 +364,20 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
     from llmgw.daemon.router.ready import announce_when_ready
     from llmgw.route.readiness import readiness
 
+    from llmgw.daemon.control.cluster import RouterInfo, is_shared, join
+
     store, fresh = _open_store(cfg.control.store, seat)
-    # --workers: the supervisor holds the lock for all its workers
-    lock = contextlib.nullcontext() if cfg.control.store == ":memory:" or seat is not None \
-        else _lock_store(cfg.control.store)
+    worker = None if seat is None else seat.index
+    shared = is_shared(store, worker=worker)  # several routers on one store (docs/ha.md)
+    # (--workers: the supervisor holds the lock for all its workers)
+    lock = contextlib.nullcontext() if cfg.control.store == ":memory:" or shared else _lock_store(cfg.control.store)
     with store, lock:
         async with UpstreamPool() as pool:
             router = Router(cfg, pool)
             router_port = RouterAdapter(router)  # all the control plane and the admin API may do to the router
             try:
                 control = ControlPlane(cfg, store, router_port, token=token, settle_s=settle_s, adopt=adopt,
-                                       fresh_store=fresh and cfg.control.store != ":memory:")
+                                       fresh_store=fresh and cfg.control.store != ":memory:", shared=shared)
             except StoreCorrupt as e:
                 raise _StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
             control.reloader = ConfigReloader(control, config_path, prepare or (lambda c: c))
@@ -407,9 +420,9 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                     router.metrics.registry.register(KvIndexMetrics(router.kv))
                 else:
                     log.info("no control.join_token: agents cannot join this router")
+                admin_app = AdminApp(control, router_port, token=cfg.admin.token)
                 try:
-                    admin = await inner.start(serve_admin, cfg.admin,
-                                              AdminApp(control, router_port, token=cfg.admin.token))
+                    admin = await inner.start(serve_admin, cfg.admin, admin_app)
                 except BaseException as e:
                     found = _find(e, (AdminSetupError, OSError))
                     if found is None:
@@ -433,6 +446,13 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 info.update({"url": url, "port": port, "models": [m.name for m in cfg.models]})
                 if seat is not None:
                     info["worker"] = seat.index
+                if shared:  # its row in the store: where clients, agents and the other routers reach it
+                    row = RouterInfo(worker=worker)
+                    ji = control.agents.join_info()
+                    row.update(url=_loopback_url(cfg.server.host, port) if cfg.server.host in ("127.0.0.1", "::1")
+                               else url, control=ji.router, control_ca_pem=ji.ca_pem, control_server_name=ji.server_name)
+                    await join(inner, cfg, control, _open_store_again(store), row, admin_app)
+                    info["router_id"] = control.router_id
                 log.info("router listening on %s", url)
                 inner.start_soon(lambda: announce_when_ready(lambda: readiness(router.registry), url))
                 task_status.started(info)

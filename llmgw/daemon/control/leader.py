@@ -128,10 +128,14 @@ class Leadership:
         return out
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._lease_loop)
-            nursery.start_soon(self._poll_loop)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._lease_loop)
+                nursery.start_soon(self._poll_loop)
+                task_status.started()
+        finally:  # a clean stop gives the lease back: another router leads at once, not after it expires
+            with trio.CancelScope(shield=True):
+                await self.stop()
 
     async def _lease_loop(self) -> None:
         while True:

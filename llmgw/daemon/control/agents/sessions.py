@@ -110,6 +110,10 @@ class SessionHost(Protocol):
         """What `node` should run now."""
         ...
 
+    def leading(self) -> bool:
+        """Whether this router leads the control plane: only the leader sends desired sets."""
+        ...
+
     def node_revoked(self, node: str) -> list[str]:
         """An operator revoked the node: forget it, withdraw its replicas (their ids)."""
         ...
@@ -212,6 +216,12 @@ class AgentSessions:
         conn = self.conns.get(node)
         if conn is not None:
             conn.wake.set()
+
+    def leadership_changed(self) -> None:
+        """This router took or lost the lead, or the live routers changed: a new leader sends every
+        node its desired set."""
+        for node in list(self.conns):
+            self.push(node)
 
     # -- operator actions ----------------------------------------------------------------------------
     def revoke(self, node: str) -> tuple[bool, bool, list[str], str | None]:
@@ -457,7 +467,7 @@ class AgentSessions:
     async def _sender(self, conn: _Conn, hb: float) -> None:
         while True:
             rev = self._node_rev.get(conn.node, 0)
-            if rev != conn.sent_rev:
+            if rev != conn.sent_rev and self.host.leading():  # only the leader says what a node runs
                 conn.sent_rev = rev
                 await conn.stream.send(Desired(rev=rev, engines=tuple(self.host.desired_for(conn.node))))
             else:

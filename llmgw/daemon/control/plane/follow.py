@@ -33,8 +33,7 @@ from llmgw.daemon.control.plane.config_reload import stored_override
 from llmgw.daemon.control.store.port import FleetStore
 from llmgw.daemon.control.store.rows import HoldRow
 from llmgw.daemon.control.store.state import StoredState, read_state
-from llmgw.fleet.domains import Hold
-from llmgw.fleet.reconcile import Assignment
+from llmgw.fleet.reconcile import Assignment, Hold
 
 log = logging.getLogger("llmgw.control")
 

@@ -69,13 +69,17 @@ __all__ = ["ControlPlane", "ModelError", "deploy_of"]
 
 class ControlPlane:
     def __init__(self, cfg: Config, store: FleetStore, router: RouterPort, *, token: str | None,
-                 settle_s: float | None = None, adopt: bool = False, fresh_store: bool = False) -> None:
+                 settle_s: float | None = None, adopt: bool = False, fresh_store: bool = False,
+                 shared: bool = False) -> None:
         """`adopt`: engines the store does not know are adopted (`llmgw daemon --adopt`);
-        `fresh_store`: the store was created at this start (said in the warnings about them)."""
+        `fresh_store`: the store was created at this start (said in the warnings about them);
+        `shared`: other routers share the store (docs/ha.md) — the plane starts as a follower and
+        writes nothing of the fleet's until it leads (daemon/control/leader.py)."""
         self.cfg = cfg
         c = cfg.control
         self.store = store
         self.guard = StoreGuard(store)  # every store call goes through it
+        self.guard.active = not shared
         self.adopt = adopt
         self.fresh_store = fresh_store
         self.unknown = UnknownEngines(self.guard)
@@ -85,6 +89,8 @@ class ControlPlane:
         self._unloadable: dict[str, dict[str, Any]] = {}  # stored models this llmgw cannot load, as stored
         self.router = router
         self.router_id = uuid.uuid4().hex[:12]
+        if shared:  # epoch 0 is no lease's: any fenced write that got past the guard is refused too
+            store.set_fence(self.router_id, 0)
         self.nodes = NodeRegistry(NodeTimeouts(c.not_ready_after_s, c.lost_after_s, c.max_lost_fraction,
                                                c.partition_lost_interval_s), trio.current_time())
         self.models: dict[str, ModelConfig] = {}

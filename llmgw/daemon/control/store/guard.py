@@ -2,7 +2,8 @@
 read-only, I/O error, locked by another process) never takes the daemon down.
 
 Every store call of the control plane and the admin API goes through a StoreGuard. A call that
-fails with a store error (any ``sqlite3.Error``) is logged with its context — the first at once,
+fails with a store error (one of the backend's ``store.faults``: ``sqlite3.Error``,
+``psycopg.Error``...) is logged with its context — the first at once,
 then at most one line a minute while the fault lasts — counted per operation
 (``llmgw_store_errors_total{op}``), and turns the guard *degraded* (``llmgw_store_degraded`` 1):
 
@@ -19,13 +20,17 @@ then at most one line a minute while the fault lasts — counted per operation
   StoreUnavailable with the reason if the store still cannot write: the change is not made, and
   the admin API answers 503 saying why.
 
-Programming errors (anything but ``sqlite3.Error``) in a background write are logged with their
-traceback and counted, and that one write is dropped: they say nothing of the disk."""
+Programming errors (anything but a store fault) in a background write are logged with their
+traceback and counted, and that one write is dropped: they say nothing of the disk.
+
+A write refused with ``Fenced`` (several routers: this one is no longer the leader, docs/ha.md) is
+not a fault: the store works. The guard calls ``on_fenced`` (leadership steps down) once per refusal,
+stays healthy, drops the write (a transaction is rolled back whole), and ``must_write`` raises
+NotLeader (a StoreUnavailable: the admin API answers 503)."""
 
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -39,11 +44,11 @@ from prometheus_client.registry import Collector
 
 from llmgw.admin.schema import StoreStatus
 from llmgw.daemon.control.store.port import FleetStore
-from llmgw.daemon.control.store.rows import describe
+from llmgw.daemon.control.store.rows import UNFENCED_OPS, Fenced, describe
 
 log = logging.getLogger("llmgw.control.store")
 
-__all__ = ["MAX_PENDING_HISTORY", "StoreGuard", "StoreMetrics", "StoreUnavailable", "describe"]
+__all__ = ["MAX_PENDING_HISTORY", "NotLeader", "StoreGuard", "StoreMetrics", "StoreUnavailable", "describe"]
 
 MAX_PENDING_HISTORY = 10_000
 RETRY_MIN_S = 1.0
@@ -58,6 +63,15 @@ class StoreUnavailable(Exception):
         super().__init__(f"the store cannot write ({reason}): {detail}")
         self.reason = reason
         self.detail = detail
+
+
+class NotLeader(StoreUnavailable):
+    """A write that must persist was refused by the fence: another router leads now. The change
+    is not made; it may be made at the leader."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("not the leader", detail)
+        self.args = (f"this router is no longer the leader, so the change was not made: {detail}",)
 
 
 class _Abandon(Exception):
@@ -79,9 +93,17 @@ class StoreGuard:
     the control plane once it has loaded (before that there is nothing to re-write)."""
 
     def __init__(self, store: FleetStore, *, rewrite: Callable[[FleetStore], None] | None = None,
-                 max_pending_history: int = MAX_PENDING_HISTORY, wall: Callable[[], float] = time.time) -> None:
+                 max_pending_history: int = MAX_PENDING_HISTORY, wall: Callable[[], float] = time.time,
+                 on_fenced: Callable[[Fenced], None] | None = None) -> None:
         self.store = store
         self.rewrite = rewrite
+        self.on_fenced = on_fenced
+        # False on a router that follows another (docs/ha.md): the fleet's state is the leader's to
+        # write, so fenced writes are skipped, history is the leader's, and must_write raises NotLeader.
+        self.active = True
+        self.fenced = 0  # writes refused by the fence, since start
+        self._tx_fenced = False  # a write inside the current guard.transaction was fenced
+        self._in_tx = 0  # guard.transaction nesting
         self._wall = wall
         self.degraded = False
         self.reason = ""
@@ -102,12 +124,14 @@ class StoreGuard:
     # -- writes ---------------------------------------------------------------------------------
     def write(self, op: str, *args: Any, **kw: Any) -> bool:
         """`store.<op>(*args, **kw)`, or nothing while degraded. True when it was written."""
-        if self.degraded:
+        if self.degraded or self._tx_fenced or (not self.active and op not in UNFENCED_OPS):
             return False
         try:
             getattr(self.store, op)(*args, **kw)
             return True
-        except sqlite3.Error as e:
+        except Fenced as e:
+            self._fenced(op, e)
+        except self.store.faults as e:
             self._fail(op, e)
         except Exception:  # noqa: BLE001 — a bad value must not take the caller's task down
             self.bugs += 1
@@ -118,11 +142,16 @@ class StoreGuard:
     def must_write(self, op: str, *args: Any, **kw: Any) -> Any:
         """A write that must persist before its change is made (an operator's): the store's
         answer, or StoreUnavailable. Other exceptions (a bad value) reach the caller."""
+        if not self.active and op not in UNFENCED_OPS:
+            raise NotLeader("this router follows another one, which makes the fleet's changes")
         if self.degraded and not self.try_recover():
             raise StoreUnavailable(self.reason, self.detail)
         try:
             return getattr(self.store, op)(*args, **kw)
-        except sqlite3.Error as e:
+        except Fenced as e:
+            self._fenced(op, e)
+            raise NotLeader(str(e)) from None
+        except self.store.faults as e:
             self._fail(op, e)
             raise StoreUnavailable(self.reason, self.detail) from None
 
@@ -130,13 +159,15 @@ class StoreGuard:
         """A read for an answer (the admin API's history): its result, or StoreUnavailable."""
         try:
             return fn(self.store)
-        except sqlite3.Error as e:
+        except self.store.faults as e:
             self._fail(op, e)
             raise StoreUnavailable(self.reason, self.detail) from None
 
     def record(self, event: str, *, replica: str | None = None, model: str | None = None,
                node: str | None = None, detail: str = "") -> None:
         """A history event: written now, or kept until the store can write again."""
+        if not self.active:
+            return  # the leader keeps the fleet's history
         ev = _Event(event, replica, model, node, detail, self._wall())
         if not self.degraded and self.write("record", event, replica=replica, model=model, node=node,
                                             detail=detail, ts=ev.ts):
@@ -152,27 +183,50 @@ class StoreGuard:
         """One commit for the writes inside, as Store.transaction — but a store error never leaves
         it: a failed BEGIN or COMMIT degrades the guard and the block runs (or has run) in full,
         its writes skipped; a write that failed inside rolls the whole transaction back."""
-        if self.degraded:
+        if self.degraded or self._tx_fenced or not self.active:
             yield
             return
         entered = False
+        self._in_tx += 1
         try:
             with self.store.transaction():
                 entered = True
                 yield
-                if self.degraded:
+                if self.degraded or self._tx_fenced:
                     raise _Abandon
         except _Abandon:
             pass
-        except sqlite3.Error as e:
+        except Fenced as e:  # raised by the block's own store call, or at COMMIT
+            self._fenced(op, e)
+        except self.store.faults as e:
             self._fail(op, e)
             if not entered:  # BEGIN failed: the block has not run yet
                 yield
+        finally:
+            self._in_tx -= 1
+            if self._in_tx == 0:
+                self._tx_fenced = False
 
     # -- faults and recovery ----------------------------------------------------------------------
-    def _fail(self, op: str, e: sqlite3.Error) -> None:
+    def _fenced(self, op: str, e: Fenced) -> None:
+        """A write the fence refused: not a fault. Tell leadership (it steps down); the rest of an
+        open guard.transaction is skipped and rolled back."""
+        self.fenced += 1
+        if self._depth_open():
+            self._tx_fenced = True
+        log.warning("store %s: %s refused: %s", self.store.path, op, e)
+        if self.on_fenced is not None:
+            try:
+                self.on_fenced(e)
+            except Exception:  # noqa: BLE001 — the write's caller must not fail for it
+                log.exception("store %s: on_fenced failed", self.store.path)
+
+    def _depth_open(self) -> bool:
+        return self._in_tx > 0
+
+    def _fail(self, op: str, e: BaseException) -> None:
         self.errors[op] = self.errors.get(op, 0) + 1
-        reason, detail = describe(e), str(e) or type(e).__name__
+        reason, detail = self.store.describe(e), str(e) or type(e).__name__
         first = not self.degraded
         if first:
             self.degraded, self.since = True, self._wall()
@@ -195,7 +249,7 @@ class StoreGuard:
         pending = list(self._pending)
         try:
             with self.store.transaction():
-                if self.rewrite is not None:
+                if self.rewrite is not None and self.active:  # a follower has nothing of its own to write
                     self.rewrite(self.store)
                 for ev in pending:
                     self.store.record(ev.event, replica=ev.replica, model=ev.model, node=ev.node,
@@ -203,7 +257,11 @@ class StoreGuard:
                 if self._dropped_now:
                     self.store.record("history dropped", detail=f"{self._dropped_now} events lost while the "
                                                                 f"store could not write ({self.reason})")
-        except sqlite3.Error as e:
+        except Fenced as e:  # no longer the leader: the state is the new leader's to write now
+            self._fenced("recover", e)
+            self._recovered(pending, rewritten=False)
+            return True
+        except self.store.faults as e:
             self._fail("recover", e)
             return False
         except Exception:  # noqa: BLE001 — a bug in rewrite must not stop the retries
@@ -211,17 +269,22 @@ class StoreGuard:
             self.errors["recover"] = self.errors.get("recover", 0) + 1
             log.exception("store %s: re-writing the state failed", self.store.path)
             return False
+        self._recovered(pending, rewritten=True)
+        return True
+
+    def _recovered(self, pending: list[_Event], *, rewritten: bool) -> None:
         lasted = self._wall() - (self.since or self._wall())
-        log.warning("store %s can write again after %.0fs (%s): the state was written back from memory, "
-                    "with %d history events kept meanwhile%s", self.store.path, lasted, self.reason, len(pending),
-                    f" ({self._dropped_now} dropped)" if self._dropped_now else "")
+        log.warning("store %s can write again after %.0fs (%s): %s, with %d history events kept meanwhile%s",
+                    self.store.path, lasted, self.reason,
+                    "the state was written back from memory" if rewritten else
+                    "this router no longer leads, so its state was not written back",
+                    len(pending) if rewritten else 0, f" ({self._dropped_now} dropped)" if self._dropped_now else "")
         for _ in pending:
             self._pending.popleft()
         self.degraded, self.reason, self.detail, self.since = False, "", "", None
         self._dropped_now, self._errors_unlogged = 0, 0
         self.recoveries += 1
         self._broken = trio.Event()
-        return True
 
     def retry_soon(self) -> None:
         """Try the recovery now instead of at the end of the backoff (e.g. an operator asked)."""
@@ -236,7 +299,16 @@ class StoreGuard:
                 with trio.move_on_after(delay):
                     await self._retry_now.wait()
                 self._retry_now = trio.Event()
-                if not self.try_recover():
+                # Probe from a worker thread first: a store that hangs (a blackholed server) costs
+                # this task its timeout, never the trio thread; the recovery runs once it answers.
+                try:
+                    await trio.to_thread.run_sync(self.store.ping)
+                except self.store.faults as e:
+                    self._fail("ping", e)
+                    ok = False
+                else:
+                    ok = self.try_recover()
+                if not ok:
                     delay = min(delay * 2, RETRY_MAX_S)
 
     # -- what operators see -----------------------------------------------------------------------

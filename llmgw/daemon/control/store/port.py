@@ -15,25 +15,47 @@ What a backend must keep that the signatures cannot say:
 - ``record``/``history``/``prune_history`` are the history: newest first, filters all matching;
 - ``path`` names the store in logs and in the admin API's status (a file, or a database's DSN
   without its password).
-The guard's classification of failures (``describe``: "disk full", "locked", ...) is SQLite's
-today: a second backend brings its own."""
+- ``faults`` is the tuple of exception types that mean "the store failed" (the guard degrades on
+  them), ``describe(e)`` says one of them in a few words ("disk full", "locked", "unreachable",
+  "timeout", ...), and ``ping()`` raises one of them while the store cannot be reached (the guard
+  calls it from a worker thread before each retry, so a hung store never blocks the trio thread);
+- several routers share one store (docs/ha.md): ``try_lead``/``release_lead``/``lease`` are the
+  leader's lease (its epoch bumped whenever the holder changes). With ``set_fence(id, epoch)`` every
+  *fenced* write (all but rows.UNFENCED_OPS) checks, in its own transaction and atomically with its
+  commit, that the lease still names that router and epoch, and raises ``Fenced`` (not a fault)
+  if not, writing nothing; each outermost transaction with a fenced write bumps ``generation()``
+  (the followers poll it and reload). ``store_now`` is the store's clock, the lease's and the
+  routers' rows' (``seen_at``) time base: routers' clocks need not agree."""
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
-from llmgw.daemon.control.store.rows import AssignmentRow, CredentialRow, HistoryRow, HoldRow, NodeRow
+from llmgw.daemon.control.store.rows import (
+    AssignmentRow,
+    CredentialRow,
+    HistoryRow,
+    HoldRow,
+    LeaseRow,
+    NodeRow,
+    RouterRow,
+)
 
 __all__ = ["FleetStore"]
 
 
 @runtime_checkable
 class FleetStore(Protocol):
-    """The store as the control plane uses it (implemented by store.sqlite.Store)."""
+    """The store as the control plane uses it (store.sqlite.Store, store.postgres.PgStore)."""
     path: str
+    faults: tuple[type[BaseException], ...]
 
     def close(self) -> None: ...
+
+    def describe(self, e: BaseException) -> str: ...
+
+    def ping(self) -> None: ...
 
     def transaction(self) -> AbstractContextManager[None]: ...
 
@@ -80,7 +102,7 @@ class FleetStore(Protocol):
 
     def credentials(self) -> dict[str, CredentialRow]: ...
 
-    def put_credential(self, node: str, hash_: str, *, issued_at: float) -> None: ...
+    def put_credential(self, node: str, hash_: str, *, issued_at: float, replacing: Any = ...) -> bool: ...
 
     def confirm_credential(self, node: str, hash_: str, *, at: float) -> bool: ...
 
@@ -91,3 +113,36 @@ class FleetStore(Protocol):
     def delete_hold(self, domain: str) -> bool: ...
 
     def holds(self) -> dict[str, HoldRow]: ...
+
+    # -- several routers on one store (docs/ha.md) -------------------------------------------------
+    def store_now(self) -> float: ...
+
+    def try_lead(self, router_id: str, ttl_s: float) -> LeaseRow: ...
+
+    def release_lead(self, router_id: str) -> None: ...
+
+    def lease(self) -> LeaseRow | None: ...
+
+    def set_fence(self, router_id: str | None, epoch: int | None) -> None: ...
+
+    def generation(self) -> int: ...
+
+    def register_router(self, router_id: str, info: dict[str, Any], *, started_at: float) -> None: ...
+
+    def router_seen(self, router_id: str) -> None: ...
+
+    def routers(self) -> dict[str, RouterRow]: ...
+
+    def forget_router(self, router_id: str) -> bool: ...
+
+    def cluster_secret(self) -> bytes: ...
+
+    def queue_admin(self, epoch: int, request: dict[str, Any]) -> int: ...
+
+    def admin_requests(self, epoch: int, after_id: int) -> list[tuple[int, dict[str, Any]]]: ...
+
+    def answer_admin(self, qid: int, answer: dict[str, Any]) -> None: ...
+
+    def admin_answer(self, qid: int) -> dict[str, Any] | None: ...
+
+    def prune_admin(self, older_than_s: float) -> int: ...

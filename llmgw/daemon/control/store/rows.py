@@ -33,6 +33,45 @@ class StoreCorrupt(StoreError):
         self.path = path
 
 
+class Fenced(StoreError):
+    """A fenced write refused: the leader row no longer names this router and its epoch (another
+    router leads now). Not a store fault: the store works, this router must stop acting."""
+
+    def __init__(self, router_id: str, epoch: int, holder: str | None, now_epoch: int | None) -> None:
+        held = "no leader" if holder is None else f"{holder} leads at epoch {now_epoch}"
+        super().__init__(f"router {router_id} is no longer the leader of epoch {epoch} ({held}): write refused")
+        self.router_id, self.epoch, self.holder, self.now_epoch = router_id, epoch, holder, now_epoch
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    """The leader's lease as try_lead/lease see it: `expires_in_s` by the store's clock (negative:
+    expired), `mine` when the router that asked holds it."""
+    holder: str
+    epoch: int
+    expires_in_s: float
+    mine: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RouterRow:
+    """A router's row: `info` is what it wrote (its addresses, version, ...); `age_s` is the store's
+    clock since its last heartbeat (router_seen)."""
+    id: str
+    info: dict[str, Any]
+    started_at: float
+    seen_at: float
+    age_s: float
+
+
+# Writes any router may make, leader or not: no fence check and no generation bump (the rest are
+# fenced when a fence is set, and bump the generation once per outermost transaction).
+UNFENCED_OPS = frozenset({
+    "upsert_node", "put_credential", "confirm_credential", "register_router", "router_seen", "forget_router",
+    "try_lead", "release_lead", "queue_admin", "answer_admin", "prune_admin", "cluster_secret", "record",
+    "prune_history"})
+
+
 # SQLite's primary result codes (sqlite_errorname), and the message fragments when there is none.
 _KINDS = (("SQLITE_FULL", "is full", "disk full"), ("SQLITE_READONLY", "readonly", "read-only"),
           ("SQLITE_IOERR", "I/O error", "I/O error"), ("SQLITE_CORRUPT", "malformed", "corrupted"),
@@ -142,6 +181,19 @@ def check_desired(value: object) -> str:
     if value not in DESIRED_STATES:
         raise ValueError(f"desired must be one of {', '.join(DESIRED_STATES)}, got {value!r}")
     return str(value)
+
+
+def credential_upsert(replacing: Any) -> tuple[str, tuple[Any, ...]]:
+    """put_credential's statement (%s placeholders) and its arguments after (node, hash, issued_at),
+    one statement for both backends so first-writer-wins needs no lock (see Store.put_credential)."""
+    sql = ("INSERT INTO node_credentials (node, hash, issued_at) VALUES (%s, %s, %s) ON CONFLICT (node) DO UPDATE "
+           "SET hash = excluded.hash, issued_at = excluded.issued_at, confirmed_at = NULL, revoked_at = NULL")
+    if replacing is ...:
+        return sql, ()
+    if replacing is None:
+        return sql + " WHERE node_credentials.revoked_at IS NOT NULL", ()
+    return sql + " WHERE node_credentials.revoked_at IS NOT NULL OR node_credentials.hash = %s", (check_name(
+        replacing, "replacing"),)
 
 
 def dumps_json(value: Any) -> str:

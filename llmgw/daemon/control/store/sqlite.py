@@ -11,10 +11,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
+from urllib.parse import quote
 from typing import Any, Self
 
 from llmgw.daemon.control.store.rows import (
     DESIRED_STATES,
+    Fenced,
     AssignmentRow,
     CredentialRow,
     HistoryRow,
@@ -26,12 +28,14 @@ from llmgw.daemon.control.store.rows import (
     check_labels,
     check_name,
     check_obj,
+    credential_upsert,
     describe,
     dumps_json,
     private_store_files,
     sql_statements,
 )
 from llmgw.config.names import CANDIDATE_SUFFIX
+from llmgw.daemon.control.store.sqlite_cluster import ClusterMixin
 
 log = logging.getLogger("llmgw.control")
 
@@ -84,27 +88,47 @@ MIGRATIONS: list[str] = [
         kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, updated_at REAL NOT NULL,
         PRIMARY KEY (kind, key));
     """,
+    # 4 -> 5: several routers on one store (docs/ha.md): their rows, the leader's lease, the
+    # generation followers poll, and the admin writes a follower hands to the leader.
+    """
+    CREATE TABLE routers (
+        id TEXT PRIMARY KEY, info TEXT NOT NULL, started_at REAL NOT NULL, seen_at REAL NOT NULL);
+    CREATE TABLE leader (
+        only INTEGER PRIMARY KEY CHECK (only = 1), holder TEXT NOT NULL, epoch INTEGER NOT NULL,
+        expires_at REAL NOT NULL, acquired_at REAL NOT NULL);
+    CREATE TABLE admin_queue (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, epoch INTEGER NOT NULL, request TEXT NOT NULL,
+        created_at REAL NOT NULL, answer TEXT, answered_at REAL);
+    CREATE INDEX admin_queue_open ON admin_queue (epoch, id) WHERE answer IS NULL;
+    INSERT INTO meta (key, value) VALUES ('generation', '0');
+    """,
 ]
 LIFECYCLE_KINDS = ("revisions", "suite", "result", "job")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-class Store:
+class Store(ClusterMixin):
     """Use `Store.open(path)` or `Store.memory()`. Each write method commits on its own unless it
     runs inside `transaction()`."""
+
+    faults: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
     def __init__(self, conn: sqlite3.Connection, path: str) -> None:
         self._conn = conn
         self.path = path
         self._depth = 0  # transaction() nesting; > 0 means savepoints
+        self._fence: tuple[str, int] | None = None  # set_fence: the (router, epoch) fenced writes need
+        self._tx_fenced = False  # the outermost transaction holds a fenced write (checked): bump at commit
 
     @classmethod
-    def open(cls, path: str) -> Store:
+    def open(cls, path: str, *, threaded: bool = False) -> Store:
+        """`threaded`: the connection is used from worker threads, one call at a time (several routers'
+        Leadership: daemon/control/leader.py)."""
         if path != ":memory:":
             private_store_files(path)
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves instead of the module guessing.
-            conn = sqlite3.connect(path, isolation_level=None)
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=not threaded)
         except sqlite3.Error as e:
             raise StoreError(f"store {path}: cannot open: {e}") from e
         store = cls(conn, path)
@@ -132,6 +156,20 @@ class Store:
 
     def close(self) -> None:
         self._conn.close()
+
+    def describe(self, e: BaseException) -> str:
+        return describe(e)
+
+    def ping(self) -> None:
+        """Whether the file can be read, on a connection of its own (the guard calls it from a
+        worker thread while the trio thread may use the store's)."""
+        if self.path == ":memory:":
+            return
+        conn = sqlite3.connect(f"file:{quote(self.path)}?mode=ro", uri=True, timeout=2.0)
+        try:
+            conn.execute("SELECT count(*) FROM meta").fetchone()
+        finally:
+            conn.close()
 
     def wrap_connection(self, wrap: Any) -> None:
         """Put `wrap(connection)` between the store and SQLite (a test hook: store/faults.py)."""
@@ -198,6 +236,8 @@ class Store:
         self._depth += 1
         try:
             yield
+            if self._depth == 1 and self._tx_fenced:
+                conn.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'generation'")
             for stmt in commit:
                 conn.execute(stmt)
         except BaseException:
@@ -207,6 +247,21 @@ class Store:
             raise
         finally:
             self._depth -= 1
+            if self._depth == 0:
+                self._tx_fenced = False
+
+    def _fenced_write(self) -> None:
+        """Called by every fenced write inside its transaction: the first of an outermost
+        transaction checks the fence (under BEGIN IMMEDIATE's write lock, so no takeover can come
+        between the check and the commit) and marks it for a generation bump."""
+        assert self._depth > 0, "a fenced write outside a transaction"
+        if self._tx_fenced:
+            return
+        if self._fence is not None:
+            row = self._conn.execute("SELECT holder, epoch FROM leader WHERE only = 1").fetchone()
+            if row is None or (row[0], row[1]) != self._fence:
+                raise Fenced(*self._fence, *(row if row is not None else (None, None)))
+        self._tx_fenced = True
 
     # -- models
 
@@ -215,6 +270,7 @@ class Store:
         text = dumps_json(check_obj(spec, "spec"))
         ts = time.time() if now is None else now
         with self.transaction():
+            self._fenced_write()
             self._conn.execute(
                 "INSERT INTO models (name, spec, created_at, updated_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, updated_at = excluded.updated_at",
@@ -222,6 +278,7 @@ class Store:
 
     def delete_model(self, name: str) -> bool:
         with self.transaction():
+            self._fenced_write()
             return self._conn.execute("DELETE FROM models WHERE name = ?", (check_name(name),)).rowcount > 0
 
     def models(self) -> dict[str, dict[str, Any]]:
@@ -238,11 +295,13 @@ class Store:
             raise ValueError(f"unknown lifecycle kind {kind!r}")
         text = dumps_json(check_obj(value, kind))
         with self.transaction():
+            self._fenced_write()
             self._conn.execute("INSERT OR REPLACE INTO lifecycle (kind, key, value, updated_at) VALUES (?, ?, ?, ?)",
                                (kind, check_name(key, "key"), text, time.time() if now is None else now))
 
     def delete_doc(self, kind: str, key: str) -> bool:
         with self.transaction():
+            self._fenced_write()
             return self._conn.execute("DELETE FROM lifecycle WHERE kind = ? AND key = ?", (kind, key)).rowcount > 0
 
     def docs(self, kind: str) -> dict[str, dict[str, Any]]:
@@ -268,6 +327,7 @@ class Store:
         check_name(name)
         check_labels(labels)
         with self.transaction():
+            self._fenced_write()
             merged = {**self._operator_labels(name), **labels}
             self._conn.execute(
                 "INSERT INTO nodes (name, operator_labels) VALUES (?, ?) "
@@ -279,6 +339,7 @@ class Store:
         if isinstance(keys, str):  # a bare string would remove its letters one by one
             raise TypeError("keys must be a list of label keys, not a string")
         with self.transaction():
+            self._fenced_write()
             drop = set(keys)
             current = self._operator_labels(name)
             kept = {k: v for k, v in current.items() if k not in drop}
@@ -296,6 +357,7 @@ class Store:
 
     def delete_node(self, name: str) -> bool:
         with self.transaction():
+            self._fenced_write()
             return self._conn.execute("DELETE FROM nodes WHERE name = ?", (check_name(name),)).rowcount > 0
 
     # -- assignments
@@ -315,6 +377,7 @@ class Store:
         if row.url is not None:
             spec = {**spec, "url": check_name(row.url, "url")}
         with self.transaction():
+            self._fenced_write()
             self._conn.execute(
                 "INSERT INTO assignments (replica, model, node, spec, desired, created_at, updated_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (replica) DO UPDATE SET model = excluded.model, "
@@ -328,6 +391,7 @@ class Store:
         check_desired(desired)
         ts = time.time() if now is None else now
         with self.transaction():
+            self._fenced_write()
             cur = self._conn.execute("UPDATE assignments SET desired = ?, updated_at = ? WHERE replica = ?",
                                      (desired, ts, replica))
             if cur.rowcount == 0:
@@ -335,6 +399,7 @@ class Store:
 
     def delete_assignment(self, replica: str) -> bool:
         with self.transaction():
+            self._fenced_write()
             cur = self._conn.execute("DELETE FROM assignments WHERE replica = ?", (check_name(replica, "replica"),))
             return cur.rowcount > 0
 
@@ -396,15 +461,16 @@ class Store:
                                   "ORDER BY node")
         return {r[0]: CredentialRow(*r) for r in rows}
 
-    def put_credential(self, node: str, hash_: str, *, issued_at: float) -> None:
-        """A new credential for `node`, pending until confirmed; it replaces any earlier one."""
+    def put_credential(self, node: str, hash_: str, *, issued_at: float, replacing: Any = ...) -> bool:
+        """A new credential for `node`, pending until confirmed. `replacing`: ... (the default)
+        replaces any earlier one; None writes only if the node has no live (unrevoked) credential,
+        a hash only if the live one is that — first writer wins when two routers issue to one node
+        at once. True when written."""
         check_name(node, "node")
         check_name(hash_, "hash")
+        sql, args = credential_upsert(replacing)
         with self.transaction():
-            self._conn.execute(
-                "INSERT INTO node_credentials (node, hash, issued_at) VALUES (?, ?, ?) ON CONFLICT (node) DO UPDATE "
-                "SET hash = excluded.hash, issued_at = excluded.issued_at, confirmed_at = NULL, revoked_at = NULL",
-                (node, hash_, issued_at))
+            return self._conn.execute(sql.replace("%s", "?"), (node, hash_, issued_at, *args)).rowcount > 0
 
     def confirm_credential(self, node: str, hash_: str, *, at: float) -> bool:
         """Mark the credential confirmed if it is still the node's (and not revoked)."""
@@ -415,6 +481,7 @@ class Store:
 
     def revoke_credential(self, node: str, *, at: float) -> bool:
         with self.transaction():
+            self._fenced_write()
             return self._conn.execute("UPDATE node_credentials SET revoked_at = ? WHERE node = ? AND revoked_at IS NULL",
                                       (at, check_name(node, "node"))).rowcount > 0
 
@@ -426,6 +493,7 @@ class Store:
         if not isinstance(reason, str) or not isinstance(drain, bool):
             raise TypeError("reason must be a string and drain a bool")
         with self.transaction():
+            self._fenced_write()
             self._conn.execute(
                 "INSERT INTO holds (domain, reason, drain, created_at) VALUES (?, ?, ?, ?) ON CONFLICT (domain) "
                 "DO UPDATE SET reason = excluded.reason, drain = excluded.drain",
@@ -433,6 +501,7 @@ class Store:
 
     def delete_hold(self, domain: str) -> bool:
         with self.transaction():
+            self._fenced_write()
             return self._conn.execute("DELETE FROM holds WHERE domain = ?", (check_name(domain, "domain"),)).rowcount > 0
 
     def holds(self) -> dict[str, HoldRow]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw.daemon.control.store.port import FleetStore
-from llmgw.daemon.control.store.rows import AssignmentRow, StoreCorrupt
+from llmgw.daemon.control.store.rows import AssignmentRow, StoreCorrupt, StoreError
 from llmgw.fleet.nodes import Node
 from llmgw.fleet.placement import Demand
 from llmgw.fleet.types import EngineSpec, NodeFacts
@@ -68,8 +68,13 @@ def read_state(st: FleetStore) -> StoredState:
             assignments[rid] = StoredAssignment(row.model, row.node, EngineSpec.from_wire(row.spec),
                                                 Demand.from_wire(row.spec.get("demand") or {}), row.desired,
                                                 float(row.created_at), row.url)
-    except sqlite3.DatabaseError as e:
-        raise StoreCorrupt(st.path, f"{where}: {e}") from None
+    except getattr(st, "faults", (sqlite3.Error,)) as e:
+        # SQLite: a page it cannot read is damage. Another backend's fault (a server that went
+        # away) is not corruption: it says what it is.
+        if isinstance(e, sqlite3.DatabaseError) or st.describe(e) == "corrupted":
+            raise StoreCorrupt(st.path, f"{where}: {e}") from None
+        raise StoreError(f"store {st.path} cannot be read ({st.describe(e)}): {where}: "
+                         f"{' '.join(str(e).split())}") from None
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise StoreCorrupt(st.path, f"{where}: a row llmgw cannot decode: {type(e).__name__}: {e}") from None
     return StoredState(models, nodes, assignments)
