@@ -304,6 +304,10 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
             ready.update({"node": cfg.agent.node, "state_dir": cfg.agent.state_dir})
         print(json.dumps(ready), flush=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            if seat is not None:
+                from llmgw.daemon.workers import watch_supervisor
+
+                nursery.start_soon(watch_supervisor, seat)
             async for _ in signals:
                 break
         log.info("stopping")
@@ -437,6 +441,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                                         lambda: inner.start(lambda task_status: serve_tcp(
                                             router.handle, cfg.server.host, cfg.server.port,
                                             task_status=task_status, reuse_port=seat is not None,
+                                            before_listen=_before_listen(seat, router),
                                             **router.server_options())))
                 url = f"http://{cfg.server.host}:{port}"
                 # eval runs go through the OpenAI port, as a client on this machine (lifecycle.py)
@@ -456,6 +461,16 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 log.info("router listening on %s", url)
                 inner.start_soon(lambda: announce_when_ready(lambda: readiness(router.registry), url))
                 task_status.started(info)
+
+
+def _before_listen(seat: WorkerSeat | None, router: Any) -> Any:
+    """--workers: what a worker joining the others on the port waits for (daemon/workers.py)."""
+    if seat is None or not seat.wait_ready:
+        return None
+    from llmgw.daemon.workers import wait_ready
+    from llmgw.route.readiness import readiness
+
+    return lambda: wait_ready(seat, lambda: readiness(router.registry).ready)
 
 
 def _loopback_url(host: str, port: int) -> str:

@@ -7,7 +7,8 @@ The supervisor serves nothing itself. It
 - makes the one join token the embedded default's workers share (in an environment variable);
 - starts worker 0 (`sys.executable -m llmgw daemon <the same arguments> --worker-index 0`), reads
   its ready line, and only then the others, with `--port` set to the port worker 0 bound (with
-  `--port 0` they could not otherwise agree on one);
+  `--port 0` they could not otherwise agree on one); each of those binds the port at once but
+  listens only once its router can route (daemon/workers.py wait_ready);
 - prints one ready line on stdout: worker 0's, with the supervisor's pid and a `workers` list (each
   worker's index, pid, admin socket and control address);
 - restarts a worker that exits while it was not asked to (after a backoff: 0.5 s, doubling to 30 s,
@@ -17,8 +18,8 @@ The supervisor serves nothing itself. It
   SIGTERM, then SIGKILL for those still running after a grace period.
 
 The workers run in a process group of their own, so a terminal's Ctrl-C reaches the supervisor
-only, which stops them in order; if the supervisor dies, the kernel sends each worker SIGTERM
-(daemon/workers.py enter_worker)."""
+only, which stops them in order; a worker whose supervisor died (SIGKILL) stops itself within a
+second (daemon/workers.py watch_supervisor)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from typing import Any
 import trio
 
 from llmgw.config import Config
-from llmgw.daemon.workers import SUPERVISOR_ENV, TOKEN_ENV
+from llmgw.daemon.workers import SUPERVISOR_ENV, TOKEN_ENV, WAIT_ENV
 
 log = logging.getLogger("llmgw.daemon.supervisor")
 
@@ -120,7 +121,7 @@ class Supervisor:
                         for i in range(1, self.count):
                             starting.start_soon(nursery.start, self._keep, i)
                     print(json.dumps(self._ready_line(first)), flush=True)
-                    log.info("%d workers serve %s", self.count, first.get("url"))
+                    log.info("%d workers started on %s (each serves it once it can route)", self.count, first.get("url"))
                     async for signum in signals:
                         if signum == signal.SIGHUP:
                             self._signal_all(signal.SIGHUP)
@@ -162,7 +163,9 @@ class Supervisor:
         started = False
         while not self.stopping:
             t0 = time.monotonic()
-            proc = await trio.lowlevel.open_process(self.command(index), stdout=subprocess.PIPE, env=self.env,
+            # all but the first start of worker 0 join workers that serve the port: they listen once ready
+            env = self.env if index == 0 and not started else dict(self.env, **{WAIT_ENV: "1"})
+            proc = await trio.lowlevel.open_process(self.command(index), stdout=subprocess.PIPE, env=env,
                                                     process_group=0)
             self.procs[index] = proc
             try:

@@ -20,21 +20,25 @@ environment variable, which the worker reads and removes at once: never on the c
 
 from __future__ import annotations
 
-import ctypes
+import logging
 import os
 import signal
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from llmgw.config import Config
 
-__all__ = ["MAX_WORKERS", "SUPERVISOR_ENV", "TOKEN_ENV", "WorkerSeat", "check_workers", "enter_worker",
-           "for_worker", "worker_path", "worker_roles"]
+__all__ = ["JOIN_WAIT_S", "MAX_WORKERS", "SUPERVISOR_ENV", "TOKEN_ENV", "WAIT_ENV", "WorkerSeat", "check_workers", "enter_worker", "wait_ready",
+           "for_worker", "watch_supervisor", "worker_path", "worker_roles"]
 
 MAX_WORKERS = 64
 SUPERVISOR_ENV = "LLMGW_WORKER_OF"  # the supervisor's pid: a worker's parent must be it
 TOKEN_ENV = "LLMGW_WORKER_JOIN_TOKEN"  # the embedded default's join token, one for all workers
-_PR_SET_PDEATHSIG = 1
+WAIT_ENV = "LLMGW_WORKER_WAIT_READY"  # set: other workers serve the port already (see wait_ready)
+JOIN_WAIT_S = 30.0  # a worker that cannot route yet joins the port after this anyway
+WATCH_S = 1.0  # how often a worker checks that its supervisor still runs
+
+log = logging.getLogger("llmgw.daemon")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,7 @@ class WorkerSeat:
     count: int
     supervisor: int
     join_token: str | None = None  # the shared embedded join token, if the supervisor made one
+    wait_ready: bool = False  # other workers serve the port: listen only once this one can route
 
 
 def check_workers(n: int) -> str | None:
@@ -83,8 +88,8 @@ def worker_roles(roles: set[str], index: int) -> set[str]:
 
 def enter_worker(index: int, count: int) -> WorkerSeat:
     """Become worker `index` of `count`: check that the supervisor started this process (it holds the
-    store's lock the worker skips), take the shared secrets out of the environment, and ask the kernel
-    to stop this process when the supervisor dies. Raises ValueError with the message to print."""
+    store's lock the worker skips) and take the shared secrets out of the environment. Raises
+    ValueError with the message to print."""
     parent = os.getppid()
     if os.environ.get(SUPERVISOR_ENV) != str(parent):
         raise ValueError("--worker-index is internal to --workers: only the supervisor starts workers")
@@ -92,11 +97,36 @@ def enter_worker(index: int, count: int) -> WorkerSeat:
         raise ValueError(f"--worker-index {index}: expected 0 to {count - 1}")
     os.environ.pop(SUPERVISOR_ENV, None)  # not inherited by the engines the agent starts
     token = os.environ.pop(TOKEN_ENV, None)
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # then an orphaned worker serves on until stopped, as a lone router would
-        if os.getppid() != parent:  # the supervisor died before the prctl
-            raise ValueError("the supervisor is gone")
-    return WorkerSeat(index=index, count=count, supervisor=parent, join_token=token)
+    wait = os.environ.pop(WAIT_ENV, None) == "1"
+    return WorkerSeat(index=index, count=count, supervisor=parent, join_token=token, wait_ready=wait)
+
+
+async def watch_supervisor(seat: WorkerSeat) -> None:
+    """Stop this worker (as SIGTERM would: in order) once its supervisor is gone, e.g. SIGKILLed.
+    (Not the kernel's PR_SET_PDEATHSIG: trio starts processes from a worker thread, and that signal
+    fires when the starting *thread* ends.)"""
+    import trio
+
+    while os.getppid() == seat.supervisor:
+        await trio.sleep(WATCH_S)
+    log.warning("worker %d: the supervisor (pid %d) is gone: stopping", seat.index, seat.supervisor)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+async def wait_ready(seat: WorkerSeat, ready: Callable[[], bool], *, timeout_s: float = JOIN_WAIT_S,
+                     poll_s: float = 0.1) -> None:
+    """Before a worker listens on the port the others serve already (any worker but the first start of
+    worker 0: one started later, or restarted): wait until its router can route (`ready`: a replica
+    of every model serves, as its agents report them), at most `timeout_s`. Until it listens, the
+    kernel gives every new connection to the others, so a client never meets a router that has no
+    replica yet and would answer 503."""
+    import trio
+
+    with trio.move_on_after(timeout_s) as waited:
+        while not ready():
+            await trio.sleep(poll_s)
+    if waited.cancelled_caught:
+        log.warning("worker %d: cannot route yet after %.0f s: serving the port anyway (GET /ready says why)",
+                    seat.index, timeout_s)
+    else:
+        log.info("worker %d: ready: serving the port", seat.index)
