@@ -1,0 +1,289 @@
+"""`llmgw daemon --workers N` over real processes: a supervisor, N routers on one port (SO_REUSEPORT)
+and one store (docs/ha.md "One host, several cores")."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw.config import default_config
+from llmgw.config.defaults import with_machine_defaults
+from llmgw.daemon.workers import for_worker, worker_path, worker_roles
+from tests.conftest import check_daemon_log
+
+CHAT = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+
+
+# -- the pure parts ---------------------------------------------------------------------------------
+def test_worker_path_puts_the_index_before_the_extension() -> None:
+    assert worker_path("/run/llmgw/admin.sock", 0) == "/run/llmgw/admin.sock"
+    assert worker_path("/run/llmgw/admin.sock", 3) == "/run/llmgw/admin.w3.sock"
+    assert worker_path("/run/llmgw/admin", 1) == "/run/llmgw/admin.w1"
+    assert worker_path("/run/llm.gw/.admin", 2) == "/run/llm.gw/.admin.w2"  # a dot file has no extension
+    assert worker_path("/var/log/traces.jsonl", 1) == "/var/log/traces.w1.jsonl"
+
+
+def test_for_worker_keeps_worker_0_and_moves_what_cannot_be_shared() -> None:
+    from dataclasses import replace
+
+    cfg = with_machine_defaults(default_config(), {"XDG_RUNTIME_DIR": "/r", "XDG_STATE_HOME": "/s"})
+    cfg = replace(cfg, admin=replace(cfg.admin, tcp="127.0.0.1:9000", token="t"),
+                  control=replace(cfg.control, listen="10.0.0.5:7070"),
+                  router=replace(cfg.router, traces=replace(cfg.router.traces, file="/l/traces.jsonl")))
+    assert for_worker(cfg, 0, "127.0.0.1:7070") is cfg
+    w2 = for_worker(cfg, 2, "127.0.0.1:7070")
+    assert w2.admin.socket == "/r/llmgw-%d/admin.w2.sock" % os.getuid()
+    assert w2.admin.tcp is None and w2.admin.token == "t"  # the admin TCP listener is worker 0's
+    assert w2.control.listen == "10.0.0.5:0"  # its own ephemeral port on the configured host
+    assert w2.router.traces.file == "/l/traces.w2.jsonl"
+    assert w2.control.store == cfg.control.store and w2.server == cfg.server  # shared
+    plain = for_worker(with_machine_defaults(default_config(), {}), 1, "127.0.0.1:7070")
+    assert plain.control.listen == "127.0.0.1:0" and plain.router.traces.file is None
+    assert worker_roles({"router", "agent"}, 0) == {"router", "agent"}
+    assert worker_roles({"router", "agent"}, 1) == {"router"}  # the agent runs once
+
+
+# -- the command line -------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["0", "-1", "65", "two"])
+def test_bad_workers_values_are_refused_naming_the_flag(value: str, tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "llmgw", "daemon", "--workers", value, "--port", "0"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert "--workers" in p.stderr and "Traceback" not in p.stderr
+    assert p.stdout == ""
+
+
+def test_workers_need_a_router_and_worker_index_is_internal(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "llmgw", "daemon", "--workers", "2", "--role", "agent"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert p.returncode == 2 and "--workers is for a router" in p.stderr, p.stderr
+    p = subprocess.run([sys.executable, "-m", "llmgw", "daemon", "--worker-index", "0", "--port", "0"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert p.returncode == 2 and "internal to --workers" in p.stderr, p.stderr
+    help_text = subprocess.run([sys.executable, "-m", "llmgw", "daemon", "--help"], capture_output=True,
+                               text=True, timeout=60).stdout
+    assert "--workers" in help_text and "--worker-index" not in help_text
+
+
+def test_workers_refuse_a_memory_store_and_a_taken_port(tmp_path: Path) -> None:
+    cfg = tmp_path / "llmgw.toml"
+    cfg.write_text('[control]\nstore = ":memory:"\n')
+    p = subprocess.run([sys.executable, "-m", "llmgw", "daemon", "--workers", "2", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and ":memory:" in p.stderr, p.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = subprocess.run([sys.executable, "-m", "llmgw", "daemon", "--workers", "2", "--config",
+                            str(_config(tmp_path)), "--port", str(port)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in p.stderr, p.stderr
+
+
+# -- real workers -----------------------------------------------------------------------------------
+def _config(tmp: Path) -> Path:
+    path = tmp / "llmgw.toml"
+    path.write_text("\n".join([
+        "[server]", 'host = "127.0.0.1"', "[router]", "scrape_interval_s = 0.2",
+        "[control]", f"store = {json.dumps(str(tmp / 'state' / 'router.db'))}",
+        "[admin]", f"socket = {json.dumps(str(tmp / 'admin' / 'admin.sock'))}",
+        "[agent]", f"state_dir = {json.dumps(str(tmp / 'agent'))}",
+        "[sim]", "replicas = 2", 'extra_args = ["--sim-zero-cost"]']) + "\n")
+    return path
+
+
+class Workers:
+    """`llmgw daemon --workers N` on the embedded default (sim replicas), its stdout lines read as
+    they come (the ready line, then one per restarted worker)."""
+
+    def __init__(self, tmp: Path, n: int = 2, timeout: float = 60.0) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "llmgw", "daemon", "--workers", str(n), "--config",
+                                      str(_config(tmp)), "--port", "0", "--log-level", "info"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        self.err: list[str] = []
+        self.lines: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._pump_err, daemon=True).start()
+        threading.Thread(target=self._pump_out, daemon=True).start()
+        try:
+            self.info = self.wait_line(lambda d: d.get("ready"), timeout)
+        except AssertionError:
+            self.stop()
+            raise RuntimeError("workers did not start: " + "".join(self.err)[-3000:]) from None
+        self.port = self.info["port"]
+
+    def _pump_err(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.err.append(line.decode(errors="replace"))
+
+    def _pump_out(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(json.loads(line))
+                self._cond.notify_all()
+
+    def wait_line(self, pred: Any, timeout: float) -> dict[str, Any]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: any(pred(d) for d in self.lines), timeout):
+                raise AssertionError(f"no such line on stdout in {timeout} s: {self.lines}")
+            return next(d for d in self.lines if pred(d))
+
+    def pids(self) -> list[int]:
+        return [w["pid"] for w in self.info["workers"]]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        check_daemon_log("daemon --workers", self.err)
+        return self.proc.returncode
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Any:
+    started: list[Workers] = []
+
+    def start(n: int = 2) -> Workers:
+        w = Workers(tmp_path, n)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        pids = w.pids()
+        w.stop()
+        for pid in pids:  # a test that failed half-way leaves none behind either
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _chat(port: int, retry: bool = True) -> int:
+    """One request on a new connection (the kernel spreads connections, not requests); a refused or
+    reset connection is retried once, as the clients docs/ha.md speaks of do."""
+    for attempt in (0, 1):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("POST", "/v1/chat/completions", CHAT, {"content-type": "application/json"})
+            return conn.getresponse().status
+        except (ConnectionRefusedError, ConnectionResetError, http.client.RemoteDisconnected):
+            if attempt or not retry:
+                raise
+        finally:
+            conn.close()
+    raise AssertionError("unreachable")
+
+
+def _admin(sock_path: str, path: str) -> Any:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(sock_path)
+    conn = http.client.HTTPConnection("localhost")
+    conn.sock = s
+    conn.request("GET", path)
+    body = conn.getresponse().read()
+    conn.close()
+    return json.loads(body)
+
+
+def _served(sock_path: str) -> int:
+    """Requests this worker answered 200 (its recent traces: each worker keeps its own)."""
+    return sum(1 for t in _admin(sock_path, "/api/v1/traces?limit=1000") if t.get("status") == 200)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait(pred: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.05)
+
+
+def test_two_workers_serve_one_port_and_sigterm_stops_them_all(workers: Any) -> None:
+    w = workers(2)
+    info = w.info
+    assert info["pid"] == w.proc.pid and len(info["workers"]) == 2
+    w0, w1 = info["workers"]
+    assert w0["admin_socket"] == info["admin_socket"] and w1["admin_socket"].endswith("admin.w1.sock")
+    assert w0["pid"] != w1["pid"] and w0["control"] != w1["control"]
+    # one store, two routers: worker 0 leads (it started first), worker 1 follows
+    routers = _admin(w1["admin_socket"], "/api/v1/routers")
+    assert {r["worker"] for r in routers["routers"]} == {0, 1}
+    # every request answered 200, and both workers answered some (the kernel spreads new connections)
+    statuses: list[int] = []
+
+    def both_served() -> bool:
+        statuses.append(_chat(w.port))
+        return all(_served(x["admin_socket"]) > 0 for x in info["workers"])
+
+    _wait(both_served, 90, "both workers answer on the port")
+    assert set(statuses) == {200}, statuses
+    assert w.stop() == 0
+    assert not [pid for pid in w.pids() if _alive(pid)]
+    with pytest.raises(ConnectionRefusedError):
+        _chat(w.port, retry=False)
+    assert any("stopping 2 workers" in line for line in w.err)
+
+
+def test_a_killed_worker_is_restarted_and_the_port_keeps_answering(workers: Any) -> None:
+    w = workers(2)
+    w0, w1 = w.info["workers"]
+    _wait(lambda: _chat(w.port) == 200 and _served(w1["admin_socket"]) > 0, 90, "worker 1 answers")
+    failures: list[str] = []
+    done = threading.Event()
+    count = [0]
+
+    def client() -> None:
+        while not done.is_set():
+            try:
+                status = _chat(w.port)
+            except OSError as e:
+                failures.append(repr(e))
+                continue
+            count[0] += 1
+            if status != 200:
+                failures.append(f"status {status}")
+
+    t = threading.Thread(target=client, daemon=True)
+    t.start()
+    try:
+        _wait(lambda: count[0] >= 5, 30, "the client runs")
+        os.kill(w1["pid"], signal.SIGKILL)
+        again = w.wait_line(lambda d: d.get("worker_restarted") == 1, 60)
+        assert again["pid"] != w1["pid"] and again["restarts"] == 1
+        # the new worker 1 listens once it routes: then it answers again
+        before = count[0]
+        _wait(lambda: _served(again["admin_socket"]) > 0, 90, "the restarted worker answers")
+        _wait(lambda: count[0] >= before + 5, 30, "the client goes on")
+    finally:
+        done.set()
+        t.join(30)
+    assert not failures, failures[:5]
+    assert any("worker 1" in line and "killed by SIGKILL" in line and "restart 1" in line for line in w.err)
+    assert w.stop() == 0
