@@ -184,6 +184,8 @@ class Supervisor:
                 backoff = BACKOFF_MIN_S
             log.warning("worker %d (pid %d) exited unexpectedly (%s); restarting it in %.1f s (restart %d)",
                         index, proc.pid, _describe_status(status), backoff, self.restarts)
+            # (systemd's stop signals every process of the unit at once: a worker may exit just before
+            # the supervisor reads its own SIGTERM; the backoff leaves it the time to, and none restarts)
             await trio.sleep(backoff)
             backoff = min(BACKOFF_MAX_S, backoff * 2)
 
