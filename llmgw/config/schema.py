@@ -83,6 +83,14 @@ class ControlConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StoreConfig:
+    """[store]: where the fleet's state is kept, and how several routers share it (docs/ha.md)."""
+    shared: bool = opt(False)  # other routers on this host share the SQLite file at [control] store
+    lease_s: float = opt(5.0, check=positive)  # the leader's lease: a lost leader is replaced within it
+    poll_s: float = opt(0.5, check=positive)  # how often followers look for the leader's changes
+
+
+@dataclass(frozen=True, kw_only=True)
 class GpuConfig:
     name: str = opt("gpu", check=nonempty)
     memory_mb: int = opt(check=in_range(1))
@@ -314,6 +322,7 @@ class Config:
     server: ServerConfig = opt(factory=ServerConfig)
     admin: AdminConfig = opt(factory=AdminConfig)
     control: ControlConfig = opt(factory=ControlConfig)
+    store: StoreConfig = opt(factory=StoreConfig)
     agent: AgentConfig = opt(factory=AgentConfig)
     sim: SimConfig = opt(factory=SimConfig)
     router: RouterConfig = opt(factory=RouterConfig)

@@ -372,7 +372,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
 
     store, fresh = _open_store(cfg.control.store, seat)
     worker = None if seat is None else seat.index
-    shared = is_shared(store, worker=worker)  # several routers on one store (docs/ha.md)
+    shared = is_shared(cfg, store, worker=worker)  # several routers on one store (docs/ha.md)
     # (--workers: the supervisor holds the lock for all its workers)
     lock = contextlib.nullcontext() if cfg.control.store == ":memory:" or shared else _lock_store(cfg.control.store)
     with store, lock:
@@ -456,7 +456,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                     ji = control.agents.join_info()
                     row.update(url=_loopback_url(cfg.server.host, port) if cfg.server.host in ("127.0.0.1", "::1")
                                else url, control=ji.router, control_ca_pem=ji.ca_pem, control_server_name=ji.server_name)
-                    await join(inner, cfg, control, _open_store_again(store), row, admin_app)
+                    await join(inner, cfg, control, _open_store_again(store), row, admin_app, router.metrics.registry)
                     info["router_id"] = control.router_id
                 log.info("router listening on %s", url)
                 inner.start_soon(lambda: announce_when_ready(lambda: readiness(router.registry), url))

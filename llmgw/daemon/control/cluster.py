@@ -17,7 +17,7 @@ import trio
 
 from llmgw import __version__
 from llmgw.daemon.control.admin.forward import Forwarder
-from llmgw.daemon.control.leader import Leadership
+from llmgw.daemon.control.leader import Leadership, LeadershipMetrics
 from llmgw.daemon.control.store.port import FleetStore
 
 log = logging.getLogger("llmgw.control.leader")
@@ -25,9 +25,10 @@ log = logging.getLogger("llmgw.control.leader")
 __all__ = ["RouterInfo", "is_shared", "join"]
 
 
-def is_shared(store: FleetStore, *, worker: int | None = None) -> bool:
-    """Whether other routers may share this store."""
-    return worker is not None or bool(getattr(store, "shared", False))
+def is_shared(cfg: Any, store: FleetStore, *, worker: int | None = None) -> bool:
+    """Whether other routers may share this store: a PostgreSQL one, the SQLite file of
+    `--workers`, or one `[store] shared` says other routers on this host use."""
+    return worker is not None or bool(getattr(store, "shared", False)) or bool(cfg.store.shared)
 
 
 class RouterInfo:
@@ -47,17 +48,18 @@ class RouterInfo:
 
 
 async def join(nursery: trio.Nursery, cfg: Any, control: Any, store: FleetStore, info: RouterInfo,
-               admin_app: Any) -> Leadership:
+               admin_app: Any, registry: Any = None) -> Leadership:
     """Start this router's Leadership on `store` (a connection of its own) and hand the admin API
     its forwarder. The plane was built a follower (ControlPlane(shared=True)): it acts once it leads."""
-    sc = getattr(cfg, "store", None)
-    lease_s, poll_s = float(getattr(sc, "lease_s", 5.0)), float(getattr(sc, "poll_s", 0.5))
+    lease_s, poll_s = cfg.store.lease_s, cfg.store.poll_s
     ld = Leadership(control, store, router_id=control.router_id, lease_s=lease_s, poll_s=poll_s, info=info)
     control.leadership = ld
     control.guard.on_fenced = lambda _e: ld.fenced()
     info.agents = lambda: sum(1 for n in control.nodes.nodes.values() if n.connected)
     ld.admin_app = admin_app
     admin_app.forwarder = Forwarder(ld)
+    if registry is not None:
+        registry.register(LeadershipMetrics(ld, admin_app.forwarder))
     await nursery.start(ld.run)
     log.info("router %s shares its store %s with other routers: lease %gs, polling every %gs", control.router_id,
              store.path, lease_s, poll_s)

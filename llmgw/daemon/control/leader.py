@@ -241,3 +241,49 @@ class Leadership:
         if self.keeper.leading(trio.current_time()):
             with trio.move_on_after(2):
                 await self._release()
+
+
+class LeadershipMetrics:
+    """The cluster's figures for the router's /metrics (a prometheus_client Collector)."""
+
+    def __init__(self, ld: Leadership, forwarder: Any = None) -> None:
+        self.ld = ld
+        self.forwarder = forwarder
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        ld = self.ld
+        g = GaugeMetricFamily("llmgw_leader", "1 while this router leads the control plane (several routers).")
+        g.add_metric([], 1.0 if ld.keeper.leading(trio.current_time()) else 0.0)
+        yield g
+        e = GaugeMetricFamily("llmgw_leader_epoch", "The lease's epoch as this router last saw it.")
+        e.add_metric([], float(ld.epoch))
+        yield e
+        c = CounterMetricFamily("llmgw_leadership_changes", "Times this router took or lost the lead.")
+        c.add_metric([], ld.keeper.changes)
+        yield c
+        r = GaugeMetricFamily("llmgw_routers_live", "Routers whose row in the shared store is fresh.")
+        r.add_metric([], float(len(ld.live_routers())))
+        yield r
+        f = CounterMetricFamily("llmgw_store_follows", "Snapshots of the store's state a follower applied.")
+        f.add_metric([], ld.follows)
+        yield f
+        lat = ld.latency
+        h = HistogramMetricFamily("llmgw_store_call_seconds",
+                                  "How long this router's cluster calls to the store took (lease, poll, follow).")
+        cum, buckets = 0, []
+        for b, n in sorted(lat.buckets.items()):
+            cum = n  # observe() counts each call in every bucket it fits: already cumulative
+            buckets.append(("+Inf" if b == float("inf") else repr(b), cum))
+        h.add_metric([], buckets, sum_value=lat.total_s)
+        yield h
+        err = CounterMetricFamily("llmgw_store_call_errors", "This router's cluster calls to the store that failed.")
+        err.add_metric([], lat.errors)
+        yield err
+        if self.forwarder is not None:
+            fw = CounterMetricFamily("llmgw_admin_forwarded", "Admin changes this follower handed to the leader, by "
+                                     "outcome.", labels=["outcome"])
+            fw.add_metric(["answered"], self.forwarder.forwarded)
+            fw.add_metric(["failed"], self.forwarder.failed)
+            yield fw

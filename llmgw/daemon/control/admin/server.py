@@ -104,6 +104,11 @@ _HANDLERS.update(CONFIG_HANDLERS)  # the config file's check and reload (admin/c
 _HANDLERS.update(ROUTER_HANDLERS)  # the routers sharing the store (admin/routers.py)
 
 
+# Changes that are this router's own, not the fleet's: made where they are asked, never forwarded.
+# The join token lives in each router's join_token_file (docs/ha.md: give the routers the same one).
+ROUTER_LOCAL = frozenset({"rotate_join_token"})
+
+
 class AdminApp:
     def __init__(self, control: ControlPlane, router: RouterPort, *, token: str | None = None,
                  events_tick_s: float = 1.0, ping_s: float = 5.0, decisions_poll_s: float = 0.1) -> None:
@@ -177,7 +182,8 @@ class AdminApp:
                             headers=[("allow", ", ".join(res.allow))])
             raise AdminFail(404, f"Unknown route {echo(req.path, quote='')}")
         call = _Call(route, res.params, self._query(route, req), self._body(route, req))
-        if route.method != "GET" and self.forwarder is not None and not self.control.leading():
+        if (route.method != "GET" and route.name not in ROUTER_LOCAL and self.forwarder is not None
+                and not self.control.leading()):
             return await self.forwarder.forward(req)  # a follower: the leader makes changes (admin/forward.py)
         out = await _HANDLERS[route.name](self, call)
         if isinstance(out, Response):
