@@ -129,9 +129,7 @@ def main(argv: list[str]) -> int:
         print("llmgw daemon: --adopt is for a router (--role router or router,agent)", file=sys.stderr)
         return 2
     if ns.workers > 1 and seat is None:
-        from llmgw.daemon.supervisor import supervise
-
-        return supervise(argv, ns.workers, cfg, roles, source.path)
+        return _supervise(argv, ns.workers, cfg, roles, source.path)
     run_roles = roles if seat is None else worker_roles(roles, seat.index)  # (prepare keeps the configured roles)
     try:
         trio.run(_run, cfg, run_roles, ns.adopt, source.path, prepare, seat)
@@ -144,6 +142,30 @@ def main(argv: list[str]) -> int:
         print(f"llmgw daemon: {err}", file=sys.stderr)
         return err.code
     return 0
+
+
+def _supervise(argv: list[str], count: int, cfg: Config, roles: set[str], config_path: str | None) -> int:
+    """--workers N: hold the store for the workers, and keep them (daemon/supervisor.py)."""
+    from llmgw.daemon.private_files import private_dir
+    from llmgw.daemon.supervisor import preflight, supervise
+
+    if (problem := preflight(cfg)) is not None:
+        print(f"llmgw daemon: {problem}", file=sys.stderr)
+        return 2
+    path = cfg.control.store
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        _warn_lost_store(path)
+        private_dir(parent, "control.store", dedicated="llmgw" in os.path.basename(parent), log=log)
+        lock = _lock_store(path)
+    except _StartupError as e:
+        print(f"llmgw daemon: {e}", file=sys.stderr)
+        return e.code
+    except OSError as e:
+        print(f"llmgw daemon: control.store: {path}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    with lock:
+        return supervise(argv, count, cfg, roles, config_path)
 
 
 def _warn_lost_store(path: str) -> None:

@@ -42,44 +42,30 @@ from llmgw.daemon.workers import SUPERVISOR_ENV, TOKEN_ENV, WAIT_ENV
 
 log = logging.getLogger("llmgw.daemon.supervisor")
 
-__all__ = ["Supervisor", "port_free", "supervise"]
+__all__ = ["Supervisor", "port_free", "preflight", "supervise"]
 
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 HEALTHY_AFTER_S = 60.0  # a worker that served this long restarts without the accumulated backoff
 
 
-def supervise(argv: list[str], count: int, cfg: Config, roles: set[str], config_path: str | None) -> int:
-    """`--workers N`: check what the workers cannot check each for itself, hold the store, then start
-    and keep N workers; the exit status."""
-    from llmgw.daemon.main import _lock_store, _StartupError, _warn_lost_store
-    from llmgw.daemon.private_files import private_dir
-
-    path = cfg.control.store
-    if path == ":memory:":
-        print("llmgw daemon: --workers: control.store = \":memory:\" cannot be shared between workers; "
-              "give it a file", file=sys.stderr)
-        return 2
+def preflight(cfg: Config) -> str | None:
+    """What stops `--workers` before any worker starts (the error line), or None."""
+    if cfg.control.store == ":memory:":
+        return "--workers: control.store = \":memory:\" cannot be shared between workers; give it a file"
     if cfg.server.port and (why := port_free(cfg.server.host, cfg.server.port)) is not None:
-        print(f"llmgw daemon: server.port (--port): cannot listen on {cfg.server.host}:{cfg.server.port}: {why} "
-              "(another llmgw, or another program, is listening there)", file=sys.stderr)
-        return 2
-    try:
-        _warn_lost_store(path)
-        private_dir(os.path.dirname(os.path.abspath(path)), "control.store",
-                    dedicated="llmgw" in os.path.basename(os.path.dirname(os.path.abspath(path))), log=log)
-        lock = _lock_store(path)
-    except _StartupError as e:
-        print(f"llmgw daemon: {e}", file=sys.stderr)
-        return e.code
-    except OSError as e:
-        print(f"llmgw daemon: control.store: {path}: {e.strerror or e}", file=sys.stderr)
-        return 1
+        return (f"server.port (--port): cannot listen on {cfg.server.host}:{cfg.server.port}: {why} "
+                "(another llmgw, or another program, is listening there)")
+    return None
+
+
+def supervise(argv: list[str], count: int, cfg: Config, roles: set[str], config_path: str | None) -> int:
+    """`--workers N`: start and keep N workers until SIGTERM/SIGINT; the exit status. The caller
+    holds the store's lock meanwhile (and checked `preflight`)."""
     embedded_token = "agent" in roles and cfg.control.join_token is None and cfg.control.join_token_file is None
     args = [*argv, "--config", config_path] if config_path else list(argv)
     sup = Supervisor(args, count, port=cfg.server.port, grace_s=cfg.agent.stop_grace_s + 20.0,
                      join_token=embedded_token)
-    with lock:
-        return trio.run(sup.run)
+    return trio.run(sup.run)
 
 
 class _WorkerFailed(Exception):
