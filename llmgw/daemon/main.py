@@ -29,7 +29,7 @@ from llmgw.config import (
 )
 from llmgw.config.defaults import with_machine_defaults
 from llmgw.config.discovery import CONFIG_ENV, FILE_NAME, SYSTEM_DIR, find_config
-from llmgw.daemon.workers import WorkerSeat
+from llmgw.daemon.workers import WorkerSeat, listen_gate
 from llmgw.daemon.logs import (
     FORMAT_ENV,
     FORMATS,
@@ -463,7 +463,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                                         lambda: inner.start(lambda task_status: serve_tcp(
                                             router.handle, cfg.server.host, cfg.server.port,
                                             task_status=task_status, reuse_port=seat is not None,
-                                            before_listen=_before_listen(seat, router),
+                                            before_listen=listen_gate(seat, router.registry),
                                             **router.server_options())))
                 url = f"http://{cfg.server.host}:{port}"
                 # eval runs go through the OpenAI port, as a client on this machine (lifecycle.py)
@@ -483,16 +483,6 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 log.info("router listening on %s", url)
                 inner.start_soon(lambda: announce_when_ready(lambda: readiness(router.registry), url))
                 task_status.started(info)
-
-
-def _before_listen(seat: WorkerSeat | None, router: Any) -> Any:
-    """--workers: what a worker joining the others on the port waits for (daemon/workers.py)."""
-    if seat is None or not seat.wait_ready:
-        return None
-    from llmgw.daemon.workers import wait_ready
-    from llmgw.route.readiness import readiness
-
-    return lambda: wait_ready(seat, lambda: readiness(router.registry).ready)
 
 
 def _loopback_url(host: str, port: int) -> str:

@@ -23,13 +23,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from llmgw.config import Config
 
 __all__ = ["JOIN_WAIT_S", "MAX_WORKERS", "SUPERVISOR_ENV", "TOKEN_ENV", "WAIT_ENV", "WorkerSeat", "check_workers", "enter_worker", "wait_ready",
-           "for_worker", "watch_supervisor", "worker_path", "worker_roles"]
+           "for_worker", "listen_gate", "watch_supervisor", "worker_path", "worker_roles"]
 
 MAX_WORKERS = 64
 SUPERVISOR_ENV = "LLMGW_WORKER_OF"  # the supervisor's pid: a worker's parent must be it
@@ -130,3 +131,13 @@ async def wait_ready(seat: WorkerSeat, ready: Callable[[], bool], *, timeout_s: 
                     seat.index, timeout_s)
     else:
         log.info("worker %d: ready: serving the port", seat.index)
+
+
+def listen_gate(seat: WorkerSeat | None, registry: Any) -> Callable[[], Awaitable[None]] | None:
+    """What the OpenAI listener awaits before it listens (serve_tcp's before_listen): `wait_ready`
+    for a worker that joins others on the port; None (listen at once) otherwise."""
+    if seat is None or not seat.wait_ready:
+        return None
+    from llmgw.route.readiness import readiness
+
+    return lambda: wait_ready(seat, lambda: readiness(registry).ready)
