@@ -172,7 +172,7 @@ def test_help_reads_well() -> None:
             assert len(sp.description or "") > 15, f"ctl {name}: no description"
     top_help = top.format_help()
     assert "examples:" in top_help and "llmgw ctl explain REQUEST_ID" in top_help
-    assert set(subs.choices) == {"status", "nodes", "join-info", "join-token", "label", "models", "scale",
+    assert set(subs.choices) == {"status", "routers", "nodes", "join-info", "join-token", "label", "models", "scale",
                                  "replicas", "restart", "endpoints", "adapters", "decisions", "explain", "kv", "trace",
                                  "facility", "explain-placement", "eval", "jobs", "suites", "config"}
 

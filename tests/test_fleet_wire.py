@@ -20,6 +20,8 @@ from llmgw.fleet.wire import (
     Message,
     Refused,
     ReportRejected,
+    RouterAddr,
+    Routers,
     Welcome,
     WireProtocolError,
     encode,
@@ -49,6 +51,14 @@ MESSAGES: list[Message] = [
     Welcome(node="gpu-8", router_id="router-1", version=1, heartbeat_s=1.0, credential="new-Secret"),
     Refused(reason="node gpu-8 is connected", retry=True),
     ReportRejected(replica="llama-8b/3f9a1c", reason="url: the port is missing"),
+]
+CA = "-----BEGIN CERTIFICATE-----\nMIIB...\n-----END CERTIFICATE-----\n"
+ROUTERS = (RouterAddr("r1", "10.0.0.1:7070", CA, "llmgw-control"), RouterAddr("r2", "[::1]:7071"))
+MESSAGES += [
+    Welcome(node="gpu-8", router_id="r2", version=1, heartbeat_s=1.0, epoch=7, leading=False, routers=ROUTERS),
+    Routers(epoch=8, leading=True, routers=ROUTERS),
+    Routers(epoch=0, leading=False, routers=()),
+    Desired(rev=19, engines=(), epoch=8),
 ]
 
 
@@ -330,3 +340,66 @@ def test_the_frame_cap_can_be_raised_after_the_hello() -> None:
 
 def test_report_rejected_goes_to_agents_only() -> None:
     assert "unexpected report_rejected" in refused(encode(ReportRejected("r", "x"), 1), accept=FROM_AGENT)
+
+
+# --------------------------------------------------------------------------- several routers (docs/ha.md)
+
+def test_an_older_routers_welcome_and_desired_read_as_one_leading_router() -> None:
+    (w,) = FrameDecoder().feed(raw_frame({"v": 1, "t": "welcome", "seq": 1, "node": "n", "router_id": "r",
+                                          "version": 1, "heartbeat_s": 1.0}))
+    assert (w.epoch, w.leading, w.routers) == (0, True, ())  # type: ignore[union-attr]
+    (d,) = FrameDecoder().feed(raw_frame({"v": 1, "t": "desired", "seq": 1, "rev": 3, "engines": []}))
+    assert d == Desired(3, (), epoch=0)
+
+
+def test_routers_goes_to_agents_only() -> None:
+    assert "unexpected routers" in refused(encode(Routers(1, True, ()), 1), accept=FROM_AGENT)
+
+
+ADDR = ROUTERS[0].to_wire()
+
+
+@pytest.mark.parametrize(("msg", "changes", "error"), [
+    (Desired(1, ()), {"epoch": -1}, "desired.epoch: -1 is not in 0.."),
+    (Desired(1, ()), {"epoch": True}, "desired.epoch: expected int, got bool"),
+    (Desired(1, ()), {"epoch": 1 << 63}, "desired.epoch: 9223372036854775808 is not in 0.."),
+    (Welcome("n", "r", 1, 5.0), {"leading": 1}, "welcome.leading: expected bool, got int"),
+    (Welcome("n", "r", 1, 5.0), {"epoch": "1"}, "welcome.epoch: expected int, got str"),
+    (Welcome("n", "r", 1, 5.0), {"routers": {"r1": ADDR}}, "welcome.routers: expected list, got dict"),
+    (Welcome("n", "r", 1, 5.0), {"routers": [ADDR] * 65}, "welcome.routers: 65 items, at most 64"),
+    (Routers(1, True, ()), {"epoch": None}, "routers.epoch: missing"),
+    (Routers(1, True, ()), {"leading": None}, "routers.leading: missing"),
+    (Routers(1, True, ()), {"routers": None}, "routers.routers: missing"),
+    (Routers(1, True, ()), {"routers": [ADDR, ADDR]}, "routers.routers[1].id: 'r1' is listed twice"),
+    (Routers(1, True, ()), {"routers": [ADDR | {"id": ""}]}, "routers.routers[0].id: empty"),
+    (Routers(1, True, ()), {"routers": [ADDR | {"id": "i" * 257}]},
+     "routers.routers[0].id: 257 chars, at most 256"),
+    (Routers(1, True, ()), {"routers": [{"id": "r1"}]}, "routers.routers[0].control: missing"),
+    (Routers(1, True, ()), {"routers": [ADDR | {"control": "10.0.0.1"}]},
+     "routers.routers[0].control: expected host:port, got '10.0.0.1'"),
+    (Routers(1, True, ()), {"routers": [ADDR | {"control": "h:99999"}]},
+     "routers.routers[0].control: expected host:port"),
+    (Routers(1, True, ()), {"routers": [ADDR | {"control": "a@b:1"}]},
+     "routers.routers[0].control: expected host:port"),
+    (Routers(1, True, ()), {"routers": [ADDR | {"ca_pem": "not a pem"}]},
+     "routers.routers[0].ca_pem: not a PEM certificate"),
+    (Routers(1, True, ()), {"routers": [ADDR | {"ca_pem": CA + "x" * (16 << 10)}]},
+     "routers.routers[0].ca_pem: 16446 chars, at most 16384"),
+    (Routers(1, True, ()), {"routers": [ADDR | {"server_name": 7}]},
+     "routers.routers[0].server_name: expected str, got int"),
+    (Routers(1, True, ()), {"routers": [ADDR | {"server_name": "s" * 254}]},
+     "routers.routers[0].server_name: 254 chars, at most 253"),
+    (Routers(1, True, ()), {"routers": ["r1"]}, "routers.routers[0]: expected dict, got str"),
+])
+def test_router_fields_are_checked(msg: Message, changes: dict[str, Any], error: str) -> None:
+    assert refused(raw_frame(wire(msg, **changes))).startswith(error)
+
+
+def test_a_routers_list_at_its_limits_passes() -> None:
+    big = tuple(RouterAddr(f"{i:0>256}", f"{'h' * 250}:{1000 + i}", CA + "x" * ((16 << 10) - len(CA)), "s" * 253)
+                for i in range(64))
+    msg = Routers(epoch=(1 << 63) - 1, leading=True, routers=big)
+    frame = encode(msg, 1)
+    assert len(frame) < MAX_FRAME and FrameDecoder().feed(frame) == [msg]
+    (ra,) = FrameDecoder().feed(raw_frame(wire(Routers(1, False, ()), routers=[{"id": "x", "control": "h:1"}])))
+    assert ra.routers == (RouterAddr("x", "h:1", "", ""),)  # type: ignore[union-attr]

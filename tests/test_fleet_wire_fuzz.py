@@ -28,6 +28,8 @@ from llmgw.fleet.wire import (
     Message,
     Refused,
     ReportRejected,
+    RouterAddr,
+    Routers,
     Welcome,
     WireProtocolError,
     encode,
@@ -96,6 +98,11 @@ reports = st.builds(EngineReport, replica=names, model=names, state=st.sampled_f
 facts = st.builds(NodeFacts, cpus=ints, memory_mb=ints, hostname=texts, agent_version=texts,
                   gpus=st.lists(st.builds(GpuInfo, index=ints, name=texts, memory_mb=ints), max_size=3).map(tuple))
 node_names = st.text(min_size=1, max_size=253)
+epochs = st.integers(0, 2**63 - 1)
+routers = st.lists(st.builds(RouterAddr, id=st.text(min_size=1, max_size=20),
+                             control=st.from_regex(r"\A[a-z0-9.\[\]:-]{1,40}:[1-9][0-9]{0,3}\Z"),
+                             ca_pem=st.just("") | st.just("-----BEGIN CERTIFICATE-----\nx\n"),
+                             server_name=texts), max_size=3, unique_by=lambda r: r.id).map(tuple)
 labels = st.dictionaries(st.text(max_size=40), st.text(max_size=60), max_size=5)
 messages = st.one_of(
     st.builds(Hello, token=texts, node=node_names, agent_id=texts, versions=st.lists(ints, max_size=3).map(tuple),
@@ -104,9 +111,11 @@ messages = st.one_of(
     st.just(Heartbeat()),
     st.builds(EngineUpdate, report=reports),
     st.builds(Bye, reason=texts),
-    st.builds(Welcome, node=node_names, router_id=texts, version=ints, heartbeat_s=positive, credential=texts),
+    st.builds(Welcome, node=node_names, router_id=texts, version=ints, heartbeat_s=positive, credential=texts,
+              epoch=epochs, leading=st.booleans(), routers=routers),
+    st.builds(Routers, epoch=epochs, leading=st.booleans(), routers=routers),
     st.builds(Refused, reason=texts, retry=st.booleans()),
-    st.builds(Desired, rev=ints, engines=st.lists(specs, max_size=3).map(tuple)),
+    st.builds(Desired, rev=ints, engines=st.lists(specs, max_size=3).map(tuple), epoch=epochs),
     st.builds(ReportRejected, replica=texts, reason=texts),
 )
 
@@ -131,6 +140,8 @@ def test_each_field_of_the_wrong_type(msg: Message, data: st.DataObject) -> None
     d = {"v": 1, "t": msg.TYPE, "seq": 1, **msg.to_dict()}
     # One field of the message, or of a nested report, spec, facts or GPU, gets a wrong value.
     targets: list[dict[str, Any]] = [d]
+    for r in d.get("routers", []):
+        targets.append(r)
     for key in ("report", "facts"):
         if isinstance(d.get(key), dict):
             targets.append(d[key])

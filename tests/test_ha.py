@@ -114,3 +114,34 @@ def test_no_leader_means_503_with_the_reason(cluster: Any) -> None:
             assert "lead" in r.json()["error"]["message"] and r.headers.get("retry-after")
     finally:
         c.signal(lead, signal.SIGCONT)
+
+
+def _engines(c: Cluster, i: int, model: str) -> dict[str, tuple[int | None, int]]:
+    return {r["replica"]: (r["pid"], r["restarts"]) for r in c.get(i, "/api/v1/replicas") if r["model"] == model}
+
+
+def test_every_router_routes_and_a_killed_leader_costs_no_request(cluster: Any) -> None:
+    """Agents stream to every router, so each routes every ready replica; the leader SIGKILLed under
+    load: the other router's clients see no failure, it leads within the lease, and it keeps the
+    engines as they run (none restarted, none moved) — then acts (a scale) as the leader."""
+    c = cluster([sim_model("m", 2)], routers=2, lease_s=1.5)
+    lead = c.wait_leader()
+    other = 1 - lead
+    c.start_agent("n1")
+    for i in (0, 1):
+        wait_for(lambda i=i: len(c.routed(i, "m")) == 2, timeout=30)
+        assert c.chat(i, "m").status_code == 200
+    before = _engines(c, other, "m")
+    assert len(before) == 2 and all(pid for pid, _ in before.values())
+    c.kill(lead)
+    statuses = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (c.leader(among=[other]) != other or len(statuses) < 20):
+        statuses.append(c.chat(other, "m", f"turn {len(statuses)}").status_code)
+    assert c.leader(among=[other]) == other
+    assert set(statuses) == {200}, statuses
+    assert _engines(c, other, "m") == before  # the same engines: nothing restarted or moved
+    r = c.clients[other].post("/api/v1/models/m/scale", json={"replicas": 3})
+    assert r.status_code == 200, r.text
+    wait_for(lambda: len(c.routed(other, "m")) == 3, timeout=30)
+    assert {k: v for k, v in _engines(c, other, "m").items() if k in before} == before

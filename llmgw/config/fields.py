@@ -96,6 +96,16 @@ def host_port(v: str) -> str | None:
     return f"expected \"host:port\", got {v!r}"
 
 
+def host_or_host_port(v: str) -> str | None:
+    """A host ("10.0.0.1", "[fd00::1]", "router-2") or "host:port"."""
+    if host_port(v) is None:
+        return None
+    bare = v[1:-1] if v.startswith("[") and v.endswith("]") else v
+    if bare and not any(c.isspace() for c in bare) and (":" not in bare or v.startswith("[")):
+        return None
+    return f"expected a host or \"host:port\", got {v!r}"
+
+
 def cidr(v: str) -> str | None:
     try:
         ipaddress.ip_network(v.strip(), strict=False)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from llmgw.config.fields import (
-    _suggest, cidr, domain_budget, facility_label_values, facility_level, header_name, replica_nodes, host_port, http_url, in_range, key_value, known_strategy,
+    _suggest, cidr, domain_budget, facility_label_values, facility_level, header_name, replica_nodes, host_port, host_or_host_port, http_url, in_range, key_value, known_strategy,
     label_keys, metric_name, node_name, nonempty, one_of, opt, pem_certificate, positive, unset_or,
 )
 from llmgw.config.locate import KeyPath
@@ -318,6 +318,14 @@ class PoolConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class HaConfig:
+    """[ha]: several routers in front of one fleet (docs/ha.md)."""
+    # routing as one: the PUB socket this router publishes its prefix-tree inserts on
+    feed_listen: str = opt("127.0.0.1:0", check=host_port)
+    feed_advertise: str = opt("", check=unset_or(host_or_host_port))  # what peers dial; "": the bound address
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     server: ServerConfig = opt(factory=ServerConfig)
     admin: AdminConfig = opt(factory=AdminConfig)
@@ -330,6 +338,7 @@ class Config:
     pools: tuple[PoolConfig, ...] = opt((), unique="name")
     strategies: tuple[StrategyConfig, ...] = opt((), unique="name")
     facility: FacilityConfig = opt(factory=FacilityConfig)
+    ha: HaConfig = opt(factory=HaConfig)
 
 
 # ---------------------------------------------------------------------------------- cross checks
@@ -348,6 +357,14 @@ def _cross_check(*needs: str):
 def _admin_tcp_needs_token(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
     if cfg.admin.tcp is not None and cfg.admin.token is None:
         yield ("admin", "tcp"), "a TCP admin listener requires admin.token"
+
+
+@_cross_check("ha")
+def _ha_feed_advertise(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    host = cfg.ha.feed_listen.rpartition(":")[0]
+    if host in ("0.0.0.0", "[::]", "*") and not cfg.ha.feed_advertise:
+        yield ("ha", "feed_advertise"), ("feed_listen binds every interface: set feed_advertise to the "
+                                         "address other routers dial")
 
 
 @_cross_check("control")

@@ -196,4 +196,11 @@ rebalance_max_moves = 1          # replicas moved per round, fleet-wide (each su
 # Watts a domain (LEVEL=VALUE, quoted) may draw: a replica that would take it past is not placed.
 # "pdu=p7" = 11000
 # "rack=r12" = 20000
+
+[ha]
+# Several routers in front of one fleet (docs/ha.md).
+feed_listen = "127.0.0.1:0"      # routing as one: where this router publishes its prefix-tree inserts
+                                 # (0 = an ephemeral port); other routers subscribe to it
+# feed_advertise = "10.0.0.1"    # what they dial: a host (the bound port is added) or host:port;
+                                 # default: the bound address (required when feed_listen is 0.0.0.0)
 '''

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 __all__ = ["ENGINE_STATES", "RUNNING_STATES", "EngineReport", "EngineSpec", "EngineState", "GpuInfo", "GroupLaunch",
-           "LoraLaunch", "NodeFacts"]
+           "LoraLaunch", "NodeFacts", "RouterAddr"]
 
 EngineState = Literal["starting", "ready", "unhealthy", "crashed", "failed", "crashloop", "stopping", "stopped"]
 ENGINE_STATES: tuple[str, ...] = ("starting", "ready", "unhealthy", "crashed", "failed", "crashloop",
@@ -207,3 +207,19 @@ class NodeFacts:
                               for g in d.get("gpus", ())),
                    declared_watts=int(d.get("declared_watts", 0)),
                    measured_watts=float(d["measured_watts"]) if d.get("measured_watts") is not None else None)
+
+
+@dataclass(frozen=True)
+class RouterAddr:
+    """One live router, as the routers tell their agents (a welcome's and a `routers` message's
+    `routers`): its id, the control address agents dial ("host:port"), and its TLS pin — the CA
+    that signed its control certificate (PEM; "" for a plain-TCP listener or one whose certificate
+    the agent's own CA settings cover) and the name to verify ("": the address's host)."""
+
+    id: str
+    control: str
+    ca_pem: str = ""
+    server_name: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "control": self.control, "ca_pem": self.ca_pem, "server_name": self.server_name}

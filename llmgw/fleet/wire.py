@@ -11,7 +11,8 @@ Unknown keys are ignored (a newer peer may add fields); unknown message types ar
 Fields of the nested EngineSpec / EngineReport / NodeFacts that have defaults may be
 absent; every field of a message itself is required, except those added after the first
 release, which older peers leave out (``Hello.credential`` and ``features``,
-``Welcome.credential``, ``Refused.retry``).  ``NodeFacts.extra`` is not carried
+``Welcome.credential``, ``features``, ``epoch``, ``leading`` and ``routers``, ``Desired.epoch``,
+``Refused.retry``).  ``NodeFacts.extra`` is not carried
 (``NodeFacts.to_wire`` leaves it out).
 
 An agent sends :class:`KvEvents` only after listing :data:`FEATURE_KV_EVENTS` in its hello and
@@ -19,8 +20,14 @@ only to a router whose welcome lists it (:data:`ROUTER_FEATURES`); a router refu
 protocol error) from an agent that did not list it.
 
 A router sends :class:`ReportRejected` only to an agent whose hello lists the
-:data:`FEATURE_REPORT_REJECTED` feature, and issues node credentials only to one listing
-:data:`FEATURE_CREDENTIAL`: an older agent would not understand either.
+:data:`FEATURE_REPORT_REJECTED` feature, :class:`Routers` only to one listing :data:`FEATURE_ROUTERS`,
+and issues node credentials only to one listing :data:`FEATURE_CREDENTIAL`: an older agent would not
+understand them (an unknown message type ends the stream).
+
+Several routers (docs/ha.md): each welcome says the leadership `epoch` the router knows (0: none),
+whether it `leading`, and every live router's control address and TLS pin (`routers`); a
+:class:`Routers` message says it again whenever any of these change. A `desired` carries the epoch
+of the leader that sent it. Absent, they read as an older router's: epoch 0, leading, no others.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import Any, ClassVar
 
 import msgpack
 
-from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts
+from llmgw.fleet.types import EngineReport, EngineSpec, NodeFacts, RouterAddr
 from llmgw.fleet.wire_peek import peek_frame
 from llmgw.fleet.wire_fields import (
     MAX_ENGINES,
@@ -43,6 +50,7 @@ from llmgw.fleet.wire_fields import (
     WireProtocolError,
     _bool,
     _bounded_str,
+    _epoch,
     _facts,
     _field,
     _float,
@@ -55,6 +63,7 @@ from llmgw.fleet.wire_fields import (
     _positive,
     _reason,
     _report,
+    _routers,
     _short,
     _spec,
     _str,
@@ -67,6 +76,7 @@ __all__ = [
     "FEATURE_GROUPS",
     "FEATURE_KV_EVENTS",
     "FEATURE_REPORT_REJECTED",
+    "FEATURE_ROUTERS",
     "FROM_AGENT",
     "FROM_ROUTER",
     "MAX_FRAME",
@@ -86,6 +96,8 @@ __all__ = [
     "Message",
     "Refused",
     "ReportRejected",
+    "RouterAddr",
+    "Routers",
     "Skipped",
     "Welcome",
     "WireProtocolError",
@@ -104,7 +116,8 @@ FEATURE_KV_EVENTS = "kv_events"  # sends kv_events messages (a router accepts th
 # runs the parts of multi-node replicas (EngineSpec.group); an older agent would run a worker's spec
 # as a whole engine, so a router places multi-node replicas only on agents listing it
 FEATURE_GROUPS = "groups"
-AGENT_FEATURES = (FEATURE_CREDENTIAL, FEATURE_REPORT_REJECTED, FEATURE_KV_EVENTS, FEATURE_GROUPS)
+FEATURE_ROUTERS = "routers"  # understands the routers message (and dials the routers it lists)
+AGENT_FEATURES = (FEATURE_CREDENTIAL, FEATURE_REPORT_REJECTED, FEATURE_KV_EVENTS, FEATURE_GROUPS, FEATURE_ROUTERS)
 # What a router may list in its welcome's `features`: messages it accepts beyond the first release
 # (an older router would close the stream on a message type it does not know).
 ROUTER_FEATURES = (FEATURE_KV_EVENTS,)
@@ -201,7 +214,8 @@ class Bye:
 class Welcome:
     """router → agent, the answer to a good Hello: the version chosen and the heartbeat period.
     `credential`, when not empty, is the node's new credential: the agent keeps it (before it
-    sends anything else) and presents it in every later hello."""
+    sends anything else) and presents it in every later hello. `epoch`, `leading`, `routers`: as
+    in :class:`Routers` (an older router: 0, True, none)."""
 
     TYPE: ClassVar[str] = "welcome"
     node: str
@@ -210,10 +224,14 @@ class Welcome:
     heartbeat_s: float
     credential: str = ""
     features: tuple[str, ...] = ()  # ROUTER_FEATURES it understands; absent from older routers
+    epoch: int = 0
+    leading: bool = True
+    routers: tuple[RouterAddr, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "router_id": self.router_id, "version": self.version,
-                "heartbeat_s": self.heartbeat_s, "credential": self.credential, "features": list(self.features)}
+                "heartbeat_s": self.heartbeat_s, "credential": self.credential, "features": list(self.features),
+                "epoch": self.epoch, "leading": self.leading, "routers": [r.to_wire() for r in self.routers]}
 
     def has(self, feature: str) -> bool:
         return feature in self.features
@@ -224,7 +242,31 @@ class Welcome:
         return cls(node=_field(d, p, "node", _node_name), router_id=_field(d, p, "router_id", _bounded_str(MAX_ID)),
                    version=_field(d, p, "version", _int), heartbeat_s=_field(d, p, "heartbeat_s", _positive),
                    credential=_field(d, p, "credential", _bounded_str(MAX_SECRET), ""),
-                   features=_field(d, p, "features", _tuple_of(_bounded_str(MAX_NAME), MAX_FEATURES), ()))
+                   features=_field(d, p, "features", _tuple_of(_bounded_str(MAX_NAME), MAX_FEATURES), ()),
+                   epoch=_field(d, p, "epoch", _epoch, 0), leading=_field(d, p, "leading", _bool, True),
+                   routers=_field(d, p, "routers", _routers, ()))
+
+
+@dataclass(frozen=True)
+class Routers:
+    """router → agent (one listing FEATURE_ROUTERS), whenever one of these changed for that router:
+    the leadership `epoch` it knows (0: none), whether it is `leading` (only a leader sends
+    `desired`), and every live router's control address and TLS pin (`routers`, at most
+    MAX_ROUTERS, each id once). The agent keeps a session to each; see docs/architecture.md."""
+
+    TYPE: ClassVar[str] = "routers"
+    epoch: int
+    leading: bool
+    routers: tuple[RouterAddr, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "leading": self.leading, "routers": [r.to_wire() for r in self.routers]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Routers:
+        p = cls.TYPE
+        return cls(epoch=_field(d, p, "epoch", _epoch), leading=_field(d, p, "leading", _bool),
+                   routers=_field(d, p, "routers", _routers))
 
 
 @dataclass(frozen=True)
@@ -266,19 +308,23 @@ class ReportRejected:
 @dataclass(frozen=True)
 class Desired:
     """router → agent: the full set of engines wanted on the node (absent ones are to stop).
-    `rev` grows with every change, so the agent can say which one it has acted on."""
+    `rev` grows with every change, so the agent can say which one it has acted on. `epoch`: the
+    leadership epoch of the router that sent it (0 from an older router); an agent applies it only
+    if no router has told it of a higher one."""
 
     TYPE: ClassVar[str] = "desired"
     rev: int
     engines: tuple[EngineSpec, ...]
+    epoch: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rev": self.rev, "engines": [e.to_wire() for e in self.engines]}
+        return {"rev": self.rev, "engines": [e.to_wire() for e in self.engines], "epoch": self.epoch}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Desired:
         p = cls.TYPE
-        return cls(rev=_field(d, p, "rev", _int), engines=_field(d, p, "engines", _tuple_of(_spec, MAX_ENGINES)))
+        return cls(rev=_field(d, p, "rev", _int), engines=_field(d, p, "engines", _tuple_of(_spec, MAX_ENGINES)),
+                   epoch=_field(d, p, "epoch", _epoch, 0))
 
 
 @dataclass(frozen=True)
@@ -335,13 +381,14 @@ class Skipped:
 # (message type, the replica a kv_events frame names or None, its blocks) -> turned away, or None
 Gate = Callable[[str, "str | None", int], "Skipped | None"]
 
-Message = Hello | Heartbeat | EngineUpdate | Bye | Welcome | Refused | Desired | ReportRejected | KvEvents
+Message = Hello | Heartbeat | EngineUpdate | Bye | Welcome | Refused | Desired | ReportRejected | KvEvents | Routers
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    c.TYPE: c for c in (Hello, Heartbeat, EngineUpdate, Bye, Welcome, Refused, Desired, ReportRejected, KvEvents)}
+    c.TYPE: c for c in (Hello, Heartbeat, EngineUpdate, Bye, Welcome, Refused, Desired, ReportRejected, KvEvents,
+                        Routers)}
 FROM_AGENT = frozenset({Hello.TYPE, Heartbeat.TYPE, EngineUpdate.TYPE, Bye.TYPE,  # what a router accepts
                         KvEvents.TYPE})
 FROM_ROUTER = frozenset({Welcome.TYPE, Refused.TYPE, Desired.TYPE, Heartbeat.TYPE,  # what an agent accepts
-                         ReportRejected.TYPE})
+                         ReportRejected.TYPE, Routers.TYPE})
 
 
 # --------------------------------------------------------------------------- frames

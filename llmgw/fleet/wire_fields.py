@@ -9,7 +9,16 @@ import reprlib
 from collections.abc import Callable
 from typing import Any
 
-from llmgw.fleet.types import ENGINE_STATES, EngineReport, EngineSpec, GpuInfo, GroupLaunch, LoraLaunch, NodeFacts
+from llmgw.fleet.types import (
+    ENGINE_STATES,
+    EngineReport,
+    EngineSpec,
+    GpuInfo,
+    GroupLaunch,
+    LoraLaunch,
+    NodeFacts,
+    RouterAddr,
+)
 
 MAX_NAME = 253  # a DNS name: node names and label keys
 MAX_LABEL_VALUE = 1024
@@ -31,6 +40,9 @@ MAX_LORA_ADAPTERS = 1024  # adapters an engine spec loads at start
 MAX_LORA_TEXT = 4096  # an adapter's name or source, in chars
 MAX_GROUP_NODES = 64  # nodes of one multi-node replica
 MAX_PEER = MAX_NAME + 8  # a worker's address, host:port
+MAX_ROUTERS = 64  # routers one welcome or `routers` message lists
+MAX_PEM = 16 << 10  # a router's CA certificate (PEM) in a routers list, in chars
+MAX_EPOCH = (1 << 63) - 1  # a leadership epoch (the store's BIGINT)
 
 
 class WireProtocolError(Exception):
@@ -263,6 +275,36 @@ def _facts(v: Any, path: str) -> NodeFacts:
                      # protocol error; only its type is checked here
                      declared_watts=_field(d, path, "declared_watts", _int, 0),
                      measured_watts=_field(d, path, "measured_watts", _opt(_float), None))
+
+
+def _epoch(v: Any, path: str) -> int:
+    if not 0 <= _int(v, path) <= MAX_EPOCH:
+        raise WireProtocolError(f"{path}: {v} is not in 0..{MAX_EPOCH}")
+    return v
+
+
+_PEM_BEGIN = "-----BEGIN CERTIFICATE-----"
+
+
+def _router_addr(v: Any, path: str) -> RouterAddr:
+    d = _map(v, path)
+    ca = _field(d, path, "ca_pem", _bounded_str(MAX_PEM), "")
+    if ca and _PEM_BEGIN not in ca:
+        raise WireProtocolError(f"{path}.ca_pem: not a PEM certificate (no {_PEM_BEGIN} line)")
+    return RouterAddr(id=_field(d, path, "id", _bounded_str(MAX_ID, empty=False)),
+                      control=_field(d, path, "control", _peer), ca_pem=ca,
+                      server_name=_field(d, path, "server_name", _bounded_str(MAX_NAME), ""))
+
+
+def _routers(v: Any, path: str) -> tuple[RouterAddr, ...]:
+    """A routers list: at most MAX_ROUTERS, each id once."""
+    out = _tuple_of(_router_addr, MAX_ROUTERS)(v, path)
+    seen: set[str] = set()
+    for i, r in enumerate(out):
+        if r.id in seen:
+            raise WireProtocolError(f"{path}[{i}].id: {_short.repr(r.id)} is listed twice")
+        seen.add(r.id)
+    return out
 
 
 def _kv_block(v: Any, path: str) -> tuple[str | None, int | bytes]:

@@ -56,6 +56,7 @@ from llmgw.inputs.echo import echo
 from .kv_scorer import KvCacheScorer, KvDecisionStats
 from .lora_body import request_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
+from .prefix_share import PrefixOutbox, PrefixShare
 from .openai_req import ApiError
 from .plan import Plan
 from .planner import Planner
@@ -89,6 +90,7 @@ class RouterCore:
         self.kv_cache = KvCacheScorer()
         self.prefix.defer = self.kv_cache.verdict  # where tier 2 knows the holders, tier 1 votes its shares
         self.prefix.deny = self.kv_cache.denied  # where it knows a replica holds none, tier 1's guess is void
+        self._share: PrefixShare | None = None  # routing as one: tier 1 shared with other routers
         self.sched = Scheduler(SchedulerConfig(kv_ceiling=rc.kv_ceiling, saturation_load=rc.saturation_load),
                                scorers={**self.prefix.scorers(), "kv_cache": self.kv_cache})
         self.cache_stats = cache_stats
@@ -437,6 +439,17 @@ class RouterCore:
     def adapter_port(self) -> AdapterPort:
         """The adapter state machine's face to the shell (the loader, its metrics, the admin API)."""
         return AdapterPort(self.adapters, self.table, self.rc.adapter_load_timeout_s)
+
+    def prefix_share(self, limit: int = 8192) -> PrefixShare:
+        """Routing as one (several routers, :mod:`.prefix_share`): from this call on, each
+        decision's prefix insert waits in an outbox of ``limit`` for the shell to send to the
+        other routers, and the share applies theirs here. The same share at every call."""
+        if self._share is None:
+            reps = self.table.replicas
+            self.prefix.share = outbox = PrefixOutbox(limit)
+            self._share = PrefixShare(outbox, self.prefix.apply_peer,
+                                      lambda rid: r.view.model if (r := reps.get(rid)) is not None else None)
+        return self._share
 
     def kv_stats(self) -> KvDecisionStats:
         """Tier 2's decisions so far (the kv_cache scorer's)."""

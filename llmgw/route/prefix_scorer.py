@@ -42,6 +42,7 @@ from hashlib import blake2b
 from typing import Any
 
 from .prefix_capacity import Capacity, Partition, PrefixConfig, partition_key
+from .prefix_share import PrefixInsert, PrefixOutbox
 from .prefix_tree import Match, PrefixIndex
 from .scorers import ScoreContext, Scorer, Scores
 from .types import Decision, EndpointView, RequestInfo
@@ -193,6 +194,9 @@ class PrefixRouting:
         # leaves it believing what the engine reports is gone (docs/prefix-routing.md).
         self.deny: Callable[[RequestInfo, Sequence[EndpointView], float], Sequence[int]] | None = None
         self.set_aside = 0  # decisions where such a belief was set aside
+        # Routing as one (several routers): each decision's insert is kept here for the shell to
+        # send to the other routers (None: not shared). :mod:`.prefix_share`.
+        self.share: PrefixOutbox | None = None
 
     # -- wiring ---------------------------------------------------------------------------------
     @property
@@ -360,6 +364,11 @@ class PrefixRouting:
         if outcome == "spilled":  # an extra holder with the standing of the one it relieves
             count = max(1, max(p.gated.values()))
         self.index.record(p.partition, p.head, chosen, now, count=count)
+        if self.share is not None:
+            model, adapter, salt = p.partition
+            mx = self.index.config.max_head_bytes  # what the tree keeps of it: the rest is not sent
+            head = p.head if len(p.head) <= mx else p.head[:mx]
+            self.share.offer(PrefixInsert(model, adapter, salt, chosen, head, count))
         self.outcomes[outcome] += 1
         self._observe_length(got)
         self.alarm.observe(now, p.partition, p.head, outcome == "hit")
@@ -392,6 +401,14 @@ class PrefixRouting:
         else:
             b[-1] += 1
         self._matched_sum += got
+
+    def apply_peer(self, ins: PrefixInsert, now: float) -> None:
+        """Another router's decision (:mod:`.prefix_share`): recorded as this router's own
+        would be — the tree's path, the holder's count (clamped to ``1..max_count``), the
+        capacity model — but not classified or counted as a decision here, nor shared again."""
+        count = min(max(int(ins.count), 1), self.index.config.max_count)
+        self.index.record(partition_key(ins.model, ins.adapter, ins.salt), ins.head, ins.replica,
+                          now, count=count)
 
     # -- metrics --------------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:

@@ -475,4 +475,18 @@ def status_line(state: ConsoleState, where: str) -> str:
              f"decisions {len(state.decisions)}"]
     if state.store.get("state") == "degraded":  # the router runs from memory: an operator must know
         parts.insert(1, f"store: degraded ({state.store.get('reason') or 'unknown'})")
+    if (ha := routers_part(state.routers)) is not None:
+        parts.insert(1, ha)
     return "  ·  ".join(parts)
+
+
+def routers_part(r: dict[str, Any]) -> str | None:
+    """Several routers on one store: which this one is, who leads, at what epoch, and the store's
+    health as this router's calls find it (None for a router alone)."""
+    if not r.get("ha"):
+        return None
+    live = sum(1 for x in as_list(r.get("routers")) if as_dict(x).get("role") != "gone")
+    this, leader = _str(r.get("this_router"), "?"), r.get("leader")
+    role = "leader" if leader == this else f"follower of {_str(leader, '?')}" if leader else "no leader"
+    store = "" if r.get("store_ok", True) else f", store FAILING ({_str(r.get('store_error'), '?')})"
+    return f"router {this}: {role} (epoch {r.get('epoch', 0)}, {live} routers{store})"

@@ -14,7 +14,7 @@ from typing import Any
 __all__ = ["SECTIONS", "ConsoleState", "DecisionEntry", "Link", "as_dict", "as_list"]
 
 # the sections a snapshot carries whole and an update may replace whole; decisions are apart
-SECTIONS = ("nodes", "models", "replicas", "endpoints", "cache", "store", "adapters", "kv")
+SECTIONS = ("nodes", "models", "replicas", "endpoints", "cache", "store", "adapters", "kv", "routers")
 MAX_DECISIONS = 500
 
 
@@ -63,6 +63,7 @@ class ConsoleState:
     store: dict[str, Any] = field(default_factory=dict)  # the router's store: {"state": "ok" | "degraded", ...}
     adapters: dict[str, Any] = field(default_factory=dict)  # LoRA adapters per vLLM replica (GET /adapters)
     kv: dict[str, Any] = field(default_factory=dict)  # tier 2: its index and parity per replica (GET /api/v1/kv)
+    routers: dict[str, Any] = field(default_factory=dict)  # the routers sharing the store (GET /api/v1/routers)
     # revisions, jobs, suites and eval results: not on the stream, fetched while the Lifecycle view
     # is shown (lifecycle_fetch.py; the shape is in lifecycle_rows.py)
     lifecycle: dict[str, Any] = field(default_factory=dict)
@@ -107,7 +108,7 @@ class ConsoleState:
         return frozenset({"link"})
 
     def _set(self, name: str, value: Any) -> None:
-        setattr(self, name, as_dict(value) if name in ("cache", "store", "adapters", "kv") else as_list(value))
+        setattr(self, name, as_dict(value) if name in ("cache", "store", "adapters", "kv", "routers") else as_list(value))
 
     def _add(self, decision: dict[str, Any]) -> None:
         self._seq += 1

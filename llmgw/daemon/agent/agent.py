@@ -1,25 +1,26 @@
-"""The agent: one per node. It learns the node's facts, dials the router, says hello with its full
-state, and then runs what the router's `desired` sets say, reporting every engine's changes.
+"""The agent: one per node. It learns the node's facts, dials its router, says hello with its full
+state, and then runs what the leading router's `desired` sets say, reporting every engine's changes.
 
-The connection is the agent's to keep: on any failure it reconnects with exponential backoff and
-jitter, and says hello again with everything it runs — the router needs no memory of it. A
-router that falls silent for three heartbeats is treated as gone (a half-open TCP connection
-would otherwise hide it). Engines keep running while the router is away; only an agent that is
-stopped stops them.
+Each router's session is a :class:`~llmgw.daemon.agent.router_links.RouterLink`, the agent's to
+keep (it reconnects with its own backoff). Engines keep running while routers are away; only an
+agent that is stopped stops them.
 
 Identity: the first welcome carries the node's credential; the agent saves it (credential.py)
-before it sends anything else, and presents it in every later hello. The join token is needed
-only until then. A refusal that will not fix itself (a wrong token or credential, a revoked node)
-is retried with the longest backoff; one marked `retry` (the node's old connection has not timed
-out on the router yet) with the usual one.
+before it sends anything else, and presents it in every later hello — at every router, since
+they share the store. The join token is needed only until then.
+
+Several routers (docs/architecture.md, "Several routers"): once welcomed, the agent dials every
+router the routers list (welcome, `routers` messages), each with the TLS pin the list gives;
+engine updates, heartbeats and KV events go to every live session. A `desired` is applied only
+when its epoch is at least the highest any router has spoken of; an older one is a deposed
+leader's, ignored (logged once per router and epoch, counted in `stale_desired`). A router
+absent from every live router's list for `drop_after_s` is dropped — never the configured one.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
-import random
 import shutil
 import socket
 import ssl
@@ -28,59 +29,26 @@ import uuid
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from llmgw.config import AgentConfig
-from llmgw.daemon.agent.credential import load_credential, save_credential
+from llmgw.daemon.agent.credential import load_credential
 from llmgw.daemon.agent.engines import EngineSupervisor
-from llmgw.daemon.agent.kv_subscriber import FLUSH_S, KvSubscribers
-from llmgw.daemon.agent.router_tls import RouterTls
-from llmgw.daemon.net.message_stream import MessageStream, StreamClosed, open_client
+from llmgw.daemon.agent.kv_subscriber import FLUSH_S, MAX_MESSAGES_PER_FLUSH, KvSubscribers
+from llmgw.daemon.agent.router_links import RouterLink, RouterRefused
+from llmgw.daemon.agent.router_tls import RouterTls, listed_tls
 from llmgw.fleet.facts import NVIDIA_SMI_POWER, NVIDIA_SMI_QUERY, parse_meminfo_mb, parse_nvidia_smi, parse_power_draw
 from llmgw.fleet.lifecycle import RestartPolicy
-from llmgw.fleet.types import EngineReport, GpuInfo, NodeFacts
-from llmgw.fleet.wire import (
-    AGENT_FEATURES,
-    FEATURE_KV_EVENTS,
-    FROM_ROUTER,
-    MAX_HELLO,
-    SUPPORTED_VERSIONS,
-    Bye,
-    Desired,
-    EngineUpdate,
-    Heartbeat,
-    Hello,
-    Refused,
-    ReportRejected,
-    Welcome,
-    WireProtocolError,
-    encode,
-)
+from llmgw.fleet.types import EngineReport, GpuInfo, NodeFacts, RouterAddr
+from llmgw.fleet.wire import Desired
 
 log = logging.getLogger("llmgw.agent")
 
 __all__ = ["Agent", "RouterRefused", "gather_facts"]
 
-WELCOME_TIMEOUT_S = 10.0
-
-
-class RouterRefused(Exception):
-    """The router refused this agent (wrong token or credential, unsupported version ...)."""
-
-    def __init__(self, reason: str, retry: bool = False) -> None:
-        super().__init__(reason)
-        self.retry = retry
-
-
-class CredentialNotSaved(Exception):
-    """The credential the router issued could not be saved: the session ends before it is used."""
-
-
-# What ends a session (and is followed by a reconnect), as opposed to a bug.
-_SESSION_ERRORS = (StreamClosed, trio.BrokenResourceError, trio.ClosedResourceError, WireProtocolError,
-                   trio.TooSlowError, ssl.SSLError, OSError)
+DROP_AFTER_S = 30.0  # a router absent from every live router's list this long is dropped
+KV_STALL_S = 10.0  # a session that takes no KV events for this long is restarted (the others go on)
 
 
 async def gather_facts(acfg: AgentConfig) -> NodeFacts:
@@ -129,31 +97,31 @@ async def measure_power() -> float | None:
 
 
 class Agent:
-    def __init__(self, acfg: AgentConfig, *, router: str, token: str | None, tls: RouterTls | None = None) -> None:
+    def __init__(self, acfg: AgentConfig, *, router: str, token: str | None, tls: RouterTls | None = None,
+                 drop_after_s: float = DROP_AFTER_S) -> None:
         self.cfg = acfg
-        host, _, port = router.rpartition(":")
-        self.router_host, self.router_port = host.strip("[]"), int(port)
         self.token = token or ""
-        self.tls = tls
         self.credential = load_credential(acfg.state_dir, acfg.node)
         self.agent_id = uuid.uuid4().hex[:12]
         self.facts = NodeFacts()
-        self.connected = False
-        self.welcomed = False
-        self.router_id: str | None = None
         self.supervisor: EngineSupervisor | None = None
-        self._ms: MessageStream | None = None
+        self.drop_after_s = drop_after_s
+        self.configured = RouterLink(self, router, tls, configured=True)
+        self.links: dict[str, RouterLink] = {router: self.configured}  # control address -> its session
+        self.epoch = 0  # the highest leadership epoch a router has spoken of
+        self._epoch_heard_at = 0.0  # when a live router last spoke of it (see _forget_epoch)
+        self.stale_desired = 0  # desired sets ignored: a deposed leader's (older epoch)
+        self._stale_logged: set[tuple[str, int]] = set()
+        self._bad_pins: set[str] = set()
+        self._nursery: trio.Nursery | None = None
         self._reported = trio.Event()
-        self._outbox_send, self._outbox = trio.open_memory_channel[EngineReport](math.inf)
-        self._rng = random.Random()
-        self.kv = KvSubscribers()  # engines' KV events → mirrors → kv_events up the stream
+        self.kv = KvSubscribers()  # engines' KV events → mirrors → kv_events up every stream
 
     def _on_report(self, report: EngineReport) -> None:
         self._reported.set()
         self.kv.on_report(report)
-        if self.connected:
-            self._outbox_send.send_nowait(report)
-        # while disconnected the next hello carries the whole state instead
+        for link in self.links.values():
+            link.queue_report(report)
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         a = self.cfg
@@ -177,7 +145,10 @@ class Agent:
                 if adopted:
                     await self._settle_adopted(sup)
                 task_status.started()
-                await self._connect_loop()
+                self._nursery = nursery
+                nursery.start_soon(self._kv_pump)
+                nursery.start_soon(self._watch_routers)
+                await self.configured.run()
         finally:
             with trio.CancelScope(shield=True):
                 await sup.stop_all()
@@ -190,162 +161,145 @@ class Agent:
                 self._reported = trio.Event()
                 await self._reported.wait()
 
-    async def _connect_loop(self) -> None:
-        a = self.cfg
-        delay = a.reconnect_min_s
-        while True:
-            self.welcomed = False
-            try:
-                ms = await open_client(self.router_host, self.router_port,
-                                       ssl_context=self.tls.context if self.tls else None,
-                                       server_hostname=self.tls.server_name if self.tls else None, accept=FROM_ROUTER)
-            except (OSError, ssl.SSLError, trio.BrokenResourceError) as e:
-                log.warning("cannot reach the router at %s:%d: %s", self.router_host, self.router_port,
-                            _connect_error(e))
-            else:
+    # -- what the routers say (router_links.py calls these) ----------------------------------------
+    def heard_routers(self, link: RouterLink, epoch: int, leading: bool, routers: tuple[RouterAddr, ...]) -> None:
+        """A welcome or `routers` message: the epoch it knows, whether it leads, the live routers."""
+        if leading and (not link.leading or epoch != link.epoch) and epoch:
+            log.info("router %s at %s leads (epoch %d)", link.router_id, link.address, epoch)
+        link.epoch, link.leading, link.listed = epoch, leading, routers
+        self._heard_epoch(epoch)
+        self._one_session_each(link)
+        self._dial_listed()
+
+    def desired(self, link: RouterLink, msg: Desired) -> None:
+        if msg.epoch < self.epoch:
+            self.stale_desired += 1
+            if (link.address, msg.epoch) not in self._stale_logged:
+                if len(self._stale_logged) > 1024:
+                    self._stale_logged.clear()
+                self._stale_logged.add((link.address, msg.epoch))
+                log.warning("router %s at %s sent a desired set of epoch %d, but a router spoke of epoch %d: "
+                            "ignored (a deposed leader's)", link.router_id, link.address, msg.epoch, self.epoch)
+            return
+        link.epoch = max(link.epoch, msg.epoch)
+        self._heard_epoch(msg.epoch)
+        assert self.supervisor is not None
+        self.supervisor.apply(list(msg.engines))
+
+    def _heard_epoch(self, epoch: int) -> None:
+        if epoch >= self.epoch:
+            self.epoch = epoch
+            self._epoch_heard_at = trio.current_time()
+
+    # -- the set of routers ------------------------------------------------------------------------
+    def _is_linked(self, r: RouterAddr) -> bool:
+        return r.control in self.links or any(link.router_id == r.id for link in self.links.values())
+
+    def _one_session_each(self, link: RouterLink) -> None:
+        """A router reached at two addresses (the configured one and the one it advertises, say, after
+        it restarted under a new id): one session is kept — the configured router's, else the first."""
+        for other in list(self.links.values()):
+            if other is link or other.router_id is None or other.router_id != link.router_id:
+                continue
+            dup = link if not link.configured else other
+            log.info("router %s is reachable at %s and %s: keeping the session with %s", link.router_id,
+                     other.address, link.address, (other if dup is link else link).address)
+            self._drop(dup)
+            return
+
+    def _drop(self, link: RouterLink) -> None:
+        if self.links.get(link.address) is link:
+            del self.links[link.address]
+        link.scope.cancel()
+
+    def _dial_listed(self) -> None:
+        """Start a session with every listed router the agent has none with."""
+        if self._nursery is None:
+            return
+        for link in list(self.links.values()):
+            for r in link.listed if link.live else ():
+                if self._is_linked(r):
+                    continue
                 try:
-                    await self._session(ms)
-                except RouterRefused as e:
-                    if e.retry:
-                        log.warning("the router refused this agent for now: %s", e)
-                    else:
-                        log.error("the router refused this agent: %s", e)
-                        delay = a.reconnect_max_s  # a wrong token or credential will not fix itself quickly
-                except CredentialNotSaved as e:
-                    log.error("%s", e)
-                except trio.TooSlowError:
-                    log.warning("the router went silent (or sent no welcome); reconnecting")
-                except _SESSION_ERRORS as e:
-                    if not self.welcomed and self.tls is None \
-                            and isinstance(e, StreamClosed | trio.BrokenResourceError | ConnectionError):
-                        # Closed before any answer to our hello: a TLS listener drops a plaintext hello.
-                        log.warning("the router at %s:%d closed the connection before answering the hello "
-                                    "(%s): most likely the router expects TLS (its [control] listen is beyond "
-                                    "loopback, or control.tls = true) and this agent dials plain TCP: set agent.tls "
-                                    "= true and agent.tls_ca or tls_ca_pem (`llmgw ctl join-info` on the router "
-                                    "prints them)", self.router_host, self.router_port, e or type(e).__name__)
-                    else:
-                        log.warning("connection to the router lost: %s", e or type(e).__name__)
-                finally:
-                    self.connected = False
-                    with trio.CancelScope(shield=True), trio.move_on_after(1):
-                        await ms.aclose()
-            if self.welcomed:
-                delay = a.reconnect_min_s
-            await trio.sleep(delay * (0.5 + self._rng.random()))  # jitter: agents must not return in lockstep
-            delay = min(delay * 2, a.reconnect_max_s)
+                    tls = listed_tls(self.cfg, r)
+                except (OSError, ssl.SSLError, ValueError) as e:
+                    if r.control not in self._bad_pins:
+                        self._bad_pins.add(r.control)
+                        log.error("router %s at %s: its listed TLS pin cannot be used (%s); not dialing it", r.id,
+                                  r.control, e)
+                    continue
+                log.info("router %s at %s (listed by router %s): dialing it", r.id, r.control, link.router_id)
+                new = self.links[r.control] = RouterLink(self, r.control, tls, configured=False)
+                self._nursery.start_soon(new.run)
 
-    async def _session(self, ms: MessageStream) -> None:
-        sup = self.supervisor
-        assert sup is not None
-        while True:  # reports queued for an earlier connection are covered by the hello
-            try:
-                self._outbox.receive_nowait()
-            except trio.WouldBlock:
-                break
-        self.connected = True
-        reports = tuple(sup.reports())
-        hello = Hello(token=self.token, node=self.cfg.node, agent_id=self.agent_id,
-                      versions=tuple(sorted(SUPPORTED_VERSIONS)), labels=dict(self.cfg.labels), facts=self.facts,
-                      engines=reports, credential=self.credential, features=AGENT_FEATURES)
-        resend: tuple[EngineReport, ...] = ()
-        if len(encode(hello, 1)) > MAX_HELLO:
-            # The router caps a hello's size until it is accepted: send the reports without their
-            # log tails and details first, and whole right after the welcome.
-            hello = replace(hello, engines=tuple(replace(r, log_tail=(), detail=r.detail[:200]) for r in reports))
-            resend = tuple(r for r in reports if r.log_tail or len(r.detail) > 200)
-        await ms.send(hello)
-        with trio.fail_after(WELCOME_TIMEOUT_S):
-            msg = await ms.receive()
-        if isinstance(msg, Refused):
-            raise RouterRefused(msg.reason, msg.retry)
-        if not isinstance(msg, Welcome):
-            raise WireProtocolError(f"expected welcome, got {type(msg).TYPE}")
-        if msg.credential:
-            # Saved before anything else is sent: the router takes our next message as proof that
-            # we have it, and from then on refuses this node without it.
-            try:
-                save_credential(self.cfg.state_dir, self.cfg.node, msg.credential)
-            except OSError as e:
-                raise CredentialNotSaved(f"cannot save the node credential the router issued in "
-                                         f"{self.cfg.state_dir}: {e.strerror or e}; reconnecting") from None
-            self.credential = msg.credential
-            log.info("node %s: joined the router; its credential is saved in the state directory", self.cfg.node)
-        for r in resend:
-            self._outbox_send.send_nowait(r)
-        self.welcomed = True
-        if msg.router_id != self.router_id:
-            log.info("connected to router %s at %s:%d as node %s", msg.router_id, self.router_host,
-                     self.router_port, self.cfg.node)
-        self.router_id = msg.router_id
-        hb = msg.heartbeat_s
-        self._ms = ms
-        failed: list[BaseException] = []
-
-        async def guarded(fn: Any) -> None:
-            # Kept out of the nursery's exception group: the first failure ends the session
-            # and is raised as itself below.
-            try:
-                await fn()
-            except _SESSION_ERRORS as e:
-                failed.append(e)
-                nursery.cancel_scope.cancel()
-
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(guarded, partial(self._sender, ms, hb))
-                nursery.start_soon(guarded, partial(self._receive, ms, hb, sup))
-                if msg.has(FEATURE_KV_EVENTS):  # an older router would close the stream on them
-                    self.kv.resend_all()
-                    nursery.start_soon(guarded, partial(self._kv_sender, ms))
-        finally:
-            self._ms = None
-            self.connected = False
-        if failed:
-            raise failed[0]
-
-    async def _receive(self, ms: MessageStream, hb: float, sup: EngineSupervisor) -> None:
+    async def _watch_routers(self) -> None:
         while True:
-            with trio.fail_after(max(3 * hb, 2.0)):
-                msg = await ms.receive()
-            if isinstance(msg, Desired):
-                sup.apply(list(msg.engines))
-            elif isinstance(msg, ReportRejected):
-                log.warning("the router refused the report of engine %s: %s (it treats the engine as failed)",
-                            msg.replica, msg.reason)
-            elif not isinstance(msg, Heartbeat):
-                raise WireProtocolError(f"unexpected {type(msg).TYPE} from the router")
+            await trio.sleep(min(1.0, self.drop_after_s / 4))
+            self._drop_unlisted(trio.current_time())
+
+    def _drop_unlisted(self, now: float) -> None:
+        """Drop the routers no live router lists any more (for drop_after_s), and forget an epoch no
+        live router has spoken of for as long. Nothing changes while no router is live: no one to ask."""
+        live = [link for link in self.links.values() if link.live]
+        if not live:
+            return
+        addrs = {r.control for link in live for r in link.listed}
+        ids = {r.id for link in live for r in link.listed}
+        for link in [link for link in self.links.values() if not link.configured]:
+            if link.address in addrs or (link.router_id is not None and link.router_id in ids):
+                link.unlisted_since = None
+            elif link.unlisted_since is None:
+                link.unlisted_since = now
+            elif now - link.unlisted_since >= self.drop_after_s:
+                log.info("router %s at %s: no router has listed it for %.0fs; dropped", link.router_id,
+                         link.address, now - link.unlisted_since)
+                self._drop(link)
+        self._forget_epoch(live, now)
+
+    def _forget_epoch(self, live: list[RouterLink], now: float) -> None:
+        """A store whose lease was reset (a migration, a new store) starts epochs from 1 again: once
+        no live router has spoken of the agent's highest epoch for drop_after_s, it follows the
+        highest a live router speaks of. (A deposed leader learns it within its own lease, far
+        sooner: it sends no desired set meanwhile.)"""
+        highest = max(link.epoch for link in live)
+        if highest >= self.epoch:
+            self._epoch_heard_at = now
+        elif now - self._epoch_heard_at >= self.drop_after_s:
+            log.warning("no live router has spoken of epoch %d for %.0fs; following epoch %d (was the store's "
+                        "leadership reset?)", self.epoch, now - self._epoch_heard_at, highest)
+            self.epoch, self._epoch_heard_at = highest, now
+
+    # -- what goes to every router -----------------------------------------------------------------
+    async def _kv_pump(self) -> None:
+        """Every FLUSH_S, the engines' KV block changes (bounded per flush) to every session that takes
+        them. A session behind by more than a flush holds the flush back (the mirrors keep the net
+        changes meanwhile); one behind for KV_STALL_S is restarted, and the others go on."""
+        while True:
+            await trio.sleep(FLUSH_S)
+            live = [link for link in self.links.values() if link.kv_live]
+            now = trio.current_time()
+            behind = False
+            for link in live:
+                if link.kv_backlog() <= MAX_MESSAGES_PER_FLUSH:
+                    link.kv_behind_since = None
+                elif link.kv_behind_since is None:
+                    link.kv_behind_since, behind = now, True
+                elif now - link.kv_behind_since >= KV_STALL_S:
+                    link.end_session(f"took no KV events for {KV_STALL_S:.0f}s")
+                else:
+                    behind = True
+            if live and not behind:
+                for m in self.kv.take():
+                    for link in live:
+                        link.queue_kv(m)
 
     async def say_bye(self, reason: str = "agent stopping") -> None:
-        """Tell the router we are leaving (and stopping our engines), so it takes them out of
+        """Tell every router we are leaving (and stopping our engines), so they take them out of
         routing at once; best effort, bounded."""
-        ms = self._ms
-        if ms is None:
-            return
         with trio.move_on_after(1):
-            try:
-                await ms.send(Bye(reason))
-            except _SESSION_ERRORS:
-                pass
-
-    async def _kv_sender(self, ms: MessageStream) -> None:
-        """Every FLUSH_S, the engines' KV block changes (bounded per flush)."""
-        while True:
-            for m in self.kv.take():
-                await ms.send(m)
-            await trio.sleep(FLUSH_S)
-
-    async def _sender(self, ms: MessageStream, hb: float) -> None:
-        sent_power = self.facts.measured_watts  # the hello carried it
-        while True:
-            with trio.move_on_after(hb) as cs:
-                report = await self._outbox.receive()
-            if not cs.cancelled_caught:
-                await ms.send(EngineUpdate(report))
-                continue
-            power = self.facts.measured_watts
-            await ms.send(Heartbeat(measured_watts=power if power != sent_power else None))
-            sent_power = power
+            async with trio.open_nursery() as nursery:
+                for link in list(self.links.values()):
+                    nursery.start_soon(link.say_bye, reason)
 
     async def _power_loop(self) -> None:
         """Measure the GPUs' power draw every POWER_EVERY_S (heartbeats carry it when it changed)."""
@@ -354,24 +308,3 @@ class Agent:
             measured = await measure_power()
             if measured is not None:
                 self.facts = replace(self.facts, measured_watts=measured)
-
-
-# What OpenSSL says when the other end does not speak TLS: it closed the connection on our
-# ClientHello (a plain-TCP router drops it as an oversized frame), or answered with non-TLS bytes.
-_NOT_TLS_REASONS = frozenset({"UNEXPECTED_EOF_WHILE_READING", "WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE",
-                              "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})
-
-
-def _connect_error(e: BaseException) -> str:
-    """Why the connect failed, with what to do about a certificate the agent does not trust."""
-    cause = e.__cause__ if isinstance(e, trio.BrokenResourceError) and e.__cause__ else e
-    if isinstance(cause, ssl.SSLCertVerificationError):
-        return (f"{cause.verify_message or cause}: the router's certificate is not one this agent trusts; set "
-                "agent.tls_ca_pem (and tls_server_name) from `llmgw ctl join-info` on the router")
-    if isinstance(cause, ssl.SSLError):
-        if cause.reason in _NOT_TLS_REASONS:
-            return (f"TLS handshake failed ({cause.reason}): got a non-TLS answer — the router's control port "
-                    "is not TLS (a loopback [control] listen is plain TCP unless control.tls = true): set "
-                    "agent.tls = false, or control.tls = true on the router")
-        return f"TLS failed ({cause.reason or cause}): does the router serve TLS? (agent.tls, control.tls)"
-    return str(e) or type(e).__name__

@@ -14,8 +14,9 @@ import ssl
 
 from llmgw.config import AgentConfig
 from llmgw.fleet.identity import agent_tls_wanted
+from llmgw.fleet.types import RouterAddr
 
-__all__ = ["AgentTlsError", "RouterTls", "agent_tls", "pinned_tls"]
+__all__ = ["AgentTlsError", "RouterTls", "agent_tls", "listed_tls", "pinned_tls"]
 
 
 class AgentTlsError(Exception):
@@ -56,3 +57,18 @@ def agent_tls(a: AgentConfig) -> RouterTls | None:
 def pinned_tls(ca_pem: str | None, cafile: str | None, server_name: str | None) -> RouterTls:
     """The one-process mode's agent: it trusts exactly its own router's CA."""
     return RouterTls(_context(cafile=cafile, cadata=ca_pem), server_name)
+
+
+def listed_tls(a: AgentConfig, r: RouterAddr) -> RouterTls | None:
+    """How the agent dials a router another router listed: TLS by the rule above (its listed CA,
+    or an address beyond loopback), trusting exactly the CA the list gives — or, where it gives
+    none, the agent's own CA settings (the system's CAs without them) — and verifying the listed
+    server name (the address's host when none). Raises ssl.SSLError/ValueError for an unusable CA."""
+    host = r.control.rpartition(":")[0].strip("[]")
+    if not agent_tls_wanted(host, None, bool(r.ca_pem)):
+        return None
+    if r.ca_pem:
+        ctx = _context(cadata=r.ca_pem)
+    else:
+        ctx = _context(cadata=a.tls_ca_pem, cafile=None if a.tls_ca_pem else a.tls_ca)
+    return RouterTls(ctx, r.server_name or None)

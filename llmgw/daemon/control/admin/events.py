@@ -10,6 +10,7 @@ from typing import Any
 
 import trio
 
+from llmgw.daemon.control.admin.routers import routers_view
 from llmgw.admin.views import decision_view, dumps
 from llmgw.route.types import Decision
 
@@ -33,7 +34,7 @@ class EventStream:
         c = app.control
         return {"nodes": c.node_views(), "models": c.model_views(), "replicas": c.replica_views(),
                 "endpoints": app._endpoints(), "cache": app._cache(), "store": c.guard.status(),
-                "adapters": app.router.adapters(), "kv": app.router.kv_summary()}
+                "adapters": app.router.adapters(), "kv": app.router.kv_summary(), "routers": routers_view(c)}
 
     def _new_decisions(self, seen: Decision | None) -> list[Decision]:
         ring = self.app.router.decisions()

@@ -13,6 +13,11 @@ revoked, or a newer connection of the same node replaces it: a receiver (heartbe
 — each report's URL checked, agents/report_check.py — bye) and a sender (the node's `desired` set whenever
 it changed, a heartbeat otherwise).
 
+Several routers (docs/ha.md): the welcome says the leadership epoch, whether this router leads and every
+live router's address (SessionHost.epoch/leading/router_addrs); a `routers` message repeats them to an
+agent listing FEATURE_ROUTERS whenever they change (leadership_changed, routers_changed); `desired`
+goes out only while this router leads, stamped with its epoch.
+
 What the agents say goes to the control plane (plane/plane.py) through SessionHost: a node joined, was
 heard, reported an engine, left or disconnected; the plane answers each node's desired set."""
 
@@ -43,6 +48,7 @@ from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.fleet.wire import (
     FEATURE_KV_EVENTS,
     FEATURE_REPORT_REJECTED,
+    FEATURE_ROUTERS,
     FROM_AGENT,
     PROTOCOL_VERSION,
     ROUTER_FEATURES,
@@ -54,6 +60,8 @@ from llmgw.fleet.wire import (
     KvEvents,
     Refused,
     ReportRejected,
+    RouterAddr,
+    Routers,
     Skipped,
     Welcome,
     WireProtocolError,
@@ -118,6 +126,18 @@ class SessionHost(Protocol):
         """An operator revoked the node: forget it, withdraw its replicas (their ids)."""
         ...
 
+    def leading(self) -> bool:
+        """This router leads the control plane now: only then does it send `desired`."""
+        ...
+
+    def epoch(self) -> int:
+        """The leadership epoch this router knows (its own while leading; 0: none)."""
+        ...
+
+    def router_addrs(self) -> list[RouterAddr]:
+        """Every live router's control address and TLS pin, for the agents to dial (this one's too)."""
+        ...
+
 
 @dataclass
 class _Conn:
@@ -128,12 +148,14 @@ class _Conn:
     checker: ReportChecker
     notify_rejects: bool  # the agent understands report_rejected
     kv_events: bool  # the agent listed the kv_events feature: it may send kv_events
+    routers: bool  # the agent understands the routers message
     last_heard: float
     credential_hash: str = ""
     confirm_on_next: bool = False  # a credential issued in the welcome: the next message proves it kept
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     wake: trio.Event = field(default_factory=trio.Event)
     sent_rev: int = -1
+    sent_view: tuple[int, bool, tuple[RouterAddr, ...]] | None = None  # (epoch, leading, routers) it was told
     closing_reason: str = ""
     replaced: bool = False
 
@@ -218,10 +240,21 @@ class AgentSessions:
             conn.wake.set()
 
     def leadership_changed(self) -> None:
-        """This router took or lost the lead, or the live routers changed: a new leader sends every
-        node its desired set."""
-        for node in list(self.conns):
-            self.push(node)
+        """This router took or lost the lead (or the epoch changed): every session tells its agent
+        (a `routers` message); while leading, each node's desired set goes out again, with the epoch."""
+        leading = self.host.leading()
+        for node, conn in self.conns.items():
+            if leading:
+                self._node_rev[node] = self._node_rev.get(node, 0) + 1
+            conn.wake.set()
+
+    def routers_changed(self) -> None:
+        """The live routers (or their addresses or pins) changed: every session tells its agent."""
+        for conn in self.conns.values():
+            conn.wake.set()
+
+    def _view(self) -> tuple[int, bool, tuple[RouterAddr, ...]]:
+        return self.host.epoch(), self.host.leading(), tuple(self.host.router_addrs())
 
     # -- operator actions ----------------------------------------------------------------------------
     def revoke(self, node: str) -> tuple[bool, bool, list[str], str | None]:
@@ -336,7 +369,7 @@ class AgentSessions:
         ms.max_frame = self.cfg.max_message_bytes  # an accepted hello lifts the outsider's cap
         conn = _Conn(node, hello.agent_id, ms, peer, ReportChecker(peer_address(host), self.networks),
                      notify_rejects=hello.has(FEATURE_REPORT_REJECTED), kv_events=hello.has(FEATURE_KV_EVENTS),
-                     last_heard=trio.current_time(),
+                     routers=hello.has(FEATURE_ROUTERS), last_heard=trio.current_time(),
                      credential_hash=verdict.presented_hash, confirm_on_next=adm.issue)
         if conn.kv_events:
             ms.gate = self._kv_gate(node)
@@ -391,8 +424,10 @@ class AgentSessions:
         n: Node | None = None
         try:
             with conn.scope:
+                conn.sent_view = epoch, leading, routers = self._view()
                 await ms.send(Welcome(node=node, router_id=self.host.router_id, version=PROTOCOL_VERSION,
-                                      heartbeat_s=hb, credential=secret, features=ROUTER_FEATURES))
+                                      heartbeat_s=hb, credential=secret, features=ROUTER_FEATURES, epoch=epoch,
+                                      leading=leading, routers=routers))
                 engines = tuple([await self._checked(conn, r) for r in hello.engines])
                 n = self.host.agent_joined(replace(hello, engines=engines), conn.peer)
                 self._node_rev[node] = self._node_rev.get(node, 0) + 1
@@ -466,11 +501,18 @@ class AgentSessions:
 
     async def _sender(self, conn: _Conn, hb: float) -> None:
         while True:
+            view = self._view()
+            sent = False
+            if conn.routers and view != conn.sent_view:
+                conn.sent_view = view
+                await conn.stream.send(Routers(*view))
+                sent = True
             rev = self._node_rev.get(conn.node, 0)
-            if rev != conn.sent_rev and self.host.leading():  # only the leader says what a node runs
+            if rev != conn.sent_rev and view[1]:  # only a leader says what a node runs
                 conn.sent_rev = rev
-                await conn.stream.send(Desired(rev=rev, engines=tuple(self.host.desired_for(conn.node))))
-            else:
+                await conn.stream.send(Desired(rev=rev, engines=tuple(self.host.desired_for(conn.node)),
+                                               epoch=view[0]))
+            elif not sent:
                 await conn.stream.send(Heartbeat())
             with trio.move_on_after(hb):
                 await conn.wake.wait()

@@ -34,6 +34,7 @@ from llmgw.daemon.control.store.port import FleetStore
 from llmgw.daemon.control.store.rows import HoldRow
 from llmgw.daemon.control.store.state import StoredState, read_state
 from llmgw.fleet.reconcile import Assignment, Hold
+from llmgw.fleet.types import RouterAddr
 
 log = logging.getLogger("llmgw.control")
 
@@ -142,7 +143,7 @@ def _assignments(plane: Any, state: StoredState) -> None:
             plane.router.kv_forget(rid)
 
 
-def router_addrs(routers: dict[str, Any]) -> list[dict[str, str]]:
+def router_addrs(routers: dict[str, Any]) -> list[RouterAddr]:
     """The live routers' rows as agents need them: where each takes agents' streams and its TLS pin
     (those that take none are left out)."""
     out = []
@@ -150,6 +151,6 @@ def router_addrs(routers: dict[str, Any]) -> list[dict[str, str]]:
         info = r.info if isinstance(r.info, dict) else {}
         control = info.get("control")
         if isinstance(control, str) and control:
-            out.append({"id": rid, "control": control, "ca_pem": str(info.get("control_ca_pem") or ""),
-                        "server_name": str(info.get("control_server_name") or "")})
+            out.append(RouterAddr(rid, control, str(info.get("control_ca_pem") or ""),
+                                  str(info.get("control_server_name") or "")))
     return out

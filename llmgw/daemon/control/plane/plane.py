@@ -56,7 +56,7 @@ from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.config.names import CANDIDATE_SUFFIX
-from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents, Skipped
+from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents, RouterAddr, Skipped
 from llmgw.lifecycle.config_diff import ScaleOverride
 
 if TYPE_CHECKING:
@@ -173,8 +173,9 @@ class ControlPlane:
         return self.leadership is None or self.leadership.leading()
 
     def epoch(self) -> int:
-        """The lease's epoch this router leads with (agents refuse a desired set of an older one)."""
-        return 0 if self.leadership is None else self.leadership.epoch
+        """The lease's epoch this router leads with (agents refuse a desired set of an older one); a
+        router alone on its store leads at epoch 1."""
+        return 1 if self.leadership is None else self.leadership.epoch
 
     def follow(self, snap: Snapshot) -> None:
         """A follower: the store's state, as read (plane/follow.py)."""
@@ -203,9 +204,9 @@ class ControlPlane:
 
     def routers_changed(self) -> None:
         """The live routers changed: agents are told where to reach each."""
-        self.agents.leadership_changed()
+        self.agents.routers_changed()
 
-    def router_addrs(self) -> list[Any]:
+    def router_addrs(self) -> list[RouterAddr]:
         """Every live router's control address and TLS pin, for the agents (fleet/wire.py RouterAddr)."""
         if self.leadership is None:
             return []

@@ -1,0 +1,136 @@
+"""The peer feed (routing as one, docs/ha.md): what it costs a router to publish its decisions'
+prefix-tree inserts, and how many inserts a second a feed carries to a peer.
+
+    .venv/bin/python bench/bench_peer_feed.py [--inserts 20000] [--heads 1,4,16,64]
+
+Heads are chat-like: one of 20 system prompts of 2 KB, then a conversation's own bytes, to the
+size asked (KiB); a new conversation each insert, 4 replicas.
+
+Part 1, the sender: the cost on the decision path (the insert kept in the core's outbox), and
+the feed's flush — batching, msgpack, HMAC-SHA256, the PUB socket's send — in process CPU per
+insert, with the bytes each insert costs on the wire.
+
+Part 2, carried: two feeds in this process over 127.0.0.1 TCP, the receiver applying every
+insert to a real router core's prefix tree. Closed loop: a round of inserts is offered and
+flushed, and the next one waits until the receiver applied them all — the rate is the pair's,
+sender and receiver sharing one CPU of one process (two routers on two hosts each carry more).
+The receiver's CPU per insert is the round's process CPU less the sender's flush.
+
+The machine is shared: run it twice, compare the lower figures."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import trio
+
+from llmgw.config import parse_config
+from llmgw.daemon.router.peer_feed import PeerFeed
+from llmgw.route.cache_stats import CacheStats
+from llmgw.route.dispatch import RouterCore
+from llmgw.route.prefix_share import PrefixInsert
+from llmgw.route.replicas import ReplicaTable
+
+CFG = "[[models]]\nname = \"m\"\nengine = \"vllm\"\n" + "".join(
+    f"[[models.replicas]]\nurl = \"http://127.0.0.1:{p}\"\n" for p in range(1, 5))
+KEY = bytes(32)
+
+
+def core() -> RouterCore:
+    cfg = parse_config(CFG)
+    return RouterCore(cfg, ReplicaTable(cfg), cache_stats=CacheStats(), wall=time.time, rng=random.Random(0))
+
+
+def heads(n: int, kib: int, rng: random.Random) -> list[bytes]:
+    systems = [rng.randbytes(2048) for _ in range(20)]
+    size = kib * 1024
+    out = []
+    for k in range(n):
+        s = systems[k % len(systems)]
+        tail = (b"conversation %d " % k) + rng.randbytes(max(size - len(s) - 24, 0))
+        out.append((s + tail)[:size])
+    return out
+
+
+def sender_cost(n: int, kib: int) -> tuple[float, float, float]:
+    """(µs on the decision path, µs of the flush, bytes on the wire) per insert."""
+    rng = random.Random(kib)
+    c = core()
+    share = c.prefix_share(limit=n + 1)
+    reps = [r.id for r in c.all_replicas()]
+    hs = heads(n, kib, rng)
+    box = share.outbox  # the decision path's step, alone: PrefixRouting._classify's offer
+    t0 = time.process_time()
+    for k, h in enumerate(hs):
+        box.offer(PrefixInsert("m", None, None, reps[k & 3], h, 1))
+    t1 = time.process_time()
+    feed = PeerFeed("bench-a", KEY, share, flush_s=3600)
+    try:
+        t2 = time.process_time()
+        feed.flush()
+        t3 = time.process_time()
+    finally:
+        feed.close()
+    return (t1 - t0) / n * 1e6, (t3 - t2) / n * 1e6, feed.stats.sent_bytes / n
+
+
+async def carried(n: int, kib: int, round_size: int = 2048) -> tuple[float, float, float, int]:
+    """(inserts/s end to end, sender µs/insert, receiver µs/insert, messages lost)."""
+    rng = random.Random(kib + 1)
+    ca, cb = core(), core()
+    sa, sb = ca.prefix_share(limit=round_size + 1), cb.prefix_share()
+    reps = [r.id for r in ca.all_replicas()]
+    a = PeerFeed("bench-a", KEY, sa, flush_s=3600)
+    b = PeerFeed("bench-b", KEY, sb, flush_s=3600)
+    hs = heads(n, kib, rng)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        await nursery.start(b.run)
+        b.set_peers({"bench-a": a.address})
+        with trio.fail_after(30):  # until b's SUB has joined
+            while b.stats.received == 0:
+                sa.outbox.offer(PrefixInsert("m", None, None, reps[0], b"warm-up " * 16, 1))
+                a.flush()
+                await trio.sleep(0.01)
+        base = b.stats.received
+        send_cpu = 0.0
+        w0, p0 = time.perf_counter(), time.process_time()
+        for start in range(0, n, round_size):
+            for k in range(start, min(start + round_size, n)):
+                sa.outbox.offer(PrefixInsert("m", None, None, reps[k & 3], hs[k], 1))
+            t = time.process_time()
+            a.flush()
+            send_cpu += time.process_time() - t
+            want = base + min(start + round_size, n)
+            with trio.fail_after(60):
+                while b.stats.received < want:
+                    await trio.sleep(0)
+        wall, cpu = time.perf_counter() - w0, time.process_time() - p0
+        nursery.cancel_scope.cancel()
+    assert sb.counts()["applied"] >= n
+    return n / wall, send_cpu / n * 1e6, (cpu - send_cpu) / n * 1e6, b.stats.dropped["gap"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--inserts", type=int, default=20000)
+    ap.add_argument("--heads", default="1,4,16,64", help="head sizes in KiB, comma-separated")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.heads.split(",")]
+    print(f"{args.inserts} inserts per size; 4 replicas; heads: 2 KB system prompt + the conversation")
+    print("\nsender (one router's CPU per insert)")
+    print(f"{'head':>6} {'offer µs':>9} {'flush µs':>9} {'wire B':>8}")
+    for kib in sizes:
+        offer, flush, wire = sender_cost(args.inserts, kib)
+        print(f"{kib:>4}Ki {offer:>9.2f} {flush:>9.2f} {wire:>8.0f}")
+    print("\ncarried (sender and receiver in one process, 127.0.0.1, receiver applying to its tree)")
+    print(f"{'head':>6} {'inserts/s':>10} {'MB/s':>7} {'send µs':>8} {'recv µs':>8} {'lost msgs':>9}")
+    for kib in sizes:
+        rate, send, recv, lost = trio.run(carried, args.inserts, kib)
+        print(f"{kib:>4}Ki {rate:>10.0f} {rate * kib * 1024 / 1e6:>7.1f} {send:>8.2f} {recv:>8.2f} {lost:>9}")
+
+
+if __name__ == "__main__":
+    main()
