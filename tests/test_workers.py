@@ -40,13 +40,15 @@ def test_for_worker_keeps_worker_0_and_moves_what_cannot_be_shared() -> None:
     cfg = with_machine_defaults(default_config(), {"XDG_RUNTIME_DIR": "/r", "XDG_STATE_HOME": "/s"})
     cfg = replace(cfg, admin=replace(cfg.admin, tcp="127.0.0.1:9000", token="t"),
                   control=replace(cfg.control, listen="10.0.0.5:7070"),
-                  router=replace(cfg.router, traces=replace(cfg.router.traces, file="/l/traces.jsonl")))
+                  router=replace(cfg.router, traces=replace(cfg.router.traces, file="/l/traces.jsonl")),
+                  ha=replace(cfg.ha, feed_listen="10.0.0.5:7075", feed_advertise="r1.example:7075"))
     assert for_worker(cfg, 0, "127.0.0.1:7070") is cfg
     w2 = for_worker(cfg, 2, "127.0.0.1:7070")
     assert w2.admin.socket == "/r/llmgw-%d/admin.w2.sock" % os.getuid()
     assert w2.admin.tcp is None and w2.admin.token == "t"  # the admin TCP listener is worker 0's
     assert w2.control.listen == "10.0.0.5:0"  # its own ephemeral port on the configured host
     assert w2.router.traces.file == "/l/traces.w2.jsonl"
+    assert (w2.ha.feed_listen, w2.ha.feed_advertise) == ("10.0.0.5:0", "r1.example")
     assert w2.control.store == cfg.control.store and w2.server == cfg.server  # shared
     plain = for_worker(with_machine_defaults(default_config(), {}), 1, "127.0.0.1:7070")
     assert plain.control.listen == "127.0.0.1:0" and plain.router.traces.file is None

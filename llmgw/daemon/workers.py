@@ -11,6 +11,8 @@ keeps every configured value, so `llmgw ctl` and agents find it where they found
 - `[control] listen`: worker 0 as configured; the others on an ephemeral port of the same host
   (agents learn every router's address from the welcome's `routers` list);
 - `[router.traces] file`: per worker, named like the admin socket (traces.w1.jsonl);
+- `[ha] feed_listen`: worker 0 as configured; the others on an ephemeral port of the same host (a
+  port in `feed_advertise` is dropped for them: they advertise the host with their own port);
 - the embedded agent (role router,agent) runs in worker 0 only: the others are routers;
 - the store's lock (one router per store) is held by the supervisor: workers do not take it.
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llmgw.config import Config
+from llmgw.config.fields import host_port
 
 __all__ = ["JOIN_WAIT_S", "MAX_WORKERS", "SUPERVISOR_ENV", "TOKEN_ENV", "WAIT_ENV", "WorkerSeat", "check_workers", "enter_worker", "wait_ready",
            "for_worker", "listen_gate", "watch_supervisor", "worker_path", "worker_roles"]
@@ -79,7 +82,11 @@ def for_worker(cfg: Config, index: int, default_control_listen: str) -> Config:
     traces = cfg.router.traces
     router = cfg.router if traces.file is None else \
         replace(cfg.router, traces=replace(traces, file=worker_path(traces.file, index)))
-    return replace(cfg, admin=admin, control=control, router=router)
+    ha = cfg.ha  # the peer feed: an ephemeral port of the configured host; a port advertised is worker 0's
+    advertise = ha.feed_advertise.rpartition(":")[0] if ha.feed_advertise and host_port(ha.feed_advertise) is None \
+        else ha.feed_advertise
+    ha = replace(ha, feed_listen=f"{ha.feed_listen.rpartition(':')[0]}:0", feed_advertise=advertise)
+    return replace(cfg, admin=admin, control=control, router=router, ha=ha)
 
 
 def worker_roles(roles: set[str], index: int) -> set[str]:
