@@ -42,7 +42,7 @@ from llmgw.daemon.workers import SUPERVISOR_ENV, TOKEN_ENV, WAIT_ENV
 
 log = logging.getLogger("llmgw.daemon.supervisor")
 
-__all__ = ["Supervisor", "port_free", "preflight", "supervise"]
+__all__ = ["Supervisor", "migrate_advice", "port_free", "preflight", "supervise"]
 
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 HEALTHY_AFTER_S = 60.0  # a worker that served this long restarts without the accumulated backoff
@@ -65,7 +65,28 @@ def supervise(argv: list[str], count: int, cfg: Config, roles: set[str], config_
     args = [*argv, "--config", config_path] if config_path else list(argv)
     sup = Supervisor(args, count, port=cfg.server.port, grace_s=cfg.agent.stop_grace_s + 20.0,
                      join_token=embedded_token)
+    if (advice := migrate_advice()) is not None:
+        log.warning("%s", advice)
     return trio.run(sup.run)
+
+
+MIGRATE_REQ = "/proc/sys/net/ipv4/tcp_migrate_req"
+
+
+def migrate_advice(path: str = MIGRATE_REQ) -> str | None:
+    """What to tell the operator about the kernel's tcp_migrate_req, or None when it is on. Off (the
+    default), the connections a dying worker's socket had queued but not accepted are reset rather
+    than handed to the other workers: a client retrying once may then fail a second time."""
+    try:
+        with open(path) as f:
+            if f.read().strip() != "0":
+                return None
+    except OSError:
+        return ("--workers: this kernel has no net.ipv4.tcp_migrate_req (Linux >= 5.14): the connections queued on "
+                "a worker that dies are reset, not moved to the other workers (docs/ha.md)")
+    return ("--workers: net.ipv4.tcp_migrate_req is 0: the connections queued on a worker that dies are reset, "
+            "not moved to the other workers; set it to 1 (sysctl -w net.ipv4.tcp_migrate_req=1) so that a "
+            "client retrying once never fails (docs/ha.md)")
 
 
 class _WorkerFailed(Exception):
