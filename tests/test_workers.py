@@ -258,6 +258,8 @@ def test_two_workers_serve_one_port_and_sigterm_stops_them_all(workers: Any) -> 
           "both workers answer on the port")
     statuses = [_chat(w.port) for _ in range(20)]
     assert set(statuses) == {200}, statuses
+    os.kill(w.proc.pid, signal.SIGHUP)  # `systemctl reload`: every worker re-reads the file
+    _wait(lambda: sum("SIGHUP" in line for line in w.err) >= 2, 30, "both workers reload on SIGHUP")
     assert w.stop() == 0
     assert not [pid for pid in w.pids() if _alive(pid)]
     with pytest.raises(ConnectionRefusedError):
@@ -307,3 +309,26 @@ def test_a_killed_worker_is_restarted_and_the_port_keeps_answering(workers: Any)
     assert not failures, failures[:5]
     assert any("worker 1" in line and "killed by SIGKILL" in line and "restart 1" in line for line in w.err)
     assert w.stop() == 0
+
+
+def test_workers_stop_when_the_supervisor_is_killed(workers: Any) -> None:
+    w = workers(2)
+    pids = w.pids()
+    os.kill(w.proc.pid, signal.SIGKILL)
+    w.proc.wait(10)
+    _wait(lambda: not any(_alive(p) for p in pids), 60, "the orphaned workers stop")
+    assert any("the supervisor" in line and "is gone: stopping" in line for line in w.err)
+
+
+def test_a_worker_that_cannot_start_stops_the_supervisor_with_its_error(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    (tmp_path / "admin").mkdir(mode=0o755)
+    os.chmod(tmp_path / "admin", 0o755)  # (whatever the umask): the admin socket's directory must be private
+    cmd = [sys.executable, "-m", "llmgw", "daemon", "--config", str(cfg), "--port", "0"]
+    one = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([*cmd, "--workers", "2"], capture_output=True, text=True, timeout=120)
+    error = [line for line in one.stderr.splitlines() if line.startswith("llmgw daemon:")]
+    assert one.returncode != 0 and len(error) == 1 and "chmod 700" in error[0], one.stderr[-2000:]
+    # the same exit status and the same one line as one process, and nothing on stdout
+    assert p.returncode == one.returncode and error[0] in p.stderr.splitlines(), p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and p.stdout == ""
