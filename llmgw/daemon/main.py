@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
     if not roles or not roles <= set(ROLES):
         print(f"llmgw daemon: --role {ns.role!r}: expected router, agent or router,agent", file=sys.stderr)
         return 2
-    from llmgw.daemon.workers import check_workers, enter_worker, for_worker, worker_roles
+    from llmgw.daemon.workers import check_workers, enter_worker, for_worker, tag_logs, worker_roles
 
     if (problem := check_workers(ns.workers)) is not None:
         print(f"llmgw daemon: {problem}", file=sys.stderr)
@@ -98,6 +98,8 @@ def main(argv: list[str]) -> int:
         print(f"llmgw daemon: {e}", file=sys.stderr)
         return 2
     setup_logging(level, fmt, sys.stderr)
+    if seat is not None:
+        tag_logs(seat.index)
     source = None
     try:
         source = find_config(ns.config)

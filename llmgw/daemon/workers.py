@@ -33,7 +33,7 @@ from llmgw.config import Config
 from llmgw.config.fields import host_port
 
 __all__ = ["JOIN_WAIT_S", "MAX_WORKERS", "SUPERVISOR_ENV", "TOKEN_ENV", "WAIT_ENV", "WorkerSeat", "check_workers", "enter_worker", "wait_ready",
-           "for_worker", "listen_gate", "watch_supervisor", "worker_path", "worker_roles"]
+           "for_worker", "listen_gate", "tag_logs", "watch_supervisor", "worker_path", "worker_roles"]
 
 MAX_WORKERS = 64
 SUPERVISOR_ENV = "LLMGW_WORKER_OF"  # the supervisor's pid: a worker's parent must be it
@@ -148,3 +148,19 @@ def listen_gate(seat: WorkerSeat | None, registry: Any) -> Callable[[], Awaitabl
     from llmgw.route.readiness import readiness
 
     return lambda: wait_ready(seat, lambda: readiness(registry).ready)
+
+
+class _WorkerTag(logging.Filter):
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.index
+        return True
+
+
+def tag_logs(index: int) -> None:
+    """Every line this worker logs says `worker=<index>` (the workers share the supervisor's stderr)."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_WorkerTag(index))
