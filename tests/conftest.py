@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.store_backends import any_store, reopenable  # noqa: F401 — fixtures: every store backend
+from tests.store_backends import any_store, pg_server, pg_url, reopenable  # noqa: F401 — store fixtures
 
 # vLLM's golden vectors: facts computed with vLLM's own code, kept in the repository (tests/data/README.md).
 GOLDEN_PATH = Path(__file__).resolve().parent / "data" / "vllm-golden.json"

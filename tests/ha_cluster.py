@@ -22,13 +22,15 @@ from .test_sim_vllm import wait_for
 class Cluster:
     def __init__(self, tmp: Path, models: list[dict[str, Any]], *, routers: int = 2,
                  store: dict[str, Any] | None = None, lease_s: float = 1.5, control: dict[str, Any] | None = None,
-                 lost_after: float = 30.0) -> None:
+                 lost_after: float = 30.0, deaf: frozenset[int] = frozenset()) -> None:
+        """`deaf`: routers started with no control listener, so no agent reaches them."""
         self.tmp = tmp
         self.models = models
         self.store = {"shared": True} if store is None else store
         self.lease_s = lease_s
         self.control_extra = control or {}
         self.lost_after = lost_after
+        self.deaf = deaf
         self.ports = [free_port() for _ in range(routers)]
         self.routers: list[Daemon | None] = [None] * routers
         self.agents: dict[str, Daemon] = {}
@@ -45,11 +47,13 @@ class Cluster:
     def router_config(self, i: int) -> Path:
         lines = table("server", {"host": "127.0.0.1"})
         lines += table("router", {"scrape_interval_s": 0.2})
-        lines += table("control", {"listen": f"127.0.0.1:{self.ports[i]}", "join_token": TOKEN,
+        reach = {} if i in self.deaf else {"listen": f"127.0.0.1:{self.ports[i]}", "join_token": TOKEN}
+        lines += table("control", {**reach,
                                    "heartbeat_s": 0.2, "not_ready_after_s": 1.0, "lost_after_s": self.lost_after,
                                    "drain_timeout_s": 2.0, "settle_s": 1.0, "store": str(self.tmp / "router.db"),
                                    **self.control_extra})
-        lines += table("store", {"lease_s": self.lease_s, "poll_s": 0.1, **self.store})
+        bound = {"timeout_s": round(self.lease_s / 3, 3)}  # a call that times out ends within the lease
+        lines += table("store", {"lease_s": self.lease_s, "poll_s": 0.1, **bound, **self.store})
         lines += table("admin", {"socket": str(self.socket(i))})
         for m in self.models:
             lines += ["[[models]]"] + [f"{k} = {toml_value(v)}" for k, v in m.items() if k != "deploy"]

@@ -70,3 +70,11 @@ def test_fenced_steps_down_once() -> None:
 def test_lease_must_be_positive() -> None:
     with pytest.raises(ValueError):
         LeaseKeeper("a", 0)
+
+
+def test_resign_gives_the_lead_up() -> None:
+    k = LeaseKeeper("a", 6.0)
+    k.renewed(LeaseView("a", 1, True), sent_at=0.0)
+    sd = k.resign("it hears no agent")
+    assert isinstance(sd, StepDown) and sd.reason == "it hears no agent" and not k.leading(1.0)
+    assert k.resign("again") is None

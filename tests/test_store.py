@@ -6,6 +6,7 @@ import pytest
 
 from llmgw.daemon.control.store.sqlite import SCHEMA_VERSION, AssignmentRow, NodeRow, Store, StoreError
 from llmgw.fleet.types import EngineSpec
+from tests.store_backends import BACKENDS
 
 
 def spec(replica: str, model: str = "llama-8b", gen: int = 0) -> dict:
@@ -19,10 +20,25 @@ def row(replica: str, node: str = "n1", desired: str = "run", ts: float = 100.0,
                          created_at=ts, updated_at=ts)
 
 
-@pytest.fixture
-def store():
-    with Store.memory() as s:
+@pytest.fixture(params=BACKENDS)
+def store(request):
+    """Every test here runs on SQLite (in memory) and on PostgreSQL (tests/store_backends.py)."""
+    if request.param == "sqlite":
+        with Store.memory() as s:
+            yield s
+        return
+    from llmgw.daemon.control.store.postgres import PgStore
+
+    with PgStore.open(request.getfixturevalue("pg_url"), timeout_s=10.0) as s:
         yield s
+
+
+def in_transaction(s) -> bool:
+    if isinstance(s, Store):
+        return s._conn.in_transaction
+    from psycopg.pq import TransactionStatus
+
+    return s._conn.info.transaction_status != TransactionStatus.IDLE
 
 
 def fill(s: Store) -> None:
@@ -154,7 +170,11 @@ def test_names_are_non_empty_strings(store):
 
 def test_2000_assignments_in_one_transaction(store):
     commits = []
-    store._conn.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    if isinstance(store, Store):
+        store._conn.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    else:
+        x = store._x
+        store._x = lambda sql, *a: (commits.append(sql) if sql == "COMMIT" else None, x(sql, *a))[1]
     with store.transaction():
         for i in range(2000):
             store.put_assignment(row(f"m/{i:04d}", node=f"n{i % 7}", ts=float(i)))
@@ -187,7 +207,7 @@ def test_rollback_on_exception_leaves_nothing(store):
         raise RuntimeError("reconcile failed half-way")
     assert store.models() == {"keep": {"v": 1}}
     assert store.nodes() == {} and store.assignments() == {} and store.history() == []
-    assert not store._conn.in_transaction
+    assert not in_transaction(store)
     store.put_model("after", {})  # the store is usable afterwards
     assert set(store.models()) == {"keep", "after"}
 
@@ -210,7 +230,7 @@ def test_nested_transactions(store):
             store.put_model("gone", {})
         raise RuntimeError
     assert set(store.models()) == {"outer", "inner-kept"}
-    assert store._depth == 0 and not store._conn.in_transaction
+    assert store._depth == 0 and not in_transaction(store)
 
 
 def test_failed_method_inside_transaction_keeps_earlier_writes(store):

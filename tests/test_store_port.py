@@ -24,12 +24,22 @@ def test_the_sqlite_store_is_a_fleet_store() -> None:
             assert callable(getattr(s, name)), name
 
 
+def test_the_postgresql_store_is_a_fleet_store() -> None:
+    from llmgw.daemon.control.store.postgres import PgStore
+
+    for name in _protocol_methods() | {"path", "faults"}:
+        assert name in dir(PgStore) or name == "path", name
+        if name not in ("path", "faults"):
+            assert callable(getattr(PgStore, name)), name
+
+
 def test_every_operation_the_plane_names_is_in_the_protocol() -> None:
     named: set[str] = set()
     called: set[str] = set()
     for f in CONTROL.rglob("*.py"):
-        if f.parent.name == "store" and f.name in ("sqlite.py", "faults.py"):
-            continue  # the backend itself, and the SQLite test hook
+        if f.parent.name == "store" and f.name in ("sqlite.py", "sqlite_cluster.py", "postgres.py",
+                                                   "postgres_fleet.py", "pg_schema.py", "faults.py"):
+            continue  # the backends themselves, and the SQLite test hook
         text = f.read_text()
         named |= set(re.findall(r"guard\.(?:must_write|write|read)\(\s*\"([a-z_]+)\"", text))
         called |= set(re.findall(r"\b(?:st|store)\.([a-z_]+)\(", text))

@@ -87,6 +87,21 @@ def http_url(v: str) -> str | None:
     return None
 
 
+def store_url(v: str) -> str | None:
+    """[store] url: "" (the SQLite file at [control] store), "sqlite:PATH" or "postgresql://..."."""
+    if v == "":
+        return None
+    if v.startswith("sqlite:"):
+        return None if v.removeprefix("sqlite:").strip() else "sqlite: needs a file path (sqlite:/var/lib/llmgw/router.db)"
+    if v.startswith(("postgresql://", "postgres://")):
+        try:
+            urlsplit(v).port  # noqa: B018 -- raises ValueError on a bad port
+        except ValueError as e:
+            return f"not a PostgreSQL URL ({e})"
+        return None if not re.search(r"\s", v) else "a PostgreSQL URL has no spaces"
+    return f"must be \"sqlite:PATH\" or \"postgresql://USER@HOST:PORT/DB\", got {v.split(':')[0]!r}:…"
+
+
 def host_port(v: str) -> str | None:
     host, sep, port = v.rpartition(":")
     if host.startswith("[") and host.endswith("]"):

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from llmgw.config.fields import (
-    _suggest, cidr, domain_budget, facility_label_values, facility_level, header_name, replica_nodes, host_port, host_or_host_port, http_url, in_range, key_value, known_strategy,
-    label_keys, metric_name, node_name, nonempty, one_of, opt, pem_certificate, positive, unset_or,
+    _suggest, cidr, domain_budget, facility_label_values, facility_level, header_name, replica_nodes, host_port,
+    host_or_host_port, http_url, in_range, key_value, known_strategy,
+    label_keys, metric_name, node_name, nonempty, one_of, opt, pem_certificate, positive, store_url, unset_or,
 )
 from llmgw.config.locate import KeyPath
 from llmgw.config.names import DEFAULT_PICKER, PICKER_NAMES, SCORER_NAMES
@@ -84,10 +85,13 @@ class ControlConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class StoreConfig:
-    """[store]: where the fleet's state is kept, and how several routers share it (docs/ha.md)."""
-    shared: bool = opt(False)  # other routers on this host share the SQLite file at [control] store
-    lease_s: float = opt(5.0, check=positive)  # the leader's lease: a lost leader is replaced within it
-    poll_s: float = opt(0.5, check=positive)  # how often followers look for the leader's changes
+    """[store]: where the fleet's state is kept, and how routers sharing it lead (docs/ha.md)."""
+    url: str = opt("", check=store_url)  # "": the SQLite file at [control] store; "sqlite:PATH"; "postgresql://…"
+    password_file: str | None = opt(None, check=nonempty)  # PostgreSQL's password, kept out of the config
+    timeout_s: float = opt(2.0, check=positive)  # every store call, at most (PostgreSQL)
+    shared: bool = opt(False)  # other routers on this host share the SQLite file (PostgreSQL: always shared)
+    lease_s: float = opt(5.0, check=positive)  # the leader's lease; renewed every lease_s / 3
+    poll_s: float = opt(0.5, check=positive)  # followers check the generation and the admin queue this often
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +113,9 @@ class AgentConfig:
     """[agent]: this node's agent."""
     node: str = opt("", check=unset_or(node_name))  # "": the hostname (config/defaults.py)
     router: str = opt("127.0.0.1:7070", check=host_port)  # the router's [control] listen address
+    # more routers of the same fleet to dial from the start (several routers: docs/ha.md); the agent
+    # learns the others from the first that welcomes it, and keeps a stream to each
+    routers: tuple[str, ...] = opt((), items=host_port)
     join_token: str | None = opt(None, check=nonempty)  # needed at the first join only
     join_token_file: str | None = opt(None, check=nonempty)
     tls: bool | None = opt(None)  # unset: TLS when a CA is given or the router is not on loopback
@@ -378,6 +385,31 @@ def _control_tls_pair(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
         yield ("control", "join_token_file"), "set join_token or join_token_file, not both"
     if c.lost_after_s < c.not_ready_after_s:
         yield ("control", "lost_after_s"), "must be >= not_ready_after_s"
+
+
+@_cross_check("store", "control")
+def _store(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    s = cfg.store
+    if s.url.startswith("sqlite:") and cfg.control.store and s.url.removeprefix("sqlite:") != cfg.control.store:
+        yield ("store", "url"), "names another SQLite file than control.store: set one of them"
+    if s.password_file is not None and not s.url.startswith(("postgresql://", "postgres://")):
+        yield ("store", "password_file"), "is for a PostgreSQL store (store.url = \"postgresql://…\")"
+    if s.password_file is not None and _url_password(s.url):
+        yield ("store", "password_file"), "the url has a password already: set one of them"
+    if s.lease_s <= s.timeout_s:
+        yield ("store", "lease_s"), f"must be > timeout_s ({s.timeout_s}): a renewal that times out must end before the lease"
+    if s.poll_s >= s.lease_s:
+        yield ("store", "poll_s"), f"must be < lease_s ({s.lease_s})"
+
+
+def _url_password(url: str) -> bool:
+    from urllib.parse import parse_qsl, urlsplit
+
+    try:
+        parts = urlsplit(url)
+        return bool(parts.password) or any(k == "password" for k, _ in parse_qsl(parts.query))
+    except ValueError:
+        return False
 
 
 @_cross_check("agent")

@@ -151,10 +151,12 @@ def _supervise(argv: list[str], count: int, cfg: Config, roles: set[str], config
     from llmgw.daemon.private_files import private_dir
     from llmgw.daemon.supervisor import preflight, supervise
 
-    if (problem := preflight(cfg)) is not None:
+    kind, path = store_location(cfg)
+    if (problem := preflight(cfg, path if kind == "sqlite" else None)) is not None:
         print(f"llmgw daemon: {problem}", file=sys.stderr)
         return 2
-    path = cfg.control.store
+    if kind != "sqlite":  # PostgreSQL: shared by design, nothing to hold
+        return supervise(argv, count, cfg, roles, config_path)
     parent = os.path.dirname(os.path.abspath(path))
     try:
         _warn_lost_store(path)
@@ -323,7 +325,8 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
                     raise _StartupError("agent.join_token (or join_token_file) is required to join a router "
                                         "(once joined, the node's credential in agent.state_dir is enough)")
                 tls = _client_tls(cfg)
-            agent = Agent(cfg.agent, router=router_addr, token=agent_token, tls=tls)
+            agent = Agent(cfg.agent, router=router_addr, token=agent_token, tls=tls,
+                          more_routers=() if "router" in roles else cfg.agent.routers)
             await nursery.start(agent.run)
             ready.update({"node": cfg.agent.node, "state_dir": cfg.agent.state_dir})
         print(json.dumps(ready), flush=True)
@@ -340,10 +343,50 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
         nursery.cancel_scope.cancel()
 
 
-def _open_store(path: str, seat: WorkerSeat | None = None) -> tuple[Any, bool]:
+def store_location(cfg: Config) -> tuple[str, str]:
+    """("postgresql", DSN) or ("sqlite", PATH): `[store] url`, else `[control] store`'s file."""
+    url = cfg.store.url
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql", url
+    return "sqlite", url.removeprefix("sqlite:") if url.startswith("sqlite:") else cfg.control.store
+
+
+def _open_pg_store(cfg: Config) -> tuple[Any, bool]:
+    """The PostgreSQL store, and whether its schema was created now. At start there is no state
+    to run from, so an unreachable or refused store stops the daemon with one line naming
+    [store] url and the reason (later, a store that goes away leaves the router running from
+    memory: the guard)."""
+    try:
+        from llmgw.daemon.control.store.postgres import PgStore
+    except ImportError:
+        raise _StartupError("store.url: a PostgreSQL store needs psycopg: pip install 'llmgw[postgres]'") from None
+    from llmgw.daemon.control.store.rows import StoreError
+
+    password = None
+    if cfg.store.password_file:
+        try:
+            with open(cfg.store.password_file) as f:
+                password = f.read().strip()
+        except OSError as e:
+            raise _StartupError(f"store.password_file: cannot read {cfg.store.password_file}: "
+                                f"{e.strerror or e}") from None
+        if not password:
+            raise _StartupError(f"store.password_file: {cfg.store.password_file} is empty")
+    try:
+        store = PgStore.open(cfg.store.url, password=password, timeout_s=cfg.store.timeout_s)
+    except StoreError as e:
+        raise _StartupError(f"store.url: {e}") from None
+    log.info("store: %s (PostgreSQL, schema %s)", store.path, "created" if store.created else "current")
+    return store, store.created
+
+
+def _open_store(cfg: Config, seat: WorkerSeat | None = None) -> tuple[Any, bool]:
     """The store, and whether it was created now. A store that cannot be opened or read stops the
     daemon here with one line saying what to do; a missing one where a router has run before (its
     lock file is still there) is warned about: the fleet's engines are then kept, not stopped."""
+    kind, path = store_location(cfg)
+    if kind == "postgresql":
+        return _open_pg_store(cfg)
     from llmgw.daemon.control.store.sqlite import Store, StoreCorrupt, StoreError
     from llmgw.daemon.control.store.faults import FAULT_ENV, FaultInjectingConnection
     from llmgw.daemon.control.store.state import CORRUPT_ADVICE
@@ -382,7 +425,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
     from llmgw.daemon.control.plane.config_reload import ConfigReloader
     from llmgw.daemon.control.lifecycle.eval_runner import EvalTarget
     from llmgw.daemon.control.plane.plane import ControlPlane
-    from llmgw.daemon.control.store.sqlite import StoreCorrupt
+    from llmgw.daemon.control.store.sqlite import StoreCorrupt, StoreError
     from llmgw.daemon.control.store.guard import StoreMetrics
     from llmgw.daemon.control.store.state import CORRUPT_ADVICE
     from llmgw.daemon.net.httpserver import serve_tcp
@@ -394,20 +437,24 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
 
     from llmgw.daemon.control.cluster import RouterInfo, is_shared, join
 
-    store, fresh = _open_store(cfg.control.store, seat)
+    store, fresh = _open_store(cfg, seat)
+    kind, where = store_location(cfg)
     worker = None if seat is None else seat.index
     shared = is_shared(cfg, store, worker=worker)  # several routers on one store (docs/ha.md)
-    # (--workers: the supervisor holds the lock for all its workers)
-    lock = contextlib.nullcontext() if cfg.control.store == ":memory:" or shared else _lock_store(cfg.control.store)
+    # One router per SQLite file (the lock file beside it) unless it is shared (--workers: the supervisor
+    # holds the lock for all its workers); PostgreSQL is shared by design.
+    lock = contextlib.nullcontext() if kind != "sqlite" or where == ":memory:" or shared else _lock_store(where)
     with store, lock:
         async with UpstreamPool() as pool:
             router = Router(cfg, pool)
             router_port = RouterAdapter(router)  # all the control plane and the admin API may do to the router
             try:
                 control = ControlPlane(cfg, store, router_port, token=token, settle_s=settle_s, adopt=adopt,
-                                       fresh_store=fresh and cfg.control.store != ":memory:", shared=shared)
+                                       fresh_store=fresh and where != ":memory:", shared=shared)
             except StoreCorrupt as e:
                 raise _StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
+            except StoreError as e:  # another backend's fault while loading (a server gone away)
+                raise _StartupError(f"store.url: {e}") from None
             control.reloader = ConfigReloader(control, config_path, prepare or (lambda c: c))
             if adopt:
                 log.warning("--adopt: engines that agents run and the store does not know are adopted as replicas")
@@ -480,7 +527,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                     ji = control.agents.join_info()
                     row.update(url=_loopback_url(cfg.server.host, port) if cfg.server.host in ("127.0.0.1", "::1")
                                else url, control=ji.router, control_ca_pem=ji.ca_pem, control_server_name=ji.server_name)
-                    await join(inner, cfg, control, _open_store_again(store), row, admin_app, router.metrics.registry)
+                    await join(inner, cfg, control, _open_store_again(store), row, admin_app, router.metrics.registry, router)
                     info["router_id"] = control.router_id
                 log.info("router listening on %s", url)
                 inner.start_soon(lambda: announce_when_ready(lambda: readiness(router.registry), url))

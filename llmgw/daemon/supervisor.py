@@ -48,9 +48,10 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 HEALTHY_AFTER_S = 60.0  # a worker that served this long restarts without the accumulated backoff
 
 
-def preflight(cfg: Config) -> str | None:
-    """What stops `--workers` before any worker starts (the error line), or None."""
-    if cfg.control.store == ":memory:":
+def preflight(cfg: Config, sqlite_path: str | None) -> str | None:
+    """What stops `--workers` before any worker starts (the error line), or None. `sqlite_path`:
+    the SQLite store's file, None for PostgreSQL."""
+    if sqlite_path == ":memory:":
         return "--workers: control.store = \":memory:\" cannot be shared between workers; give it a file"
     if cfg.server.port and (why := port_free(cfg.server.host, cfg.server.port)) is not None:
         return (f"server.port (--port): cannot listen on {cfg.server.host}:{cfg.server.port}: {why} "

@@ -91,6 +91,10 @@ class LeaseKeeper:
         """The store refused a write stamped with our epoch: another router leads now."""
         return self._lose("the store refused a write of this router's epoch (another router took the lead)")
 
+    def resign(self, reason: str) -> StepDown | None:
+        """This router gives the lead up of its own accord (it hears no agent: daemon/control/leader.py)."""
+        return self._lose(reason)
+
     def expired(self, now: float) -> StepDown | None:
         """Checked before acting: a router that slept past its deadline steps down at once."""
         if self._leading and now >= self._deadline:

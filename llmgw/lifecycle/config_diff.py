@@ -57,6 +57,7 @@ RESTART_SECTIONS = {
     "server": "the OpenAI listener, its keys and limits are set up at start",
     "admin": "the admin API's socket, TCP listener and token are set up at start",
     "control": "the agents' listener, its TLS, the join token and the node timeouts are set up at start",
+    "store": "the store is opened, and leadership's lease and polling set up, at start",
     "router": "the router's timeouts, queues, breakers, traces and prefix index are built at start",
     "pools": "pool priorities and caps are bound to each replica when it is routed",
     "agent": "the local agent's node name, labels and router are sent in its hello at start "

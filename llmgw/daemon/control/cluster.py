@@ -48,7 +48,7 @@ class RouterInfo:
 
 
 async def join(nursery: trio.Nursery, cfg: Any, control: Any, store: FleetStore, info: RouterInfo,
-               admin_app: Any, registry: Any = None) -> Leadership:
+               admin_app: Any, registry: Any = None, router: Any = None) -> Leadership:
     """Start this router's Leadership on `store` (a connection of its own) and hand the admin API
     its forwarder. The plane was built a follower (ControlPlane(shared=True)): it acts once it leads."""
     lease_s, poll_s = cfg.store.lease_s, cfg.store.poll_s
@@ -57,6 +57,12 @@ async def join(nursery: trio.Nursery, cfg: Any, control: Any, store: FleetStore,
     control.guard.on_fenced = lambda _e: ld.fenced()
     info.agents = lambda: sum(1 for n in control.nodes.nodes.values() if n.connected)
     ld.admin_app = admin_app
+    if router is not None:  # tier 1 shared with the other routers (daemon/router/peer_feed.py)
+        from llmgw.daemon.router.peer_feed import start_peer_feed
+
+        key = await ld._call(store.cluster_secret)
+        ld.feed = start_peer_feed(router, nursery, key, router_id=control.router_id)
+        info.update(feed=ld.feed.address)
     admin_app.forwarder = Forwarder(ld)
     if registry is not None:
         registry.register(LeadershipMetrics(ld, admin_app.forwarder))

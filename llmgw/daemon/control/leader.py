@@ -81,6 +81,9 @@ class Leadership:
         self._registered = False
         self._info: dict[str, Any] | None = None
         self._pruned_at = float("-inf")
+        self._took = -1  # the epoch the plane took the lead at (take_lead done); -1: it follows
+        self.feed: Any = None  # the router's peer feed, when it shares tier 1 (cluster.py)
+        self._feeds: dict[str, Any] = {}
 
     # -- what the plane asks ----------------------------------------------------------------------
     def leading(self) -> bool:
@@ -88,7 +91,8 @@ class Leadership:
         now = trio.current_time()
         if (sd := self.keeper.expired(now)) is not None:
             self._step_down(sd)
-        return self.keeper.leading(now)
+        # and the plane has taken the lead (its state read, its guard writing): not merely the lease
+        return self.keeper.leading(now) and self._took == self.keeper.epoch
 
     @property
     def epoch(self) -> int:
@@ -137,17 +141,43 @@ class Leadership:
             with trio.CancelScope(shield=True):
                 await self.stop()
 
+    def _deaf(self) -> str | None:
+        """Why this router should not lead: it hears no agent while another live router hears some
+        (cut off from the nodes, it could neither tell them anything nor see them). None: it may."""
+        if self.info().get("agents", 0):
+            return None
+        for rid, r in self.live_routers().items():
+            n = r.info.get("agents") if isinstance(r.info, dict) else None
+            if rid != self.router_id and isinstance(n, int) and n > 0:
+                return f"it hears no agent while router {rid} hears {n}"
+        return None
+
     async def _lease_loop(self) -> None:
+        deaf_rounds = 0
         while True:
             sent = trio.current_time()
+            deaf = self._deaf()
+            deaf_rounds = deaf_rounds + 1 if deaf else 0
             try:
-                row = await self._call(self.store.try_lead, self.router_id, self.keeper.lease_s)
+                if deaf and self.keeper.leading(sent) and deaf_rounds >= 3:  # a whole lease of it: yield
+                    log.warning("router %s gives up the lead: %s", self.router_id, deaf)
+                    if (sd := self.keeper.resign(deaf)) is not None:
+                        self._step_down(sd)
+                    await self._release()
+                    row = await self._call(self.store.lease)
+                elif deaf and not self.keeper.leading(sent):  # does not stand: only looks
+                    row = await self._call(self.store.lease)
+                else:
+                    row = await self._call(self.store.try_lead, self.router_id, self.keeper.lease_s)
             except Exception as e:  # noqa: BLE001 — a store fault, or a bug: the lease is not renewed
                 if not isinstance(e, self.store.faults):
                     log.exception("asking for the lease failed")
                 change: Lead | StepDown | None = self.keeper.unreachable(trio.current_time())
             else:
-                change = self.keeper.renewed(LeaseView(row.holder, row.epoch, row.mine), sent)
+                if row is None:  # no lease at all yet
+                    change = None
+                else:
+                    change = self.keeper.renewed(LeaseView(row.holder, row.epoch, row.mine), sent)
             if isinstance(change, Lead):
                 await self._lead(change.epoch)
             elif isinstance(change, StepDown):
@@ -172,8 +202,10 @@ class Leadership:
         log.warning("router %s leads the control plane (epoch %d)", self.router_id, epoch)
         self.followed = snap.generation
         self.plane.take_lead(epoch, snap)
+        self._took = epoch
 
     def _step_down(self, sd: StepDown) -> None:
+        self._took = -1
         log.warning("router %s no longer leads: %s", self.router_id, sd.reason)
         self.plane.step_down(sd.reason)
         self.followed = -1  # follow the store from a fresh snapshot
@@ -209,6 +241,11 @@ class Leadership:
         self.routers = await self._call(self.store.routers)
         if set(self.live_routers()) != before:
             self.plane.routers_changed()
+        feeds = {rid: r.info.get("feed") for rid, r in self.live_routers().items()
+                 if isinstance(r.info, dict) and r.info.get("feed")}
+        if feeds != self._feeds and self.feed is not None:
+            self._feeds = feeds
+            self.feed.set_peers(feeds)  # tier 1 shared with every live router (daemon/router/peer_feed.py)
         if self.leading():
             await self._serve_admin_queue()
             return
@@ -255,7 +292,7 @@ class LeadershipMetrics:
 
         ld = self.ld
         g = GaugeMetricFamily("llmgw_leader", "1 while this router leads the control plane (several routers).")
-        g.add_metric([], 1.0 if ld.keeper.leading(trio.current_time()) else 0.0)
+        g.add_metric([], 1.0 if ld.leading() else 0.0)
         yield g
         e = GaugeMetricFamily("llmgw_leader_epoch", "The lease's epoch as this router last saw it.")
         e.add_metric([], float(ld.epoch))
