@@ -307,7 +307,10 @@ def test_a_killed_worker_is_restarted_and_the_port_keeps_answering(workers: Any)
         _wait(lambda: count[0] >= 5, 30, "the client runs")
         os.kill(w1["pid"], signal.SIGKILL)
         again = w.wait_line(lambda d: d.get("worker_restarted") == 1, 60)
-        assert again["pid"] != w1["pid"] and again["restarts"] == 1
+        assert again["pid"] != w1["pid"] and again["restarts"] == 1 and again["router_id"] != w1["router_id"]
+        # the dead worker's router left the store's routers at once (agents stop dialing it)
+        ids = {r["id"] for r in _admin(w0["admin_socket"], "/api/v1/routers")["routers"]}
+        assert w1["router_id"] and w1["router_id"] not in ids
         # the new worker 1 listens once it routes: then it answers again
         before = count[0]
         _wait(lambda: _served(again["admin_socket"]) > 0, 90, "the restarted worker answers")

@@ -156,7 +156,7 @@ def _supervise(argv: list[str], count: int, cfg: Config, roles: set[str], config
         print(f"llmgw daemon: {problem}", file=sys.stderr)
         return 2
     if kind != "sqlite":  # PostgreSQL: shared by design, nothing to hold
-        return supervise(argv, count, cfg, roles, config_path)
+        return supervise(argv, count, cfg, roles, config_path, lambda rid: _forget_router(cfg, rid))
     parent = os.path.dirname(os.path.abspath(path))
     try:
         _warn_lost_store(path)
@@ -169,7 +169,17 @@ def _supervise(argv: list[str], count: int, cfg: Config, roles: set[str], config
         print(f"llmgw daemon: control.store: {path}: {e.strerror or e}", file=sys.stderr)
         return 1
     with lock:
-        return supervise(argv, count, cfg, roles, config_path)
+        return supervise(argv, count, cfg, roles, config_path, lambda rid: _forget_router(cfg, rid))
+
+
+def _forget_router(cfg: Config, router_id: str) -> None:
+    """A worker died (its supervisor reaped it): give back its lease now, if it held it, so that
+    another worker leads at once rather than when the lease expires, and drop its row, so that
+    agents stop dialing it. Both are unfenced store ops (docs/ha.md)."""
+    store, _ = _open_store(cfg, warn_lost=False)
+    with store:
+        store.release_lead(router_id)
+        store.forget_router(router_id)
 
 
 def _warn_lost_store(path: str) -> None:
@@ -380,7 +390,7 @@ def _open_pg_store(cfg: Config) -> tuple[Any, bool]:
     return store, store.created
 
 
-def _open_store(cfg: Config, seat: WorkerSeat | None = None) -> tuple[Any, bool]:
+def _open_store(cfg: Config, warn_lost: bool = True) -> tuple[Any, bool]:
     """The store, and whether it was created now. A store that cannot be opened or read stops the
     daemon here with one line saying what to do; a missing one where a router has run before (its
     lock file is still there) is warned about: the fleet's engines are then kept, not stopped."""
@@ -394,7 +404,7 @@ def _open_store(cfg: Config, seat: WorkerSeat | None = None) -> tuple[Any, bool]
     if path == ":memory:":
         return Store.memory(), True
     fresh = not os.path.exists(path)
-    if seat is None:  # (a worker's supervisor said it, before taking the lock)
+    if warn_lost:  # (not a worker's: its supervisor said it, before taking the lock)
         _warn_lost_store(path)
     try:
         store = Store.open(path)
@@ -437,7 +447,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
 
     from llmgw.daemon.control.cluster import RouterInfo, is_shared, join
 
-    store, fresh = _open_store(cfg, seat)
+    store, fresh = _open_store(cfg, warn_lost=seat is None)
     kind, where = store_location(cfg)
     worker = None if seat is None else seat.index
     shared = is_shared(cfg, store, worker=worker)  # several routers on one store (docs/ha.md)

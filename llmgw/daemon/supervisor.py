@@ -13,7 +13,9 @@ The supervisor serves nothing itself. It
   worker's index, pid, admin socket and control address);
 - restarts a worker that exits while it was not asked to (after a backoff: 0.5 s, doubling to 30 s,
   back to 0.5 s once a worker has served a minute), logging its exit status and the count, and
-  printing a `{"worker_restarted": ...}` line on stdout with the new pid;
+  printing a `{"worker_restarted": ...}` line on stdout with the new pid; before that, the dead
+  worker's router gives back its lease if it led (another worker leads at once, not when the lease
+  expires) and its row in the store's `routers` is dropped (agents stop dialing it);
 - forwards SIGHUP (config reload) to every worker, and on SIGTERM or SIGINT stops them all by pid:
   SIGTERM, then SIGKILL for those still running after a grace period.
 
@@ -32,7 +34,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -59,13 +61,15 @@ def preflight(cfg: Config, sqlite_path: str | None) -> str | None:
     return None
 
 
-def supervise(argv: list[str], count: int, cfg: Config, roles: set[str], config_path: str | None) -> int:
+def supervise(argv: list[str], count: int, cfg: Config, roles: set[str], config_path: str | None,
+              forget_router: Callable[[str], None] | None = None) -> int:
     """`--workers N`: start and keep N workers until SIGTERM/SIGINT; the exit status. The caller
-    holds the store's lock meanwhile (and checked `preflight`)."""
+    holds the store's lock meanwhile (and checked `preflight`). `forget_router(router_id)` is called
+    (in a thread) for a worker that died, before it is restarted."""
     embedded_token = "agent" in roles and cfg.control.join_token is None and cfg.control.join_token_file is None
     args = [*argv, "--config", config_path] if config_path else list(argv)
     sup = Supervisor(args, count, port=cfg.server.port, grace_s=cfg.agent.stop_grace_s + 20.0,
-                     join_token=embedded_token)
+                     join_token=embedded_token, forget_router=forget_router)
     if (advice := migrate_advice()) is not None:
         log.warning("%s", advice)
     return trio.run(sup.run)
@@ -100,7 +104,7 @@ class _WorkerFailed(Exception):
 
 class Supervisor:
     def __init__(self, argv: Sequence[str], count: int, *, port: int, grace_s: float,
-                 join_token: bool) -> None:
+                 join_token: bool, forget_router: Callable[[str], None] | None = None) -> None:
         """`argv`: the daemon's arguments as given (each worker gets them, then its own flags);
         `join_token`: make the embedded default's shared join token."""
         self.argv = list(argv)
@@ -114,6 +118,7 @@ class Supervisor:
         self.readies: dict[int, dict[str, Any]] = {}
         self.restarts = 0
         self.stopping = False
+        self.forget_router = forget_router
 
     def command(self, index: int) -> list[str]:
         return [sys.executable, "-m", "llmgw", "daemon", *self.argv, "--port", str(self.port),
@@ -158,8 +163,8 @@ class Supervisor:
 
     def _worker_entry(self, index: int) -> dict[str, Any]:
         r = self.readies[index]
-        entry = {"index": index, "pid": r.get("pid"), "admin_socket": r.get("admin_socket"),
-                 "control": r.get("control")}
+        entry = {"index": index, "pid": r.get("pid"), "router_id": r.get("router_id"),
+                 "admin_socket": r.get("admin_socket"), "control": r.get("control")}
         if r.get("admin_tcp"):
             entry["admin_tcp"] = r["admin_tcp"]
         return entry
@@ -188,6 +193,7 @@ class Supervisor:
             if self.stopping:
                 return
             self.restarts += 1
+            await self._forget(index, proc.pid)
             if time.monotonic() - t0 >= HEALTHY_AFTER_S:
                 backoff = BACKOFF_MIN_S
             log.warning("worker %d (pid %d) exited unexpectedly (%s); restarting it in %.1f s (restart %d)",
@@ -215,13 +221,28 @@ class Supervisor:
                     task_status.started(ready)
                 else:
                     print(json.dumps({"worker_restarted": index, "pid": proc.pid, "restarts": self.restarts,
-                                      "admin_socket": ready.get("admin_socket"), "control": ready.get("control")}),
-                          flush=True)
+                                      "router_id": ready.get("router_id"), "admin_socket": ready.get("admin_socket"),
+                                      "control": ready.get("control")}), flush=True)
             else:
                 print(line, flush=True)
             while (line := await lines.next()) is not None:
                 print(line, flush=True)
         return await proc.wait()
+
+    async def _forget(self, index: int, pid: int) -> None:
+        """The dead worker's router: its lease given back, its row dropped (see supervise)."""
+        ready = self.readies.get(index) or {}
+        rid = ready.get("router_id")
+        if self.forget_router is None or not rid or ready.get("pid") != pid:
+            return
+        forget = self.forget_router
+        try:
+            with trio.move_on_after(10):
+                await trio.to_thread.run_sync(lambda: forget(rid), abandon_on_cancel=True)
+        except Exception as e:  # noqa: BLE001 — the row ages out and the lease expires by themselves
+            log.warning("worker %d's router %s: could not be forgotten in the store: %s", index, rid, e)
+        else:
+            log.info("worker %d's router %s: its lease (if it led) given back and its row dropped", index, rid)
 
     # -- stopping ----------------------------------------------------------------------------------
     def _signal_all(self, signum: int) -> None:
