@@ -344,3 +344,34 @@ def test_a_worker_that_cannot_start_stops_the_supervisor_with_its_error(tmp_path
     # the same exit status and the same one line as one process, and nothing on stdout
     assert p.returncode == one.returncode and error[0] in p.stderr.splitlines(), p.stderr[-2000:]
     assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def test_sigterm_while_the_workers_start_stops_them(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "daemon", "--workers", "2", "--config",
+                             str(_config(tmp_path)), "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        _wait(lambda: bool(_children(proc.pid)), 60, "worker 0 is started")
+        workers = _children(proc.pid)
+        os.kill(proc.pid, signal.SIGTERM)  # before any ready line
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert out == b"" and b"Traceback" not in err  # stopped then, not once every worker had started
+    _wait(lambda: not any(_alive(p) for p in workers), 10, "no worker left")

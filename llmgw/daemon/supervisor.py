@@ -128,6 +128,7 @@ class Supervisor:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             try:
                 async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._signals, signals, nursery.cancel_scope)  # from the start on
                     first = await nursery.start(self._keep, 0)
                     self.port = int(first["port"])
                     async with trio.open_nursery() as starting:
@@ -135,13 +136,6 @@ class Supervisor:
                             starting.start_soon(nursery.start, self._keep, i)
                     print(json.dumps(self._ready_line(first)), flush=True)
                     log.info("%d workers started on %s (each serves it once it can route)", self.count, first.get("url"))
-                    async for signum in signals:
-                        if signum == signal.SIGHUP:
-                            self._signal_all(signal.SIGHUP)
-                            continue
-                        break
-                    await self._stop()
-                    nursery.cancel_scope.cancel()
             except BaseExceptionGroup as eg:
                 failed = eg.subgroup(_WorkerFailed)
                 if failed is None:
@@ -154,6 +148,17 @@ class Supervisor:
                 return first_failure.status if first_failure.status > 0 else 1
         log.info("stopped (%d worker restarts)", self.restarts)
         return 0
+
+    async def _signals(self, signals: Any, scope: trio.CancelScope) -> None:
+        """SIGHUP: to every worker. SIGTERM, SIGINT: stop them all, then everything (also while the
+        workers are starting)."""
+        async for signum in signals:
+            if signum == signal.SIGHUP:
+                self._signal_all(signal.SIGHUP)
+                continue
+            break
+        await self._stop()
+        scope.cancel()
 
     def _ready_line(self, first: dict[str, Any]) -> dict[str, Any]:
         ready = dict(first, pid=os.getpid())
@@ -188,6 +193,8 @@ class Supervisor:
                     del self.procs[index]
             if not started:
                 if index not in self.readies or self.readies[index].get("pid") != proc.pid:
+                    if self.stopping:  # stopped while starting: _signals cancels everything next
+                        await trio.sleep_forever()
                     raise _WorkerFailed(index, status)
                 started = True
             if self.stopping:
