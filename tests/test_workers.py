@@ -56,6 +56,17 @@ def test_for_worker_keeps_worker_0_and_moves_what_cannot_be_shared() -> None:
     assert worker_roles({"router", "agent"}, 1) == {"router"}  # the agent runs once
 
 
+def test_migrate_advice_names_the_sysctl_when_it_is_off(tmp_path: Path) -> None:
+    from llmgw.daemon.supervisor import migrate_advice
+
+    f = tmp_path / "tcp_migrate_req"
+    f.write_text("1\n")
+    assert migrate_advice(str(f)) is None
+    f.write_text("0\n")
+    assert "sysctl -w net.ipv4.tcp_migrate_req=1" in (migrate_advice(str(f)) or "")
+    assert "Linux >= 5.14" in (migrate_advice(str(tmp_path / "absent")) or "")
+
+
 # -- the command line -------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["0", "-1", "65", "two"])
 def test_bad_workers_values_are_refused_naming_the_flag(value: str, tmp_path: Path) -> None:
