@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from llmgw.config.fields import (
-    _suggest, cidr, domain_budget, facility_label_values, facility_level, header_name, replica_nodes, host_port,
-    host_or_host_port, http_url, in_range, key_value, known_strategy,
+    _suggest, cidr, domain_budget, facility_label_values, facility_level, header_name, header_table, replica_nodes,
+    host_port, host_or_host_port, http_url, in_range, key_value, known_strategy,
     label_keys, metric_name, node_name, nonempty, one_of, opt, pem_certificate, positive, store_url, unset_or,
 )
 from llmgw.config.locate import KeyPath
@@ -167,6 +167,14 @@ class TracesConfig:
     sample: float = opt(1.0, check=in_range(0, 1))  # the share of finished traces written to the file
     max_file_mb: float = opt(64.0, check=positive)  # the file is rotated (file.1, file.2, ...) at this size
     files_kept: int = opt(3, check=in_range(0, 100))  # rotated files kept beside the live one
+    # OpenTelemetry: finished traces as spans over OTLP/HTTP (the otel extra); "" = off
+    otlp_endpoint: str = opt("", check=unset_or(http_url))  # e.g. http://collector:4318/v1/traces
+    otlp_headers: dict[str, str] = opt(factory=dict, check=header_table)  # e.g. authorization; never logged
+    service_name: str = opt("llmgw", check=nonempty)  # the spans' service.name
+    otlp_phase_spans: bool = opt(False)  # each phase a child span (a waterfall) rather than a span event
+    # the share of the router's own traces (no traceparent came) marked sampled: exported, and so
+    # flagged to the engines; a client's traceparent decides for its own requests
+    otlp_sample: float = opt(1.0, check=in_range(0, 1))
 
 
 @dataclass(frozen=True, kw_only=True)

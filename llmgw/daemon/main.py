@@ -480,6 +480,8 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 inner.start_soon(router.adapters.run)  # LoRA adapter loads (vLLM, on demand)
                 if router.trace_log is not None:
                     inner.start_soon(router.trace_log.run)
+                if router.otlp is not None:
+                    inner.start_soon(router.otlp.run)  # the SDK's own thread exports; this flushes at stop
                 inner.start_soon(control.guard.run)
                 inner.start_soon(router.kv.run)  # tier 2's parity verdicts and alarm
                 inner.start_soon(control.reloader.serve_sighup)  # SIGHUP: llmgw ctl config reload
