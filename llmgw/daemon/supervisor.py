@@ -200,11 +200,11 @@ class Supervisor:
             if self.stopping:
                 return
             self.restarts += 1
-            await self._forget(index, proc.pid)
             if time.monotonic() - t0 >= HEALTHY_AFTER_S:
                 backoff = BACKOFF_MIN_S
             log.warning("worker %d (pid %d) exited unexpectedly (%s); restarting it in %.1f s (restart %d)",
                         index, proc.pid, _describe_status(status), backoff, self.restarts)
+            await self._forget(index, proc.pid)
             # (systemd's stop signals every process of the unit at once: a worker may exit just before
             # the supervisor reads its own SIGTERM; the backoff leaves it the time to, and none restarts)
             await trio.sleep(backoff)
