@@ -12,9 +12,10 @@ USAGE = """\
 usage: llmgw <command> [args]
 
 commands:
-  daemon [--role router,agent] [--config FILE]
+  daemon [--role router,agent] [--config FILE] [--workers N]
                                               run the router and/or the agent (default: both;
-                                              no models configured: a simulated fleet)
+                                              no models configured: a simulated fleet); --workers:
+                                              N router processes on one port (docs/ha.md)
   ctl COMMAND [-o table|json]                 {ctl_commands}
   console [--socket PATH | --url URL --token T]
                                               the live operator console (a terminal UI)

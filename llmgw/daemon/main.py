@@ -29,6 +29,7 @@ from llmgw.config import (
 )
 from llmgw.config.defaults import with_machine_defaults
 from llmgw.config.discovery import CONFIG_ENV, FILE_NAME, SYSTEM_DIR, find_config
+from llmgw.daemon.workers import WorkerSeat, listen_gate
 from llmgw.daemon.logs import (
     FORMAT_ENV,
     FORMATS,
@@ -64,11 +65,32 @@ def main(argv: list[str]) -> int:
     p.add_argument("--adopt", action="store_true",
                    help="router: adopt engines that agents run and the store does not know (after the store "
                         "was lost or replaced) as replicas, instead of leaving them running unrouted")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="run N router processes sharing the OpenAI port (SO_REUSEPORT) and the store, under a "
+                        "small supervisor: N cores of request handling on one host (default 1: one process). "
+                        "Worker i > 0 has its own admin socket (admin.w<i>.sock beside the configured one) "
+                        "and an ephemeral control port; see docs/ha.md")
+    p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)  # the supervisor's
     ns = p.parse_args(argv)
     roles = {r.strip() for r in ns.role.split(",") if r.strip()}
     if not roles or not roles <= set(ROLES):
         print(f"llmgw daemon: --role {ns.role!r}: expected router, agent or router,agent", file=sys.stderr)
         return 2
+    from llmgw.daemon.workers import check_workers, enter_worker, for_worker, tag_logs, worker_roles
+
+    if (problem := check_workers(ns.workers)) is not None:
+        print(f"llmgw daemon: {problem}", file=sys.stderr)
+        return 2
+    if ns.workers > 1 and "router" not in roles:
+        print("llmgw daemon: --workers is for a router (--role router or router,agent)", file=sys.stderr)
+        return 2
+    seat = None
+    if ns.worker_index is not None:
+        try:
+            seat = enter_worker(ns.worker_index, ns.workers)
+        except ValueError as e:
+            print(f"llmgw daemon: {e}", file=sys.stderr)
+            return 2
     try:
         level = ns.log_level or env_level(os.environ, "info")
         fmt = ns.log_format or env_format(os.environ)
@@ -76,6 +98,8 @@ def main(argv: list[str]) -> int:
         print(f"llmgw daemon: {e}", file=sys.stderr)
         return 2
     setup_logging(level, fmt, sys.stderr)
+    if seat is not None:
+        tag_logs(seat.index)
     source = None
     try:
         source = find_config(ns.config)
@@ -98,14 +122,19 @@ def main(argv: list[str]) -> int:
             c = replace(c, server=server)
         if "router" in roles and not c.models and "agent" in roles and c.sim.replicas > 0:
             c = replace(c, models=(embedded_model(c),))
+        if seat is not None:  # what differs between the workers (daemon/workers.py)
+            c = for_worker(c, seat.index, DEFAULT_CONTROL_LISTEN)
         return c
 
     cfg = prepare(cfg)
     if ns.adopt and "router" not in roles:
         print("llmgw daemon: --adopt is for a router (--role router or router,agent)", file=sys.stderr)
         return 2
+    if ns.workers > 1 and seat is None:
+        return _supervise(argv, ns.workers, cfg, roles, source.path)
+    run_roles = roles if seat is None else worker_roles(roles, seat.index)  # (prepare keeps the configured roles)
     try:
-        trio.run(_run, cfg, roles, ns.adopt, source.path, prepare)
+        trio.run(_run, cfg, run_roles, ns.adopt, source.path, prepare, seat)
     except KeyboardInterrupt:
         pass
     except BaseException as e:  # startup errors come wrapped in the nurseries' exception groups
@@ -115,6 +144,50 @@ def main(argv: list[str]) -> int:
         print(f"llmgw daemon: {err}", file=sys.stderr)
         return err.code
     return 0
+
+
+def _supervise(argv: list[str], count: int, cfg: Config, roles: set[str], config_path: str | None) -> int:
+    """--workers N: hold the store for the workers, and keep them (daemon/supervisor.py)."""
+    from llmgw.daemon.private_files import private_dir
+    from llmgw.daemon.supervisor import preflight, supervise
+
+    kind, path = store_location(cfg)
+    if (problem := preflight(cfg, path if kind == "sqlite" else None)) is not None:
+        print(f"llmgw daemon: {problem}", file=sys.stderr)
+        return 2
+    if kind != "sqlite":  # PostgreSQL: shared by design, nothing to hold
+        return supervise(argv, count, cfg, roles, config_path, lambda rid: _forget_router(cfg, rid))
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        _warn_lost_store(path)
+        private_dir(parent, "control.store", dedicated="llmgw" in os.path.basename(parent), log=log)
+        lock = _lock_store(path)
+    except _StartupError as e:
+        print(f"llmgw daemon: {e}", file=sys.stderr)
+        return e.code
+    except OSError as e:
+        print(f"llmgw daemon: control.store: {path}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    with lock:
+        return supervise(argv, count, cfg, roles, config_path, lambda rid: _forget_router(cfg, rid))
+
+
+def _forget_router(cfg: Config, router_id: str) -> None:
+    """A worker died (its supervisor reaped it): give back its lease now, if it held it, so that
+    another worker leads at once rather than when the lease expires, and drop its row, so that
+    agents stop dialing it. Both are unfenced store ops (docs/ha.md)."""
+    store, _ = _open_store(cfg, warn_lost=False)
+    with store:
+        store.release_lead(router_id)
+        store.forget_router(router_id)
+
+
+def _warn_lost_store(path: str) -> None:
+    if not os.path.exists(path) and os.path.exists(path + ".lock"):
+        log.warning("control.store: %s does not exist, but a router has run with it here (%s.lock is left): "
+                    "if it was deleted or moved, restore it, or start with --adopt to rebuild it from what the "
+                    "agents report; engines the agents run and this new store does not know are left running, "
+                    "unrouted, meanwhile", path, path)
 
 
 def _lock_store(path: str) -> Any:
@@ -213,7 +286,7 @@ def _client_tls(cfg: Config) -> Any:
 
 
 async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: str | None = None,
-               prepare: Any = None) -> None:
+               prepare: Any = None, seat: WorkerSeat | None = None) -> None:
     # The machine-readable line on stdout: printed as soon as the listeners are open (tests and
     # benchmarks read the ports from it); the human "serving …" line waits for replicas (ready.py).
     ready: dict[str, Any] = {"ready": True, "role": ",".join(r for r in ROLES if r in roles), "pid": os.getpid(),
@@ -231,10 +304,12 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
                 cfg = replace(cfg, control=replace(cfg.control, listen="127.0.0.1:0"))
             token = _read_secret(cfg.control.join_token, cfg.control.join_token_file, "control.join_token_file")
             settle = None
-            if token is None and "agent" in roles:
+            if token is None and seat is not None and seat.join_token:
+                token, settle = seat.join_token, 0.0  # --workers: the supervisor's, the same for all workers
+            elif token is None and "agent" in roles:
                 token = secrets.token_urlsafe(24)  # this process's own agent is the only one that joins
                 settle = 0.0  # ... so there is no fleet to wait for
-            info = await nursery.start(_router_role, cfg, token, settle, adopt, config_path, prepare)
+            info = await nursery.start(_router_role, cfg, token, settle, adopt, config_path, prepare, seat)
             control_tls = info.pop("_control_tls", None)
             ready.update(info)
             control_addr = info.get("control")
@@ -266,6 +341,10 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
             ready.update({"node": cfg.agent.node, "state_dir": cfg.agent.state_dir})
         print(json.dumps(ready), flush=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            if seat is not None:
+                from llmgw.daemon.workers import watch_supervisor
+
+                nursery.start_soon(watch_supervisor, seat)
             async for _ in signals:
                 break
         log.info("stopping")
@@ -311,7 +390,7 @@ def _open_pg_store(cfg: Config) -> tuple[Any, bool]:
     return store, store.created
 
 
-def _open_store(cfg: Config) -> tuple[Any, bool]:
+def _open_store(cfg: Config, warn_lost: bool = True) -> tuple[Any, bool]:
     """The store, and whether it was created now. A store that cannot be opened or read stops the
     daemon here with one line saying what to do; a missing one where a router has run before (its
     lock file is still there) is warned about: the fleet's engines are then kept, not stopped."""
@@ -325,11 +404,8 @@ def _open_store(cfg: Config) -> tuple[Any, bool]:
     if path == ":memory:":
         return Store.memory(), True
     fresh = not os.path.exists(path)
-    if fresh and os.path.exists(path + ".lock"):
-        log.warning("control.store: %s does not exist, but a router has run with it here (%s.lock is left): "
-                    "if it was deleted or moved, restore it, or start with --adopt to rebuild it from what the "
-                    "agents report; engines the agents run and this new store does not know are left running, "
-                    "unrouted, meanwhile", path, path)
+    if warn_lost:  # (not a worker's: its supervisor said it, before taking the lock)
+        _warn_lost_store(path)
     try:
         store = Store.open(path)
     except StoreCorrupt as e:
@@ -353,7 +429,7 @@ def _open_store_again(store: Any) -> Any:
 
 
 async def _router_role(cfg: Config, token: str | None, settle_s: float | None, adopt: bool,
-                       config_path: str | None, prepare: Any,
+                       config_path: str | None, prepare: Any, seat: WorkerSeat | None,
                        task_status: trio.TaskStatus[dict[str, Any]]) -> None:
     from llmgw.daemon.control.admin.server import AdminApp, AdminSetupError, serve_admin
     from llmgw.daemon.control.plane.config_reload import ConfigReloader
@@ -371,10 +447,12 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
 
     from llmgw.daemon.control.cluster import RouterInfo, is_shared, join
 
-    store, fresh = _open_store(cfg)
+    store, fresh = _open_store(cfg, warn_lost=seat is None)
     kind, where = store_location(cfg)
-    shared = is_shared(cfg, store)  # several routers on one store (docs/ha.md)
-    # One router per SQLite file (the lock file beside it) unless it is shared; PostgreSQL is shared by design.
+    worker = None if seat is None else seat.index
+    shared = is_shared(cfg, store, worker=worker)  # several routers on one store (docs/ha.md)
+    # One router per SQLite file (the lock file beside it) unless it is shared (--workers: the supervisor
+    # holds the lock for all its workers); PostgreSQL is shared by design.
     lock = contextlib.nullcontext() if kind != "sqlite" or where == ":memory:" or shared else _lock_store(where)
     with store, lock:
         async with UpstreamPool() as pool:
@@ -449,15 +527,19 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 port = await _listening("server.port (--port)", cfg.server.host, cfg.server.port,
                                         lambda: inner.start(lambda task_status: serve_tcp(
                                             router.handle, cfg.server.host, cfg.server.port,
-                                            task_status=task_status, **router.server_options())))
+                                            task_status=task_status, reuse_port=seat is not None,
+                                            before_listen=listen_gate(seat, router.registry),
+                                            **router.server_options())))
                 url = f"http://{cfg.server.host}:{port}"
                 # eval runs go through the OpenAI port, as a client on this machine (lifecycle.py)
                 control.lifecycle.attach(inner, pool, EvalTarget(
                     _loopback_url(cfg.server.host, port), router.internal_token,
                     cfg.server.api_keys[0] if cfg.server.api_keys else None))
                 info.update({"url": url, "port": port, "models": [m.name for m in cfg.models]})
+                if seat is not None:
+                    info["worker"] = seat.index
                 if shared:  # its row in the store: where clients, agents and the other routers reach it
-                    row = RouterInfo()
+                    row = RouterInfo(worker=worker)
                     ji = control.agents.join_info()
                     row.update(url=_loopback_url(cfg.server.host, port) if cfg.server.host in ("127.0.0.1", "::1")
                                else url, control=ji.router, control_ca_pem=ji.ca_pem, control_server_name=ji.server_name)

@@ -39,7 +39,7 @@ import logging
 import os
 import socket as _socket
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from math import inf
 from typing import Any, NoReturn, Unpack
@@ -67,6 +67,7 @@ from llmgw.daemon.net.http_types import (
     text_response,
 )
 from llmgw.daemon.net.inline_epoll import InlineEpoll
+from llmgw.daemon.net.reuse_port import bind_reuse_port, listen_on
 from llmgw.daemon.net.unix_sockets import _peer_uid, _remove_stale_socket
 from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
 from llmgw.http1.response_head import BODY_CHUNKED, BODY_CLOSE, BODY_LENGTH, BODY_NONE, serialize_response_head
@@ -435,14 +436,33 @@ async def serve_listeners(handler: Handler, listeners: list[trio.SocketListener]
 
 async def serve_tcp(handler: Handler, host: str = "127.0.0.1", port: int = 0, *,
                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
-                    backlog: int | None = None, **options: Unpack[ServerOptions]) -> NoReturn:
+                    backlog: int | None = None, reuse_port: bool = False,
+                    before_listen: Callable[[], Awaitable[None]] | None = None,
+                    **options: Unpack[ServerOptions]) -> NoReturn:
     """Serve HTTP on host:port; ``started(bound_port)`` (useful with port 0).
 
     Give a literal address: with port 0, a name that resolves to several addresses
     gets a different ephemeral port on each, and only the first is reported.
+    ``reuse_port``: bind with SO_REUSEPORT, so that several processes of this user
+    (``llmgw daemon --workers N``) listen on one port and the kernel spreads the new
+    connections among them. ``before_listen`` (with reuse_port): the port is bound and
+    reported, then awaited before the sockets listen, so the others keep all the new
+    connections until this process is ready for them.
     """
-    listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
-    task_status.started(listeners[0].socket.getsockname()[1])
+    if not reuse_port:
+        listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
+        task_status.started(listeners[0].socket.getsockname()[1])
+    else:
+        socks = await bind_reuse_port(port, host=host)
+        task_status.started(socks[0].getsockname()[1])
+        try:
+            if before_listen is not None:
+                await before_listen()
+            listeners = listen_on(socks, backlog)
+        except BaseException:
+            for sock in socks:
+                sock.close()
+            raise
     await serve_listeners(handler, listeners, **options)
 
 
