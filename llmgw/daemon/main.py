@@ -29,6 +29,17 @@ from llmgw.config import (
 )
 from llmgw.config.defaults import with_machine_defaults
 from llmgw.config.discovery import CONFIG_ENV, FILE_NAME, SYSTEM_DIR, find_config
+from llmgw.daemon.store_open import (
+    StartupError,
+    find_error,
+    forget_router,
+    lock_store,
+    open_store,
+    open_store_again,
+    startup_error,
+    store_location,
+    warn_lost_store,
+)
 from llmgw.daemon.workers import WorkerSeat, listen_gate
 from llmgw.daemon.logs import (
     FORMAT_ENV,
@@ -138,7 +149,7 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         pass
     except BaseException as e:  # startup errors come wrapped in the nurseries' exception groups
-        err = _startup_error(e)
+        err = startup_error(e)
         if err is None:
             raise
         print(f"llmgw daemon: {err}", file=sys.stderr)
@@ -156,76 +167,20 @@ def _supervise(argv: list[str], count: int, cfg: Config, roles: set[str], config
         print(f"llmgw daemon: {problem}", file=sys.stderr)
         return 2
     if kind != "sqlite":  # PostgreSQL: shared by design, nothing to hold
-        return supervise(argv, count, cfg, roles, config_path, lambda rid: _forget_router(cfg, rid))
+        return supervise(argv, count, cfg, roles, config_path, lambda rid: forget_router(cfg, rid))
     parent = os.path.dirname(os.path.abspath(path))
     try:
-        _warn_lost_store(path)
+        warn_lost_store(path)
         private_dir(parent, "control.store", dedicated="llmgw" in os.path.basename(parent), log=log)
-        lock = _lock_store(path)
-    except _StartupError as e:
+        lock = lock_store(path)
+    except StartupError as e:
         print(f"llmgw daemon: {e}", file=sys.stderr)
         return e.code
     except OSError as e:
         print(f"llmgw daemon: control.store: {path}: {e.strerror or e}", file=sys.stderr)
         return 1
     with lock:
-        return supervise(argv, count, cfg, roles, config_path, lambda rid: _forget_router(cfg, rid))
-
-
-def _forget_router(cfg: Config, router_id: str) -> None:
-    """A worker died (its supervisor reaped it): give back its lease now, if it held it, so that
-    another worker leads at once rather than when the lease expires, and drop its row, so that
-    agents stop dialing it. Both are unfenced store ops (docs/ha.md)."""
-    store, _ = _open_store(cfg, warn_lost=False)
-    with store:
-        store.release_lead(router_id)
-        store.forget_router(router_id)
-
-
-def _warn_lost_store(path: str) -> None:
-    if not os.path.exists(path) and os.path.exists(path + ".lock"):
-        log.warning("control.store: %s does not exist, but a router has run with it here (%s.lock is left): "
-                    "if it was deleted or moved, restore it, or start with --adopt to rebuild it from what the "
-                    "agents report; engines the agents run and this new store does not know are left running, "
-                    "unrouted, meanwhile", path, path)
-
-
-def _lock_store(path: str) -> Any:
-    """One router per store: two control planes writing one store would undo each other."""
-    import fcntl
-
-    from llmgw.daemon.private_files import open_private
-
-    # held open for the process's lifetime; 0600 like the store beside it
-    f = os.fdopen(open_private(path + ".lock", os.O_RDWR | os.O_APPEND, "control.store"), "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise _StartupError(f"control.store: {path} is in use by another llmgw router") from None
-    return f
-
-
-def _startup_error(e: BaseException) -> _StartupError | None:
-    found = _find(e, (_StartupError,))
-    return found if isinstance(found, _StartupError) else None
-
-
-def _find(e: BaseException, types: tuple[type[BaseException], ...]) -> BaseException | None:
-    """The first exception of `types` in e, looking inside (nested) exception groups."""
-    if isinstance(e, types):
-        return e
-    if isinstance(e, BaseExceptionGroup):
-        for sub in e.exceptions:
-            if (found := _find(sub, types)) is not None:
-                return found
-    return None
-
-
-class _StartupError(Exception):
-    def __init__(self, msg: str, code: int = 1) -> None:
-        super().__init__(msg)
-        self.code = code  # the exit status: 2 for what the config (or command line) must change
+        return supervise(argv, count, cfg, roles, config_path, lambda rid: forget_router(cfg, rid))
 
 
 async def _listening(what: str, host: str, port: int, start: Any) -> Any:
@@ -234,13 +189,13 @@ async def _listening(what: str, host: str, port: int, start: Any) -> Any:
     try:
         return await start()
     except BaseException as e:
-        found = _find(e, (OSError,))
+        found = find_error(e, (OSError,))
         if not isinstance(found, OSError) or isinstance(found, ConnectionError):
             raise
         addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         why = found.strerror or str(found)
         hint = " (another llmgw, or another program, is listening there)" if found.errno == errno.EADDRINUSE else ""
-        raise _StartupError(f"{what}: cannot listen on {addr}: {why}{hint}", code=2) from None
+        raise StartupError(f"{what}: cannot listen on {addr}: {why}{hint}", code=2) from None
 
 
 def embedded_model(cfg: Config) -> ModelConfig:
@@ -260,9 +215,9 @@ def _read_secret(value: str | None, path: str | None, what: str) -> str | None:
         with open(path) as f:
             token = f.read().strip()
     except OSError as e:
-        raise _StartupError(f"{what}: cannot read {path}: {e.strerror or e}") from None
+        raise StartupError(f"{what}: cannot read {path}: {e.strerror or e}") from None
     if not token:
-        raise _StartupError(f"{what}: {path} is empty")
+        raise StartupError(f"{what}: {path} is empty")
     return token
 
 
@@ -273,7 +228,7 @@ def _server_tls(cfg: Config, host: str) -> Any:
     try:
         return setup_control_tls(cfg.control, host)
     except TlsSetupError as e:
-        raise _StartupError(str(e)) from None
+        raise StartupError(str(e)) from None
 
 
 def _client_tls(cfg: Config) -> Any:
@@ -282,7 +237,7 @@ def _client_tls(cfg: Config) -> Any:
     try:
         return agent_tls(cfg.agent)
     except AgentTlsError as e:
-        raise _StartupError(str(e)) from None
+        raise StartupError(str(e)) from None
 
 
 async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: str | None = None,
@@ -319,7 +274,7 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
 
             if "router" in roles:
                 if control_addr is None:
-                    raise _StartupError("the local agent needs the router's control listener")
+                    raise StartupError("the local agent needs the router's control listener")
                 router_addr, agent_token, tls = control_addr, token, None
                 if control_tls is not None:  # its own router's CA, and nothing else
                     from llmgw.daemon.agent.router_tls import pinned_tls
@@ -332,7 +287,7 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
                 router_addr = cfg.agent.router
                 agent_token = _read_secret(cfg.agent.join_token, cfg.agent.join_token_file, "agent.join_token_file")
                 if agent_token is None and not load_credential(cfg.agent.state_dir, cfg.agent.node):
-                    raise _StartupError("agent.join_token (or join_token_file) is required to join a router "
+                    raise StartupError("agent.join_token (or join_token_file) is required to join a router "
                                         "(once joined, the node's credential in agent.state_dir is enough)")
                 tls = _client_tls(cfg)
             agent = Agent(cfg.agent, router=router_addr, token=agent_token, tls=tls,
@@ -351,81 +306,6 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
         if agent is not None:
             await agent.say_bye()  # then cancelling it stops its engines
         nursery.cancel_scope.cancel()
-
-
-def store_location(cfg: Config) -> tuple[str, str]:
-    """("postgresql", DSN) or ("sqlite", PATH): `[store] url`, else `[control] store`'s file."""
-    url = cfg.store.url
-    if url.startswith(("postgresql://", "postgres://")):
-        return "postgresql", url
-    return "sqlite", url.removeprefix("sqlite:") if url.startswith("sqlite:") else cfg.control.store
-
-
-def _open_pg_store(cfg: Config) -> tuple[Any, bool]:
-    """The PostgreSQL store, and whether its schema was created now. At start there is no state
-    to run from, so an unreachable or refused store stops the daemon with one line naming
-    [store] url and the reason (later, a store that goes away leaves the router running from
-    memory: the guard)."""
-    try:
-        from llmgw.daemon.control.store.postgres import PgStore
-    except ImportError:
-        raise _StartupError("store.url: a PostgreSQL store needs psycopg: pip install 'llmgw[postgres]'") from None
-    from llmgw.daemon.control.store.rows import StoreError
-
-    password = None
-    if cfg.store.password_file:
-        try:
-            with open(cfg.store.password_file) as f:
-                password = f.read().strip()
-        except OSError as e:
-            raise _StartupError(f"store.password_file: cannot read {cfg.store.password_file}: "
-                                f"{e.strerror or e}") from None
-        if not password:
-            raise _StartupError(f"store.password_file: {cfg.store.password_file} is empty")
-    try:
-        store = PgStore.open(cfg.store.url, password=password, timeout_s=cfg.store.timeout_s)
-    except StoreError as e:
-        raise _StartupError(f"store.url: {e}") from None
-    log.info("store: %s (PostgreSQL, schema %s)", store.path, "created" if store.created else "current")
-    return store, store.created
-
-
-def _open_store(cfg: Config, warn_lost: bool = True) -> tuple[Any, bool]:
-    """The store, and whether it was created now. A store that cannot be opened or read stops the
-    daemon here with one line saying what to do; a missing one where a router has run before (its
-    lock file is still there) is warned about: the fleet's engines are then kept, not stopped."""
-    kind, path = store_location(cfg)
-    if kind == "postgresql":
-        return _open_pg_store(cfg)
-    from llmgw.daemon.control.store.sqlite import Store, StoreCorrupt, StoreError
-    from llmgw.daemon.control.store.faults import FAULT_ENV, FaultInjectingConnection
-    from llmgw.daemon.control.store.state import CORRUPT_ADVICE
-
-    if path == ":memory:":
-        return Store.memory(), True
-    fresh = not os.path.exists(path)
-    if warn_lost:  # (not a worker's: its supervisor said it, before taking the lock)
-        _warn_lost_store(path)
-    try:
-        store = Store.open(path)
-    except StoreCorrupt as e:
-        raise _StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
-    except (StoreError, OSError) as e:
-        raise _StartupError(f"control.store: {e}") from None
-    if flag := os.environ.get(FAULT_ENV):
-        log.warning("test hook %s is set: store writes fail while %s exists", FAULT_ENV, flag)
-        store.wrap_connection(lambda conn: FaultInjectingConnection(conn, flag))
-    return store, fresh
-
-
-def _open_store_again(store: Any) -> Any:
-    """A second connection to the same store, for the Leadership's calls in worker threads."""
-    again = getattr(store, "open_again", None)
-    if again is not None:
-        return again()
-    from llmgw.daemon.control.store.sqlite import Store
-
-    return Store.open(store.path, threaded=True)
 
 
 async def _router_role(cfg: Config, token: str | None, settle_s: float | None, adopt: bool,
@@ -447,13 +327,13 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
 
     from llmgw.daemon.control.cluster import RouterInfo, is_shared, join
 
-    store, fresh = _open_store(cfg, warn_lost=seat is None)
+    store, fresh = open_store(cfg, warn_lost=seat is None)
     kind, where = store_location(cfg)
     worker = None if seat is None else seat.index
     shared = is_shared(cfg, store, worker=worker)  # several routers on one store (docs/ha.md)
     # One router per SQLite file (the lock file beside it) unless it is shared (--workers: the supervisor
     # holds the lock for all its workers); PostgreSQL is shared by design.
-    lock = contextlib.nullcontext() if kind != "sqlite" or where == ":memory:" or shared else _lock_store(where)
+    lock = contextlib.nullcontext() if kind != "sqlite" or where == ":memory:" or shared else lock_store(where)
     with store, lock:
         async with UpstreamPool() as pool:
             router = Router(cfg, pool)
@@ -463,12 +343,12 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                                        fresh_store=fresh and where != ":memory:", shared=shared)
             except StoreCorrupt as e:
                 if kind != "sqlite":
-                    raise _StartupError(f"store.url: {e}: restore the database from a backup, or start with "
+                    raise StartupError(f"store.url: {e}: restore the database from a backup, or start with "
                                         "`llmgw daemon --adopt` on an empty one to rebuild it from what the agents "
                                         "report") from None
-                raise _StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
+                raise StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
             except StoreError as e:  # another backend's fault while loading (a server gone away)
-                raise _StartupError(f"store.url: {e}") from None
+                raise StartupError(f"store.url: {e}") from None
             control.reloader = ConfigReloader(control, config_path, prepare or (lambda c: c))
             if adopt:
                 log.warning("--adopt: engines that agents run and the store does not know are adopted as replicas")
@@ -477,7 +357,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 try:
                     router.trace_log.check()
                 except OSError as e:
-                    raise _StartupError(f"router.traces.file: cannot open {router.trace_log.path} for "
+                    raise StartupError(f"router.traces.file: cannot open {router.trace_log.path} for "
                                         f"writing: {e.strerror or e}") from None
             async with trio.open_nursery() as inner:
                 inner.start_soon(router.registry.scrape_loop, pool)
@@ -515,12 +395,12 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 try:
                     admin = await inner.start(serve_admin, cfg.admin, admin_app)
                 except BaseException as e:
-                    found = _find(e, (AdminSetupError, OSError))
+                    found = find_error(e, (AdminSetupError, OSError))
                     if found is None:
                         raise
                     if str(found).startswith(("admin.socket:", "admin.tcp:")):  # a listener it cannot bind
-                        raise _StartupError(str(found), code=2) from None
-                    raise _StartupError(f"admin API ({cfg.admin.socket}): {found}") from None
+                        raise StartupError(str(found), code=2) from None
+                    raise StartupError(f"admin API ({cfg.admin.socket}): {found}") from None
                 info["admin_socket"] = admin["socket"]
                 if admin.get("tcp"):
                     info["admin_tcp"] = admin["tcp"]
@@ -543,7 +423,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                     ji = control.agents.join_info()
                     row.update(url=_loopback_url(cfg.server.host, port) if cfg.server.host in ("127.0.0.1", "::1")
                                else url, control=ji.router, control_ca_pem=ji.ca_pem, control_server_name=ji.server_name)
-                    await join(inner, cfg, control, _open_store_again(store), row, admin_app, router.metrics.registry, router)
+                    await join(inner, cfg, control, open_store_again(store), row, admin_app, router.metrics.registry, router)
                     info["router_id"] = control.router_id
                 log.info("router listening on %s", url)
                 inner.start_soon(lambda: announce_when_ready(lambda: readiness(router.registry), url))
