@@ -221,6 +221,7 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
     token: str | None = None
     control_addr: str | None = None
     control_tls: Any = None
+    stopping: Any = None  # the router's (Drain, Router): a graceful stop first
     async with trio.open_nursery() as nursery:
         if "router" in roles:
             if not cfg.models and "agent" in roles and cfg.sim.replicas > 0:  # (main's prepare did it)
@@ -236,6 +237,7 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
                 settle = 0.0  # ... so there is no fleet to wait for
             info = await nursery.start(_router_role, cfg, token, settle, adopt, config_path, prepare)
             control_tls = info.pop("_control_tls", None)
+            stopping = info.pop("_drain", None)
             ready.update(info)
             control_addr = info.get("control")
         agent = None
@@ -267,10 +269,46 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
                 break
-        log.info("stopping")
+            log.info("stopping")
+            if stopping is not None and cfg.server.shutdown_grace_s > 0:
+                await _drain(*stopping, cfg.server.shutdown_grace_s, signals)
         if agent is not None:
             await agent.say_bye()  # then cancelling it stops its engines
         nursery.cancel_scope.cancel()
+
+
+async def _drain(drain: Any, router: Any, grace: float, signals: Any) -> None:
+    """A router's graceful stop (docs/ha.md "Behind a load balancer"): its OpenAI listener closes
+    (new connections are refused: clients and load balancers go to another router), /ready answers
+    503 "draining", idle connections close, and requests in flight finish — each connection closing
+    after its response — for up to `grace` seconds (server.shutdown_grace_s); a second signal ends
+    it at once. What is still in flight after that is cut, as every task is cancelled."""
+    router.draining = True
+    t0 = trio.current_time()
+    n = drain.start()
+    log.info("draining: %d request(s) in flight on %d connection(s); new connections are refused; waiting up to "
+             "%gs for them (server.shutdown_grace_s)", n, drain.connections, grace)
+    why = "grace"
+    async with trio.open_nursery() as nursery:
+        async def wait() -> None:
+            nonlocal why
+            with trio.move_on_after(grace):
+                await drain.wait()
+                why = "done"
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(wait)
+        async for _ in signals:
+            why = "signal"
+            break
+        nursery.cancel_scope.cancel()
+    took = trio.current_time() - t0
+    if why == "done":
+        log.info("drained in %.1fs: no request in flight", took)
+    else:
+        log.warning("%s after %.1fs: %d request(s) still in flight are cut",
+                    "a second signal: stopping now" if why == "signal" else "the shutdown grace is over",
+                    took, drain.in_flight)
 
 
 def _open_store(path: str) -> tuple[Any, bool]:
@@ -321,7 +359,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
     from llmgw.daemon.control.store.sqlite import StoreCorrupt
     from llmgw.daemon.control.store.guard import StoreMetrics
     from llmgw.daemon.control.store.state import CORRUPT_ADVICE
-    from llmgw.daemon.net.httpserver import serve_tcp
+    from llmgw.daemon.net.httpserver import Drain, serve_tcp
     from llmgw.daemon.net.upstream import UpstreamPool
     from llmgw.daemon.router.control_port import RouterAdapter
     from llmgw.daemon.router.proxy import Router
@@ -395,10 +433,12 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 info["admin_socket"] = admin["socket"]
                 if admin.get("tcp"):
                     info["admin_tcp"] = admin["tcp"]
+                drain = Drain()  # SIGTERM: a graceful stop first (_run)
                 port = await _listening("server.port (--port)", cfg.server.host, cfg.server.port,
                                         lambda: inner.start(lambda task_status: serve_tcp(
                                             router.handle, cfg.server.host, cfg.server.port,
-                                            task_status=task_status, **router.server_options())))
+                                            task_status=task_status, drain=drain, **router.server_options())))
+                info["_drain"] = (drain, router)  # for _run; not printed
                 url = f"http://{cfg.server.host}:{port}"
                 # eval runs go through the OpenAI port, as a client on this machine (lifecycle.py)
                 control.lifecycle.attach(inner, pool, EvalTarget(
