@@ -6,7 +6,10 @@ when a connection is refused — no request fails, and the restarted router serv
 
 from __future__ import annotations
 
+import shutil
 import signal
+import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,12 +19,14 @@ import httpx
 import pytest
 
 from .ha_cluster import Cluster
+from .test_router_integration import free_port
 from .test_fleet_integration import sim_model
 from .test_sim_vllm import wait_for
 
 # ~160 ms a request (8 tokens): with 4 clients at once, some are in flight on a router when it is told to stop
 SIM_ARGS = ["--sim-decode-ms-per-token", "20", "--sim-prefill-ms-per-token", "0"]
 REQUESTS = 300
+HAPROXY_CFG = Path(__file__).resolve().parent.parent / "contrib" / "haproxy" / "llmgw.cfg"
 
 
 @pytest.fixture
@@ -46,10 +51,10 @@ class RoundRobin:
     """Clients of several URLs, `workers` at once: request n goes to urls[n % len], on a fresh
     connection; a refused connection (httpx.ConnectError: nothing was sent) is retried ONCE on the
     next URL. Anything else that is not a 200 is a failure. Runs `at_least` requests, then on until
-    `done` is set."""
+    `done` is set. retry=False: no retry (a load balancer in front does it)."""
 
-    def __init__(self, urls: list[str], at_least: int, workers: int = 4) -> None:
-        self.urls, self.at_least = urls, at_least
+    def __init__(self, urls: list[str], at_least: int, workers: int = 4, retry: bool = True) -> None:
+        self.urls, self.at_least, self.retry = urls, at_least, retry
         self.done = threading.Event()
         self.lock = threading.Lock()
         self.next = 0
@@ -85,6 +90,8 @@ class RoundRobin:
                 try:
                     r = httpx.post(f"{first}/v1/chat/completions", json=_body(n), timeout=30)
                 except httpx.ConnectError:
+                    if not self.retry:
+                        raise
                     with self.lock:
                         self.retried += 1
                     url = other
@@ -99,6 +106,12 @@ class RoundRobin:
                     self.served[url] = self.served.get(url, 0) + 1
                 else:
                     self.failures.append(failure)
+
+
+def _requests(url: str) -> float:
+    """The requests a router has answered (llmgw_requests_total)."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("llmgw_requests_total"))
 
 
 def _stream(url: str, out: dict[str, Any], started: threading.Event) -> None:
@@ -118,11 +131,11 @@ def _stream(url: str, out: dict[str, Any], started: threading.Event) -> None:
         started.set()
 
 
-def restart_under_load(c: Cluster, urls: list[str], victim: int) -> tuple[RoundRobin, dict[str, Any]]:
+def restart_under_load(c: Cluster, urls: list[str], victim: int, retry: bool = True) -> tuple[RoundRobin, dict[str, Any]]:
     """Run the round robin over `urls`; meanwhile stop router `victim` with SIGTERM while a long
     streamed request is in flight on it, wait for its exit, start it again and wait until it is
     ready and has served the client again; then let the client finish."""
-    client = RoundRobin(urls, REQUESTS)
+    client = RoundRobin(urls, REQUESTS, retry=retry)
     client.start()
     wait_for(lambda: client.sent >= 30, timeout=60)
     d = c.router(victim)
@@ -139,8 +152,8 @@ def restart_under_load(c: Cluster, urls: list[str], victim: int) -> tuple[RoundR
     back = c.start_router(victim)
     assert back.url == d.url  # the same config, the same address
     wait_for(lambda: httpx.get(f"{back.url}/ready", timeout=5).status_code == 200, timeout=60)
-    served = client.served.get(back.url, 0)
-    wait_for(lambda: client.served.get(back.url, 0) >= served + 10 or client.failures, timeout=60)
+    served = _requests(back.url)
+    wait_for(lambda: _requests(back.url) >= served + 10 or client.failures, timeout=60)  # it serves the client
     client.done.set()
     assert client.join(120)
     assert client.sent > sent_at_stop
@@ -167,3 +180,86 @@ def test_a_router_restarted_under_load_costs_a_retrying_client_no_request(cluste
     assert c.status(victim)["role"] in ("follower", "leader")
     assert httpx.get(f"{urls[victim]}/ready").json()["status"] == "ready"
     assert c.chat(victim, "m").status_code == 200
+
+
+def haproxy_config(example: str, listen: int, routers: list[int]) -> str:
+    """contrib/haproxy/llmgw.cfg with this test's addresses: its frontend on 127.0.0.1:listen, its
+    servers the routers on 127.0.0.1 (as many as given); everything else as shipped."""
+    out: list[str] = []
+    servers_done = False
+    for line in example.splitlines():
+        words = line.split()
+        if words[:1] == ["bind"]:
+            line = f"    bind 127.0.0.1:{listen}"
+        elif words[:1] == ["server"]:
+            if servers_done:
+                continue
+            servers_done = True
+            line = "\n".join(f"    server router{k + 1} 127.0.0.1:{p}" for k, p in enumerate(routers))
+        out.append(line)
+    assert servers_done, "the example has no server lines"
+    return "\n".join(out) + "\n"
+
+
+@pytest.fixture
+def haproxy(tmp_path: Path) -> Iterator[Any]:
+    exe = shutil.which("haproxy")
+    if exe is None:
+        pytest.skip("haproxy is not installed (scripts/test installs it with apt-get when run as root)")
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(routers: list[int]) -> str:
+        port = free_port()
+        cfg = tmp_path / "haproxy.cfg"
+        cfg.write_text(haproxy_config(HAPROXY_CFG.read_text(), port, routers))
+        check = subprocess.run([exe, "-c", "-f", str(cfg)], capture_output=True, timeout=30)
+        assert check.returncode == 0, check.stderr.decode() + check.stdout.decode()
+        with open(tmp_path / "haproxy.log", "wb") as log:
+            proc = subprocess.Popen([exe, "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        started.append(proc)
+
+        def listening() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return True
+            except OSError:
+                assert proc.poll() is None, (tmp_path / "haproxy.log").read_text()
+                return False
+
+        wait_for(listening, timeout=20)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def test_a_router_restarted_behind_haproxy_costs_clients_no_request(cluster: Any, haproxy: Any) -> None:
+    """The same restart through HAProxy started from contrib/haproxy/llmgw.cfg: the clients do not
+    retry — HAProxy's `retries 1` + `option redispatch` take a refused connection elsewhere, and
+    its check of /ready takes the router out as it drains and back once it is ready."""
+    c = cluster([sim_model("m", 2, args=SIM_ARGS)], routers=2, fixed_api_ports=True)
+    c.wait_leader()
+    c.start_agent("n1")
+    for i in (0, 1):
+        wait_for(lambda i=i: len(c.routed(i, "m")) == 2, timeout=60)
+        wait_for(lambda i=i: httpx.get(f"{c.router(i).url}/ready").status_code == 200)
+    assert c.api_ports is not None
+    front = haproxy(c.api_ports)
+    wait_for(lambda: all(_requests(c.router(i).url) > 0 for i in (0, 1)) if
+             httpx.post(f"{front}/v1/chat/completions", json=_body(0), timeout=30).status_code == 200 else False,
+             timeout=30)  # HAProxy sends to both
+    victim = c.wait_leader()
+    client, streamed = restart_under_load(c, [front], victim, retry=False)
+    print(f"restart behind haproxy: {client.sent} requests, failures {len(client.failures)}")
+    assert client.failures == [], client.failures[:10]
+    assert client.sent >= REQUESTS
+    assert streamed.get("status") == 200 and streamed["lines"][-1] == "data: [DONE]", streamed
+    assert httpx.get(f"{c.router(victim).url}/ready").json()["status"] == "ready"
