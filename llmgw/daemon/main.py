@@ -221,7 +221,7 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
     token: str | None = None
     control_addr: str | None = None
     control_tls: Any = None
-    stopping: Any = None  # the router's (Drain, Router): a graceful stop first
+    stopping: Any = None  # the router's (Drain, what to tell of it): a graceful stop first
     async with trio.open_nursery() as nursery:
         if "router" in roles:
             if not cfg.models and "agent" in roles and cfg.sim.replicas > 0:  # (main's prepare did it)
@@ -277,13 +277,21 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
         nursery.cancel_scope.cancel()
 
 
-async def _drain(drain: Any, router: Any, grace: float, signals: Any) -> None:
+def _stopping(router: Any, control: Any) -> None:
+    """A drain begins: /ready answers 503 "draining"; evals (which go through the OpenAI port, now
+    refusing connections) are cut rather than scored on refusals."""
+    router.draining = True
+    if cut := control.lifecycle.evals.stop():
+        log.warning("%d eval job(s) under way are cut: the router is stopping", cut)
+
+
+async def _drain(drain: Any, tell: Any, grace: float, signals: Any) -> None:
     """A router's graceful stop (docs/ha.md "Behind a load balancer"): its OpenAI listener closes
     (new connections are refused: clients and load balancers go to another router), /ready answers
     503 "draining", idle connections close, and requests in flight finish — each connection closing
     after its response — for up to `grace` seconds (server.shutdown_grace_s); a second signal ends
     it at once. What is still in flight after that is cut, as every task is cancelled."""
-    router.draining = True
+    tell()
     t0 = trio.current_time()
     n = drain.start()
     log.info("draining: %d request(s) in flight on %d connection(s); new connections are refused; waiting up to "
@@ -438,7 +446,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                                         lambda: inner.start(lambda task_status: serve_tcp(
                                             router.handle, cfg.server.host, cfg.server.port,
                                             task_status=task_status, drain=drain, **router.server_options())))
-                info["_drain"] = (drain, router)  # for _run; not printed
+                info["_drain"] = (drain, lambda: _stopping(router, control))  # for _run; not printed
                 url = f"http://{cfg.server.host}:{port}"
                 # eval runs go through the OpenAI port, as a client on this machine (lifecycle.py)
                 control.lifecycle.attach(inner, pool, EvalTarget(
