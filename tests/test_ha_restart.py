@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -144,14 +145,17 @@ def restart_under_load(c: Cluster, urls: list[str], victim: int, retry: bool = T
     st = threading.Thread(target=_stream, args=(d.url, streamed, started), daemon=True)
     st.start()
     assert started.wait(20)
+    t0 = time.monotonic()
     c.signal(victim, signal.SIGTERM)
     assert d.proc.wait(30) == 0
+    stopped = time.monotonic()
     assert any("drained in" in line for line in d.err), "".join(d.err[-20:])
     st.join(30)
     sent_at_stop = client.sent
     back = c.start_router(victim)
     assert back.url == d.url  # the same config, the same address
     wait_for(lambda: httpx.get(f"{back.url}/ready", timeout=5).status_code == 200, timeout=60)
+    print(f"SIGTERM to exit {stopped - t0:.1f} s; restart to /ready 200 {time.monotonic() - stopped:.1f} s")
     served = _requests(back.url)
     wait_for(lambda: _requests(back.url) >= served + 10 or client.failures, timeout=60)  # it serves the client
     client.done.set()
