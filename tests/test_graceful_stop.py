@@ -47,7 +47,8 @@ def _read_response(s: socket.socket) -> bytes:
         assert chunk, buf
         buf += chunk
     head, _, body = buf.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
     while len(body) < length:
         chunk = s.recv(65536)
         assert chunk

@@ -132,7 +132,8 @@ def _stream(url: str, out: dict[str, Any], started: threading.Event) -> None:
         started.set()
 
 
-def restart_under_load(c: Cluster, urls: list[str], victim: int, retry: bool = True) -> tuple[RoundRobin, dict[str, Any]]:
+def restart_under_load(c: Cluster, urls: list[str], victim: int,
+                       retry: bool = True) -> tuple[RoundRobin, dict[str, Any]]:
     """Run the round robin over `urls`; meanwhile stop router `victim` with SIGTERM while a long
     streamed request is in flight on it, wait for its exit, start it again and wait until it is
     ready and has served the client again; then let the client finish."""

@@ -117,7 +117,7 @@ class Evals:
             self.running.add(scope)
             try:
                 await self._run_eval(job, suite, name, revision, rid)
-            except Exception as e:  # noqa: BLE001 — a bug (or a damaged stored result) fails the job, never the router
+            except Exception as e:  # noqa: BLE001 — a bug (or a damaged stored result) fails the job, not the router
                 log.exception("eval job %s failed", job.id)
                 job.fail(time.time(), f"the eval failed: {e}")
                 self.lc._save_job(job)
