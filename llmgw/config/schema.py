@@ -35,6 +35,8 @@ class ServerConfig:
     request_id_header: str = opt("x-request-id", check=header_name)
     max_connections: int = opt(0, check=in_range(0))  # 0 = from the fd limit: (limit - 256) / 2
     first_request_timeout_s: float = opt(10.0, check=positive)  # a new connection's first byte, at most
+    # SIGTERM/SIGINT: requests in flight may finish this long (new connections refused); 0 = cut at once
+    shutdown_grace_s: float = opt(30.0, check=in_range(0, 3600))
 
 
 @dataclass(frozen=True, kw_only=True)

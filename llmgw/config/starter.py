@@ -14,6 +14,7 @@ max_body_bytes = 8388608         # 8 MiB; larger request bodies are refused
 request_id_header = "x-request-id"
 max_connections = 0              # open connections at most; 0 = from the fd limit: (limit - 256) / 2
 first_request_timeout_s = 10.0   # a new connection that sends nothing this long is closed
+shutdown_grace_s = 30.0          # SIGTERM: requests in flight may finish this long; 0 = cut at once
 
 [admin]
 # Unix socket of the admin API. Default: $XDG_RUNTIME_DIR/llmgw-<uid>/admin.sock,

@@ -40,6 +40,7 @@ from llmgw.daemon.store_open import (
     store_location,
     warn_lost_store,
 )
+from llmgw.daemon.router.stopping import drain_then_stop, stopping_begins
 from llmgw.daemon.workers import WorkerSeat, listen_gate
 from llmgw.daemon.logs import (
     FORMAT_ENV,
@@ -249,6 +250,7 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
     token: str | None = None
     control_addr: str | None = None
     control_tls: Any = None
+    stopping: Any = None  # the router's (Drain, what to tell of it): a graceful stop first
     async with trio.open_nursery() as nursery:
         if "router" in roles:
             if not cfg.models and "agent" in roles and cfg.sim.replicas > 0:  # (main's prepare did it)
@@ -266,6 +268,7 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
                 settle = 0.0  # ... so there is no fleet to wait for
             info = await nursery.start(_router_role, cfg, token, settle, adopt, config_path, prepare, seat)
             control_tls = info.pop("_control_tls", None)
+            stopping = info.pop("_drain", None)
             ready.update(info)
             control_addr = info.get("control")
         agent = None
@@ -302,7 +305,9 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
                 nursery.start_soon(watch_supervisor, seat)
             async for _ in signals:
                 break
-        log.info("stopping")
+            log.info("stopping")
+            if stopping is not None and cfg.server.shutdown_grace_s > 0:
+                await drain_then_stop(*stopping, cfg.server.shutdown_grace_s, signals)
         if agent is not None:
             await agent.say_bye()  # then cancelling it stops its engines
         nursery.cancel_scope.cancel()
@@ -318,7 +323,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
     from llmgw.daemon.control.store.sqlite import StoreCorrupt, StoreError
     from llmgw.daemon.control.store.guard import StoreMetrics
     from llmgw.daemon.control.store.state import CORRUPT_ADVICE
-    from llmgw.daemon.net.httpserver import serve_tcp
+    from llmgw.daemon.net.httpserver import Drain, serve_tcp
     from llmgw.daemon.net.upstream import UpstreamPool
     from llmgw.daemon.router.control_port import RouterAdapter
     from llmgw.daemon.router.proxy import Router
@@ -404,12 +409,14 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 info["admin_socket"] = admin["socket"]
                 if admin.get("tcp"):
                     info["admin_tcp"] = admin["tcp"]
+                drain = Drain()  # SIGTERM: a graceful stop first (_run)
                 port = await _listening("server.port (--port)", cfg.server.host, cfg.server.port,
                                         lambda: inner.start(lambda task_status: serve_tcp(
                                             router.handle, cfg.server.host, cfg.server.port,
                                             task_status=task_status, reuse_port=seat is not None,
-                                            before_listen=listen_gate(seat, router.registry),
+                                            before_listen=listen_gate(seat, router.registry), drain=drain,
                                             **router.server_options())))
+                info["_drain"] = (drain, lambda: stopping_begins(router, control))  # for _run; not printed
                 url = f"http://{cfg.server.host}:{port}"
                 # eval runs go through the OpenAI port, as a client on this machine (lifecycle.py)
                 control.lifecycle.attach(inner, pool, EvalTarget(

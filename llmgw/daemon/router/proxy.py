@@ -156,6 +156,7 @@ class Router:
         # What the control plane's eval runner sends (INTERNAL_HEADER) to reach a candidate
         # revision (REVISION_HEADER): a secret of this process, never logged or answered.
         self.internal_token = secrets.token_hex(16)
+        self.draining = False  # stopping (SIGTERM): /ready answers 503 "draining" (main.py, docs/ha.md)
 
     @property
     def decisions(self) -> deque[Decision]:
@@ -249,7 +250,7 @@ class Router:
         """200 once every model that should have replicas has one that can serve, else 503; the
         body says which (llmgw.route.readiness) — to a caller with an API key when keys are set,
         since it names the models; without one, only the status."""
-        r = readiness(self.registry)
+        r = readiness(self.registry, draining=self.draining)
         body = r.to_dict()
         try:
             self._authorize(req)
