@@ -27,8 +27,10 @@ class Cluster:
     def __init__(self, tmp: Path, models: list[dict[str, Any]], *, routers: int = 2,
                  store: dict[str, Any] | None = None, lease_s: float = 1.5, control: dict[str, Any] | None = None,
                  lost_after: float = 30.0, deaf: frozenset[int] = frozenset(),
-                 hosts: list[str] | None = None, prefix: list[tuple[str, ...]] | None = None) -> None:
+                 hosts: list[str] | None = None, prefix: list[tuple[str, ...]] | None = None,
+                 ha: dict[str, Any] | None = None) -> None:
         """`deaf`: routers started with no control listener, so no agent reaches them."""
+        self.ha = ha or {}
         self.hosts = hosts or ["127.0.0.1"] * routers
         self.prefix = prefix or [()] * routers
         self.tmp = tmp
@@ -65,7 +67,7 @@ class Cluster:
         lines += table("store", {"lease_s": self.lease_s, "poll_s": 0.1, **bound, **self.store})
         lines += table("admin", {"socket": str(self.socket(i))})
         if host != "127.0.0.1":
-            lines += table("ha", {"feed_listen": f"{host}:0"})
+            lines += table("ha", {"feed_listen": f"{host}:0", **self.ha})
         for m in self.models:
             lines += ["[[models]]"] + [f"{k} = {toml_value(v)}" for k, v in m.items() if k != "deploy"]
             lines += table("models.deploy", m["deploy"])

@@ -7,6 +7,7 @@ setting its bridge port down. Root only (skipped with the reason otherwise)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -223,3 +224,38 @@ def test_the_store_cut_off_routers_route_from_memory_and_resume(hosts_cluster: A
     assert set(answers) <= {200, 503}, answers
     wait_for(lambda: len(c.routed(lead, "m")) == 3, timeout=30)
     assert {k: v for k, v in _engines(c, lead, "m").items() if k in before} == before
+
+
+def test_a_router_on_every_interface_advertises_its_host_name(net: tuple[netns.Hosts, PgServer],
+                                                               tmp_path: Path) -> None:
+    """`[server] host` and `[control] listen` on a wildcard address (docs/ha.md's example): its row
+    in the store names this host (its name, as the control address does), never 0.0.0.0, which
+    another host cannot dial."""
+    hosts, pg = net
+    name = f"hosts{next(_numbers)}"
+    url = pg.create_database(name)
+    c = Cluster(tmp_path, [], routers=1, store={"url": url}, lease_s=LEASE, hosts=["0.0.0.0"],
+                prefix=[hosts.prefix("router-a")], ha={"feed_advertise": hosts.addr["router-a"]})
+    try:
+        c.wait_leader(timeout=30)
+        row = next(r for r in c.get(0, "/api/v1/routers")["routers"] if r["this"])
+        me = socket.gethostname()
+        assert row["control"] == f"{me}:{c.ports[0]}", row
+        assert row["url"] == f"http://{me}:{c.router(0).info['port']}", row
+        assert row["feed"].startswith(f"{hosts.addr['router-a']}:"), row
+    finally:
+        c.close()
+        hosts.kill_all("router-a")
+        pg.drop_database(name)
+
+
+def test_advertised_url_names_a_dialable_address() -> None:
+    from llmgw.daemon.main import _advertised_url
+
+    me = socket.gethostname()
+    assert _advertised_url("127.0.0.1", 8000) == "http://127.0.0.1:8000"
+    assert _advertised_url("::1", 8000) == "http://[::1]:8000"
+    assert _advertised_url("10.0.0.5", 8000) == "http://10.0.0.5:8000"
+    assert _advertised_url("fd00::5", 8000) == "http://[fd00::5]:8000"
+    assert _advertised_url("0.0.0.0", 8000) == f"http://{me}:8000"
+    assert _advertised_url("::", 8000) == (f"http://[{me}]:8000" if ":" in me else f"http://{me}:8000")
