@@ -184,7 +184,11 @@ def test_a_router_cut_off_from_agents_and_store_loses_the_lead_and_follows_again
         c.net.mend(ROUTER_HOSTS[lead])
     new = c.status(other)
     wait_for(lambda: (s := c.status(lead))["role"] == "follower" and s["leader"] == new["leader"], timeout=20)
-    wait_for(lambda: _hears(c, lead) == 1, timeout=20)  # the agent's stream to it is back
+    try:  # the agent's stream to it is back (with the credential it holds: both routers know it)
+        wait_for(lambda: _hears(c, lead) == 1, timeout=20)
+    except AssertionError:
+        refused = [line for line in c.agents["node-1"].err if "refused this agent" in line]
+        raise AssertionError(f"the agent did not stream to router {lead} again: {refused[-1:]}") from None
     wait_for(lambda: len(c.routed(lead, "m")) == 2, timeout=30)
     assert c.chat(lead, "m", "back").status_code == 200
     assert c.leader() == other
