@@ -238,9 +238,10 @@ def test_a_router_on_every_interface_advertises_its_host_name(net: tuple[netns.H
     hosts, pg = net
     name = f"hosts{next(_numbers)}"
     url = pg.create_database(name)
-    c = Cluster(tmp_path, [], routers=1, store={"url": url}, lease_s=LEASE, hosts=["0.0.0.0"],
-                prefix=[hosts.prefix("router-a")], ha={"feed_advertise": hosts.addr["router-a"]})
+    c: Cluster | None = None
     try:
+        c = Cluster(tmp_path, [], routers=1, store={"url": url}, lease_s=LEASE, hosts=["0.0.0.0"],
+                    prefix=[hosts.prefix("router-a")], ha={"feed_advertise": hosts.addr["router-a"]})
         c.wait_leader(timeout=30)
         row = next(r for r in c.get(0, "/api/v1/routers")["routers"] if r["this"])
         me = socket.gethostname()
@@ -248,7 +249,8 @@ def test_a_router_on_every_interface_advertises_its_host_name(net: tuple[netns.H
         assert row["url"] == f"http://{me}:{c.router(0).info['port']}", row
         assert row["feed"].startswith(f"{hosts.addr['router-a']}:"), row
     finally:
-        c.close()
+        if c is not None:
+            c.close()
         hosts.kill_all("router-a")
         pg.drop_database(name)
 
