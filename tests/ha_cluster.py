@@ -54,7 +54,7 @@ class Cluster:
         return self.tmp / f"admin-{i}" / "admin.sock"
 
     def router_config(self, i: int) -> Path:
-        host = self.hosts[i]
+        host = self.hosts[i] if i < len(self.hosts) else "127.0.0.1"  # a router added later: loopback
         lines = table("server", {"host": host})
         lines += table("router", {"scrape_interval_s": 0.2})
         reach = {} if i in self.deaf else {"listen": f"{host}:{self.ports[i]}", "join_token": TOKEN}
@@ -76,7 +76,8 @@ class Cluster:
         return path
 
     def start_router(self, i: int) -> Daemon:
-        d = Daemon(self.router_config(i), role="router", log_level="info", prefix=self.prefix[i])
+        prefix = self.prefix[i] if i < len(self.prefix) else ()
+        d = Daemon(self.router_config(i), role="router", log_level="info", prefix=prefix)
         self.routers[i] = d
         return d
 
