@@ -3,7 +3,11 @@
 `Cluster` starts N `llmgw daemon --role router` processes on one store — a SQLite file shared on
 this host (`[store] shared = true`), or a PostgreSQL database (`[store] url`) — each with its own
 control port and admin socket, and agents that dial router 0 (they learn the others from its
-welcome). Everything started is stopped, agents first."""
+welcome). Everything started is stopped, agents first.
+
+On separate hosts (tests/test_ha_hosts.py): `hosts` gives each router its address (its OpenAI
+port, control listener and feed bind there, and each keeps its own control TLS directory, so each
+has its own CA), `prefix` the command that runs it there (`ip netns exec NS`)."""
 
 from __future__ import annotations
 
@@ -22,8 +26,13 @@ from .test_sim_vllm import wait_for
 class Cluster:
     def __init__(self, tmp: Path, models: list[dict[str, Any]], *, routers: int = 2,
                  store: dict[str, Any] | None = None, lease_s: float = 1.5, control: dict[str, Any] | None = None,
-                 lost_after: float = 30.0, deaf: frozenset[int] = frozenset(), fixed_api_ports: bool = False) -> None:
+                 lost_after: float = 30.0, deaf: frozenset[int] = frozenset(), fixed_api_ports: bool = False,
+                 hosts: list[str] | None = None, prefix: list[tuple[str, ...]] | None = None,
+                 ha: dict[str, Any] | None = None) -> None:
         """`deaf`: routers started with no control listener, so no agent reaches them."""
+        self.ha = ha or {}
+        self.hosts = hosts or ["127.0.0.1"] * routers
+        self.prefix = prefix or [()] * routers
         self.tmp = tmp
         self.models = models
         self.store = {"shared": True} if store is None else store
@@ -47,16 +56,20 @@ class Cluster:
         return self.tmp / f"admin-{i}" / "admin.sock"
 
     def router_config(self, i: int) -> Path:
-        lines = table("server", {"host": "127.0.0.1"})
+        host = self.hosts[i] if i < len(self.hosts) else "127.0.0.1"  # a router added later: loopback
+        lines = table("server", {"host": host})
         lines += table("router", {"scrape_interval_s": 0.2})
-        reach = {} if i in self.deaf else {"listen": f"127.0.0.1:{self.ports[i]}", "join_token": TOKEN}
+        reach = {} if i in self.deaf else {"listen": f"{host}:{self.ports[i]}", "join_token": TOKEN}
+        own = self.tmp / "router.db" if host == "127.0.0.1" else self.tmp / f"host-{i}" / "router.db"
         lines += table("control", {**reach,
                                    "heartbeat_s": 0.2, "not_ready_after_s": 1.0, "lost_after_s": self.lost_after,
-                                   "drain_timeout_s": 2.0, "settle_s": 1.0, "store": str(self.tmp / "router.db"),
+                                   "drain_timeout_s": 2.0, "settle_s": 1.0, "store": str(own),
                                    **self.control_extra})
         bound = {"timeout_s": round(self.lease_s / 3, 3)}  # a call that times out ends within the lease
         lines += table("store", {"lease_s": self.lease_s, "poll_s": 0.1, **bound, **self.store})
         lines += table("admin", {"socket": str(self.socket(i))})
+        if host != "127.0.0.1":
+            lines += table("ha", {"feed_listen": f"{host}:0", **self.ha})
         for m in self.models:
             lines += ["[[models]]"] + [f"{k} = {toml_value(v)}" for k, v in m.items() if k != "deploy"]
             lines += table("models.deploy", m["deploy"])
@@ -66,7 +79,8 @@ class Cluster:
 
     def start_router(self, i: int) -> Daemon:
         extra = ("--port", str(self.api_ports[i])) if self.api_ports else ()
-        d = Daemon(self.router_config(i), role="router", log_level="info", extra=extra)
+        prefix = self.prefix[i] if i < len(self.prefix) else ()
+        d = Daemon(self.router_config(i), role="router", log_level="info", extra=extra, prefix=prefix)
         self.routers[i] = d
         return d
 
@@ -111,7 +125,7 @@ class Cluster:
 
     # -- agents and clients ------------------------------------------------------------------------
     def agent_config(self, node: str, **agent: Any) -> Path:
-        values = {"node": node, "router": f"127.0.0.1:{self.ports[0]}", "join_token": TOKEN,
+        values = {"node": node, "router": f"{self.hosts[0]}:{self.ports[0]}", "join_token": TOKEN,
                   "state_dir": str(self.tmp / f"agent-{node}"), "reconnect_min_s": 0.1, "reconnect_max_s": 0.5,
                   "stop_grace_s": 3.0, **agent}
         lines = table("agent", values) + table("agent.restart", {"base_s": 0.1, "max_s": 0.5})
@@ -119,8 +133,8 @@ class Cluster:
         path.write_text("\n".join(lines) + "\n")
         return path
 
-    def start_agent(self, node: str, **kw: Any) -> Daemon:
-        d = Daemon(self.agent_config(node, **kw), role="agent", log_level="info")
+    def start_agent(self, node: str, prefix: tuple[str, ...] = (), **kw: Any) -> Daemon:
+        d = Daemon(self.agent_config(node, **kw), role="agent", log_level="info", prefix=prefix)
         self.agents[node] = d
         return d
 

@@ -4,7 +4,11 @@ in a fresh temporary directory, listening on a Unix socket there and on an ephem
 port, with fsync off. As root, it runs as the `postgres` system user (else `nobody`): PostgreSQL
 refuses to run as root. TCP connections need the superuser's password (random, per server), the
 socket trusts local connections. `start()` raises PgUnavailable with the reason when no server
-can run, and the fixtures (tests/store_backends.py) skip with it."""
+can run, and the fixtures (tests/store_backends.py) skip with it.
+
+For a server on another host (tests/netns.py): `listen` is the address it listens on (and that
+`url()` names), `hba` the networks allowed to connect over TCP (with the password), and `enter`
+a function the server's processes call before they drop root (to join a network namespace)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["PgServer", "PgUnavailable", "find_bin"]
@@ -44,7 +49,11 @@ def _free_port() -> int:
 
 
 class PgServer:
-    def __init__(self) -> None:
+    def __init__(self, *, listen: str = "127.0.0.1", hba: tuple[str, ...] = (),
+                 enter: Callable[[], None] | None = None) -> None:
+        self.listen = listen
+        self.hba = hba
+        self.enter = enter
         self.dir = ""
         self.port = 0
         self.password = secrets.token_hex(16)
@@ -53,7 +62,7 @@ class PgServer:
 
     # -- what tests use
     def url(self, dbname: str = "postgres") -> str:
-        return f"postgresql://postgres:{self.password}@127.0.0.1:{self.port}/{dbname}"
+        return f"postgresql://postgres:{self.password}@{self.listen}:{self.port}/{dbname}"
 
     def admin(self, dbname: str = "postgres") -> Any:
         """A superuser connection over the Unix socket (autocommit)."""
@@ -80,6 +89,8 @@ class PgServer:
 
     # -- its life
     def _demote(self) -> None:
+        if self.enter is not None:
+            self.enter()
         if self._user is not None:
             os.setgroups([])
             os.setgid(self._user.pw_gid)
@@ -119,13 +130,16 @@ class PgServer:
                               capture_output=True, preexec_fn=self._demote, env=env, cwd=self.dir, timeout=120)
         if init.returncode != 0:
             raise PgUnavailable(f"initdb failed: {init.stderr.decode(errors='replace').strip()[-500:]}")
+        if self.hba:
+            with open(os.path.join(data, "pg_hba.conf"), "a") as f:
+                f.writelines(f"host all all {net} scram-sha-256\n" for net in self.hba)
         for attempt in range(5):  # the port is free when picked; another process may take it meanwhile
             self.port = _free_port()
             logf = open(os.path.join(self.dir, "server.log"), "ab")  # noqa: SIM115 — the server's stderr
             if self._user is not None:
                 os.chown(logf.name, self._user.pw_uid, self._user.pw_gid)
             self.proc = subprocess.Popen(
-                [postgres, "-D", data, "-p", str(self.port), "-k", self.dir, "-c", "listen_addresses=127.0.0.1",
+                [postgres, "-D", data, "-p", str(self.port), "-k", self.dir, "-c", f"listen_addresses={self.listen}",
                  "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
                  "-c", "max_connections=200", "-c", "shared_buffers=16MB", "-c", "log_min_messages=warning"],
                 stdout=logf, stderr=logf, preexec_fn=self._demote, env=env, cwd=self.dir, start_new_session=True)

@@ -27,10 +27,12 @@ SLOW = ["--sim-decode-ms-per-token", "20", "--sim-prefill-ms-per-token", "0"]
 
 class Daemon:
     def __init__(self, config: Path, timeout: float = 30.0, role: str = "router", log_level: str = "warning",
-                 extra: tuple[str, ...] = ()) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "llmgw", "daemon", "--role", role, "--config", str(config),
-                                      "--port", "0", "--log-level", log_level, *extra],
+                 extra: tuple[str, ...] = (), prefix: tuple[str, ...] = ()) -> None:
+        """`prefix`: a command that runs the daemon and execs it (`ip netns exec NS`: tests/netns.py)."""
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "llmgw", "daemon", "--role", role,
+                                      "--config", str(config), "--port", "0", "--log-level", log_level, *extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        self.label = f"daemon --role {role}"
         self.err: list[str] = []
         self._checked = False
         self._pumped = threading.Thread(target=self._pump, daemon=True)
@@ -61,7 +63,7 @@ class Daemon:
         if not self._checked:
             self._checked = True
             self._pumped.join(5)  # the log's last lines, written just before the exit
-            check_daemon_log(f"daemon {' '.join(self.proc.args[3:6])}", self.err)  # type: ignore[index]
+            check_daemon_log(self.label, self.err)
 
 
 def write_config(tmp: Path, models: list[dict[str, Any]], pools: list[dict[str, Any]] | None = None,

@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import sys
 from dataclasses import replace
 from typing import Any
@@ -428,13 +429,24 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 if shared:  # its row in the store: where clients, agents and the other routers reach it
                     row = RouterInfo(worker=worker)
                     ji = control.agents.join_info()
-                    row.update(url=_loopback_url(cfg.server.host, port) if cfg.server.host in ("127.0.0.1", "::1")
-                               else url, control=ji.router, control_ca_pem=ji.ca_pem, control_server_name=ji.server_name)
+                    row.update(url=_advertised_url(cfg.server.host, port), control=ji.router, control_ca_pem=ji.ca_pem,
+                               control_server_name=ji.server_name)
                     await join(inner, cfg, control, open_store_again(store), row, admin_app, router.metrics.registry, router)
                     info["router_id"] = control.router_id
                 log.info("router listening on %s", url)
                 inner.start_soon(lambda: announce_when_ready(lambda: readiness(router.registry), url))
                 task_status.started(info)
+
+
+def _advertised_url(host: str, port: int) -> str:
+    """The OpenAI port as other hosts reach it, for the router's row in the store: a wildcard
+    address is this host's name (as the control address is: agents/sessions.py join_info), an
+    IPv6 address is bracketed; loopback stays loopback (routers on one host)."""
+    if host in ("127.0.0.1", "::1"):
+        return _loopback_url(host, port)
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _loopback_url(host: str, port: int) -> str:
