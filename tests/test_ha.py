@@ -270,3 +270,21 @@ def test_an_update_job_in_flight_resumes_under_the_new_leader(cluster: Any) -> N
     assert done["state"] == "succeeded", done
     rev = c.get(other, "/api/v1/models/m/revisions")
     assert rev["candidate"]["id"] == "r2" and rev["candidate"]["ready"] == 1
+
+
+def test_a_node_revoked_at_the_leader_is_cut_off_at_every_router(cluster: Any) -> None:
+    """A node joined (its credential issued by one router) is known to the other routers, which it
+    streams to; revoked through a follower (the leader makes the change), its streams to every
+    router are closed and its replicas leave routing everywhere."""
+    c = cluster([sim_model("m", 1)], routers=2)
+    lead = c.wait_leader()
+    other = 1 - lead
+    c.start_agent("n1")
+    for i in (0, 1):
+        wait_for(lambda i=i: len(c.routed(i, "m")) == 1, timeout=30)
+    r = c.clients[other].post("/api/v1/nodes/n1/revoke")
+    assert r.status_code == 200, r.text
+    for i in (0, 1):
+        wait_for(lambda i=i: c.routed(i, "m") == [], timeout=15)
+    # the follower cut the node's stream itself (the leader made the change), and refuses it since
+    wait_for(lambda: "revoked at another router" in "".join(c.router(other).err), timeout=10)

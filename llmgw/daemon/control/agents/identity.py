@@ -129,6 +129,7 @@ class NodeIdentities:
             log.error("store: cannot read node credentials (%s); nodes without one must join again", e)
             rows = {}
         self.records: dict[str, CredentialRow] = rows
+        self.shared = False  # other routers share the store: a hello this router cannot place asks it again
         self.issued = 0  # counters for the metrics
         self.revoked = 0
 
@@ -141,6 +142,9 @@ class NodeIdentities:
     def check(self, hello: Hello, live: LiveSession | None, stale_after_s: float) -> Verdict:
         """Decide on a hello; when the admission issues a credential it is made and stored here."""
         presented = credential_hash(hello.credential) if hello.credential else ""
+        known = self.records.get(hello.node)
+        if self.shared and (known is None or known.hash != presented):
+            self._refresh(hello.node)  # another router sharing the store may have issued or revoked it
         adm = admit(node=hello.node, token_ok=self.token.matches(hello.token), presented=presented,
                     keeps_credentials=hello.has(FEATURE_CREDENTIAL), record=self.record(hello.node), live=live,
                     agent_id=hello.agent_id, stale_after_s=stale_after_s)
@@ -167,6 +171,14 @@ class NodeIdentities:
         self.records[hello.node] = CredentialRow(hello.node, digest, now, None, None)
         self.issued += 1
         return Verdict(adm, secret=secret, presented_hash=digest)
+
+    def _refresh(self, node: str) -> None:
+        try:
+            row = self.store.credentials().get(node)
+        except self.store.faults:
+            return  # decided on what this router knows; the store guard says why it cannot read
+        if row is not None:
+            self.records[node] = row
 
     def confirm(self, node: str, digest: str) -> None:
         """The agent has the credential with this hash (it used it): no longer pending."""

@@ -273,6 +273,22 @@ class AgentSessions:
                     " (its connection closed)" if conn is not None else "", len(withdrawn))
         return had, conn is not None, withdrawn, store_error
 
+    def credentials_changed(self, rows: dict[str, Any]) -> None:
+        """Several routers: the store's credentials as another router left them (a follower's
+        snapshot, plane/follow.py). A node revoked there is cut off here too; one that joined there
+        is known here."""
+        if not rows:
+            return
+        for node, row in rows.items():
+            old = self.identities.records.get(node)
+            if row.revoked_at is not None and (old is None or old.revoked_at is None):
+                conn = self.conns.pop(node, None)
+                if conn is not None:
+                    conn.closing_reason = "revoked at another router"
+                    conn.scope.cancel()
+                    log.warning("node %s was revoked at another router: its connection here is closed", node)
+        self.identities.records.update(rows)
+
     # -- accepting a connection ----------------------------------------------------------------------
     async def serve_agent(self, raw: trio.SocketStream, ssl_context: ssl.SSLContext | None) -> None:
         """One accepted connection, from its hello to its end."""

@@ -13,7 +13,9 @@ connection) and `apply_snapshot` swaps it in on the trio thread:
 - assignments as stored, each keeping the engine report this router last heard for it (agents report
   an engine before the leader's write of its assignment may reach this router: the report waits in
   `plane.heard` and is used when the assignment arrives);
-- holds, and the lifecycle's revisions, suites, results and jobs.
+- holds, and the lifecycle's revisions, suites, results and jobs;
+- the nodes' credentials (hashes): a node that joined at another router is known here, and one an
+  operator revoked there has its stream here cut.
 
 Then every assignment is routed again (or withdrawn) by the plane's one rule (`plane._route`).
 A new leader applies the same snapshot first, so it starts from the store and not from a memory
@@ -22,7 +24,7 @@ that may lag it."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -49,12 +51,13 @@ class Snapshot:
     holds: dict[str, HoldRow]
     docs: dict[str, dict[str, dict[str, Any]]]  # lifecycle kind -> key -> value
     generation: int
+    credentials: dict[str, Any] = field(default_factory=dict)  # node -> CredentialRow (hashes only)
 
 
 def read_snapshot(st: FleetStore) -> Snapshot:
     """The whole state, read in one go (call it in a worker thread, on a connection of its own)."""
     gen = st.generation()
-    return Snapshot(read_state(st), st.holds(), {k: st.docs(k) for k in LIFECYCLE_KINDS}, gen)
+    return Snapshot(read_state(st), st.holds(), {k: st.docs(k) for k in LIFECYCLE_KINDS}, gen, st.credentials())
 
 
 def apply_snapshot(plane: Any, snap: Snapshot, *, resume: bool = False) -> None:
@@ -67,6 +70,7 @@ def apply_snapshot(plane: Any, snap: Snapshot, *, resume: bool = False) -> None:
             plane.router.forget_model(name)
     plane.facility.holds = {d: (Hold(row.reason, row.drain), row.created_at) for d, row in snap.holds.items()}
     plane.lifecycle.reload(snap.docs, resume=resume)
+    plane.agents.credentials_changed(snap.credentials)  # nodes joined or revoked at another router
     for a in list(plane.assignments.values()):
         plane._route(a)
     plane.followed_generation = snap.generation

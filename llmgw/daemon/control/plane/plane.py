@@ -104,6 +104,7 @@ class ControlPlane(Leading):
         self.group_nodes: set[str] = set()  # nodes whose agents run multi-node parts (FEATURE_GROUPS)
         self.told_workers: dict[str, tuple[int | None, ...]] = {}  # multi-node heads: plane/groups.py
         self.agents = AgentSessions(self, c, token)
+        self.agents.identities.shared = shared  # nodes join and are revoked at any router sharing the store
         self._wake = trio.Event()
         self._partition_logged: dict[str, str] = {}
         self.port: int | None = None
