@@ -20,6 +20,7 @@ class Leading:
     """A mixin of ControlPlane: `self` has its store, guard, agents, nodes, cfg and leadership."""
 
     leadership: Any
+    shared: bool
     router_id: str
     store: Any
     guard: Any
@@ -33,12 +34,16 @@ class Leading:
     def leading(self) -> bool:
         """Whether this router's control plane acts: places, reconciles, sends desired sets, writes
         the store. Always, for a router alone on its store."""
-        return self.leadership is None or self.leadership.leading()
+        if self.leadership is None:
+            return not self.shared  # a router that shares its store leads only once its Leadership says so
+        return self.leadership.leading()
 
     def epoch(self) -> int:
         """The lease's epoch this router leads with (agents refuse a desired set of an older one); a
         router alone on its store leads at epoch 1."""
-        return 1 if self.leadership is None else self.leadership.epoch
+        if self.leadership is None:
+            return 0 if self.shared else 1
+        return self.leadership.epoch
 
     def follow(self, snap: Snapshot) -> None:
         """A follower: the store's state, as read (plane/follow.py)."""

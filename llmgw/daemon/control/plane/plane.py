@@ -81,6 +81,7 @@ class ControlPlane(Leading):
         c = cfg.control
         self.store = store
         self.guard = StoreGuard(store)  # every store call goes through it
+        self.shared = shared  # other routers share the store: it leads only once elected (plane/leading.py)
         self.guard.active = not shared
         self.adopt = adopt
         self.fresh_store = fresh_store
@@ -237,6 +238,8 @@ class ControlPlane(Leading):
     def kv_refusal(self, node: str, replica: str) -> str | None:
         """Why `node` may not write `replica`'s KV index ("unknown_replica", "other_node"), or None."""
         a = self.assignments.get(replica)
+        if a is None and not self.leading() and self.heard.get(replica, ("",))[0] == node:
+            return None  # a follower: the node runs it; its assignment has not reached this router yet
         return None if a is not None and a.node == node else "unknown_replica" if a is None else "other_node"
 
     def kv_events(self, node: str, msg: KvEvents) -> bool:
