@@ -111,10 +111,11 @@ async def replay(port: int | list[int], convs: list[dict], rate: float, seed: in
         if len(ports) == 1:
             return await Conn.open("127.0.0.1", ports[0])
         turn[0] += 1
+        mine = turn[0]  # others' requests move the turn on while this one connects
         for k in range(2):  # the next router; once more on the one after if it refuses
             sock = trio.socket.socket()
             try:
-                await sock.connect(("127.0.0.1", ports[(turn[0] + k) % len(ports)]))
+                await sock.connect(("127.0.0.1", ports[(mine + k) % len(ports)]))
             except ConnectionRefusedError:
                 sock.close()
                 if k == 1:
