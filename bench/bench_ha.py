@@ -131,11 +131,29 @@ class Cluster:
                               "args": engine_args, "env": ["VLLM_SERVER_DEV_MODE=1"], "kv_events": mode == "events"}
                        for mode in MODELS}
         self.store = store
+        self.deaf_feed = False
+        self.starts = 0
         for i in range(a.routers):
             sock = tmp / f"admin-{i}" / "admin.sock"
             self.admin.append(httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://llmgw",
                                            timeout=30))
-            self.routers.append(Proc(self.router_config(i, sock), "router", tmp / f"router-{i}.log"))
+            self.routers.append(None)
+            self.start_router(i)
+
+    def start_router(self, i: int) -> None:
+        self.starts += 1
+        sock = self.tmp / f"admin-{i}" / "admin.sock"
+        self.routers[i] = Proc(self.router_config(i, sock), "router", self.tmp / f"router-{i}-{self.starts}.log")
+
+    def restart_routers(self, *, deaf_feed: bool) -> None:
+        """Every router stopped and started again (the agent and its engines stay): with deaf_feed,
+        none hears another's routing decisions — independent instances on one fleet."""
+        self.deaf_feed = deaf_feed
+        for r in self.routers:
+            if r is not None:
+                r.stop()
+        for i in range(len(self.routers)):
+            self.start_router(i)
 
     def router_config(self, i: int, sock: Path) -> Path:
         lines = table("server", {"host": "127.0.0.1"})
@@ -147,6 +165,8 @@ class Cluster:
         bound = min(2.0, round(self.a.lease / 3, 3))
         lines += table("store", {"lease_s": self.a.lease, "timeout_s": bound, **self.store})
         lines += table("admin", {"socket": str(sock)})
+        if self.deaf_feed:  # its peers dial a port nothing listens on: it hears them, they never hear it
+            lines += table("ha", {"feed_advertise": f"127.0.0.1:{free_port()}"})
         for mode, name in MODELS.items():
             lines += ["[[models]]", f'name = "{name}"', 'engine = "vllm"']
             lines += table("models.deploy", self.models[mode])
@@ -213,7 +233,7 @@ class Cluster:
             for i in self.live():
                 wait_for(lambda i=i: len([x for x in self.metric(i, "llmgw_kv_events_lag_seconds")
                                           if f'"{model}/' in x]) >= n, 60, f"router {i} to hear {model}'s KV events")
-        peers = len(self.live()) - 1
+        peers = 0 if self.deaf_feed else len(self.live()) - 1
         for i in self.live():
             wait_for(lambda i=i: sum(float(x.rsplit(" ", 1)[1]) for x in self.metric(i, "llmgw_peer_feed_peers")) >= peers,
                      60, f"router {i}'s peer feed to reach the others")
@@ -243,6 +263,12 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def engine_requests(urls: list[str]) -> list[int]:
+    """Requests each engine finished (vllm:request_success_total), in the order of `urls`."""
+    return [int(sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(f"{u}/metrics", timeout=10).text.splitlines()
+                    if line.startswith("vllm:request_success_total"))) for u in urls]
 
 
 def reset_caches(urls: list[str]) -> None:
@@ -285,7 +311,7 @@ class Run:
 
 
 def row(label: str, r: dict[str, Any]) -> str:
-    return (f"  {label:22} {r['hit_rate']:8.1%} {1e3 * r['ttft_p50']:8.1f}ms {1e3 * r['ttft_p99']:7.1f}ms "
+    return (f"  {label:25} {r['hit_rate']:8.1%} {1e3 * r['ttft_p50']:8.1f}ms {1e3 * r['ttft_p99']:7.1f}ms "
             f"{r['max_over_mean']:8.2f} {r['cpu_ms_all']:7.2f}ms {r['cpu_ms_serving']:8.2f}ms  {r['per_replica']}"
             + (f"  {r['outcomes']}" if r["outcomes"] else ""))
 
@@ -341,9 +367,14 @@ def main() -> None:
     ap.add_argument("--lease", type=float, default=5.0, help="[store] lease_s (the shipped default: 5)")
     ap.add_argument("--postgres", action="store_true", help="a throwaway PostgreSQL instead of a shared SQLite file")
     ap.add_argument("--modes", default="no-events,events", help="which runs, in this order: no-events, events")
+    ap.add_argument("--independent", action=argparse.BooleanOptionalAction, default=True,
+                    help="also N routers sharing nothing of tier 1 (no-events: the routers restarted with their "
+                         "peer feeds advertised where nothing listens)")
     ap.add_argument("--skip-kill", action="store_true")
     ap.add_argument("--skip-workers", action="store_true")
     ap.add_argument("--workers-seconds", type=float, default=5.0, help="bench_workers.py --seconds")
+    ap.add_argument("--idle", type=float, default=5.0, help="seconds the routers' idle CPU is measured (0: not)")
+    ap.add_argument("--keep", action="store_true", help="keep the routers' and the agent's logs and configs")
     ap.add_argument("--json", help="write the results here too")
     a = ap.parse_args()
     modes = a.modes.split(",")
@@ -380,7 +411,7 @@ def main() -> None:
               f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         lead = c.leader()
         print("hit rate, TTFT, spread and router CPU per request (all routers running / those that served):")
-        print(f"  {'run':22} {'hit rate':>8} {'TTFT p50':>10} {'p99':>9} {'max/mean':>8} {'CPU all':>9} "
+        print(f"  {'run':25} {'hit rate':>8} {'TTFT p50':>10} {'p99':>9} {'max/mean':>8} {'CPU all':>9} "
               f"{'serving':>10}  requests per replica")
         run_no = 0
         urls: list[str] = []
@@ -395,13 +426,31 @@ def main() -> None:
                     wait_for(lambda i=i: not c.endpoints(i, MODELS[modes[k - 1]]), 120, f"router {i} to drop the old model")
             urls = c.wait_serving(model, a.replicas, mode == "events")
             lead = c.leader()
-            for label, targets in ((f"{mode}: 1 router", [0]), (f"{mode}: {a.routers} routers", list(range(a.routers)))):
+            if a.idle > 0:  # what the routers spend with no request: scrapes, the agents' streams, the store
+                cpu0 = {i: proc_cpu_seconds(c.routers[i].pid) for i in c.live()}  # type: ignore[union-attr]
+                time.sleep(a.idle)
+                idle = {i: 1e3 * (proc_cpu_seconds(c.routers[i].pid) - t) / a.idle  # type: ignore[union-attr]
+                        for i, t in cpu0.items()}
+                results[f"{mode}: idle CPU ms/s"] = idle
+                print(f"  {mode}: idle, each router spends " + ", ".join(f"{v:.0f}" for v in idle.values())
+                      + f" ms of CPU a second (at {a.rate:g} req/s: {sum(idle.values()) / a.rate:.1f} ms a request "
+                      f"for all {len(idle)}, {idle[0] / a.rate:.1f} for router 0)", flush=True)
+            runs = [(f"{mode}: 1 router", [0]), (f"{mode}: {a.routers} routers", list(range(a.routers)))]
+            if mode == "no-events" and a.independent:
+                runs.append((f"{mode}: {a.routers} independent", list(range(a.routers))))
+            for label, targets in runs:
+                if label.endswith("independent"):
+                    c.restart_routers(deaf_feed=True)
+                    urls = c.wait_serving(model, a.replicas, False)
                 run_no += 1
                 run = Run(c, urls, targets, model, f"bench-run-{run_no}")
                 run.start()
                 trio.run(run.replay, convs, a)
                 results[label] = run.finish(n_req)
                 print(row(label, results[label]), flush=True)
+                if label.endswith("independent"):
+                    c.restart_routers(deaf_feed=False)
+                    urls = c.wait_serving(model, a.replicas, False)
         print(f"  (router 0 {'leads' if lead == 0 else 'follows'}: the 1-router runs go to it)")
         if not a.skip_kill and a.routers >= 2:
             mode = modes[-1]
@@ -413,6 +462,7 @@ def main() -> None:
             run_no += 1
             run = Run(c, urls, list(range(a.routers)), model, f"bench-run-{run_no}")
             run.start()
+            before = engine_requests(urls)
             half = n_req / a.rate / 2
             timing: dict[str, Any] = {}
             threads: list[threading.Thread] = []
@@ -423,6 +473,7 @@ def main() -> None:
                     await trio.sleep(half)
                     t_kill = time.monotonic()
                     os.killpg(c.routers[lead].pid, signal.SIGKILL)  # type: ignore[union-attr]
+                    timing["engine_requests_at_kill"] = await trio.to_thread.run_sync(engine_requests, urls)
                     for fn, arg in ((successor, survivors), (first_act, survivors[-1])):
                         th = threading.Thread(target=fn, args=(c, arg, t_kill, timing), daemon=True)
                         th.start()
@@ -433,6 +484,8 @@ def main() -> None:
             for th in threads:
                 th.join(130)
             res = run.finish(n_req)
+            at_kill = [x - y for x, y in zip(timing["engine_requests_at_kill"], before)]
+            after = [x - y for x, y in zip(engine_requests(urls), timing["engine_requests_at_kill"])]
             lost = sum(v for k, v in res["outcomes"].items() if k.startswith("failed"))
             res.update(timing, lost=lost, killed=lead)
             results[f"{mode}: leader killed"] = res
@@ -441,6 +494,7 @@ def main() -> None:
             print(row(f"{mode}: leader killed", {**res, "cpu_ms_all": float('nan'), "cpu_ms_serving": float('nan')}))
             print(f"  requests lost {lost} of {n_req} ({res['ok']} answered; retried after a refused connection: "
                   f"{res['outcomes'].get('retried', 0)})")
+            print(f"  requests each engine finished before the kill {at_kill}, after it {after}")
             print(f"  a survivor leads {timing.get('leads_s', float('nan')):.2f} s after the kill "
                   f"(router {timing.get('leader')}); an admin scale sent to router {survivors[-1]} answers 200 after "
                   f"{timing.get('admin_200_s', float('nan')):.2f} s (answers meanwhile: {timing.get('admin_answers')}); "
@@ -468,8 +522,10 @@ def main() -> None:
         print("--workers 2 against one worker: measured by bench/bench_workers.py (not on this branch)")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1, default=str))
-    if not logs:
+    if not logs and not a.keep:
         shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print(f"(logs and configs kept in {tmp})")
 
 
 if __name__ == "__main__":

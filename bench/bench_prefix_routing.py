@@ -132,7 +132,7 @@ async def replay(port: int | list[int], convs: list[dict], rate: float, seed: in
             return await one_of(messages)
         try:
             return await one_of(messages)
-        except (OSError, ValueError) as e:  # refused twice, reset, closed early; an error status
+        except (OSError, ValueError, trio.BrokenResourceError) as e:  # refused twice, reset, closed; an error status
             outcomes["failed: " + (str(e) if type(e) is ValueError else type(e).__name__)] += 1
             return ""
 
