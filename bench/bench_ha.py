@@ -2,7 +2,8 @@
 a leader SIGKILLed mid-run, and `--workers 2` against one worker — in one run, on one machine.
 
     .venv/bin/python bench/bench_ha.py [--requests 320] [--rate 8] [--routers 3] [--postgres]
-        [--lease 5] [--skip-kill] [--skip-workers] [--modes no-events,events]
+        [--lease 5] [--modes no-events,events] [--no-independent] [--idle 5] [--skip-kill]
+        [--skip-workers] [--keep] [--json FILE]
 
 The fleet: one agent placing 4 simulated vLLM replicas (`[models.deploy] simulate = true`) whose
 KV caches are too small for the workload's working set but whose sum roughly holds it (sized as
@@ -17,11 +18,15 @@ each router's prefix tree, shared over the routers' peer feed) and `m-ev` with t
 every router, from the engines' own events); the fleet is scaled from one to the other between
 the two. For each, the schedule goes (a) to router 0 alone, (b) to all N routers behind a
 client-side round robin (each request to the next router: a conversation's turns land on
-different routers). Before each run the engines' caches are reset (vLLM's /reset_prefix_cache)
-and the run's requests carry a cache_salt of their own, so no router's tree remembers another
-run. Reported per run: the engines' own prefix-cache hit rate (vllm:prefix_cache_hits /
-queries, deltas), TTFT p50/p99, requests per replica (max/mean), router CPU per request (summed
-over every router running, and over those that served).
+different routers); without KV events also (c) N routers sharing nothing of tier 1 — the
+routers restarted with their peer feeds advertised where nothing listens, the agent and engines
+kept: independent instances, the baseline of the issue's measurement. Before each run the
+engines' caches are reset (vLLM's /reset_prefix_cache) and the run's requests carry a cache_salt
+of their own, so no router's tree remembers another run. Reported per run: the engines' own
+prefix-cache hit rate (vllm:prefix_cache_hits / queries, deltas), TTFT p50/p99, requests per
+replica (max/mean), router CPU per request (summed over every router running, and over those
+that served); and once per model the routers' CPU with no request for --idle seconds (scrapes,
+the agent's streams, KV events, the store), which per request is that over the rate.
 
 Then (unless --skip-kill) the schedule once more over all N routers, the client retrying a
 refused connection once on the next router, and the leader SIGKILLed halfway: requests lost
@@ -235,7 +240,8 @@ class Cluster:
                                           if f'"{model}/' in x]) >= n, 60, f"router {i} to hear {model}'s KV events")
         peers = 0 if self.deaf_feed else len(self.live()) - 1
         for i in self.live():
-            wait_for(lambda i=i: sum(float(x.rsplit(" ", 1)[1]) for x in self.metric(i, "llmgw_peer_feed_peers")) >= peers,
+            wait_for(lambda i=i: sum(float(x.rsplit(" ", 1)[1])
+                                     for x in self.metric(i, "llmgw_peer_feed_peers")) >= peers,
                      60, f"router {i}'s peer feed to reach the others")
         return urls
 
@@ -423,7 +429,8 @@ def main() -> None:
                     if r.status_code != 200:
                         raise SystemExit(f"scale {name} {n}: {r.status_code} {r.text[:300]}")
                 for i in c.live():
-                    wait_for(lambda i=i: not c.endpoints(i, MODELS[modes[k - 1]]), 120, f"router {i} to drop the old model")
+                    wait_for(lambda i=i: not c.endpoints(i, MODELS[modes[k - 1]]), 120,
+                             f"router {i} to drop the old model")
             urls = c.wait_serving(model, a.replicas, mode == "events")
             lead = c.leader()
             if a.idle > 0:  # what the routers spend with no request: scrapes, the agents' streams, the store
@@ -492,17 +499,21 @@ def main() -> None:
             print(f"leader (router {lead}) SIGKILLed {half:.0f} s into a {a.routers}-router run ({mode}), "
                   f"the client retrying a refused connection once on the next router:")
             print(row(f"{mode}: leader killed", {**res, "cpu_ms_all": float('nan'), "cpu_ms_serving": float('nan')}))
-            print(f"  requests lost {lost} of {n_req} ({res['ok']} answered; retried after a refused connection: "
-                  f"{res['outcomes'].get('retried', 0)})")
+            print(f"  requests lost {lost} of {n_req} (a stream cut after its first byte counts as lost; retried "
+                  f"after a refused connection: {res['outcomes'].get('retried', 0)})")
             print(f"  requests each engine finished before the kill {at_kill}, after it {after}")
             print(f"  a survivor leads {timing.get('leads_s', float('nan')):.2f} s after the kill "
                   f"(router {timing.get('leader')}); an admin scale sent to router {survivors[-1]} answers 200 after "
                   f"{timing.get('admin_200_s', float('nan')):.2f} s (answers meanwhile: {timing.get('admin_answers')}); "
                   f"the replica it asked for is routed after {timing.get('placed_s', float('nan')):.2f} s")
-        logs = [p.name for p in tmp.glob("*.log") if "Traceback (most recent call last)" in p.read_text(errors="replace")]
+        logs = [p.name for p in tmp.glob("*.log")
+                if "Traceback (most recent call last)" in p.read_text(errors="replace")]
         if logs:
             print(f"NOTE: a traceback in {', '.join(logs)} (kept in {tmp})")
         print(f"(cluster part took {time.monotonic() - t0:.0f} s)")
+    except BaseException:
+        print(f"(logs and configs kept in {tmp})", file=sys.stderr)
+        raise
     finally:
         if c is not None:
             c.close()
