@@ -22,7 +22,7 @@ from .test_sim_vllm import wait_for
 class Cluster:
     def __init__(self, tmp: Path, models: list[dict[str, Any]], *, routers: int = 2,
                  store: dict[str, Any] | None = None, lease_s: float = 1.5, control: dict[str, Any] | None = None,
-                 lost_after: float = 30.0, deaf: frozenset[int] = frozenset()) -> None:
+                 lost_after: float = 30.0, deaf: frozenset[int] = frozenset(), fixed_api_ports: bool = False) -> None:
         """`deaf`: routers started with no control listener, so no agent reaches them."""
         self.tmp = tmp
         self.models = models
@@ -32,6 +32,8 @@ class Cluster:
         self.lost_after = lost_after
         self.deaf = deaf
         self.ports = [free_port() for _ in range(routers)]
+        # the OpenAI ports: ephemeral, or chosen once so that a restarted router comes back at the same URL
+        self.api_ports = [free_port() for _ in range(routers)] if fixed_api_ports else None
         self.routers: list[Daemon | None] = [None] * routers
         self.agents: dict[str, Daemon] = {}
         self.clients: list[httpx.Client] = []
@@ -63,7 +65,8 @@ class Cluster:
         return path
 
     def start_router(self, i: int) -> Daemon:
-        d = Daemon(self.router_config(i), role="router", log_level="info")
+        extra = ("--port", str(self.api_ports[i])) if self.api_ports else ()
+        d = Daemon(self.router_config(i), role="router", log_level="info", extra=extra)
         self.routers[i] = d
         return d
 

@@ -260,6 +260,8 @@ def test_unknown_keys():
     ("[[pools]]\nname='p'\nmax_inflight_per_replica=0", "pools[0].max_inflight_per_replica",
      "must be >= 1, got 0"),
     ("[server]\nport = 70000", "server.port", "must be in 0..65535, got 70000"),
+    ("[server]\nshutdown_grace_s = -1", "server.shutdown_grace_s", "must be in 0..3600, got -1.0"),
+    ("[server]\nshutdown_grace_s = 'long'", "server.shutdown_grace_s", "expected a float, got a string"),
     ("[server]\nrequest_id_header = 'x id'", "server.request_id_header",
      "not a valid HTTP header name: 'x id'"),
     ("[admin]\ntcp = 'nohost'\ntoken = 't'", "admin.tcp", "expected \"host:port\", got 'nohost'"),

@@ -375,13 +375,15 @@ def trace_of(request_id: str) -> dict[str, Any]:
     return {"id": request_id, "kind": "request", "name": "chat", "model": "llama-8b", "stream": True,
             "started_at": 1_767_225_600.25, "total_ms": 120.0, "outcome": "ok", "status": 200, "revision": "",
             "bytes_out": 812, "bytes_in": 20480, "retries": 1,
+            "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "53995c3f42cd8ad8", "parent_span_id": "",
             "phases": [{"name": n, "attempt": a, "start_ms": s, "duration_ms": d, "note": note}
                        for n, a, s, d, note in phases],
             "attempts": [{"n": 1, "replica": "llama-8b/1a2b3c", "node": "gpu-a1", "revision": "", "decision": 0,
                           "sent_ms": 0.3, "connected_ms": None, "head_ms": None, "first_byte_ms": None,
                           "ended_ms": 1.3, "status": None, "outcome": "connect",
-                          "error": "replica llama-8b/1a2b3c: connection refused", "retried": True, "bytes_in": 0},
+                          "error": "replica llama-8b/1a2b3c: connection refused", "retried": True, "bytes_in": 0,
+                          "span_id": "00f067aa0ba902b7"},
                          {"n": 2, "replica": "llama-8b/4d5e6f", "node": "gpu-a2", "revision": "", "decision": 1,
                           "sent_ms": 1.5, "connected_ms": 1.6, "head_ms": 2.0, "first_byte_ms": 32.0,
                           "ended_ms": 120.0, "status": 200, "outcome": "ok", "error": "", "retried": False,
-                          "bytes_in": 20480}]}
+                          "bytes_in": 20480, "span_id": "b7ad6b7169203331"}]}

@@ -226,7 +226,47 @@ def test_store_unreachable_routers_route_from_memory_and_resume(cluster: Any, pg
     finally:
         pg_server.resume()
     lead = c.wait_leader(timeout=20)
-    r = c.clients[1 - lead].post("/api/v1/models/m/scale", json={"replicas": 3})
-    assert r.status_code == 200, r.text
+    # the store is back: a change goes through once the routers' connections are (a 503 until then
+    # says so, with Retry-After, as a client would retry)
+    answers: list[int] = []
+    wait_for(lambda: answers.append(c.clients[1 - lead].post("/api/v1/models/m/scale", json={"replicas": 3})
+                                    .status_code) or answers[-1] == 200, timeout=20)
+    assert set(answers) <= {200, 503}, answers
     wait_for(lambda: len(c.routed(lead, "m")) == 3, timeout=30)
     assert {k: v for k, v in _engines(c, lead, "m").items() if k in before} == before
+
+
+def test_an_agent_whose_first_router_is_down_joins_through_another(cluster: Any) -> None:
+    """`[agent] routers`: more routers of the fleet to dial from the start — the first is down, the
+    agent joins (with the join token) at the second, and its engines are placed and routed."""
+    c = cluster([sim_model("m", 1)], routers=2)
+    c.wait_leader()
+    c.kill(0)
+    wait_for(lambda: c.leader(among=[1]) == 1, timeout=20)
+    c.start_agent("n1", routers=[f"127.0.0.1:{c.ports[1]}"])
+    wait_for(lambda: len(c.routed(1, "m")) == 1, timeout=30)
+    assert c.chat(1, "m").status_code == 200
+
+
+def test_an_update_job_in_flight_resumes_under_the_new_leader(cluster: Any) -> None:
+    """An update's candidate is starting (it loads for seconds) when the leader is SIGKILLed: the new
+    leader resumes the job from the store, and the job succeeds with the candidate ready."""
+    c = cluster([], routers=2, lease_s=1.5, backend="postgresql")
+    lead = c.wait_leader()
+    other = 1 - lead
+    c.start_agent("n1")
+    body = {"name": "m", "engine": "vllm", "deploy": {"count": 1, "simulate": True, "health_timeout_s": 30.0,
+                                                      "args": ["--sim-decode-ms-per-token", "1"]}}
+    assert c.clients[lead].post("/api/v1/models", json=body).status_code == 201
+    wait_for(lambda: len(c.routed(other, "m")) == 1, timeout=30)
+    up = c.clients[other].post("/api/v1/models/m/update", json={"deploy": {"args": [
+        "--sim-decode-ms-per-token", "1", "--sim-load-seconds", "4"]}})
+    assert up.status_code == 202, up.text
+    jid = up.json()["id"]
+    c.kill(lead)
+    wait_for(lambda: c.leader(among=[other]) == other, timeout=20)
+    wait_for(lambda: c.get(other, f"/api/v1/jobs/{jid}")["state"] != "running", timeout=60)
+    done = c.get(other, f"/api/v1/jobs/{jid}")
+    assert done["state"] == "succeeded", done
+    rev = c.get(other, "/api/v1/models/m/revisions")
+    assert rev["candidate"]["id"] == "r2" and rev["candidate"]["ready"] == 1

@@ -56,7 +56,7 @@ def test_revoke_holds_in_memory_even_when_the_store_cannot_write() -> None:
         def revoke_credential(self, node: str, *, at: float) -> bool:
             raise sqlite3.OperationalError("database or disk is full")
 
-        def put_credential(self, node: str, hash_: str, *, issued_at: float) -> None:
+        def put_credential(self, node: str, hash_: str, *, issued_at: float, replacing: object = ...) -> bool:
             raise sqlite3.OperationalError("database or disk is full")
 
     store = Failing(sqlite3.connect(":memory:", isolation_level=None), ":memory:")
@@ -68,6 +68,25 @@ def test_revoke_holds_in_memory_even_when_the_store_cannot_write() -> None:
     assert ids.check(hello(credential="s"), None, 2.0).admission.kind == "revoked"
     with pytest.raises(IdentityStoreError, match="cannot record node gpu-2's credential"):
         ids.check(hello("gpu-2"), None, 2.0)  # never hand out a credential the router would forget
+
+
+def test_two_routers_issuing_to_one_new_node_at_once_the_second_is_refused_for_now(tmp_path: Path) -> None:
+    """Two routers on one store decide on hellos for the same new node before either has written:
+    the first writer's credential stands, the second's hello is refused with retry (sessions.py
+    turns IdentityStoreError into a `retry` refusal), and its retry meets the first's record."""
+    path = str(tmp_path / "router.db")
+    with Store.open(path) as a_store, Store.open(path) as b_store:
+        a, b = NodeIdentities(a_store, JoinToken(TOKEN)), NodeIdentities(b_store, JoinToken(TOKEN))
+        first = a.check(hello(agent_id="x"), None, 2.0)
+        assert first.admission.issue
+        with pytest.raises(IdentityStoreError, match="another router at the same moment"):
+            b.check(hello(agent_id="y"), None, 2.0)
+        assert b_store.credentials()["gpu-1"].hash == first.presented_hash
+        assert b.records["gpu-1"].hash == first.presented_hash
+        # The retry: first's credential is pending and unused, so a join-token hello may claim the
+        # node again (the existing rule), replacing exactly that one.
+        again = b.check(hello(agent_id="y"), None, 2.0)
+        assert again.admission.issue and b_store.credentials()["gpu-1"].hash == again.presented_hash
 
 
 # -- the join token --------------------------------------------------------------------------------

@@ -51,6 +51,15 @@ def test_draining_or_open_breaker_replicas_do_not_count() -> None:
     assert not r.ready and r.models[0].routed == 2 and r.models[0].serving == 0
 
 
+def test_a_draining_router_is_not_ready_whatever_its_replicas() -> None:
+    t = _table(DEPLOYED)
+    t.add_replica(DEPLOYED, "m-1", "http://127.0.0.1:1", "default", 1.0)
+    assert readiness(t).ready
+    r = readiness(t, draining=True)
+    assert not r.ready and r.to_dict()["status"] == "draining" and r.missing == []
+    assert not readiness(_table(), draining=True).ready  # nothing to wait for, but stopping
+
+
 def test_models_without_replicas_are_not_waited_for() -> None:
     assert readiness(_table()).ready  # nothing to wait for
     scaled_to_zero = ModelConfig(name="z", engine="vllm", deploy=DeployConfig(count=0))

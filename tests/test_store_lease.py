@@ -279,3 +279,31 @@ def test_the_guards_retries_probe_the_store_from_a_worker_thread(any_store: Flee
     trio.run(main)
     assert probes and all(t != threading.get_ident() for t in probes)
     assert guard.recoveries == 1
+
+
+def test_a_takeover_waits_for_the_leaders_open_fenced_transaction(reopenable: Callable[[], FleetStore]) -> None:
+    """The fence check and the commit are one: a takeover that comes while the leader's fenced
+    transaction is open waits for it, so the leader's write lands under its own epoch, and its
+    next one is refused."""
+    import threading
+
+    a, b = reopenable(), reopenable()
+    try:
+        la = a.try_lead("a", 0.2)
+        a.set_fence("a", la.epoch)
+        taken: list[Any] = []
+        with a.transaction():
+            a.put_model("m", {"v": 1})  # the fence is checked (and, on PostgreSQL, the leader row locked)
+            expire(b)
+            t = threading.Thread(target=lambda: taken.append(b.try_lead("b", 5.0)))
+            t.start()
+            t.join(0.3)
+            a.put_model("m", {"v": 2})
+        t.join(10)
+        assert taken and taken[0].mine and taken[0].epoch == la.epoch + 1
+        assert b.model("m") == {"v": 2}
+        with pytest.raises(Fenced):
+            a.put_model("m", {"v": 3})
+    finally:
+        a.close()
+        b.close()

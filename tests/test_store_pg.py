@@ -5,19 +5,21 @@ refused, two routers starting at once); the DSN's password never shown; describe
 
 from __future__ import annotations
 
+import pytest
+
+psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL store's tests need psycopg (the test extra)")
+
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
-import pytest
 import trio
 
 from llmgw.daemon.control.store.guard import StoreGuard
 from llmgw.daemon.control.store.pg_schema import SCHEMA_VERSION
 from llmgw.daemon.control.store.postgres import PgStore, StoreTimeout, describe_pg, display_dsn
-from llmgw.daemon.control.store.rows import StoreError
+from llmgw.daemon.control.store.rows import Fenced, StoreError
 from tests.pg_server import PgServer, _free_port
 
 
@@ -188,3 +190,67 @@ def test_describe_pg() -> None:
     assert describe_pg(psycopg.errors.InvalidPassword("password authentication failed for user x")) == "auth"
     assert describe_pg(psycopg.errors.QueryCanceled("canceling statement due to statement timeout")) == "timeout"
     assert describe_pg(psycopg.OperationalError("connection failed: Connection refused")) == "unreachable"
+
+
+def test_a_leader_frozen_inside_a_transaction_loses_it_and_its_successor_takes_over(pg_url: str) -> None:
+    """A leader stuck between two statements of a fenced transaction (a SIGSTOP, a long pause)
+    holds the leader row FOR SHARE; the server ends its session after timeout_s (idle in
+    transaction), the successor takes the lease, and the frozen transaction commits nothing."""
+    a, b = PgStore.open(pg_url, timeout_s=1.0), PgStore.open(pg_url, timeout_s=1.0)
+    try:
+        la = a.try_lead("a", 0.5)
+        a.set_fence("a", la.epoch)
+        with pytest.raises(a.faults):
+            with a.transaction():
+                a.put_model("m", {"v": 1})
+                deadline = time.monotonic() + 30
+                while True:  # the row is locked (lock_timeout) until the server ends a's session
+                    assert time.monotonic() < deadline
+                    try:
+                        lease = b.try_lead("b", 5.0)
+                    except b.faults as e:
+                        assert b.describe(e) == "locked", e
+                        continue
+                    if lease.mine:
+                        break
+                assert lease.epoch == la.epoch + 1
+                a.put_model("m", {"v": 2})  # the frozen leader wakes up: its session is gone
+        assert b.models() == {}
+        a.ping()
+        with pytest.raises(Fenced):
+            a.put_model("m", {"v": 3})
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_store_that_goes_away_while_loading_is_not_called_corrupt(pg_url: str, paused: PgServer) -> None:
+    from llmgw.daemon.control.store.state import read_state
+
+    st = PgStore.open(pg_url, timeout_s=1.0)
+    try:
+        paused.pause()
+        with pytest.raises(StoreError) as err:
+            read_state(st)
+        assert "cannot be read (timeout)" in str(err.value) and "corrupt" not in str(err.value)
+    finally:
+        st.close()
+
+
+def test_the_store_metrics_time_postgresql_calls_and_count_fenced_writes(pg_url: str) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from llmgw.daemon.control.store.guard import StoreMetrics
+
+    with PgStore.open(pg_url) as st:
+        guard = StoreGuard(st)
+        reg = CollectorRegistry()
+        reg.register(StoreMetrics(guard))
+        st.try_lead("a", 30.0)
+        st.set_fence("b", 7)
+        assert guard.write("put_model", "m", {}) is False
+        text = generate_latest(reg).decode()
+    assert "llmgw_store_fenced_writes_total 1.0" in text
+    count = next(line for line in text.splitlines() if line.startswith("llmgw_store_call_seconds_count"))
+    assert float(count.split()[-1]) >= 3  # the migration's, the lease's, the fenced write's
+    assert 'llmgw_store_call_seconds_bucket{le="+Inf"}' in text

@@ -5,12 +5,15 @@ line naming `store.url` and the reason, never the password."""
 
 from __future__ import annotations
 
+import pytest
+
+psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL store's tests need psycopg (the test extra)")
+
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import psycopg
 
 from tests.pg_server import PgServer, _free_port
 from tests.test_router_integration import Daemon

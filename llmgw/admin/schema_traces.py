@@ -39,6 +39,8 @@ class AttemptTraceView:
     error: str = prop("why it failed, as the client may read it (never an address)")
     retried: bool = prop("another attempt followed this one")
     bytes_in: int = prop("response body bytes relayed to the client")
+    span_id: str = prop("the attempt's W3C span id (16 hex digits): the parent span the engine was sent in its "
+                        "traceparent")
 
 
 @dataclass(slots=True)
@@ -58,6 +60,10 @@ class TraceView:
     bytes_out: int = prop("request body bytes")
     bytes_in: int = prop("response body bytes relayed to the client")
     retries: int
+    trace_id: str = prop("the W3C trace id (32 hex digits): the client's when it sent a valid traceparent, else "
+                         "the router's own; empty for a job")
+    span_id: str = prop("the router's span for the request (16 hex digits); empty for a job")
+    parent_span_id: str = prop("the client's span (its traceparent's parent-id); empty when it sent none")
     phases: list[PhaseView]
     attempts: list[AttemptTraceView]
 
@@ -74,6 +80,7 @@ class TraceSummary:
     status: int | None
     attempts: int
     replica: str | None = prop("the last attempt's replica")
+    trace_id: str = prop("the W3C trace id; empty for a job")
 
 
 def trace_view(t: Trace, now: float) -> TraceView:
@@ -87,4 +94,4 @@ def trace_summary(t: Trace) -> TraceSummary:
     return TraceSummary(id=t.id, kind=t.kind, model=t.model, started_at=t.wall,
                         total_ms=None if t.ended is None else round((t.ended - t.started) * 1e3, 3),
                         outcome=t.outcome or "in_flight", status=t.status, attempts=len(t.attempts),
-                        replica=t.attempts[-1].replica if t.attempts else None)
+                        replica=t.attempts[-1].replica if t.attempts else None, trace_id=t.trace_id)

@@ -59,7 +59,12 @@ def trace_lines(t: dict[str, Any], tz: tzinfo | None = None) -> list[str]:
             + f"  total {_ms(total)} ms  started {when}  "
             + ("" if job else f"{len(attempts)} attempt(s), {p(t.get('retries', 0))} retried  "
                               f"sent {_bytes(t.get('bytes_out'))}, received {_bytes(t.get('bytes_in'))}")
-            + (f"  revision {p(t.get('revision'))}" if t.get("revision") else ""), ""]
+            + (f"  revision {p(t.get('revision'))}" if t.get("revision") else "")]
+    if t.get("trace_id"):  # W3C: the client's trace (its traceparent), or one of the router's own
+        head.append(f"  trace {p(t.get('trace_id'))}  span {p(t.get('span_id'))}  "
+                    + (f"parent {p(t.get('parent_span_id'))} (the client's)" if t.get("parent_span_id")
+                       else "(no traceparent came: the router's own trace)"))
+    head.append("")
     rows = []
     for ph in phases:
         n = ph.get("attempt")

@@ -12,9 +12,10 @@ USAGE = """\
 usage: llmgw <command> [args]
 
 commands:
-  daemon [--role router,agent] [--config FILE]
+  daemon [--role router,agent] [--config FILE] [--workers N]
                                               run the router and/or the agent (default: both;
-                                              no models configured: a simulated fleet)
+                                              no models configured: a simulated fleet); --workers:
+                                              N router processes on one port (docs/ha.md)
   ctl COMMAND [-o table|json]                 {ctl_commands}
   console [--socket PATH | --url URL --token T]
                                               the live operator console (a terminal UI)
@@ -26,6 +27,9 @@ commands:
   config init [PATH] [--force]                write a starter config file
   config check [PATH]                         validate a config file (default: the daemon's), listing
                                               every problem
+  store migrate --from sqlite:PATH --to postgresql://... [--force]
+                                              copy a router's SQLite store into PostgreSQL
+                                              (several routers share it: docs/ha.md)
   kv hash --tokens IDS [--vllm-version V ...] the block hash chain vLLM computes for a token list
   kv decode HEX | --file F                    decode a vLLM KV event payload into readable events
   completion bash|zsh|fish                    print a shell completion script for llmgw
@@ -57,6 +61,7 @@ COMMANDS = {
     "console": "the live operator console (a terminal UI)",
     "sim": "run simulated engine replicas",
     "config": "write or check a config file",
+    "store": "copy a router's SQLite store into PostgreSQL",
     "kv": "hash tokens and decode KV events as vLLM does",
     "completion": "print a shell completion script",
     "help": "the manual: list the topics, or read one",
@@ -94,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from llmgw.tui.main import main as console_main
 
         return console_main(rest)
+    if cmd == "store":
+        from llmgw.cli.store import main as store_main
+
+        return store_main(rest)
     if cmd == "kv":
         from llmgw.cli.kv import main as kv_main
 
@@ -181,11 +190,12 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     from llmgw.daemon.sim.main import fleet_main
     from llmgw.daemon.sim.worker import worker_main
     from llmgw.cli.kv import parser as kv_parser
+    from llmgw.cli.store import parser as store_parser
     from llmgw.sim.args import build_llamacpp_parser, build_vllm_parser
     from llmgw.tui.main import _parser as console_parser
 
     return {"daemon": captured_parser(daemon_main), "ctl": ctl_parser(), "console": console_parser(),
-            "config": config_parser(), "kv": kv_parser(), "completion": completion_parser(), "sim": build_vllm_parser(),
+            "config": config_parser(), "store": store_parser(), "kv": kv_parser(), "completion": completion_parser(), "sim": build_vllm_parser(),
             "sim fleet": captured_parser(fleet_main), "sim worker": captured_parser(worker_main),
             "sim --engine=llamacpp": build_llamacpp_parser(),
             "help": help_parser()}

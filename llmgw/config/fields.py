@@ -140,6 +140,16 @@ def header_name(v: str) -> str | None:
     return None if ok else f"not a valid HTTP header name: {v!r}"
 
 
+def header_table(headers: dict[str, str]) -> str | None:
+    """HTTP headers to send (names and values); a value is never echoed (it may be a secret)."""
+    for k, v in headers.items():
+        if (msg := header_name(k)) is not None:
+            return msg
+        if not re.fullmatch(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*", v):
+            return f"the value of header {k!r} is not a valid header value (visible ASCII, no line breaks)"
+    return None
+
+
 # Strategy names a model may use: the presets plus the file's own [[strategies]], set while a
 # file is parsed so the field check sees them even when other sections have errors.
 _KNOWN_STRATEGIES: ContextVar[frozenset[str]] = ContextVar("_KNOWN_STRATEGIES", default=frozenset(PRESET_NAMES))

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from llmgw.config.fields import (
-    _suggest, cidr, domain_budget, facility_label_values, facility_level, header_name, replica_nodes, host_port,
-    host_or_host_port, http_url, in_range, key_value, known_strategy,
+    _suggest, cidr, domain_budget, facility_label_values, facility_level, header_name, header_table, replica_nodes,
+    host_port, host_or_host_port, http_url, in_range, key_value, known_strategy,
     label_keys, metric_name, node_name, nonempty, one_of, opt, pem_certificate, positive, store_url, unset_or,
 )
 from llmgw.config.locate import KeyPath
@@ -35,6 +35,8 @@ class ServerConfig:
     request_id_header: str = opt("x-request-id", check=header_name)
     max_connections: int = opt(0, check=in_range(0))  # 0 = from the fd limit: (limit - 256) / 2
     first_request_timeout_s: float = opt(10.0, check=positive)  # a new connection's first byte, at most
+    # SIGTERM/SIGINT: requests in flight may finish this long (new connections refused); 0 = cut at once
+    shutdown_grace_s: float = opt(30.0, check=in_range(0, 3600))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +115,9 @@ class AgentConfig:
     """[agent]: this node's agent."""
     node: str = opt("", check=unset_or(node_name))  # "": the hostname (config/defaults.py)
     router: str = opt("127.0.0.1:7070", check=host_port)  # the router's [control] listen address
+    # more routers of the same fleet to dial from the start (several routers: docs/ha.md); the agent
+    # learns the others from the first that welcomes it, and keeps a stream to each
+    routers: tuple[str, ...] = opt((), items=host_port)
     join_token: str | None = opt(None, check=nonempty)  # needed at the first join only
     join_token_file: str | None = opt(None, check=nonempty)
     tls: bool | None = opt(None)  # unset: TLS when a CA is given or the router is not on loopback
@@ -164,6 +169,14 @@ class TracesConfig:
     sample: float = opt(1.0, check=in_range(0, 1))  # the share of finished traces written to the file
     max_file_mb: float = opt(64.0, check=positive)  # the file is rotated (file.1, file.2, ...) at this size
     files_kept: int = opt(3, check=in_range(0, 100))  # rotated files kept beside the live one
+    # OpenTelemetry: finished traces as spans over OTLP/HTTP (the otel extra); "" = off
+    otlp_endpoint: str = opt("", check=unset_or(http_url))  # e.g. http://collector:4318/v1/traces
+    otlp_headers: dict[str, str] = opt(factory=dict, check=header_table)  # e.g. authorization; never logged
+    service_name: str = opt("llmgw", check=nonempty)  # the spans' service.name
+    otlp_phase_spans: bool = opt(False)  # each phase a child span (a waterfall) rather than a span event
+    # the share of the router's own traces (no traceparent came) marked sampled: exported, and so
+    # flagged to the engines; a client's traceparent decides for its own requests
+    otlp_sample: float = opt(1.0, check=in_range(0, 1))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,6 +14,7 @@ max_body_bytes = 8388608         # 8 MiB; larger request bodies are refused
 request_id_header = "x-request-id"
 max_connections = 0              # open connections at most; 0 = from the fd limit: (limit - 256) / 2
 first_request_timeout_s = 10.0   # a new connection that sends nothing this long is closed
+shutdown_grace_s = 30.0          # SIGTERM: requests in flight may finish this long; 0 = cut at once
 
 [admin]
 # Unix socket of the admin API. Default: $XDG_RUNTIME_DIR/llmgw-<uid>/admin.sock,
@@ -160,6 +161,16 @@ settle_s = 3.0                   # after a start, agents get this long to join b
 drain_timeout_s = 30.0           # a replica being removed may finish its requests for this long
 max_message_bytes = 4194304      # larger messages close the connection
 # store = "/var/lib/llmgw/router.db"       # default: $XDG_STATE_HOME/llmgw/router.db
+
+[store]
+# Where the fleet's state is kept (docs/ha.md). Unset: the SQLite file at [control] store, for one
+# router. Several routers share one PostgreSQL database (pip install 'llmgw[postgres]'): each of
+# them serves, one leads the control plane.
+# url = "postgresql://llmgw@db.example:5432/llmgw"  # or "sqlite:/var/lib/llmgw/router.db"
+# password_file = "/etc/llmgw/pg-password"   # PostgreSQL's password, kept out of this file (0600)
+timeout_s = 2.0                  # every store call at most; past it the router runs from memory
+lease_s = 5.0                    # the leader's lease (renewed every lease_s / 3): a dead leader's successor
+poll_s = 0.5                     # ... leads within it; followers check the store for changes this often
 
 [agent]
 # This node's agent (--role agent, or the local agent of the one-process mode).

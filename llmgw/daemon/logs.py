@@ -38,7 +38,8 @@ LEVEL_ENV = "LLMGW_LOG_LEVEL"
 FORMAT_ENV = "LLMGW_LOG_FORMAT"
 
 # What a log record may carry besides its message (the access log's fields, a replica's id).
-EXTRAS = ("request_id", "model", "endpoint", "status", "outcome", "ttft_ms", "latency_ms", "replica")
+# `worker`: which of `llmgw daemon --workers N`'s processes logged it (daemon/workers.py tag_logs).
+EXTRAS = ("request_id", "model", "endpoint", "status", "outcome", "ttft_ms", "latency_ms", "replica", "worker")
 
 
 class LogSetupError(Exception):

@@ -29,6 +29,19 @@ from llmgw.config import (
 )
 from llmgw.config.defaults import with_machine_defaults
 from llmgw.config.discovery import CONFIG_ENV, FILE_NAME, SYSTEM_DIR, find_config
+from llmgw.daemon.store_open import (
+    StartupError,
+    find_error,
+    forget_router,
+    lock_store,
+    open_store,
+    open_store_again,
+    startup_error,
+    store_location,
+    warn_lost_store,
+)
+from llmgw.daemon.router.stopping import drain_then_stop, stopping_begins
+from llmgw.daemon.workers import WorkerSeat, listen_gate
 from llmgw.daemon.logs import (
     FORMAT_ENV,
     FORMATS,
@@ -64,11 +77,32 @@ def main(argv: list[str]) -> int:
     p.add_argument("--adopt", action="store_true",
                    help="router: adopt engines that agents run and the store does not know (after the store "
                         "was lost or replaced) as replicas, instead of leaving them running unrouted")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="run N router processes sharing the OpenAI port (SO_REUSEPORT) and the store, under a "
+                        "small supervisor: N cores of request handling on one host (default 1: one process). "
+                        "Worker i > 0 has its own admin socket (admin.w<i>.sock beside the configured one) "
+                        "and an ephemeral control port; see docs/ha.md")
+    p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)  # the supervisor's
     ns = p.parse_args(argv)
     roles = {r.strip() for r in ns.role.split(",") if r.strip()}
     if not roles or not roles <= set(ROLES):
         print(f"llmgw daemon: --role {ns.role!r}: expected router, agent or router,agent", file=sys.stderr)
         return 2
+    from llmgw.daemon.workers import check_workers, enter_worker, for_worker, tag_logs, worker_roles
+
+    if (problem := check_workers(ns.workers)) is not None:
+        print(f"llmgw daemon: {problem}", file=sys.stderr)
+        return 2
+    if ns.workers > 1 and "router" not in roles:
+        print("llmgw daemon: --workers is for a router (--role router or router,agent)", file=sys.stderr)
+        return 2
+    seat = None
+    if ns.worker_index is not None:
+        try:
+            seat = enter_worker(ns.worker_index, ns.workers)
+        except ValueError as e:
+            print(f"llmgw daemon: {e}", file=sys.stderr)
+            return 2
     try:
         level = ns.log_level or env_level(os.environ, "info")
         fmt = ns.log_format or env_format(os.environ)
@@ -76,6 +110,8 @@ def main(argv: list[str]) -> int:
         print(f"llmgw daemon: {e}", file=sys.stderr)
         return 2
     setup_logging(level, fmt, sys.stderr)
+    if seat is not None:
+        tag_logs(seat.index)
     source = None
     try:
         source = find_config(ns.config)
@@ -98,18 +134,23 @@ def main(argv: list[str]) -> int:
             c = replace(c, server=server)
         if "router" in roles and not c.models and "agent" in roles and c.sim.replicas > 0:
             c = replace(c, models=(embedded_model(c),))
+        if seat is not None:  # what differs between the workers (daemon/workers.py)
+            c = for_worker(c, seat.index, DEFAULT_CONTROL_LISTEN)
         return c
 
     cfg = prepare(cfg)
     if ns.adopt and "router" not in roles:
         print("llmgw daemon: --adopt is for a router (--role router or router,agent)", file=sys.stderr)
         return 2
+    if ns.workers > 1 and seat is None:
+        return _supervise(argv, ns.workers, cfg, roles, source.path)
+    run_roles = roles if seat is None else worker_roles(roles, seat.index)  # (prepare keeps the configured roles)
     try:
-        trio.run(_run, cfg, roles, ns.adopt, source.path, prepare)
+        trio.run(_run, cfg, run_roles, ns.adopt, source.path, prepare, seat)
     except KeyboardInterrupt:
         pass
     except BaseException as e:  # startup errors come wrapped in the nurseries' exception groups
-        err = _startup_error(e)
+        err = startup_error(e)
         if err is None:
             raise
         print(f"llmgw daemon: {err}", file=sys.stderr)
@@ -117,42 +158,30 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _lock_store(path: str) -> Any:
-    """One router per store: two control planes writing one store would undo each other."""
-    import fcntl
+def _supervise(argv: list[str], count: int, cfg: Config, roles: set[str], config_path: str | None) -> int:
+    """--workers N: hold the store for the workers, and keep them (daemon/supervisor.py)."""
+    from llmgw.daemon.private_files import private_dir
+    from llmgw.daemon.supervisor import preflight, supervise
 
-    from llmgw.daemon.private_files import open_private
-
-    # held open for the process's lifetime; 0600 like the store beside it
-    f = os.fdopen(open_private(path + ".lock", os.O_RDWR | os.O_APPEND, "control.store"), "a+")
+    kind, path = store_location(cfg)
+    if (problem := preflight(cfg, path if kind == "sqlite" else None)) is not None:
+        print(f"llmgw daemon: {problem}", file=sys.stderr)
+        return 2
+    if kind != "sqlite":  # PostgreSQL: shared by design, nothing to hold
+        return supervise(argv, count, cfg, roles, config_path, lambda rid: forget_router(cfg, rid))
+    parent = os.path.dirname(os.path.abspath(path))
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise _StartupError(f"control.store: {path} is in use by another llmgw router") from None
-    return f
-
-
-def _startup_error(e: BaseException) -> _StartupError | None:
-    found = _find(e, (_StartupError,))
-    return found if isinstance(found, _StartupError) else None
-
-
-def _find(e: BaseException, types: tuple[type[BaseException], ...]) -> BaseException | None:
-    """The first exception of `types` in e, looking inside (nested) exception groups."""
-    if isinstance(e, types):
-        return e
-    if isinstance(e, BaseExceptionGroup):
-        for sub in e.exceptions:
-            if (found := _find(sub, types)) is not None:
-                return found
-    return None
-
-
-class _StartupError(Exception):
-    def __init__(self, msg: str, code: int = 1) -> None:
-        super().__init__(msg)
-        self.code = code  # the exit status: 2 for what the config (or command line) must change
+        warn_lost_store(path)
+        private_dir(parent, "control.store", dedicated="llmgw" in os.path.basename(parent), log=log)
+        lock = lock_store(path)
+    except StartupError as e:
+        print(f"llmgw daemon: {e}", file=sys.stderr)
+        return e.code
+    except OSError as e:
+        print(f"llmgw daemon: control.store: {path}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    with lock:
+        return supervise(argv, count, cfg, roles, config_path, lambda rid: forget_router(cfg, rid))
 
 
 async def _listening(what: str, host: str, port: int, start: Any) -> Any:
@@ -161,13 +190,13 @@ async def _listening(what: str, host: str, port: int, start: Any) -> Any:
     try:
         return await start()
     except BaseException as e:
-        found = _find(e, (OSError,))
+        found = find_error(e, (OSError,))
         if not isinstance(found, OSError) or isinstance(found, ConnectionError):
             raise
         addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         why = found.strerror or str(found)
         hint = " (another llmgw, or another program, is listening there)" if found.errno == errno.EADDRINUSE else ""
-        raise _StartupError(f"{what}: cannot listen on {addr}: {why}{hint}", code=2) from None
+        raise StartupError(f"{what}: cannot listen on {addr}: {why}{hint}", code=2) from None
 
 
 def embedded_model(cfg: Config) -> ModelConfig:
@@ -187,9 +216,9 @@ def _read_secret(value: str | None, path: str | None, what: str) -> str | None:
         with open(path) as f:
             token = f.read().strip()
     except OSError as e:
-        raise _StartupError(f"{what}: cannot read {path}: {e.strerror or e}") from None
+        raise StartupError(f"{what}: cannot read {path}: {e.strerror or e}") from None
     if not token:
-        raise _StartupError(f"{what}: {path} is empty")
+        raise StartupError(f"{what}: {path} is empty")
     return token
 
 
@@ -200,7 +229,7 @@ def _server_tls(cfg: Config, host: str) -> Any:
     try:
         return setup_control_tls(cfg.control, host)
     except TlsSetupError as e:
-        raise _StartupError(str(e)) from None
+        raise StartupError(str(e)) from None
 
 
 def _client_tls(cfg: Config) -> Any:
@@ -209,11 +238,11 @@ def _client_tls(cfg: Config) -> Any:
     try:
         return agent_tls(cfg.agent)
     except AgentTlsError as e:
-        raise _StartupError(str(e)) from None
+        raise StartupError(str(e)) from None
 
 
 async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: str | None = None,
-               prepare: Any = None) -> None:
+               prepare: Any = None, seat: WorkerSeat | None = None) -> None:
     # The machine-readable line on stdout: printed as soon as the listeners are open (tests and
     # benchmarks read the ports from it); the human "serving …" line waits for replicas (ready.py).
     ready: dict[str, Any] = {"ready": True, "role": ",".join(r for r in ROLES if r in roles), "pid": os.getpid(),
@@ -221,6 +250,7 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
     token: str | None = None
     control_addr: str | None = None
     control_tls: Any = None
+    stopping: Any = None  # the router's (Drain, what to tell of it): a graceful stop first
     async with trio.open_nursery() as nursery:
         if "router" in roles:
             if not cfg.models and "agent" in roles and cfg.sim.replicas > 0:  # (main's prepare did it)
@@ -231,11 +261,14 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
                 cfg = replace(cfg, control=replace(cfg.control, listen="127.0.0.1:0"))
             token = _read_secret(cfg.control.join_token, cfg.control.join_token_file, "control.join_token_file")
             settle = None
-            if token is None and "agent" in roles:
+            if token is None and seat is not None and seat.join_token:
+                token, settle = seat.join_token, 0.0  # --workers: the supervisor's, the same for all workers
+            elif token is None and "agent" in roles:
                 token = secrets.token_urlsafe(24)  # this process's own agent is the only one that joins
                 settle = 0.0  # ... so there is no fleet to wait for
-            info = await nursery.start(_router_role, cfg, token, settle, adopt, config_path, prepare)
+            info = await nursery.start(_router_role, cfg, token, settle, adopt, config_path, prepare, seat)
             control_tls = info.pop("_control_tls", None)
+            stopping = info.pop("_drain", None)
             ready.update(info)
             control_addr = info.get("control")
         agent = None
@@ -244,7 +277,7 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
 
             if "router" in roles:
                 if control_addr is None:
-                    raise _StartupError("the local agent needs the router's control listener")
+                    raise StartupError("the local agent needs the router's control listener")
                 router_addr, agent_token, tls = control_addr, token, None
                 if control_tls is not None:  # its own router's CA, and nothing else
                     from llmgw.daemon.agent.router_tls import pinned_tls
@@ -257,102 +290,31 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
                 router_addr = cfg.agent.router
                 agent_token = _read_secret(cfg.agent.join_token, cfg.agent.join_token_file, "agent.join_token_file")
                 if agent_token is None and not load_credential(cfg.agent.state_dir, cfg.agent.node):
-                    raise _StartupError("agent.join_token (or join_token_file) is required to join a router "
+                    raise StartupError("agent.join_token (or join_token_file) is required to join a router "
                                         "(once joined, the node's credential in agent.state_dir is enough)")
                 tls = _client_tls(cfg)
-            agent = Agent(cfg.agent, router=router_addr, token=agent_token, tls=tls)
+            agent = Agent(cfg.agent, router=router_addr, token=agent_token, tls=tls,
+                          more_routers=() if "router" in roles else cfg.agent.routers)
             await nursery.start(agent.run)
             ready.update({"node": cfg.agent.node, "state_dir": cfg.agent.state_dir})
         print(json.dumps(ready), flush=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            if seat is not None:
+                from llmgw.daemon.workers import watch_supervisor
+
+                nursery.start_soon(watch_supervisor, seat)
             async for _ in signals:
                 break
-        log.info("stopping")
+            log.info("stopping")
+            if stopping is not None and cfg.server.shutdown_grace_s > 0:
+                await drain_then_stop(*stopping, cfg.server.shutdown_grace_s, signals)
         if agent is not None:
             await agent.say_bye()  # then cancelling it stops its engines
         nursery.cancel_scope.cancel()
 
 
-def store_location(cfg: Config) -> tuple[str, str]:
-    """("postgresql", DSN) or ("sqlite", PATH): `[store] url`, else `[control] store`'s file."""
-    url = cfg.store.url
-    if url.startswith(("postgresql://", "postgres://")):
-        return "postgresql", url
-    return "sqlite", url.removeprefix("sqlite:") if url.startswith("sqlite:") else cfg.control.store
-
-
-def _open_pg_store(cfg: Config) -> tuple[Any, bool]:
-    """The PostgreSQL store, and whether its schema was created now. At start there is no state
-    to run from, so an unreachable or refused store stops the daemon with one line naming
-    [store] url and the reason (later, a store that goes away leaves the router running from
-    memory: the guard)."""
-    try:
-        from llmgw.daemon.control.store.postgres import PgStore
-    except ImportError:
-        raise _StartupError("store.url: a PostgreSQL store needs psycopg: pip install 'llmgw[postgres]'") from None
-    from llmgw.daemon.control.store.rows import StoreError
-
-    password = None
-    if cfg.store.password_file:
-        try:
-            with open(cfg.store.password_file) as f:
-                password = f.read().strip()
-        except OSError as e:
-            raise _StartupError(f"store.password_file: cannot read {cfg.store.password_file}: "
-                                f"{e.strerror or e}") from None
-        if not password:
-            raise _StartupError(f"store.password_file: {cfg.store.password_file} is empty")
-    try:
-        store = PgStore.open(cfg.store.url, password=password, timeout_s=cfg.store.timeout_s)
-    except StoreError as e:
-        raise _StartupError(f"store.url: {e}") from None
-    log.info("store: %s (PostgreSQL, schema %s)", store.path, "created" if store.created else "current")
-    return store, store.created
-
-
-def _open_store(cfg: Config) -> tuple[Any, bool]:
-    """The store, and whether it was created now. A store that cannot be opened or read stops the
-    daemon here with one line saying what to do; a missing one where a router has run before (its
-    lock file is still there) is warned about: the fleet's engines are then kept, not stopped."""
-    kind, path = store_location(cfg)
-    if kind == "postgresql":
-        return _open_pg_store(cfg)
-    from llmgw.daemon.control.store.sqlite import Store, StoreCorrupt, StoreError
-    from llmgw.daemon.control.store.faults import FAULT_ENV, FaultInjectingConnection
-    from llmgw.daemon.control.store.state import CORRUPT_ADVICE
-
-    if path == ":memory:":
-        return Store.memory(), True
-    fresh = not os.path.exists(path)
-    if fresh and os.path.exists(path + ".lock"):
-        log.warning("control.store: %s does not exist, but a router has run with it here (%s.lock is left): "
-                    "if it was deleted or moved, restore it, or start with --adopt to rebuild it from what the "
-                    "agents report; engines the agents run and this new store does not know are left running, "
-                    "unrouted, meanwhile", path, path)
-    try:
-        store = Store.open(path)
-    except StoreCorrupt as e:
-        raise _StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
-    except (StoreError, OSError) as e:
-        raise _StartupError(f"control.store: {e}") from None
-    if flag := os.environ.get(FAULT_ENV):
-        log.warning("test hook %s is set: store writes fail while %s exists", FAULT_ENV, flag)
-        store.wrap_connection(lambda conn: FaultInjectingConnection(conn, flag))
-    return store, fresh
-
-
-def _open_store_again(store: Any) -> Any:
-    """A second connection to the same store, for the Leadership's calls in worker threads."""
-    again = getattr(store, "open_again", None)
-    if again is not None:
-        return again()
-    from llmgw.daemon.control.store.sqlite import Store
-
-    return Store.open(store.path, threaded=True)
-
-
 async def _router_role(cfg: Config, token: str | None, settle_s: float | None, adopt: bool,
-                       config_path: str | None, prepare: Any,
+                       config_path: str | None, prepare: Any, seat: WorkerSeat | None,
                        task_status: trio.TaskStatus[dict[str, Any]]) -> None:
     from llmgw.daemon.control.admin.server import AdminApp, AdminSetupError, serve_admin
     from llmgw.daemon.control.plane.config_reload import ConfigReloader
@@ -361,7 +323,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
     from llmgw.daemon.control.store.sqlite import StoreCorrupt, StoreError
     from llmgw.daemon.control.store.guard import StoreMetrics
     from llmgw.daemon.control.store.state import CORRUPT_ADVICE
-    from llmgw.daemon.net.httpserver import serve_tcp
+    from llmgw.daemon.net.httpserver import Drain, serve_tcp
     from llmgw.daemon.net.upstream import UpstreamPool
     from llmgw.daemon.router.control_port import RouterAdapter
     from llmgw.daemon.router.proxy import Router
@@ -370,11 +332,13 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
 
     from llmgw.daemon.control.cluster import RouterInfo, is_shared, join
 
-    store, fresh = _open_store(cfg)
+    store, fresh = open_store(cfg, warn_lost=seat is None)
     kind, where = store_location(cfg)
-    shared = is_shared(cfg, store)  # several routers on one store (docs/ha.md)
-    # One router per SQLite file (the lock file beside it) unless it is shared; PostgreSQL is shared by design.
-    lock = contextlib.nullcontext() if kind != "sqlite" or where == ":memory:" or shared else _lock_store(where)
+    worker = None if seat is None else seat.index
+    shared = is_shared(cfg, store, worker=worker)  # several routers on one store (docs/ha.md)
+    # One router per SQLite file (the lock file beside it) unless it is shared (--workers: the supervisor
+    # holds the lock for all its workers); PostgreSQL is shared by design.
+    lock = contextlib.nullcontext() if kind != "sqlite" or where == ":memory:" or shared else lock_store(where)
     with store, lock:
         async with UpstreamPool() as pool:
             router = Router(cfg, pool)
@@ -383,9 +347,13 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 control = ControlPlane(cfg, store, router_port, token=token, settle_s=settle_s, adopt=adopt,
                                        fresh_store=fresh and where != ":memory:", shared=shared)
             except StoreCorrupt as e:
-                raise _StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
+                if kind != "sqlite":
+                    raise StartupError(f"store.url: {e}: restore the database from a backup, or start with "
+                                        "`llmgw daemon --adopt` on an empty one to rebuild it from what the agents "
+                                        "report") from None
+                raise StartupError(f"control.store: {e}: {CORRUPT_ADVICE}") from None
             except StoreError as e:  # another backend's fault while loading (a server gone away)
-                raise _StartupError(f"store.url: {e}") from None
+                raise StartupError(f"store.url: {e}") from None
             control.reloader = ConfigReloader(control, config_path, prepare or (lambda c: c))
             if adopt:
                 log.warning("--adopt: engines that agents run and the store does not know are adopted as replicas")
@@ -394,13 +362,15 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 try:
                     router.trace_log.check()
                 except OSError as e:
-                    raise _StartupError(f"router.traces.file: cannot open {router.trace_log.path} for "
+                    raise StartupError(f"router.traces.file: cannot open {router.trace_log.path} for "
                                         f"writing: {e.strerror or e}") from None
             async with trio.open_nursery() as inner:
                 inner.start_soon(router.registry.scrape_loop, pool)
                 inner.start_soon(router.adapters.run)  # LoRA adapter loads (vLLM, on demand)
                 if router.trace_log is not None:
                     inner.start_soon(router.trace_log.run)
+                if router.otlp is not None:
+                    inner.start_soon(router.otlp.run)  # the SDK's own thread exports; this flushes at stop
                 inner.start_soon(control.guard.run)
                 inner.start_soon(router.kv.run)  # tier 2's parity verdicts and alarm
                 inner.start_soon(control.reloader.serve_sighup)  # SIGHUP: llmgw ctl config reload
@@ -430,31 +400,37 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 try:
                     admin = await inner.start(serve_admin, cfg.admin, admin_app)
                 except BaseException as e:
-                    found = _find(e, (AdminSetupError, OSError))
+                    found = find_error(e, (AdminSetupError, OSError))
                     if found is None:
                         raise
                     if str(found).startswith(("admin.socket:", "admin.tcp:")):  # a listener it cannot bind
-                        raise _StartupError(str(found), code=2) from None
-                    raise _StartupError(f"admin API ({cfg.admin.socket}): {found}") from None
+                        raise StartupError(str(found), code=2) from None
+                    raise StartupError(f"admin API ({cfg.admin.socket}): {found}") from None
                 info["admin_socket"] = admin["socket"]
                 if admin.get("tcp"):
                     info["admin_tcp"] = admin["tcp"]
+                drain = Drain()  # SIGTERM: a graceful stop first (_run)
                 port = await _listening("server.port (--port)", cfg.server.host, cfg.server.port,
                                         lambda: inner.start(lambda task_status: serve_tcp(
                                             router.handle, cfg.server.host, cfg.server.port,
-                                            task_status=task_status, **router.server_options())))
+                                            task_status=task_status, reuse_port=seat is not None,
+                                            before_listen=listen_gate(seat, router.registry), drain=drain,
+                                            **router.server_options())))
+                info["_drain"] = (drain, lambda: stopping_begins(router, control))  # for _run; not printed
                 url = f"http://{cfg.server.host}:{port}"
                 # eval runs go through the OpenAI port, as a client on this machine (lifecycle.py)
                 control.lifecycle.attach(inner, pool, EvalTarget(
                     _loopback_url(cfg.server.host, port), router.internal_token,
                     cfg.server.api_keys[0] if cfg.server.api_keys else None))
                 info.update({"url": url, "port": port, "models": [m.name for m in cfg.models]})
+                if seat is not None:
+                    info["worker"] = seat.index
                 if shared:  # its row in the store: where clients, agents and the other routers reach it
-                    row = RouterInfo()
+                    row = RouterInfo(worker=worker)
                     ji = control.agents.join_info()
                     row.update(url=_loopback_url(cfg.server.host, port) if cfg.server.host in ("127.0.0.1", "::1")
                                else url, control=ji.router, control_ca_pem=ji.ca_pem, control_server_name=ji.server_name)
-                    await join(inner, cfg, control, _open_store_again(store), row, admin_app, router.metrics.registry, router)
+                    await join(inner, cfg, control, open_store_again(store), row, admin_app, router.metrics.registry, router)
                     info["router_id"] = control.router_id
                 log.info("router listening on %s", url)
                 inner.start_soon(lambda: announce_when_ready(lambda: readiness(router.registry), url))

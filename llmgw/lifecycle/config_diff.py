@@ -254,7 +254,18 @@ def _section_rows(name: str, old: Any, new: Any, action: Action, why: str) -> li
         return []
     if isinstance(a, list) or isinstance(b, list):
         return [Change(name, "", action, a, b, why)]
-    return [Change(name, k, action, x, y, why) for k, x, y in _keys_differ(a or {}, b or {})]
+    return [Change(name, k, action, _hidden(name, k, x), _hidden(name, k, y), why)
+            for k, x, y in _keys_differ(a or {}, b or {})]
+
+
+#: Keys whose values are secrets: a change is shown, never the value.
+SECRET_KEYS = {("router", "traces.otlp_headers")}
+
+
+def _hidden(section: str, key: str, value: Any) -> Any:
+    if value is not None and any(section == s and (key == k or key.startswith(k + ".")) for s, k in SECRET_KEYS):
+        return "(hidden)"
+    return value
 
 
 def diff_config(running: Config, file: Config, live: Mapping[str, ModelConfig], sources: Mapping[str, str], *,

@@ -65,6 +65,7 @@ from .replicas import ModelEntry, Replica, ReplicaTable
 from .scheduler import Scheduler
 from .tier2 import Tier2, Tokenize
 from .trace import AttemptRecord, Trace, TraceRing
+from .traceparent import new_span_id
 from .types import Decision, SchedulerConfig
 from .waiting import WaitRoom
 
@@ -75,8 +76,11 @@ _ALARM_EVERY = 64  # decisions between two looks at the prefix zero-hit alarm
 
 class RouterCore:
     def __init__(self, cfg: Config, table: ReplicaTable, *, cache_stats: CacheStats,
-                 wall: Callable[[], float], rng: random.Random, clock: Callable[[], float] | None = None) -> None:
-        """`clock`: seconds, for measuring tier 2's step and hashing (None: not measured)."""
+                 wall: Callable[[], float], rng: random.Random, clock: Callable[[], float] | None = None,
+                 ids: Callable[[int], int] | None = None) -> None:
+        """`clock`: seconds, for measuring tier 2's step and hashing (None: not measured). `ids`:
+        random bits (``getrandbits``) for the traces' W3C trace and span ids (None: a fixed-seed
+        generator, for tests; the shell passes its own, unseeded)."""
         self.cfg = cfg
         self.table = table
         rc = cfg.router
@@ -100,8 +104,10 @@ class RouterCore:
         # each one as it ends.
         self.traces = TraceRing(rc.traces.kept)
         self.on_trace_end: Callable[[Trace], None] | None = None
+        self.ids = ids if ids is not None else random.Random(0x7ACE).getrandbits
         self.planner = Planner(cfg, table, self.sched.scorers, self.traces, wall=wall, rng=rng,
-                               refused=lambda t, now, status: self._trace_done(t, now, "rejected", status))
+                               refused=lambda t, now, status: self._trace_done(t, now, "rejected", status),
+                               ids=self.ids)
         self.tier2 = Tier2(cfg, clock=clock)  # tier 2's step (kv_events models)
         # Per-replica caps (a pool's max_inflight_per_replica), taken check-and-reserve.
         self.caps = ConcurrencyCaps()
@@ -120,14 +126,20 @@ class RouterCore:
 
     # -- 1. the request ------------------------------------------------------------------------
     def plan(self, kind: str, body: bytes, rid: str, *, strategy: str | None, session: str | None,
-             now: float, revision: str | None = None, internal: bool = False) -> Plan:
+             now: float, revision: str | None = None, internal: bool = False,
+             traceparent: str | None = None, tracestate: str | None = None) -> Plan:
         """The request, planned (:meth:`.planner.Planner.plan`): its model, strategy and
-        RequestInfo, and whether tier 2's step is to come (a kv_events model under a strategy
-        that weighs it)."""
+        RequestInfo, its trace (in the client's W3C trace when `traceparent` is valid), and
+        whether tier 2's step is to come (a kv_events model under a strategy that weighs it)."""
         plan = self.planner.plan(kind, body, rid, strategy=strategy, session=session, now=now,
-                                 revision=revision, internal=internal)
+                                 revision=revision, internal=internal, traceparent=traceparent,
+                                 tracestate=tracestate)
         plan.tier2 = self.tier2.wants(plan)
         return plan
+
+    def traceparent_invalid(self) -> dict[str, int]:
+        """Clients' malformed traceparent headers (ignored), by reason (:mod:`.traceparent`)."""
+        return self.planner.traceparent_invalid
 
     def set_strategies(self, configs: Any) -> None:
         """A reloaded config's [[strategies]] (StrategyConfig), in force from the next request."""
@@ -244,7 +256,7 @@ class RouterCore:
                 if trace.attempts:
                     trace.attempts[-1].retried = True
                 a.record = AttemptRecord(plan.attempts, chosen, rep.node, trace.revision,
-                                         trace.decisions - 1, now)
+                                         trace.decisions - 1, now, new_span_id(self.ids))
                 trace.attempts.append(a.record)
             plan.retry_5xx = plan.suspect is None and plan.attempts < self.rc.max_attempts
             return a

@@ -20,6 +20,7 @@ from .replicas import ModelEntry, ReplicaTable
 from .request_head import request_head
 from .strategies import Strategy, StrategyError, resolve
 from .trace import MAX_NAME, Trace, TraceRing
+from .traceparent import SAMPLED, new_span_id, new_trace_id, parse_traceparent, parse_tracestate, sampled
 from .types import RequestInfo
 
 __all__ = ["STRATEGY_HEADER", "Planner"]
@@ -29,11 +30,13 @@ STRATEGY_HEADER = "x-llmgw-strategy"
 
 class Planner:
     """`scorers`: the scheduler's (a configured strategy weighs only those); `refused`: called
-    with a refused request's trace (RouterCore ends it and tells its watcher)."""
+    with a refused request's trace (RouterCore ends it and tells its watcher); `ids`: random bits
+    (``getrandbits``) for trace and span ids — apart from `rng`, so ids never shift the scheduler's
+    draws."""
 
     def __init__(self, cfg: Config, table: ReplicaTable, scorers: Collection[str], traces: TraceRing, *,
                  wall: Callable[[], float], rng: random.Random,
-                 refused: Callable[[Trace, float, int], None]) -> None:
+                 refused: Callable[[Trace, float, int], None], ids: Callable[[int], int]) -> None:
         self.cfg = cfg
         self.table = table
         self.scorers = scorers
@@ -41,19 +44,24 @@ class Planner:
         self._wall = wall
         self.rng = rng
         self._refused = refused
+        self.ids = ids
+        self.traceparent_invalid: dict[str, int] = {}  # malformed client traceparents ignored, by reason
         self.canary: dict[str, float] = {}  # model -> share of its requests sent to its candidate
         self.revision_ids: dict[str, str] = {}  # model or candidate key -> its revision's id (traces say it)
         self.strategies: dict[str, Strategy] = self._configured_strategies()
 
     def plan(self, kind: str, body: bytes, rid: str, *, strategy: str | None, session: str | None,
-             now: float, revision: str | None = None, internal: bool = False) -> Plan:
+             now: float, revision: str | None = None, internal: bool = False,
+             traceparent: str | None = None, tracestate: str | None = None) -> Plan:
         """`revision="candidate"`: to the model's candidate revision (the eval runner's requests;
         the shell checks who may ask); `"live"`: to the live one, never the canary's share.
         Otherwise the live revision — or, for a model with a canary share (set_canary), the
         candidate for that share of requests. `internal`: the eval runner's request (not client
         traffic: counted apart too, counters.internal). The trace carries the revision's id
-        (set_revision)."""
+        (set_revision) and the client's W3C trace context (`traceparent`, `tracestate`: the
+        headers, None when absent; a malformed traceparent is counted and ignored)."""
         trace = Trace(rid, name=kind, started=now, wall=self._wall(), bytes_out=len(body))
+        self._trace_context(trace, traceparent, tracestate)
         trace.mark("prepare", now)
         self.traces.add(trace)
         try:
@@ -78,6 +86,7 @@ class Planner:
             # the revision's id (r1, r2…); "candidate" for a candidate whose id the router was not told
             trace.revision = self.revision_ids.get(entry.name) or ("candidate" if is_candidate_key(entry.name) else "")
             strat = self.strategy(entry, strategy)
+            trace.strategy = strat.name
         except ApiError as e:  # refused: its trace ends here (the shell counts the request)
             self._refused(trace, now, e.status)
             raise
@@ -89,6 +98,20 @@ class Planner:
                            head=request_head(b.obj, kind) if kind != "embeddings" else b"",
                            cache_salt=salt if isinstance(salt, str) else None)
         return Plan(info, entry, strat, b.stream, now, body=b.obj, raw=body, trace=trace, internal=internal)
+
+    def _trace_context(self, trace: Trace, traceparent: str | None, tracestate: str | None) -> None:
+        """The client's trace when its traceparent is valid (ours is a span of it; its sampled flag
+        holds), else a new one, sampled by ``[router.traces] otlp_sample``."""
+        ctx, bad = parse_traceparent(traceparent)
+        if ctx is not None:
+            trace.trace_id, trace.parent_span_id, trace.flags = ctx.trace_id, ctx.parent_id, ctx.flags
+            trace.tracestate = parse_tracestate(tracestate)
+        else:
+            if bad:
+                self.traceparent_invalid[bad] = self.traceparent_invalid.get(bad, 0) + 1
+            trace.trace_id = new_trace_id(self.ids)
+            trace.flags = SAMPLED if sampled(trace.trace_id, self.cfg.router.traces.otlp_sample) else 0
+        trace.span_id = new_span_id(self.ids)
 
     def strategy(self, entry: ModelEntry, asked: str | None) -> Strategy:
         name = asked or entry.strategy

@@ -7,7 +7,9 @@ routed from the start), not draining, and its breaker not open. A model "should 
 when its config asks for some (static ``[[models.replicas]]`` or a ``[models.deploy] count`` above
 0) or when it has some routed anyway (adopted). A candidate revision's replicas
 (llmgw.lifecycle) are not waited for: they take no client traffic. A router with no such model is ready: there is
-nothing to wait for. Pure: reads the replica table, changes nothing."""
+nothing to wait for. A router that is stopping (SIGTERM: draining its requests in flight, docs/ha.md
+"Behind a load balancer") is not ready, whatever its replicas: a load balancer that checks ``/ready``
+sends it nothing new. Pure: reads the replica table, changes nothing."""
 
 from __future__ import annotations
 
@@ -40,17 +42,19 @@ class ModelReadiness:
 @dataclass(frozen=True, slots=True)
 class Readiness:
     models: tuple[ModelReadiness, ...]  # the models that should have replicas, by name
+    draining: bool = False  # the router is stopping: not ready, whatever its models
 
     @property
     def ready(self) -> bool:
-        return all(m.ready for m in self.models)
+        return not self.draining and all(m.ready for m in self.models)
 
     @property
     def missing(self) -> list[str]:
         return [m.model for m in self.models if not m.ready]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": "ready" if self.ready else "not_ready", "missing": self.missing,
+        status = "draining" if self.draining else "ready" if self.ready else "not_ready"
+        return {"status": status, "missing": self.missing,
                 "models": [m.to_dict() for m in self.models]}
 
     def summary(self, url: str) -> str:
@@ -73,7 +77,8 @@ def _of(entry: ModelEntry) -> ModelReadiness:
                           entry.wanted)
 
 
-def readiness(table: ReplicaTable) -> Readiness:
-    """The router's readiness now: each model that should have replicas, and whether one serves."""
+def readiness(table: ReplicaTable, *, draining: bool = False) -> Readiness:
+    """The router's readiness now: each model that should have replicas, and whether one serves;
+    ``draining``: the router is stopping."""
     return Readiness(tuple(_of(e) for name, e in sorted(table.models.items())
-                           if (e.wanted > 0 or e.replicas) and not is_candidate_key(name)))
+                           if (e.wanted > 0 or e.replicas) and not is_candidate_key(name)), draining)

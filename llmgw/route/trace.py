@@ -27,7 +27,13 @@ Jobs (model updates, evals, promotions) use the same type with ``kind="job"``::
     t.end(now3, "ok")            # or "failed", with a status of the job's choosing
     t.to_dict()                  # the admin API's TraceView, as JSON-ready data
 
-and :meth:`TraceRing.add` makes one findable with the requests' (``GET /api/v1/traces/{id}``)."""
+and :meth:`TraceRing.add` makes one findable with the requests' (``GET /api/v1/traces/{id}``).
+
+A request's trace is also a W3C trace (:mod:`.traceparent`): ``trace_id`` is the client's when
+its ``traceparent`` was valid (``parent_span_id`` its span), else one of the router's own;
+``span_id`` is the router's span for the whole request, and each attempt has a span of its own
+(``AttemptRecord.span_id``), the parent of what the engine traces (it gets that span in its
+``traceparent``). A job's trace has none of these ("")."""
 
 from __future__ import annotations
 
@@ -35,7 +41,9 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["AttemptRecord", "Trace", "TraceRing", "MAX_NAME", "MAX_NOTE"]
+from .traceparent import format_traceparent
+
+__all__ = ["AttemptRecord", "Trace", "TraceRing", "MAX_NAME", "MAX_NOTE", "upstream_headers"]
 
 MAX_NAME = 256  # characters of a model name kept (a client may send any; real ones are short)
 MAX_NOTE = 512  # characters of a phase's note or an attempt's error kept (an engine's words are input)
@@ -46,11 +54,13 @@ class AttemptRecord:
     """One try on one replica. Times are monotonic seconds (None: not reached)."""
 
     __slots__ = ("bytes_in", "connected_at", "decision", "ended_at", "error", "first_byte_at", "head_at", "n",
-                 "node", "outcome", "replica", "retried", "revision", "sent_at", "status")
+                 "node", "outcome", "replica", "retried", "revision", "sent_at", "span_id", "status")
 
-    def __init__(self, n: int, replica: str, node: str | None, revision: str, decision: int, sent_at: float) -> None:
+    def __init__(self, n: int, replica: str, node: str | None, revision: str, decision: int, sent_at: float,
+                 span_id: str = "") -> None:
         self.n, self.replica, self.node, self.revision, self.decision = n, replica, node, revision, decision
         self.sent_at = sent_at
+        self.span_id = span_id  # the attempt's span (16 hex digits): the engine's traceparent names it
         self.connected_at: float | None = None
         self.head_at: float | None = None
         self.first_byte_at: float | None = None
@@ -63,8 +73,9 @@ class AttemptRecord:
 
 
 class Trace:
-    __slots__ = ("attempts", "bytes_in", "bytes_out", "decisions", "ended", "id", "kind", "marks", "model",
-                 "name", "outcome", "revision", "started", "status", "stream", "wall")
+    __slots__ = ("attempts", "bytes_in", "bytes_out", "decisions", "ended", "flags", "id", "kind", "marks", "model",
+                 "name", "outcome", "parent_span_id", "revision", "span_id", "started", "status", "strategy",
+                 "stream", "trace_id", "tracestate", "wall")
 
     def __init__(self, id: str, *, kind: str = "request", name: str = "", started: float, wall: float,
                  model: str = "", stream: bool = False, bytes_out: int = 0) -> None:
@@ -77,8 +88,15 @@ class Trace:
         self.outcome = ""  # "" while in flight
         self.status: int | None = None
         self.revision = ""
+        self.strategy = ""  # a request's routing strategy (its spans say it)
         self.bytes_out = bytes_out  # request body bytes
         self.bytes_in = 0
+        # W3C trace context (a request's; "" for a job): see the module's docstring
+        self.trace_id = ""
+        self.span_id = ""
+        self.parent_span_id = ""  # the client's span, when its traceparent was valid
+        self.flags = 0  # trace flags (SAMPLED)
+        self.tracestate = ""  # the client's, passed on to the engine
 
     def mark(self, phase: str, at: float, attempt: int = 0, note: str = "") -> None:
         """Open phase ``phase`` at ``at`` (the one before ends there). A mark before the last is
@@ -141,8 +159,22 @@ class Trace:
             "started_at": self.wall, "total_ms": None if self.ended is None else _ms(self.ended - t0),
             "outcome": self.outcome or "in_flight", "status": self.status, "revision": self.revision,
             "bytes_out": self.bytes_out, "bytes_in": self.bytes_in, "retries": sum(a.retried for a in self.attempts),
+            "trace_id": self.trace_id, "span_id": self.span_id, "parent_span_id": self.parent_span_id,
             "phases": phases, "attempts": [_attempt_dict(a, t0) for a in self.attempts],
         }
+
+
+def upstream_headers(trace: Trace | None, record: AttemptRecord | None) -> list[tuple[str, str]]:
+    """The W3C headers of an attempt's request to the engine: ``traceparent`` in the request's
+    trace, naming the attempt's span (the request's span when the attempt has none), and the
+    client's ``tracestate`` when it sent one."""
+    if trace is None or not trace.trace_id:
+        return []
+    span = record.span_id if record is not None and record.span_id else trace.span_id
+    out = [("traceparent", format_traceparent(trace.trace_id, span, trace.flags))]
+    if trace.tracestate:
+        out.append(("tracestate", trace.tracestate))
+    return out
 
 
 def _ms(seconds: float) -> float:
@@ -157,7 +189,8 @@ def _attempt_dict(a: AttemptRecord, t0: float) -> dict[str, Any]:
     return {"n": a.n, "replica": a.replica, "node": a.node, "revision": a.revision, "decision": a.decision,
             "sent_ms": _ms(a.sent_at - t0), "connected_ms": _off(a.connected_at, t0), "head_ms": _off(a.head_at, t0),
             "first_byte_ms": _off(a.first_byte_at, t0), "ended_ms": _off(a.ended_at, t0), "status": a.status,
-            "outcome": a.outcome or "in_flight", "error": a.error, "retried": a.retried, "bytes_in": a.bytes_in}
+            "outcome": a.outcome or "in_flight", "error": a.error, "retried": a.retried, "bytes_in": a.bytes_in,
+            "span_id": a.span_id}
 
 
 class TraceRing:

@@ -98,7 +98,9 @@ async def measure_power() -> float | None:
 
 class Agent:
     def __init__(self, acfg: AgentConfig, *, router: str, token: str | None, tls: RouterTls | None = None,
-                 drop_after_s: float = DROP_AFTER_S) -> None:
+                 drop_after_s: float = DROP_AFTER_S, more_routers: tuple[str, ...] = ()) -> None:
+        """`router`: the router to dial first; `more_routers` (`[agent] routers`): others of the same
+        fleet dialed from the start too, with the same TLS settings, never dropped."""
         self.cfg = acfg
         self.token = token or ""
         self.credential = load_credential(acfg.state_dir, acfg.node)
@@ -108,6 +110,9 @@ class Agent:
         self.drop_after_s = drop_after_s
         self.configured = RouterLink(self, router, tls, configured=True)
         self.links: dict[str, RouterLink] = {router: self.configured}  # control address -> its session
+        for addr in more_routers:
+            if addr not in self.links:
+                self.links[addr] = RouterLink(self, addr, tls, configured=True)
         self.epoch = 0  # the highest leadership epoch a router has spoken of
         self._epoch_heard_at = 0.0  # when a live router last spoke of it (see _forget_epoch)
         self.stale_desired = 0  # desired sets ignored: a deposed leader's (older epoch)
@@ -148,6 +153,8 @@ class Agent:
                 self._nursery = nursery
                 nursery.start_soon(self._kv_pump)
                 nursery.start_soon(self._watch_routers)
+                for link in [x for x in self.links.values() if x.configured and x is not self.configured]:
+                    nursery.start_soon(link.run)
                 await self.configured.run()
         finally:
             with trio.CancelScope(shield=True):

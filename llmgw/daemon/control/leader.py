@@ -307,7 +307,7 @@ class LeadershipMetrics:
         f.add_metric([], ld.follows)
         yield f
         lat = ld.latency
-        h = HistogramMetricFamily("llmgw_store_call_seconds",
+        h = HistogramMetricFamily("llmgw_leadership_store_call_seconds",
                                   "How long this router's cluster calls to the store took (lease, poll, follow).")
         cum, buckets = 0, []
         for b, n in sorted(lat.buckets.items()):
@@ -315,7 +315,7 @@ class LeadershipMetrics:
             buckets.append(("+Inf" if b == float("inf") else repr(b), cum))
         h.add_metric([], buckets, sum_value=lat.total_s)
         yield h
-        err = CounterMetricFamily("llmgw_store_call_errors", "This router's cluster calls to the store that failed.")
+        err = CounterMetricFamily("llmgw_leadership_store_call_errors", "This router's cluster calls to the store that failed.")
         err.add_metric([], lat.errors)
         yield err
         if self.forwarder is not None:

@@ -53,6 +53,7 @@ class _Conn:
         "fd",
         "fed",
         "flushing",
+        "fresh",
         "handling",
         "keep_alive",
         "main",
@@ -91,6 +92,7 @@ class _Conn:
         self.backlog = b""  # bytes the flusher task still has to write
         self.flushing: trio.Event | None = None  # set when the flusher task is done
         self.fed = 0  # reads fed to the parser (or EOF) so far
+        self.fresh = True  # no request read yet (a drain lets it bring its first one)
 
     def on_readable(self, mask: int = _HANGUP) -> None:
         """Read what the socket holds (the reader's callback; never raises).

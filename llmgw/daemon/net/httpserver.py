@@ -27,7 +27,8 @@ serve_tcp, serve_unix).  What handlers use (Request, Response, the *_response he
 ServerStats, ServerOptions) is in :mod:`llmgw.daemon.net.http_types`, re-exported here;
 the bounds on connections (the cap, accept failures) in :mod:`llmgw.daemon.net.http_limits`;
 a connection's state, its reader callback and its write paths (the RelayBody sink, streamed
-bodies) in :mod:`llmgw.daemon.net.http_conn`; the Unix-socket checks in
+bodies) in :mod:`llmgw.daemon.net.http_conn`; a graceful stop (``Drain``: no new
+connection, in-flight requests finish) in :mod:`llmgw.daemon.net.http_drain`; the Unix-socket checks in
 :mod:`llmgw.daemon.net.unix_sockets`; the BodySink/RelayBody protocols in
 :mod:`llmgw.http1.sinks`.
 """
@@ -39,7 +40,7 @@ import logging
 import os
 import socket as _socket
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from math import inf
 from typing import Any, NoReturn, Unpack
@@ -54,6 +55,7 @@ from llmgw.daemon.net.http_conn import (
     close_body,
     stream_body,
 )
+from llmgw.daemon.net.http_drain import Drain
 from llmgw.daemon.net.http_limits import ConnectionLimits, refusal
 from llmgw.daemon.net.http_types import (
     ErrorBody,
@@ -67,13 +69,14 @@ from llmgw.daemon.net.http_types import (
     text_response,
 )
 from llmgw.daemon.net.inline_epoll import InlineEpoll
+from llmgw.daemon.net.reuse_port import bind_reuse_port, listen_on
 from llmgw.daemon.net.unix_sockets import _peer_uid, _remove_stale_socket
 from llmgw.http1.errors import LocalProtocolError, RemoteProtocolError
 from llmgw.http1.response_head import BODY_CHUNKED, BODY_CLOSE, BODY_LENGTH, BODY_NONE, serialize_response_head
 from llmgw.http1.server import CONTINUE, RequestParser
 from llmgw.http1.sinks import BodyAborted, RelayBody
 
-__all__ = ["ErrorBody", "Handler", "Request", "Response", "ServerOptions", "ServerStats", "json_response",
+__all__ = ["Drain", "ErrorBody", "Handler", "Request", "Response", "ServerOptions", "ServerStats", "json_response",
            "openai_error_body", "serve_listeners", "serve_tcp", "serve_unix", "text_response"]
 
 logger = logging.getLogger(__name__)
@@ -113,6 +116,9 @@ class _Server:
         # no task switch to learn of input); also what tells a running handler at once
         # that its client left (EOF or reset cancels it).
         self.readers: InlineEpoll | None = None
+        # A graceful stop (llmgw.daemon.net.http_drain): no more accepting, no more keep-alive.
+        self.draining = False
+        self.listening: list[tuple[_socket.socket, trio.SocketListener]] = []  # (accept socket, listener)
 
     async def sweep(self) -> NoReturn:
         # Read timeouts by one periodic sweep instead of a trio deadline per
@@ -144,14 +150,22 @@ class _Server:
             limits = self.limits
             where = str(listener.socket.getsockname())
             accepted = 0
-            while True:
+            self.listening.append((lsock, listener))
+            while not self.draining:  # a drain accepts what is queued, then closes the listener
                 try:
                     sock, addr = lsock.accept()
                 except BlockingIOError:
                     accepted = 0
-                    await _wait_readable(lsock)
+                    try:
+                        await _wait_readable(lsock)
+                    except trio.ClosedResourceError:
+                        if self.draining:
+                            return
+                        raise
                     continue
                 except OSError as exc:  # EMFILE...: close the longest waiting, pause, log (limited)
+                    if self.draining:
+                        return
                     await trio.sleep(limits.accept_failed(exc, where))
                     continue
                 if limits.failing:
@@ -222,7 +236,7 @@ class _Server:
         stats = self.stats
         first = True
         while (req := await self.read_request(c, first)) is not None:
-            first = False
+            first = c.fresh = False
             c.deadline = inf  # handling has no time limit; a disconnect ends it
             if c.paused and not c.parser.buffered:
                 c.resume_reader()  # pipelined input consumed: watch this request again
@@ -237,8 +251,8 @@ class _Server:
                     stats.requests_served += 1
                 elif c.eof:
                     stats.client_disconnects += 1
-            if served != _KEEP:
-                return  # error, or HTTP/1.0 / "connection: close" / a close-delimited body
+            if served != _KEEP or self.draining:
+                return  # error, or HTTP/1.0 / "connection: close" / a close-delimited body; or a drain
 
     async def read_request(self, c: _Conn, first: bool) -> Request | None:
         p = c.parser
@@ -275,7 +289,7 @@ class _Server:
         target = r.target
         path, _, query = target.partition("?")
         req = Request(r.method, target, path, query, r.headers, r.body, c.client, r.http_version)
-        c.keep_alive = r.keep_alive
+        c.keep_alive = r.keep_alive and not self.draining  # draining: "connection: close" on the response
         return req
 
     def rejected(self, status: int) -> None:
@@ -410,13 +424,17 @@ class _Server:
 
 async def serve_listeners(handler: Handler, listeners: list[trio.SocketListener], *,
                           task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
-                          **options: Unpack[ServerOptions]) -> NoReturn:
+                          drain: Drain | None = None, **options: Unpack[ServerOptions]) -> NoReturn:
     """Serve HTTP on listening sockets until cancelled; ``started(listeners)``.
 
     Cancelling closes the listeners and every connection, cancelling in-flight
-    handlers and closing streaming bodies; nothing outlives the call.
+    handlers and closing streaming bodies; nothing outlives the call.  With ``drain``
+    (llmgw.daemon.net.http_drain), ``drain.start()`` first stops it gracefully: no new
+    connection, in-flight requests finish, each connection closes after its response.
     """
     server = _Server(handler, **options)
+    if drain is not None:
+        drain.attach(server)
     server.readers = readers = InlineEpoll("http server")
     try:
         async with trio.open_nursery() as nursery:
@@ -435,15 +453,34 @@ async def serve_listeners(handler: Handler, listeners: list[trio.SocketListener]
 
 async def serve_tcp(handler: Handler, host: str = "127.0.0.1", port: int = 0, *,
                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
-                    backlog: int | None = None, **options: Unpack[ServerOptions]) -> NoReturn:
+                    backlog: int | None = None, reuse_port: bool = False,
+                    before_listen: Callable[[], Awaitable[None]] | None = None, drain: Drain | None = None,
+                    **options: Unpack[ServerOptions]) -> NoReturn:
     """Serve HTTP on host:port; ``started(bound_port)`` (useful with port 0).
 
     Give a literal address: with port 0, a name that resolves to several addresses
     gets a different ephemeral port on each, and only the first is reported.
+    ``reuse_port``: bind with SO_REUSEPORT, so that several processes of this user
+    (``llmgw daemon --workers N``) listen on one port and the kernel spreads the new
+    connections among them. ``before_listen`` (with reuse_port): the port is bound and
+    reported, then awaited before the sockets listen, so the others keep all the new
+    connections until this process is ready for them.
     """
-    listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
-    task_status.started(listeners[0].socket.getsockname()[1])
-    await serve_listeners(handler, listeners, **options)
+    if not reuse_port:
+        listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
+        task_status.started(listeners[0].socket.getsockname()[1])
+    else:
+        socks = await bind_reuse_port(port, host=host)
+        task_status.started(socks[0].getsockname()[1])
+        try:
+            if before_listen is not None:
+                await before_listen()
+            listeners = listen_on(socks, backlog)
+        except BaseException:
+            for sock in socks:
+                sock.close()
+            raise
+    await serve_listeners(handler, listeners, drain=drain, **options)
 
 
 async def serve_unix(handler: Handler, path: str | os.PathLike[str], *,

@@ -45,6 +45,7 @@ from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.daemon.router.metrics import RouterMetrics, Tier2DecisionMetrics
 from llmgw.daemon.router.registry import Registry, Replica
 from llmgw.daemon.router.tokenize import Tier2Metrics, Tokenizer
+from llmgw.daemon.router.otel_export import TraceExportMetrics, make_exporter, trace_sink
 from llmgw.daemon.router.trace_log import TraceLog
 from llmgw.http1.sinks import BodyAborted, BodySink
 from llmgw.route.adapters import Load
@@ -55,6 +56,7 @@ from llmgw.route.dispatch import KINDS, RouterCore
 from llmgw.route.plan import Plan
 from llmgw.route.planner import STRATEGY_HEADER
 from llmgw.route.tier2 import Tokenize
+from llmgw.route.trace import upstream_headers
 from llmgw.config.names import is_candidate_key
 from llmgw.inputs.echo import echo
 from llmgw.route.openai_req import ApiError, error_body
@@ -123,7 +125,7 @@ class Router:
         self.pool = pool
         self.registry = Registry(cfg)
         self.core = RouterCore(cfg, self.registry, cache_stats=self.registry.cache_stats, wall=time.time,
-                               rng=random.Random(seed), clock=time.perf_counter)
+                               rng=random.Random(seed), clock=time.perf_counter, ids=_rid_bits)
         self.registry.on_capacity = self.core.capacity_known
         self.registry.on_adapters = self._adapters_listed
         self.registry.on_scraped = lambda rep: self._wake(self.core.scraped(rep, trio.current_time()))
@@ -145,13 +147,16 @@ class Router:
         self._parity: dict[Attempt, int] = {}  # an attempt's open parity check (RouterKvIndex.check_open)
         # finished traces to a JSONL file, when [router.traces] file is set (its task: main.py)
         self.trace_log = TraceLog(cfg.router.traces) if cfg.router.traces.file else None
-        if self.trace_log is not None:
-            self.core.on_trace_end = self.trace_log.on_end
+        # ... and as OpenTelemetry spans over OTLP, when [router.traces] otlp_endpoint is set (its task: main.py)
+        self.otlp = make_exporter(cfg.router.traces, _rid_bits)
+        self.core.on_trace_end = trace_sink(self.trace_log, self.otlp)
+        self.metrics.registry.register(TraceExportMetrics(self.core.traceparent_invalid, self.otlp))
         self.api_keys = set(cfg.server.api_keys)
         self.rid_header = cfg.server.request_id_header.lower()
         # What the control plane's eval runner sends (INTERNAL_HEADER) to reach a candidate
         # revision (REVISION_HEADER): a secret of this process, never logged or answered.
         self.internal_token = secrets.token_hex(16)
+        self.draining = False  # stopping (SIGTERM): /ready answers 503 "draining" (main.py, docs/ha.md)
 
     @property
     def decisions(self) -> deque[Decision]:
@@ -245,7 +250,7 @@ class Router:
         """200 once every model that should have replicas has one that can serve, else 503; the
         body says which (llmgw.route.readiness) — to a caller with an API key when keys are set,
         since it names the models; without one, only the status."""
-        r = readiness(self.registry)
+        r = readiness(self.registry, draining=self.draining)
         body = r.to_dict()
         try:
             self._authorize(req)
@@ -295,9 +300,11 @@ class Router:
         if revision is not None and (revision not in ("candidate", "live") or not internal):
             raise ApiError(403, f"The {REVISION_HEADER} header is for llmgw's own eval runner.",
                            param=REVISION_HEADER, code="forbidden")
+        traceparent = req.header("traceparent")
         plan = core.plan(kind, req.body, rid, strategy=req.header(STRATEGY_HEADER),
                          session=req.header("x-session-id"), now=trio.current_time(), revision=revision,
-                         internal=internal)
+                         internal=internal, traceparent=traceparent,
+                         tracestate=None if traceparent is None else _tracestate(req))
         headers = [("content-type", "application/json"), ("x-request-id", rid)]
         try:
             while True:
@@ -356,6 +363,8 @@ class Router:
         rep = a.replica
         a.sent_at = trio.current_time()  # the trace's connect phase starts here
         body = a.body if a.body is not None else req.body  # the core's rewrite (llama.cpp's adapter list)
+        # W3C traceparent: the request's trace, the attempt's span (the engine's spans are its children)
+        headers = [*headers, *upstream_headers(plan.trace, a.record)]
         try:
             # The exchange's own __aenter__: on failure it has closed its connection, and its
             # __aexit__ is only resp.close(), which the body's end calls (no exit stack, no
@@ -469,6 +478,12 @@ def _header_value(text: str) -> str:
     """A replica id as a header value: as it is when it can be one (nearly always), else
     percent-encoded (a model name may be any text)."""
     return text if _CONTENT_TYPE.fullmatch(text) is not None else quote(text, safe="/")
+
+
+def _tracestate(req: Request) -> str | None:
+    """The client's tracestate: several such header lines are one list (RFC 9110's combining)."""
+    values = [v for k, v in req.headers if k == "tracestate"]
+    return ",".join(values) if values else None
 
 
 def _end_trace(plan: Plan, outcome: str, status: int) -> None:

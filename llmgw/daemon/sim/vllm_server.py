@@ -9,6 +9,7 @@ import logging
 import os
 import time
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,8 @@ class VllmSim:
         self.runner = EngineRunner(self.core, on_step=self._publish if late else None,
                                    on_schedule=None if late else self._publish)
         self.server_load = 0
+        # the W3C trace headers of the last requests (GET /sim/trace_headers, dev mode: the tests' view)
+        self.trace_headers: deque[dict[str, str | None]] = deque(maxlen=64)
         self.ready = False
         self.bound_port: int | None = None
 
@@ -150,6 +153,8 @@ class VllmSim:
 
     # -- HTTP ------------------------------------------------------------------------------
     async def handle(self, req: Request) -> Response:
+        if self.dev_mode and req.method == "POST" and req.path.startswith("/v1/"):
+            self.trace_headers.append({k: req.header(k) for k in ("traceparent", "tracestate", "x-request-id")})
         try:
             return await self._route(req)
         except vs.VllmError as e:
@@ -182,12 +187,16 @@ class VllmSim:
             r["/v1/unload_lora_adapter"] = (("POST",), self._unload_lora)
         if self.dev_mode:
             r["/reset_prefix_cache"] = (("POST",), self._reset_prefix_cache)
+            r["/sim/trace_headers"] = (("GET",), self._trace_headers)
         if self.version >= (0, 31):
             r["/kv_event_sources"] = (("GET",), self._kv_sources)
         return r
 
     async def _health(self, req: Request) -> Response:
         return Response(200 if self.ready else 503)
+
+    async def _trace_headers(self, req: Request) -> Response:
+        return Response(200, list(_JSON), vs.dumps(list(self.trace_headers)))
 
     async def _version(self, req: Request) -> Response:
         return Response(200, list(_JSON), vs.dumps({"version": str(self.version)}))

@@ -52,7 +52,7 @@ from llmgw.daemon.control.admin.routers import ROUTER_HANDLERS
 from llmgw.daemon.control.admin.lifecycle import LIFECYCLE_HANDLERS, BodyProblems
 from llmgw.daemon.control.agents.identity import RotateError
 from llmgw.daemon.control.plane.plane import ControlPlane, ModelError
-from llmgw.daemon.control.store.guard import StoreUnavailable
+from llmgw.daemon.control.store.guard import NotLeader, StoreUnavailable
 from llmgw.daemon.net.httpserver import (
     Request,
     Response,
@@ -153,6 +153,11 @@ class AdminApp:
                 raise invalid([Problem(f, m) for f, m in e.problems], "invalid_body") from None
             except ConfigError as e:
                 raise invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
+            except NotLeader as e:
+                raise AdminFail(503, "This router does not lead the control plane (any more), so this change was not "
+                                 f"made ({e.detail}). Retry: a router that follows hands changes to the leader "
+                                 "(`llmgw ctl routers` shows which leads).",
+                                headers=[("retry-after", "2")]) from None
             except StoreUnavailable as e:
                 raise AdminFail(503, f"The router's store cannot write ({e.reason}: {e.detail}), so this change was not "
                                  "made. The router keeps running from memory; retry once `llmgw ctl status` shows "

@@ -16,7 +16,6 @@ import hmac
 import logging
 import os
 import secrets
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,7 +125,7 @@ class NodeIdentities:
         self.clock = clock
         try:
             rows = store.credentials()
-        except sqlite3.Error as e:  # a store that cannot be read must not stop agents' sessions
+        except store.faults as e:  # a store that cannot be read must not stop agents' sessions
             log.error("store: cannot read node credentials (%s); nodes without one must join again", e)
             rows = {}
         self.records: dict[str, CredentialRow] = rows
@@ -149,10 +148,22 @@ class NodeIdentities:
             return Verdict(adm, presented_hash=presented)
         secret = secrets.token_urlsafe(32)
         digest, now = credential_hash(secret), self.clock()
+        # First writer wins: written only if the store still holds what this decision saw (another
+        # router sharing the store may have issued one to the same node meanwhile).
+        known = self.records.get(hello.node)
+        replacing = None if known is None or known.revoked_at is not None else known.hash
         try:
-            self.store.put_credential(hello.node, digest, issued_at=now)
-        except sqlite3.Error as e:
+            written = self.store.put_credential(hello.node, digest, issued_at=now, replacing=replacing)
+        except self.store.faults as e:
             raise IdentityStoreError(f"cannot record node {hello.node}'s credential in the store: {e}") from None
+        if written is False:
+            try:
+                if (row := self.store.credentials().get(hello.node)) is not None:
+                    self.records[hello.node] = row  # what the other router issued: the agent's retry meets it
+            except self.store.faults:
+                pass
+            raise IdentityStoreError(f"node {hello.node} was given a credential by another router at the same "
+                                     "moment; this hello is refused for now and the agent retries")
         self.records[hello.node] = CredentialRow(hello.node, digest, now, None, None)
         self.issued += 1
         return Verdict(adm, secret=secret, presented_hash=digest)
@@ -166,7 +177,7 @@ class NodeIdentities:
         self.records[node] = CredentialRow(node, digest, row.issued_at, now, None)
         try:
             self.store.confirm_credential(node, digest, at=now)
-        except sqlite3.Error as e:  # kept in memory; written again by the next confirmation after a restart
+        except self.store.faults as e:  # kept in memory; written again by the next confirmation after a restart
             log.error("store: cannot record that node %s confirmed its credential: %s", node, e)
 
     def revoke(self, node: str) -> tuple[bool, str | None]:
@@ -180,7 +191,7 @@ class NodeIdentities:
         self.revoked += 1
         try:
             self.store.revoke_credential(node, at=now)
-        except sqlite3.Error as e:
+        except self.store.faults as e:
             log.error("store: cannot record the revocation of node %s (%s): it holds until the router "
                       "restarts; revoke it again then", node, e)
             return True, str(e)

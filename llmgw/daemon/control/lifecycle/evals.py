@@ -53,6 +53,18 @@ class EvalsHost(Protocol):
 class Evals:
     def __init__(self, lifecycle: EvalsHost) -> None:
         self.lc = lifecycle
+        self.running: set[trio.CancelScope] = set()  # one per eval job under way
+        self.stopping = False
+
+    def stop(self) -> int:
+        """The router is stopping (SIGTERM: it drains, docs/ha.md "Behind a load balancer"): its
+        OpenAI port, which evals go through, refuses connections now, so an eval under way would
+        score refusals as failed cases. Cut them now, as the stop would (their jobs stay running
+        in the store: the next start says what becomes of them), and start no new one; how many."""
+        self.stopping = True
+        for scope in self.running:
+            scope.cancel()
+        return len(self.running)
 
     # -- suites ------------------------------------------------------------------------------------
     def put_suite(self, name: str, text: str) -> Suite:
@@ -87,6 +99,8 @@ class Evals:
             raise LifecycleError(409, f"model {name} has no candidate: `llmgw ctl models update {name}` makes one")
         if self.lc._nursery is None or self.lc._pool is None or self.lc._target is None:
             raise LifecycleError(409, "the router's OpenAI port is not listening yet; retry in a moment")
+        if self.stopping:
+            raise LifecycleError(409, "this router is stopping; start the eval on another router, or once it is back")
         running = [j.id for j in self.lc.jobs.values() if j.kind == "eval" and not j.done]
         if len(running) >= MAX_RUNNING_EVALS:
             raise LifecycleError(409, f"{len(running)} eval jobs are running ({', '.join(running)}); wait for one")
@@ -99,12 +113,18 @@ class Evals:
         return job
 
     async def _eval(self, job: Job, suite: Suite, name: str, revision: str, rid: str) -> None:
-        try:
-            await self._run_eval(job, suite, name, revision, rid)
-        except Exception as e:  # noqa: BLE001 — a bug (or a damaged stored result) fails the job, never the router
-            log.exception("eval job %s failed", job.id)
-            job.fail(time.time(), f"the eval failed: {e}")
-            self.lc._save_job(job)
+        with trio.CancelScope() as scope:  # stop() cuts it
+            self.running.add(scope)
+            try:
+                await self._run_eval(job, suite, name, revision, rid)
+            except Exception as e:  # noqa: BLE001 — a bug (or a damaged stored result) fails the job, not the router
+                log.exception("eval job %s failed", job.id)
+                job.fail(time.time(), f"the eval failed: {e}")
+                self.lc._save_job(job)
+            finally:
+                self.running.discard(scope)
+        if scope.cancelled_caught:
+            log.warning("eval job %s is cut: the router is stopping", job.id)
 
     async def _run_eval(self, job: Job, suite: Suite, name: str, revision: str, rid: str) -> None:
         assert self.lc._pool is not None and self.lc._target is not None

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import sqlite3
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -395,8 +394,8 @@ class Lifecycle:
                 p.guard.must_write("put_doc", "revisions", name, after.to_dict())
                 for a in moving:
                     p.guard.must_write("put_assignment", p._row(replace(a, model=name)))
-        except sqlite3.Error as e:
-            raise StoreUnavailable("store error", str(e)) from None
+        except p.store.faults as e:
+            raise StoreUnavailable(p.store.describe(e), str(e)) from None
         self.revisions[name] = revs = after
         p._set_model(cm, source)
         self._uninstall(name)

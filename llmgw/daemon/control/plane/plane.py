@@ -38,7 +38,7 @@ from llmgw.config import (
 from llmgw.daemon.control.agents.sessions import AgentSessions
 from llmgw.daemon.control.plane.config_reload import load_models, reconcile_file
 from llmgw.daemon.control.plane.facility import FacilityControl
-from llmgw.daemon.control.plane.follow import Snapshot, apply_snapshot, router_addrs
+from llmgw.daemon.control.plane.leading import Leading
 from llmgw.daemon.control.plane.groups import head_of, head_startable, routable_group, stop_workers, sync_head
 from llmgw.daemon.control.lifecycle.lifecycle import Lifecycle
 from llmgw.daemon.control.model_deploy import ModelError, deploy_of
@@ -56,7 +56,7 @@ from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec
 from llmgw.config.names import CANDIDATE_SUFFIX
-from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents, RouterAddr, Skipped
+from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents, Skipped
 from llmgw.lifecycle.config_diff import ScaleOverride
 
 if TYPE_CHECKING:
@@ -67,7 +67,9 @@ log = logging.getLogger("llmgw.control")
 __all__ = ["ControlPlane", "ModelError", "deploy_of"]
 
 
-class ControlPlane:
+class ControlPlane(Leading):
+    """The fleet's control plane; its side of several routers on one store is `Leading`'s (plane/leading.py)."""
+
     def __init__(self, cfg: Config, store: FleetStore, router: RouterPort, *, token: str | None,
                  settle_s: float | None = None, adopt: bool = False, fresh_store: bool = False,
                  shared: bool = False) -> None:
@@ -165,52 +167,6 @@ class ControlPlane:
         """Route the stored replicas whose engines still serve, before any agent is back (plane/restore.py);
         call it before the control listener opens. Answers how many were routed."""
         return await restore_routing(pool, self.assignments, self.urls, lambda a, r: self._on_report(a.node, r))
-
-    # -- several routers (docs/ha.md) ---------------------------------------------------------------
-    def leading(self) -> bool:
-        """Whether this router's control plane acts: places, reconciles, sends desired sets, writes
-        the store. Always, for a router alone on its store."""
-        return self.leadership is None or self.leadership.leading()
-
-    def epoch(self) -> int:
-        """The lease's epoch this router leads with (agents refuse a desired set of an older one); a
-        router alone on its store leads at epoch 1."""
-        return 1 if self.leadership is None else self.leadership.epoch
-
-    def follow(self, snap: Snapshot) -> None:
-        """A follower: the store's state, as read (plane/follow.py)."""
-        apply_snapshot(self, snap)
-
-    def take_lead(self, epoch: int, snap: Snapshot) -> None:
-        """This router now leads at `epoch`: its writes carry the epoch (the store refuses them once
-        another router leads), its memory starts from the store, its config file's models are applied
-        as at a start, jobs in flight resume, and every agent is sent its desired set."""
-        self.store.set_fence(self.router_id, epoch)
-        self.guard.active = True
-        apply_snapshot(self, snap, resume=True)
-        load_models(self, snap.state.models)
-        reconcile_file(self)
-        now = trio.current_time()
-        # Nodes whose agents have not reached this router yet get the settle time to do so.
-        self._from_store = {n for n, node in self.nodes.nodes.items() if not node.connected}
-        self._settle_until = now + self.cfg.control.settle_s
-        self.agents.leadership_changed()
-        self._wake.set()
-
-    def step_down(self, reason: str) -> None:
-        """Another router leads (or may): stop acting at once; follow the store from now on."""
-        self.guard.active = False
-        self.agents.leadership_changed()
-
-    def routers_changed(self) -> None:
-        """The live routers changed: agents are told where to reach each."""
-        self.agents.routers_changed()
-
-    def router_addrs(self) -> list[RouterAddr]:
-        """Every live router's control address and TLS pin, for the agents (fleet/wire.py RouterAddr)."""
-        if self.leadership is None:
-            return []
-        return router_addrs(self.leadership.live_routers())
 
     # -- serving agents ------------------------------------------------------------------------
     async def serve(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
@@ -556,10 +512,3 @@ class ControlPlane:
                       kv_parity_alarms={r.replica: r.model for r in self.router.kv_summary().replicas
                                         if r.parity.status == "alarm"}, **self._ha_summary())
 
-    def _ha_summary(self) -> dict[str, Any]:
-        ld = self.leadership
-        if ld is None:
-            return {}
-        leading = self.leading()
-        return {"role": "leader" if leading else "follower", "leader": self.router_id if leading else ld.leader_id,
-                "epoch": ld.epoch, "routers": max(1, len(ld.live_routers()))}

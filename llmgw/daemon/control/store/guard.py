@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llmgw.admin.schema import StoreStatus
@@ -344,3 +344,12 @@ class StoreMetrics(Collector):
         dropped = CounterMetricFamily("llmgw_store_history_dropped", "History events lost to a long store fault.")
         dropped.add_metric([], g.history_dropped)
         yield dropped
+        fenced = CounterMetricFamily("llmgw_store_fenced_writes", "Writes refused because another router leads.")
+        fenced.add_metric([], g.fenced)
+        yield fenced
+        times = getattr(g.store, "call_times", None)  # PostgreSQL: every statement's round trip
+        if times is not None:
+            h = HistogramMetricFamily("llmgw_store_call_seconds", "How long the store's statements took "
+                                      "(PostgreSQL), failed ones included.")
+            h.add_metric([], times.cumulative(), sum_value=times.total)
+            yield h

@@ -8,9 +8,9 @@ given the call's deadline, so a blackholed network or a paused server costs the 
 `timeout_s`; the connection is then closed (its state is unknown) and raises StoreTimeout. The
 next call reconnects — at most once a second from calls, so a store that is away does not cost
 every call its connect timeout; `ping()` (the guard's probe, from a worker thread) always tries.
-The same figure goes to the server as statement_timeout and lock_timeout, and a session idle in a
-transaction longer than IDLE_TX_S is ended by the server: a leader paused inside a transaction
-cannot hold the lease's row lock. Why generator waiting on the trio thread and not a worker
+The same figure goes to the server as statement_timeout, lock_timeout and
+idle_in_transaction_session_timeout: a leader paused inside a transaction cannot hold the lease's
+row lock past it. Why generator waiting on the trio thread and not a worker
 thread per call: docs/ha.md ("The store"), measured by bench/bench_store_pg.py.
 
 One connection, in autocommit mode; `transaction()` issues BEGIN/COMMIT itself (savepoints when
@@ -36,14 +36,17 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from llmgw.daemon.control.store.pg_schema import migrate
 from llmgw.daemon.control.store.postgres_fleet import FleetRowsMixin
-from llmgw.daemon.control.store.rows import Fenced, LeaseRow, RouterRow, StoreError, check_name, check_obj, dumps_json
+from llmgw.daemon.control.store.rows import CallTimes, Fenced, LeaseRow, RouterRow, StoreError, check_name, check_obj, dumps_json
 
 log = logging.getLogger("llmgw.control")
 
 __all__ = ["PgStore", "StoreTimeout", "display_dsn", "describe_pg"]
 
 RECONNECT_EVERY_S = 1.0
-IDLE_TX_S = 10.0
+# A session idle inside a transaction this long is ended by the server: timeout_s (lease_s is
+# longer), at least 1 s — a leader frozen mid-transaction then frees the leader row's lock
+# before its lease runs out, so its successor is not held up.
+IDLE_TX_MIN_MS = 1000
 
 
 class StoreTimeout(Exception):
@@ -140,6 +143,7 @@ class PgStore(FleetRowsMixin):
         self._failed_at = -float("inf")  # monotonic time of the last failed connect
         self._last_error = ""
         self.created = False  # open() made the schema (an empty database)
+        self.call_times = CallTimes()  # every statement, for /metrics
 
     @classmethod
     def open(cls, dsn: str, *, password: str | None = None, timeout_s: float = 2.0) -> PgStore:
@@ -194,10 +198,12 @@ class PgStore(FleetRowsMixin):
         self._conn = None
         if not force and time.monotonic() - self._failed_at < RECONNECT_EVERY_S:
             raise StoreTimeout(f"cannot reach the store ({self._last_error}); trying again shortly", "unreachable")
-        ms = max(int(self.timeout_s * 1000), 1)
+        # The server gives up on a statement or a lock wait a little before our deadline, so a
+        # slow one ends with its own clean error and the connection stays usable.
+        ms, lock_ms = max(int(self.timeout_s * 900), 1), max(int(self.timeout_s * 800), 1)
         kw: dict[str, Any] = {"connect_timeout": max(2, int(self.timeout_s + 0.999)),
-                              "options": f"-c statement_timeout={ms} -c lock_timeout={ms} "
-                                         f"-c idle_in_transaction_session_timeout={int(IDLE_TX_S * 1000)}",
+                              "options": f"-c statement_timeout={ms} -c lock_timeout={lock_ms} "
+                                         f"-c idle_in_transaction_session_timeout={max(ms, IDLE_TX_MIN_MS)}",
                               "application_name": "llmgw"}
         if self._password is not None:
             kw["password"] = self._password
@@ -212,7 +218,8 @@ class PgStore(FleetRowsMixin):
         """One statement, bounded by timeout_s."""
         with self._lock:
             conn = self._connection()
-            conn.deadline = time.monotonic() + self.timeout_s
+            t0 = time.monotonic()
+            conn.deadline = t0 + self.timeout_s
             try:
                 return conn.execute(sql, args)
             except (psycopg.OperationalError, StoreTimeout):
@@ -221,6 +228,7 @@ class PgStore(FleetRowsMixin):
                 raise
             finally:
                 conn.deadline = None
+                self.call_times.record(time.monotonic() - t0)
 
     def ping(self) -> None:
         with self._lock:
@@ -261,6 +269,21 @@ class PgStore(FleetRowsMixin):
                 self._depth -= 1
                 if self._depth == 0:
                     self._tx_fenced = False
+
+    @contextmanager
+    def _fenced(self) -> Iterator[None]:
+        """A fenced write method's block: its own transaction at the outermost level; inside a
+        caller's, no savepoint of its own (three round trips saved a write). A statement that fails
+        on the server aborts the caller's whole transaction either way, and the rows' checks run
+        before any statement, so there is nothing for a savepoint to keep apart."""
+        with self._lock:
+            if self._depth == 0:
+                with self.transaction():
+                    self._fenced_write()
+                    yield
+            else:
+                self._fenced_write()
+                yield
 
     def close_broken(self) -> None:
         if self._conn is not None:

@@ -1,7 +1,7 @@
 """The PostgreSQL store's fleet rows: models, lifecycle documents, nodes, assignments, history,
 node credentials and holds — the same checks and the same JSON text as the SQLite store
-(sqlite.py), so either backend answers alike. Fenced writes call `_fenced_write()` first inside
-their transaction (postgres.py)."""
+(sqlite.py), so either backend answers alike. Fenced writes run in `_fenced()` (postgres.py): the
+fence checked, in a transaction of their own or their caller's."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ LIFECYCLE_KINDS = ("revisions", "suite", "result", "job")
 class FleetRowsMixin:
     _x: Callable[..., psycopg.Cursor[Any]]
     transaction: Callable[[], AbstractContextManager[None]]
-    _fenced_write: Callable[[], None]
+    _fenced: Callable[[], AbstractContextManager[None]]
 
     # -- models
 
@@ -44,15 +44,13 @@ class FleetRowsMixin:
         check_name(name)
         text = dumps_json(check_obj(spec, "spec"))
         ts = time.time() if now is None else now
-        with self.transaction():
-            self._fenced_write()
+        with self._fenced():
             self._x("INSERT INTO models (name, spec, created_at, updated_at) VALUES (%s, %s, %s, %s) "
                     "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, updated_at = excluded.updated_at",
                     (name, text, ts, ts))
 
     def delete_model(self, name: str) -> bool:
-        with self.transaction():
-            self._fenced_write()
+        with self._fenced():
             return self._x("DELETE FROM models WHERE name = %s", (check_name(name),)).rowcount > 0
 
     def models(self) -> dict[str, dict[str, Any]]:
@@ -68,15 +66,13 @@ class FleetRowsMixin:
         if kind not in LIFECYCLE_KINDS:
             raise ValueError(f"unknown lifecycle kind {kind!r}")
         text = dumps_json(check_obj(value, kind))
-        with self.transaction():
-            self._fenced_write()
+        with self._fenced():
             self._x("INSERT INTO lifecycle (kind, key, value, updated_at) VALUES (%s, %s, %s, %s) "
                     "ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
                     (kind, check_name(key, "key"), text, time.time() if now is None else now))
 
     def delete_doc(self, kind: str, key: str) -> bool:
-        with self.transaction():
-            self._fenced_write()
+        with self._fenced():
             return self._x("DELETE FROM lifecycle WHERE kind = %s AND key = %s", (kind, key)).rowcount > 0
 
     def docs(self, kind: str) -> dict[str, dict[str, Any]]:
@@ -98,8 +94,7 @@ class FleetRowsMixin:
     def set_node_labels(self, name: str, labels: dict[str, str]) -> None:
         check_name(name)
         check_labels(labels)
-        with self.transaction():
-            self._fenced_write()
+        with self._fenced():
             merged = {**self._operator_labels(name, lock=True), **labels}
             self._x("INSERT INTO nodes (name, operator_labels) VALUES (%s, %s) "
                     "ON CONFLICT (name) DO UPDATE SET operator_labels = excluded.operator_labels",
@@ -109,8 +104,7 @@ class FleetRowsMixin:
         check_name(name)
         if isinstance(keys, str):  # a bare string would remove its letters one by one
             raise TypeError("keys must be a list of label keys, not a string")
-        with self.transaction():
-            self._fenced_write()
+        with self._fenced():
             drop = set(keys)
             current = self._operator_labels(name, lock=True)
             kept = {k: v for k, v in current.items() if k not in drop}
@@ -128,8 +122,7 @@ class FleetRowsMixin:
         return {n: NodeRow(n, json.loads(a), json.loads(o), json.loads(f), fs, ls) for n, a, o, f, fs, ls in rows}
 
     def delete_node(self, name: str) -> bool:
-        with self.transaction():
-            self._fenced_write()
+        with self._fenced():
             return self._x("DELETE FROM nodes WHERE name = %s", (check_name(name),)).rowcount > 0
 
     # -- assignments
@@ -147,8 +140,7 @@ class FleetRowsMixin:
                 raise ValueError(f"assignment {row.replica}: spec {key} {spec[key]!r} != {want!r}")
         if row.url is not None:
             spec = {**spec, "url": check_name(row.url, "url")}
-        with self.transaction():
-            self._fenced_write()
+        with self._fenced():
             self._x("INSERT INTO assignments (replica, model, node, spec, desired, created_at, updated_at) "
                     "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (replica) DO UPDATE SET model = excluded.model, "
                     "node = excluded.node, spec = excluded.spec, desired = excluded.desired, "
@@ -160,16 +152,14 @@ class FleetRowsMixin:
         check_name(replica, "replica")
         check_desired(desired)
         ts = time.time() if now is None else now
-        with self.transaction():
-            self._fenced_write()
+        with self._fenced():
             cur = self._x("UPDATE assignments SET desired = %s, updated_at = %s WHERE replica = %s",
                           (desired, ts, replica))
             if cur.rowcount == 0:
                 raise KeyError(replica)
 
     def delete_assignment(self, replica: str) -> bool:
-        with self.transaction():
-            self._fenced_write()
+        with self._fenced():
             return self._x("DELETE FROM assignments WHERE replica = %s",
                            (check_name(replica, "replica"),)).rowcount > 0
 
@@ -239,8 +229,7 @@ class FleetRowsMixin:
                        (at, check_name(node, "node"), hash_)).rowcount > 0
 
     def revoke_credential(self, node: str, *, at: float) -> bool:
-        with self.transaction():
-            self._fenced_write()
+        with self._fenced():
             return self._x("UPDATE node_credentials SET revoked_at = %s WHERE node = %s AND revoked_at IS NULL",
                            (at, check_name(node, "node"))).rowcount > 0
 
@@ -250,15 +239,13 @@ class FleetRowsMixin:
         check_name(domain, "domain")
         if not isinstance(reason, str) or not isinstance(drain, bool):
             raise TypeError("reason must be a string and drain a bool")
-        with self.transaction():
-            self._fenced_write()
+        with self._fenced():
             self._x("INSERT INTO holds (domain, reason, drain, created_at) VALUES (%s, %s, %s, %s) "
                     "ON CONFLICT (domain) DO UPDATE SET reason = excluded.reason, drain = excluded.drain",
                     (domain, reason, drain, time.time() if now is None else now))
 
     def delete_hold(self, domain: str) -> bool:
-        with self.transaction():
-            self._fenced_write()
+        with self._fenced():
             return self._x("DELETE FROM holds WHERE domain = %s", (check_name(domain, "domain"),)).rowcount > 0
 
     def holds(self) -> dict[str, HoldRow]:

@@ -64,6 +64,30 @@ class RouterRow:
     age_s: float
 
 
+class CallTimes:
+    """How long a store's calls took (a histogram for /metrics: llmgw_store_call_seconds)."""
+
+    BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(self.BUCKETS) + 1)  # the last: above every bucket
+        self.total = 0.0
+
+    def record(self, seconds: float) -> None:
+        i = 0
+        while i < len(self.BUCKETS) and seconds > self.BUCKETS[i]:
+            i += 1
+        self.counts[i] += 1
+        self.total += seconds
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, n = [], 0
+        for le, c in zip((*map(str, self.BUCKETS), "+Inf"), self.counts):
+            n += c
+            out.append((le, n))
+        return out
+
+
 # Writes any router may make, leader or not: no fence check and no generation bump (the rest are
 # fenced when a fence is set, and bump the generation once per outermost transaction).
 UNFENCED_OPS = frozenset({

@@ -1,12 +1,14 @@
 """The router's persistent store: models, nodes, replica assignments and an event history in one
 SQLite file (WAL). Synchronous on purpose: writes are small and fast, and the router runs one
-reconcile at a time, so a thread would buy nothing but locking."""
+reconcile at a time, so a thread would buy nothing but locking. A worker thread may still call it
+(the leader's lease loop): a transaction holds the store's lock, so threads never share one."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -117,18 +119,21 @@ class Store(ClusterMixin):
         self._conn = conn
         self.path = path
         self._depth = 0  # transaction() nesting; > 0 means savepoints
+        self._lock = threading.RLock()  # held by the thread whose transaction is open
         self._fence: tuple[str, int] | None = None  # set_fence: the (router, epoch) fenced writes need
         self._tx_fenced = False  # the outermost transaction holds a fenced write (checked): bump at commit
 
     @classmethod
     def open(cls, path: str, *, threaded: bool = False) -> Store:
-        """`threaded`: the connection is used from worker threads, one call at a time (several routers'
-        Leadership: daemon/control/leader.py)."""
+        """`threaded`: kept for callers that say so; every connection may be used from worker threads
+        (the lease loop, the guard's probe), one transaction at a time under the store's lock."""
         if path != ":memory:":
             private_store_files(path)
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves instead of the module guessing.
-            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=not threaded)
+            # check_same_thread=False: the lease loop and the guard's probe may call from a worker
+            # thread; transaction() holds self._lock, so threads never share a transaction.
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
             raise StoreError(f"store {path}: cannot open: {e}") from e
         store = cls(conn, path)
@@ -225,6 +230,10 @@ class Store(ClusterMixin):
     def transaction(self) -> Iterator[None]:
         """One commit for every write inside. Nested use becomes a savepoint, so an inner block that
         fails and is caught by its caller leaves none of its writes behind."""
+        with self._lock:
+            yield from self._transaction()
+
+    def _transaction(self) -> Iterator[None]:
         conn = self._conn
         if self._depth == 0:
             conn.execute("BEGIN IMMEDIATE")  # take the write lock now: no SQLITE_BUSY on upgrade

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -22,6 +23,7 @@ __all__ = ["ClusterMixin"]
 class ClusterMixin:
     _conn: sqlite3.Connection
     _fence: tuple[str, int] | None
+    _lock: threading.RLock  # Store's: reads here may come from a worker thread (the lease loop)
     transaction: Callable[[], AbstractContextManager[None]]  # Store's
 
     def store_now(self) -> float:
@@ -58,7 +60,8 @@ class ClusterMixin:
                                (self.store_now(), router_id, self.store_now()))
 
     def lease(self) -> LeaseRow | None:
-        row = self._conn.execute("SELECT holder, epoch, expires_at FROM leader WHERE only = 1").fetchone()
+        with self._lock:
+            row = self._conn.execute("SELECT holder, epoch, expires_at FROM leader WHERE only = 1").fetchone()
         if row is None:
             return None
         return LeaseRow(row[0], int(row[1]), row[2] - self.store_now(), False)
@@ -69,7 +72,8 @@ class ClusterMixin:
         self._fence = None if router_id is None or epoch is None else (check_name(router_id, "router_id"), int(epoch))
 
     def generation(self) -> int:
-        row = self._conn.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()
         return int(row[0]) if row else 0
 
     # -- the routers' rows
@@ -88,7 +92,8 @@ class ClusterMixin:
 
     def routers(self) -> dict[str, RouterRow]:
         now = self.store_now()
-        rows = self._conn.execute("SELECT id, info, started_at, seen_at FROM routers ORDER BY id")
+        with self._lock:
+            rows = self._conn.execute("SELECT id, info, started_at, seen_at FROM routers ORDER BY id").fetchall()
         return {i: RouterRow(i, json.loads(info), st, seen, now - seen) for i, info, st, seen in rows}
 
     def forget_router(self, router_id: str) -> bool:
@@ -112,8 +117,9 @@ class ClusterMixin:
             return int(cur.lastrowid or 0)
 
     def admin_requests(self, epoch: int, after_id: int) -> list[tuple[int, dict[str, Any]]]:
-        rows = self._conn.execute("SELECT id, request FROM admin_queue WHERE epoch = ? AND id > ? AND answer IS NULL "
-                                  "ORDER BY id", (int(epoch), int(after_id)))
+        with self._lock:
+            rows = self._conn.execute("SELECT id, request FROM admin_queue WHERE epoch = ? AND id > ? "
+                                      "AND answer IS NULL ORDER BY id", (int(epoch), int(after_id))).fetchall()
         return [(i, json.loads(r)) for i, r in rows]
 
     def answer_admin(self, qid: int, answer: dict[str, Any]) -> None:
@@ -123,7 +129,8 @@ class ClusterMixin:
                                (text, self.store_now(), int(qid)))
 
     def admin_answer(self, qid: int) -> dict[str, Any] | None:
-        row = self._conn.execute("SELECT answer FROM admin_queue WHERE id = ?", (int(qid),)).fetchone()
+        with self._lock:
+            row = self._conn.execute("SELECT answer FROM admin_queue WHERE id = ?", (int(qid),)).fetchone()
         return None if row is None or row[0] is None else json.loads(row[0])
 
     def prune_admin(self, older_than_s: float) -> int:
