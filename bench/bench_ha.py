@@ -143,7 +143,12 @@ class Cluster:
             self.admin.append(httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://llmgw",
                                            timeout=30))
             self.routers.append(None)
-            self.start_router(i)
+        try:
+            for i in range(a.routers):
+                self.start_router(i)
+        except BaseException:
+            self.close()  # the routers that did start
+            raise
 
     def start_router(self, i: int) -> None:
         self.starts += 1
@@ -246,11 +251,12 @@ class Cluster:
         return urls
 
     def close(self) -> None:
-        if self.agent is not None:
-            self.agent.stop()
-        for r in self.routers:
-            if r is not None:
-                r.stop()
+        for p in [self.agent, *self.routers]:
+            if p is not None:
+                try:
+                    p.stop()
+                except Exception as e:  # noqa: BLE001 — the others are stopped all the same
+                    print(f"stopping pid {p.pid}: {e!r}", file=sys.stderr)
         # engines a stopped agent left behind (it stops them itself; this is the safety net)
         for rec in (self.tmp / "agent-n1").glob("engines/*.json"):
             pgid = json.loads(rec.read_text()).get("pgid")
