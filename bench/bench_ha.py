@@ -3,7 +3,7 @@ a leader SIGKILLed mid-run, and `--workers 2` against one worker — in one run,
 
     .venv/bin/python bench/bench_ha.py [--requests 320] [--rate 8] [--routers 3] [--postgres]
         [--lease 5] [--modes no-events,events] [--no-independent] [--idle 5] [--skip-kill]
-        [--skip-workers] [--keep] [--json FILE]
+        [--skip-workers] [--workers-seconds 5] [--workers-rounds 3] [--keep] [--json FILE]
 
 The fleet: one agent placing 4 simulated vLLM replicas (`[models.deploy] simulate = true`) whose
 KV caches are too small for the workload's working set but whose sum roughly holds it (sized as
@@ -34,8 +34,8 @@ refused connection once on the next router, and the leader SIGKILLed halfway: re
 GET /api/v1/status polled), and when an admin change sent to a survivor (scale `m` 0 -> 1)
 answers 200 and when that replica is routed (the successor placed it).
 
-Then (unless --skip-workers) bench/bench_workers.py's figure, one router process against
-`--workers 2`, when that bench is on this branch.
+Then (unless --skip-workers) bench/bench_workers.py's figures, one router process against
+`--workers 2` (its own closed-loop load on a stub engine), when that bench is here.
 
 Bounded: a fixed number of requests on 127.0.0.1; every process started (routers, the agent and
 its engines, PostgreSQL) is stopped by its PID at the end. Prints figures, no verdict."""
@@ -385,6 +385,7 @@ def main() -> None:
     ap.add_argument("--skip-kill", action="store_true")
     ap.add_argument("--skip-workers", action="store_true")
     ap.add_argument("--workers-seconds", type=float, default=5.0, help="bench_workers.py --seconds")
+    ap.add_argument("--workers-rounds", type=int, default=3, help="bench_workers.py --rounds (compare medians)")
     ap.add_argument("--idle", type=float, default=5.0, help="seconds the routers' idle CPU is measured (0: not)")
     ap.add_argument("--keep", action="store_true", help="keep the routers' and the agent's logs and configs")
     ap.add_argument("--json", help="write the results here too")
@@ -476,6 +477,9 @@ def main() -> None:
             run = Run(c, urls, list(range(a.routers)), model, f"bench-run-{run_no}")
             run.start()
             before = engine_requests(urls)
+            if a.keep:  # what each router knows of the engines as the run starts
+                for i in c.live():
+                    (tmp / f"metrics-{i}-before-kill-run.txt").write_text(httpx.get(f"{c.url(i)}/metrics").text)
             half = n_req / a.rate / 2
             timing: dict[str, Any] = {}
             threads: list[threading.Thread] = []
@@ -530,9 +534,9 @@ def main() -> None:
         pass
     elif workers.exists():
         print(f"--workers 2 against one router process (bench/bench_workers.py --seconds {a.workers_seconds:g} "
-              f"--rounds 1):", flush=True)
-        out = subprocess.run([sys.executable, str(workers), "--seconds", str(a.workers_seconds), "--rounds", "1"],
-                             capture_output=True, text=True, timeout=600)
+              f"--rounds {a.workers_rounds}):", flush=True)
+        out = subprocess.run([sys.executable, str(workers), "--seconds", str(a.workers_seconds), "--rounds",
+                              str(a.workers_rounds)], capture_output=True, text=True, timeout=900)
         print("  " + "\n  ".join((out.stdout + (out.stderr if out.returncode else "")).strip().splitlines()))
         results["workers"] = out.stdout
     else:
