@@ -81,10 +81,17 @@ def working_set_blocks(convs: list[dict], max_tokens: int) -> int:
     return sum(sys_blocks.values()) + tails
 
 
-async def replay(port: int, convs: list[dict], rate: float, seed: int, strategy: str,
-                 slo: float, think: float = 0.3) -> tuple[Latencies, Counter, int]:
+async def replay(port: int | list[int], convs: list[dict], rate: float, seed: int, strategy: str,
+                 slo: float, think: float = 0.3, *, body: dict | None = None,
+                 outcomes: Counter | None = None) -> tuple[Latencies, Counter, int]:
     """Conversations arrive open loop (Poisson at `rate` requests/s overall); within one, the next
-    turn goes out a think time after the answer, with the real answer in the history."""
+    turn goes out a think time after the answer, with the real answer in the history.
+
+    Several routers (bench_ha.py): `port` a list is a client-side round robin — each request to
+    the next port, a refused connection retried once on the one after it; `body` is added to every
+    request's JSON (e.g. model, cache_salt); with `outcomes`, a request that fails is counted there
+    ("failed: ..."; retries as "retried") and its conversation goes on without that answer, instead
+    of the replay raising."""
     rng = random.Random(seed)
     turns_per = sum(len(c["turns"]) for c in convs) / len(convs)
     t = 0.0
@@ -97,17 +104,59 @@ async def replay(port: int, convs: list[dict], rate: float, seed: int, strategy:
     good = 0
     start = trio.current_time()
 
+    ports = [port] if isinstance(port, int) else list(port)
+    turn = [0]
+
+    async def connect() -> Conn:
+        if len(ports) == 1:
+            return await Conn.open("127.0.0.1", ports[0])
+        turn[0] += 1
+        mine = turn[0]  # others' requests move the turn on while this one connects
+        for k in range(2):  # the next router; once more on the one after if it refuses
+            sock = trio.socket.socket()
+            try:
+                await sock.connect(("127.0.0.1", ports[(mine + k) % len(ports)]))
+            except ConnectionRefusedError:
+                sock.close()
+                if k == 1:
+                    raise
+                if outcomes is not None:
+                    outcomes["retried"] += 1
+                continue
+            sock.setsockopt(6, 1, 1)  # TCP_NODELAY
+            return Conn(trio.SocketStream(sock))
+        raise AssertionError("unreachable")
+
     async def one(messages: list[dict]) -> str:
+        if outcomes is None:
+            return await one_of(messages)
+        try:
+            return await one_of(messages)
+        except (OSError, ValueError, trio.BrokenResourceError) as e:  # refused twice, reset, closed; an error status
+            outcomes["failed: " + (str(e) if type(e) is ValueError else type(e).__name__)] += 1
+            return ""
+
+    async def one_of(messages: list[dict]) -> str:
+        req = json.dumps({"model": "m", "messages": messages, "max_tokens": 8, "stream": True,
+                          "ignore_eos": True, **(body or {})}).encode()
+        c = await connect()
+        try:
+            return await exchange(c, req)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await c.aclose()
+            raise
+
+    async def exchange(c: Conn, req: bytes) -> str:
         nonlocal good
-        body = json.dumps({"model": "m", "messages": messages, "max_tokens": 8, "stream": True,
-                           "ignore_eos": True}).encode()
-        c = await Conn.open("127.0.0.1", port)
         t0 = time.perf_counter()
-        await c.stream.send_all(build_request("POST", "/v1/chat/completions", body,
+        await c.stream.send_all(build_request("POST", "/v1/chat/completions", req,
                                               headers={} if strategy == "default" else {"x-llmgw-strategy": strategy}))
         end = await c._until(b"\r\n\r\n")
         head = bytes(c.buf[:end]).decode("latin-1").lower()
         del c.buf[: end + 4]
+        if outcomes is not None and head[9:12] != "200":
+            raise ValueError(f"status {head[9:12]}")
         while b"data: " not in c.buf:
             await c._more()
         lat.values.append(time.perf_counter() - t0)
