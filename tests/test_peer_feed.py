@@ -202,6 +202,12 @@ async def test_forged_oversize_malformed_own_and_strangers_messages_are_dropped_
             pub.send(encode(KEY, "ra", 7, 5, [ins(5)]))  # an old seq again: a replay
             await send_until(pub, lambda: [], lambda: d["replay"] > 0)
             assert b.stats.received == last
+            top = b._last["ra"][1]
+            pub.send(encode(KEY, "ra", 7, top + 10, [ins(6)]))  # 9 messages lost on the way
+            await send_until(pub, lambda: [], lambda: b.stats.received > last)
+            assert d["gap"] == 9
+            # a restarted sender (a new incarnation) starts its sequence again
+            await send_until(pub, lambda: [encode(KEY, "ra", 8, 1, [ins(7)])], lambda: b._last["ra"] == (8, 1))
             n.cancel_scope.cancel()
     finally:
         pub.close(0)

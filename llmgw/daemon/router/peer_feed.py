@@ -91,7 +91,7 @@ class PeerFeed:
 
     def __init__(self, router_id: str, key: bytes, share: SharePort, *, listen: str = "127.0.0.1:0",
                  advertise: str = "", flush_s: float = 0.02, batch: int = 256, batch_bytes: int = 512 << 10,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES, rcv_hwm: int = 256,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, hwm: int = 128,
                  context: zmq.Context | None = None) -> None:
         if not router_id or not key:
             raise ValueError("the peer feed needs a router id and a key")
@@ -124,8 +124,12 @@ class PeerFeed:
             if listen.startswith("["):
                 pub.setsockopt(zmq.IPV6, 1)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
-            sub.setsockopt(zmq.RCVHWM, rcv_hwm)  # bounded: rcv_hwm messages of at most 4 x the cap
-            sub.setsockopt(zmq.MAXMSGSIZE, 4 * max_message_bytes)  # beyond: libzmq drops the connection
+            # Memory, bounded: at most `hwm` messages queued for each subscriber (a stalled peer
+            # router: past it, what is published is lost for that peer, which sees the gap), and
+            # `hwm` received ones of at most twice the cap (libzmq drops a connection sending more)
+            pub.setsockopt(zmq.SNDHWM, hwm)
+            sub.setsockopt(zmq.RCVHWM, hwm)
+            sub.setsockopt(zmq.MAXMSGSIZE, 2 * max_message_bytes)
             sub.setsockopt(zmq.RECONNECT_IVL, 100)
             sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
             pub.bind(zmq_endpoint(listen))
