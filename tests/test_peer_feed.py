@@ -280,14 +280,21 @@ def test_the_advertised_address() -> None:
 async def test_start_peer_feed_joins_two_routers() -> None:
     """What the daemon calls: the feed in the router's nursery, its core sharing, its metrics in
     the router's registry."""
-    from llmgw.daemon.router.proxy import Router
+    from llmgw.daemon.router.control_port import RouterAdapter
     from llmgw.daemon.router.peer_feed import start_peer_feed
+    from llmgw.daemon.router.proxy import Router
 
     r1, r2 = (Router(parse_config(CFG), pool=None, seed=s) for s in (1, 2))  # type: ignore[arg-type]
+    port1, port2 = RouterAdapter(r1), RouterAdapter(r2)
+    assert port1.feed_address() is None
+    port1.set_feed_peers({"r2": "127.0.0.1:1"})  # no feed: nothing to do
     async with trio.open_nursery() as n:
         f1 = start_peer_feed(r1, n, KEY, router_id="r1")
         f2 = start_peer_feed(r2, n, KEY, router_id="r2")
-        f2.set_peers({"r1": f1.address})
+        with pytest.raises(RuntimeError):
+            start_peer_feed(r2, n, KEY, router_id="r2")
+        assert port1.feed_address() == f1.address
+        port2.set_feed_peers({"r1": f1.address, "r2": f2.address})
         k = 0
         with trio.fail_after(10):
             while f2.stats.received == 0:  # r1's decisions reach r2 once its SUB has joined

@@ -26,27 +26,27 @@ import logging
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import trio
 import zmq
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from llmgw.config import Config
 from llmgw.config.fields import host_port
 from llmgw.daemon.net.log_limit import LogLimiter, repeats
 from llmgw.daemon.net.zmqio import AsyncSocket
+from llmgw.daemon.router.metrics import RouterMetrics
+from llmgw.route.dispatch import RouterCore
 from llmgw.route.prefix_share import PrefixInsert
 from llmgw.route.prefix_wire import (
     DROP_REASONS, MAX_MESSAGE_BYTES, FeedMessage, decode, encode, insert_bytes, overhead_bytes,
 )
 
-if TYPE_CHECKING:
-    from llmgw.daemon.router.proxy import Router
-
 log = logging.getLogger("llmgw.router.peer_feed")
 
-__all__ = ["FeedStats", "PeerFeed", "PeerFeedMetrics", "SharePort", "start_peer_feed", "zmq_endpoint"]
+__all__ = ["FeedHost", "FeedStats", "PeerFeed", "PeerFeedMetrics", "SharePort", "start_peer_feed", "zmq_endpoint"]
 
 _APPLY_SLICE = 16  # a peer's inserts applied between two yields to the router's other tasks
 # Inserts dropped on the way (besides whole messages, DROP_REASONS): pushed out of the outbox
@@ -361,16 +361,29 @@ class PeerFeedMetrics(Collector):
                                 value=float(f.peer_count()))
 
 
-def start_peer_feed(router: Router, nursery: trio.Nursery, key: bytes, *, router_id: str,
+class FeedHost(Protocol):
+    """What :func:`start_peer_feed` needs of the router (``llmgw.daemon.router.proxy.Router``)."""
+
+    cfg: Config
+    core: RouterCore
+    metrics: RouterMetrics
+    peer_feed: PeerFeed | None
+
+
+def start_peer_feed(router: FeedHost, nursery: trio.Nursery, key: bytes, *, router_id: str,
                     listen: str | None = None, advertise: str | None = None) -> PeerFeed:
     """Share this router's tier 1 with its peers: its core keeps each decision's insert from now
-    on, the feed binds at ``listen`` (default ``[ha] feed_listen``) and runs in ``nursery``, and
-    its metrics join the router's. The feed's ``address`` is what to advertise (``[ha]
-    feed_advertise``, or the bound address); call ``set_peers`` with the other routers' feeds."""
+    on, the feed binds at ``listen`` (default ``[ha] feed_listen``; a taken address raises
+    OSError) and runs in ``nursery``, and its metrics join the router's. The feed's ``address``
+    is what to advertise (``[ha] feed_advertise``, or the bound address); the other routers'
+    feeds are set with ``set_peers`` (or ``RouterPort.set_feed_peers``)."""
+    if router.peer_feed is not None:
+        raise RuntimeError("this router's peer feed is already started")
     ha = router.cfg.ha
     feed = PeerFeed(router_id, key, router.core.prefix_share(),
                     listen=ha.feed_listen if listen is None else listen,
                     advertise=ha.feed_advertise if advertise is None else advertise)
+    router.peer_feed = feed
     router.metrics.registry.register(PeerFeedMetrics(feed))
     nursery.start_soon(feed.run)
     log.info("peer feed of router %s: publishing at %s (bound %s)", router_id, feed.address, feed.bound)
