@@ -319,3 +319,21 @@ def test_a_taken_address_is_a_clear_error() -> None:
             PeerFeed("rb", KEY, FakeShare(), listen=f.bound)
     finally:
         f.close()
+
+
+async def test_routers_sharing_an_address_share_a_connection() -> None:
+    """A router restarted under a new id at the same address, its old row not yet gone: both ids
+    are heard, over one connection (no message twice), and dropping the old id keeps it."""
+    sa, sb = FakeShare(), FakeShare()
+    a, b = feed("ra2", sa), feed("rb", sb)
+    async with trio.open_nursery() as n:
+        await n.start(a.run)
+        await n.start(b.run)
+        b.set_peers({"ra1": a.address, "ra2": a.address})
+        await publish_until(a, sa, lambda: sb.applied)
+        assert b.peer_count() == 1 and b.peers() == {"ra1": a.address, "ra2": a.address}
+        b.set_peers({"ra2": a.address})
+        heard = len(sb.applied)
+        await publish_until(a, sa, lambda: len(sb.applied) > heard + 3)
+        assert b.stats.dropped["replay"] == 0 and b.peers() == {"ra2": a.address}
+        n.cancel_scope.cancel()

@@ -109,9 +109,9 @@ class PeerFeed:
         self._seq = 0
         self._ctx = context or zmq.Context.instance()
         self._log = LogLimiter(60.0)
-        # peers: wanted (set_peers) and connected (by the receiving task): id -> endpoint
+        # peers: wanted (set_peers: id -> endpoint) and the endpoints connected (by the receiving task)
         self._want: dict[str, str] = {}
-        self._connected: dict[str, str] = {}
+        self._connected: set[str] = set()
         self._last: dict[str, tuple[int, int]] = {}  # sender -> (incarnation, last seq)
         self._wake: trio.CancelScope | None = None
         self._closed = False
@@ -147,45 +147,48 @@ class PeerFeed:
     # -- peers ------------------------------------------------------------------------------------
     def set_peers(self, peers: Mapping[str, str]) -> None:
         """The routers to subscribe to, ``{router_id: "host:port"}`` (this router's own id, and
-        addresses that are not host:port, are left out). Messages from a router no longer named
-        are dropped from now on, even those already queued."""
+        addresses that are not host:port, are left out; routers sharing an address share one
+        connection). Messages from a router no longer named are dropped from now on, even
+        those already queued."""
         want: dict[str, str] = {}
         for rid, addr in peers.items():
             if rid == self.router_id or not isinstance(addr, str) or host_port(addr) is not None:
                 continue
             want[rid] = zmq_endpoint(addr)
+        if want == self._want:
+            return
         self._want = want
+        for rid in [r for r in self._last if r not in want]:
+            del self._last[rid]
         if self._wake is not None:
             self._wake.cancel()
 
     def peer_count(self) -> int:
+        """Addresses subscribed to now."""
         return len(self._connected)
 
     def peers(self) -> dict[str, str]:
-        """The peers subscribed to now: id -> host:port."""
-        return {rid: _host_port(ep) for rid, ep in self._connected.items()}
+        """The peers named and subscribed to now: id -> host:port."""
+        return {rid: _host_port(ep) for rid, ep in self._want.items() if ep in self._connected}
 
     def _apply_peers(self) -> None:
-        want, have = self._want, self._connected
+        wanted = set(self._want.values())
+        have = self._connected
         sub = self._sub.socket
-        for rid, ep in list(have.items()):
-            if want.get(rid) != ep:
-                try:
-                    sub.disconnect(ep)
-                except zmq.ZMQError:
-                    pass
-                del have[rid]
-                if rid not in want:
-                    self._last.pop(rid, None)
-        for rid, ep in want.items():
-            if rid not in have:
-                try:
-                    sub.connect(ep)
-                except zmq.ZMQError as e:
-                    if self._log.hit(("connect", rid), trio.current_time()) is not None:
-                        log.warning("peer feed: cannot subscribe to router %s at %s: %s", rid, ep, e)
-                    continue
-                have[rid] = ep
+        for ep in [e for e in have if e not in wanted]:
+            try:
+                sub.disconnect(ep)
+            except zmq.ZMQError:
+                pass
+            have.discard(ep)
+        for ep in sorted(wanted - have):
+            try:
+                sub.connect(ep)
+            except zmq.ZMQError as e:
+                if self._log.hit(("connect", ep), trio.current_time()) is not None:
+                    log.warning("peer feed: cannot subscribe to %s: %s", _host_port(ep), e)
+                continue
+            have.add(ep)
 
     # -- the tasks ----------------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
