@@ -202,6 +202,12 @@ async def test_forged_oversize_malformed_own_and_strangers_messages_are_dropped_
             pub.send(encode(KEY, "ra", 7, 5, [ins(5)]))  # an old seq again: a replay
             await send_until(pub, lambda: [], lambda: d["replay"] > 0)
             assert b.stats.received == last
+            top = b._last["ra"][1]
+            pub.send(encode(KEY, "ra", 7, top + 10, [ins(6)]))  # 9 messages lost on the way
+            await send_until(pub, lambda: [], lambda: b.stats.received > last)
+            assert d["gap"] == 9
+            # a restarted sender (a new incarnation) starts its sequence again
+            await send_until(pub, lambda: [encode(KEY, "ra", 8, 1, [ins(7)])], lambda: b._last["ra"] == (8, 1))
             n.cancel_scope.cancel()
     finally:
         pub.close(0)
@@ -274,14 +280,21 @@ def test_the_advertised_address() -> None:
 async def test_start_peer_feed_joins_two_routers() -> None:
     """What the daemon calls: the feed in the router's nursery, its core sharing, its metrics in
     the router's registry."""
-    from llmgw.daemon.router.proxy import Router
+    from llmgw.daemon.router.control_port import RouterAdapter
     from llmgw.daemon.router.peer_feed import start_peer_feed
+    from llmgw.daemon.router.proxy import Router
 
     r1, r2 = (Router(parse_config(CFG), pool=None, seed=s) for s in (1, 2))  # type: ignore[arg-type]
+    port1, port2 = RouterAdapter(r1), RouterAdapter(r2)
+    assert port1.feed_address() is None
+    port1.set_feed_peers({"r2": "127.0.0.1:1"})  # no feed: nothing to do
     async with trio.open_nursery() as n:
         f1 = start_peer_feed(r1, n, KEY, router_id="r1")
         f2 = start_peer_feed(r2, n, KEY, router_id="r2")
-        f2.set_peers({"r1": f1.address})
+        with pytest.raises(RuntimeError):
+            start_peer_feed(r2, n, KEY, router_id="r2")
+        assert port1.feed_address() == f1.address
+        port2.set_feed_peers({"r1": f1.address, "r2": f2.address})
         k = 0
         with trio.fail_after(10):
             while f2.stats.received == 0:  # r1's decisions reach r2 once its SUB has joined
@@ -306,3 +319,21 @@ def test_a_taken_address_is_a_clear_error() -> None:
             PeerFeed("rb", KEY, FakeShare(), listen=f.bound)
     finally:
         f.close()
+
+
+async def test_routers_sharing_an_address_share_a_connection() -> None:
+    """A router restarted under a new id at the same address, its old row not yet gone: both ids
+    are heard, over one connection (no message twice), and dropping the old id keeps it."""
+    sa, sb = FakeShare(), FakeShare()
+    a, b = feed("ra2", sa), feed("rb", sb)
+    async with trio.open_nursery() as n:
+        await n.start(a.run)
+        await n.start(b.run)
+        b.set_peers({"ra1": a.address, "ra2": a.address})
+        await publish_until(a, sa, lambda: sb.applied)
+        assert b.peer_count() == 1 and b.peers() == {"ra1": a.address, "ra2": a.address}
+        b.set_peers({"ra2": a.address})
+        heard = len(sb.applied)
+        await publish_until(a, sa, lambda: len(sb.applied) > heard + 3)
+        assert b.stats.dropped["replay"] == 0 and b.peers() == {"ra2": a.address}
+        n.cancel_scope.cancel()

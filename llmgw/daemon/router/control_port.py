@@ -4,13 +4,14 @@ protocol, and RouterAdapter, which implements it over a Router.
 The control plane keeps the router's models in step with its own, moves the replicas it placed
 in and out of routing (add, drain, withdraw), reads one replica's routing state to know when
 a drain is over, and feeds tier 2's index of what each engine holds (the router's own: the
-agents' kv_events, and when a replica's holdings are void). The admin API reads the recent routing decisions and traces, the endpoints as the
+agents' kv_events, and when a replica's holdings are void), and with several routers names the
+other routers' peer feeds this one subscribes to (routing as one). The admin API reads the recent routing decisions and traces, the endpoints as the
 scheduler sees them and the cache-hit summary. Nothing else of the router is theirs: the adapter
 is the only code outside daemon/router/ that reaches into the Router and its registry."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -91,6 +92,15 @@ class RouterPort(Protocol):
 
     def kv_forget(self, replica: str) -> None:
         """`replica` left routing, or its agent's stream ended: its index is dropped."""
+
+    # -- routing as one (several routers) -------------------------------------------------------
+    def feed_address(self) -> str | None:
+        """The address of this router's peer feed, for its row in the store's routers table
+        (None: it runs none)."""
+
+    def set_feed_peers(self, peers: Mapping[str, str]) -> None:
+        """The other live routers' peer feeds, ``{router_id: "host:port"}``: this router
+        subscribes to exactly these from now on (nothing when it runs no feed)."""
 
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:
@@ -174,6 +184,16 @@ class RouterAdapter:
 
     def kv_forget(self, replica: str) -> None:
         self._router.kv.remove(replica)
+
+    # -- routing as one ---------------------------------------------------------------------------
+    def feed_address(self) -> str | None:
+        feed = self._router.peer_feed
+        return None if feed is None else feed.address
+
+    def set_feed_peers(self, peers: Mapping[str, str]) -> None:
+        feed = self._router.peer_feed
+        if feed is not None:
+            feed.set_peers(peers)
 
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:

@@ -26,27 +26,27 @@ import logging
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import trio
 import zmq
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from llmgw.config import Config
 from llmgw.config.fields import host_port
 from llmgw.daemon.net.log_limit import LogLimiter, repeats
 from llmgw.daemon.net.zmqio import AsyncSocket
+from llmgw.daemon.router.metrics import RouterMetrics
+from llmgw.route.dispatch import RouterCore
 from llmgw.route.prefix_share import PrefixInsert
 from llmgw.route.prefix_wire import (
     DROP_REASONS, MAX_MESSAGE_BYTES, FeedMessage, decode, encode, insert_bytes, overhead_bytes,
 )
 
-if TYPE_CHECKING:
-    from llmgw.daemon.router.proxy import Router
-
 log = logging.getLogger("llmgw.router.peer_feed")
 
-__all__ = ["FeedStats", "PeerFeed", "PeerFeedMetrics", "SharePort", "start_peer_feed", "zmq_endpoint"]
+__all__ = ["FeedHost", "FeedStats", "PeerFeed", "PeerFeedMetrics", "SharePort", "start_peer_feed", "zmq_endpoint"]
 
 _APPLY_SLICE = 16  # a peer's inserts applied between two yields to the router's other tasks
 # Inserts dropped on the way (besides whole messages, DROP_REASONS): pushed out of the outbox
@@ -91,7 +91,7 @@ class PeerFeed:
 
     def __init__(self, router_id: str, key: bytes, share: SharePort, *, listen: str = "127.0.0.1:0",
                  advertise: str = "", flush_s: float = 0.02, batch: int = 256, batch_bytes: int = 512 << 10,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES, rcv_hwm: int = 256,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, hwm: int = 128,
                  context: zmq.Context | None = None) -> None:
         if not router_id or not key:
             raise ValueError("the peer feed needs a router id and a key")
@@ -109,9 +109,9 @@ class PeerFeed:
         self._seq = 0
         self._ctx = context or zmq.Context.instance()
         self._log = LogLimiter(60.0)
-        # peers: wanted (set_peers) and connected (by the receiving task): id -> endpoint
+        # peers: wanted (set_peers: id -> endpoint) and the endpoints connected (by the receiving task)
         self._want: dict[str, str] = {}
-        self._connected: dict[str, str] = {}
+        self._connected: set[str] = set()
         self._last: dict[str, tuple[int, int]] = {}  # sender -> (incarnation, last seq)
         self._wake: trio.CancelScope | None = None
         self._closed = False
@@ -124,8 +124,12 @@ class PeerFeed:
             if listen.startswith("["):
                 pub.setsockopt(zmq.IPV6, 1)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
-            sub.setsockopt(zmq.RCVHWM, rcv_hwm)  # bounded: rcv_hwm messages of at most 4 x the cap
-            sub.setsockopt(zmq.MAXMSGSIZE, 4 * max_message_bytes)  # beyond: libzmq drops the connection
+            # Memory, bounded: at most `hwm` messages queued for each subscriber (a stalled peer
+            # router: past it, what is published is lost for that peer, which sees the gap), and
+            # `hwm` received ones of at most twice the cap (libzmq drops a connection sending more)
+            pub.setsockopt(zmq.SNDHWM, hwm)
+            sub.setsockopt(zmq.RCVHWM, hwm)
+            sub.setsockopt(zmq.MAXMSGSIZE, 2 * max_message_bytes)
             sub.setsockopt(zmq.RECONNECT_IVL, 100)
             sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
             pub.bind(zmq_endpoint(listen))
@@ -143,45 +147,48 @@ class PeerFeed:
     # -- peers ------------------------------------------------------------------------------------
     def set_peers(self, peers: Mapping[str, str]) -> None:
         """The routers to subscribe to, ``{router_id: "host:port"}`` (this router's own id, and
-        addresses that are not host:port, are left out). Messages from a router no longer named
-        are dropped from now on, even those already queued."""
+        addresses that are not host:port, are left out; routers sharing an address share one
+        connection). Messages from a router no longer named are dropped from now on, even
+        those already queued."""
         want: dict[str, str] = {}
         for rid, addr in peers.items():
             if rid == self.router_id or not isinstance(addr, str) or host_port(addr) is not None:
                 continue
             want[rid] = zmq_endpoint(addr)
+        if want == self._want:
+            return
         self._want = want
+        for rid in [r for r in self._last if r not in want]:
+            del self._last[rid]
         if self._wake is not None:
             self._wake.cancel()
 
     def peer_count(self) -> int:
+        """Addresses subscribed to now."""
         return len(self._connected)
 
     def peers(self) -> dict[str, str]:
-        """The peers subscribed to now: id -> host:port."""
-        return {rid: _host_port(ep) for rid, ep in self._connected.items()}
+        """The peers named and subscribed to now: id -> host:port."""
+        return {rid: _host_port(ep) for rid, ep in self._want.items() if ep in self._connected}
 
     def _apply_peers(self) -> None:
-        want, have = self._want, self._connected
+        wanted = set(self._want.values())
+        have = self._connected
         sub = self._sub.socket
-        for rid, ep in list(have.items()):
-            if want.get(rid) != ep:
-                try:
-                    sub.disconnect(ep)
-                except zmq.ZMQError:
-                    pass
-                del have[rid]
-                if rid not in want:
-                    self._last.pop(rid, None)
-        for rid, ep in want.items():
-            if rid not in have:
-                try:
-                    sub.connect(ep)
-                except zmq.ZMQError as e:
-                    if self._log.hit(("connect", rid), trio.current_time()) is not None:
-                        log.warning("peer feed: cannot subscribe to router %s at %s: %s", rid, ep, e)
-                    continue
-                have[rid] = ep
+        for ep in [e for e in have if e not in wanted]:
+            try:
+                sub.disconnect(ep)
+            except zmq.ZMQError:
+                pass
+            have.discard(ep)
+        for ep in sorted(wanted - have):
+            try:
+                sub.connect(ep)
+            except zmq.ZMQError as e:
+                if self._log.hit(("connect", ep), trio.current_time()) is not None:
+                    log.warning("peer feed: cannot subscribe to %s: %s", _host_port(ep), e)
+                continue
+            have.add(ep)
 
     # -- the tasks ----------------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -357,16 +364,29 @@ class PeerFeedMetrics(Collector):
                                 value=float(f.peer_count()))
 
 
-def start_peer_feed(router: Router, nursery: trio.Nursery, key: bytes, *, router_id: str,
+class FeedHost(Protocol):
+    """What :func:`start_peer_feed` needs of the router (``llmgw.daemon.router.proxy.Router``)."""
+
+    cfg: Config
+    core: RouterCore
+    metrics: RouterMetrics
+    peer_feed: PeerFeed | None
+
+
+def start_peer_feed(router: FeedHost, nursery: trio.Nursery, key: bytes, *, router_id: str,
                     listen: str | None = None, advertise: str | None = None) -> PeerFeed:
     """Share this router's tier 1 with its peers: its core keeps each decision's insert from now
-    on, the feed binds at ``listen`` (default ``[ha] feed_listen``) and runs in ``nursery``, and
-    its metrics join the router's. The feed's ``address`` is what to advertise (``[ha]
-    feed_advertise``, or the bound address); call ``set_peers`` with the other routers' feeds."""
+    on, the feed binds at ``listen`` (default ``[ha] feed_listen``; a taken address raises
+    OSError) and runs in ``nursery``, and its metrics join the router's. The feed's ``address``
+    is what to advertise (``[ha] feed_advertise``, or the bound address); the other routers'
+    feeds are set with ``set_peers`` (or ``RouterPort.set_feed_peers``)."""
+    if router.peer_feed is not None:
+        raise RuntimeError("this router's peer feed is already started")
     ha = router.cfg.ha
     feed = PeerFeed(router_id, key, router.core.prefix_share(),
                     listen=ha.feed_listen if listen is None else listen,
                     advertise=ha.feed_advertise if advertise is None else advertise)
+    router.peer_feed = feed
     router.metrics.registry.register(PeerFeedMetrics(feed))
     nursery.start_soon(feed.run)
     log.info("peer feed of router %s: publishing at %s (bound %s)", router_id, feed.address, feed.bound)

@@ -43,6 +43,7 @@ from llmgw.daemon.net.upstream import (
 from llmgw.daemon.router.adapter_loader import AdapterLoader, AdapterMetrics
 from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.daemon.router.metrics import RouterMetrics, Tier2DecisionMetrics
+from llmgw.daemon.router.peer_feed import PeerFeed
 from llmgw.daemon.router.registry import Registry, Replica
 from llmgw.daemon.router.tokenize import Tier2Metrics, Tokenizer
 from llmgw.daemon.router.otel_export import TraceExportMetrics, make_exporter, trace_sink
@@ -157,6 +158,7 @@ class Router:
         # revision (REVISION_HEADER): a secret of this process, never logged or answered.
         self.internal_token = secrets.token_hex(16)
         self.draining = False  # stopping (SIGTERM): /ready answers 503 "draining" (main.py, docs/ha.md)
+        self.peer_feed: PeerFeed | None = None  # routing as one: peer_feed.start_peer_feed sets it
 
     @property
     def decisions(self) -> deque[Decision]:
