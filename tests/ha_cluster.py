@@ -35,7 +35,7 @@ class Cluster:
         self.prefix = prefix or [()] * routers
         self.tmp = tmp
         self.models = models
-        self.store = {"shared": True} if store is None else store
+        self.store = dict(shared=True) if store is None else store  # one SQLite file on this host
         self.lease_s = lease_s
         self.control_extra = control or {}
         self.lost_after = lost_after

@@ -37,7 +37,7 @@ PREFILL_S_PER_1K_TOKENS = 1.0
 
 class Attempt:
     __slots__ = ("alarm", "body", "bytes_in", "caps", "connected_at", "decision", "ended", "first_byte_timeout",
-                 "head_at", "permit", "record", "replica", "sent_at", "started", "waiters", "_token")
+                 "head_at", "permit", "record", "replica", "sent_at", "started", "trace_headers", "waiters", "_token")
 
     def __init__(self, replica: Replica, caps: ConcurrencyCaps, permit: Permit, decision: Decision,
                  started: float) -> None:
@@ -62,6 +62,9 @@ class Attempt:
         self.head_at: float | None = None
         self.bytes_in = 0
         self.record: AttemptRecord | None = None  # this attempt in the request's trace
+        # W3C trace headers for the engine (traceparent naming this attempt's span; the client's
+        # tracestate), made by the core with the attempt: the shell adds them as they are
+        self.trace_headers: list[tuple[str, str]] = []
         self._token = replica.breaker.probe_token() if permit is Permit.PROBE else NO_SLOT
         replica.view.inflight += 1
 

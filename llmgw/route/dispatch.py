@@ -64,7 +64,7 @@ from .prefix_capacity import Capacity, PrefixConfig
 from .replicas import ModelEntry, Replica, ReplicaTable
 from .scheduler import Scheduler
 from .tier2 import Tier2, Tokenize
-from .trace import AttemptRecord, Trace, TraceRing
+from .trace import AttemptRecord, Trace, TraceRing, upstream_headers
 from .traceparent import new_span_id
 from .types import Decision, SchedulerConfig
 from .waiting import WaitRoom
@@ -258,6 +258,7 @@ class RouterCore:
                 a.record = AttemptRecord(plan.attempts, chosen, rep.node, trace.revision,
                                          trace.decisions - 1, now, new_span_id(self.ids))
                 trace.attempts.append(a.record)
+                a.trace_headers = upstream_headers(trace, a.record)
             plan.retry_5xx = plan.suspect is None and plan.attempts < self.rc.max_attempts
             return a
         self._settle(plan, now, count=True)

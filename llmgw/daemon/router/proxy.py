@@ -57,7 +57,6 @@ from llmgw.route.dispatch import KINDS, RouterCore
 from llmgw.route.plan import Plan
 from llmgw.route.planner import STRATEGY_HEADER
 from llmgw.route.tier2 import Tokenize
-from llmgw.route.trace import upstream_headers
 from llmgw.config.names import is_candidate_key
 from llmgw.inputs.echo import echo
 from llmgw.route.openai_req import ApiError, error_body
@@ -366,7 +365,7 @@ class Router:
         a.sent_at = trio.current_time()  # the trace's connect phase starts here
         body = a.body if a.body is not None else req.body  # the core's rewrite (llama.cpp's adapter list)
         # W3C traceparent: the request's trace, the attempt's span (the engine's spans are its children)
-        headers = [*headers, *upstream_headers(plan.trace, a.record)]
+        headers = [*headers, *a.trace_headers]
         try:
             # The exchange's own __aenter__: on failure it has closed its connection, and its
             # __aexit__ is only resp.close(), which the body's end calls (no exit stack, no
