@@ -29,8 +29,12 @@ def test_a_kv_events_flood_is_dropped_past_the_nodes_budget(fleet_factory: Any) 
     wait_for(lambda: len(f.ready("m")) == 1, 30)
     rid = f.ready("m")[0]["replica"]
     body = {"model": "m", "messages": [{"role": "user", "content": "tell me about floods " * 40}], "max_tokens": 2}
+    asked = iter(range(1000))
 
     def filled() -> bool:
+        # a new prompt each attempt: events published before the agent's SUB joined are lost with no
+        # later event to show the gap, and a repeated prompt is a cache hit that publishes none
+        body["messages"][0]["content"] = f"flood {next(asked)}: " + "tell me about floods " * 40
         r = httpx.post(f"{f.router.url}/v1/chat/completions", json=body, timeout=10)
         assert r.status_code == 200, r.text
         return index_blocks(f).get(rid, 0.0) > 0
