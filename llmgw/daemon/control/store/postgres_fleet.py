@@ -15,6 +15,8 @@ import psycopg
 
 from llmgw.config.names import CANDIDATE_SUFFIX
 from llmgw.daemon.control.store.rows import (
+    assignment_row,
+    check_event,
     AssignmentRow,
     CredentialRow,
     HistoryRow,
@@ -166,23 +168,13 @@ class FleetRowsMixin:
     def assignments(self) -> dict[str, AssignmentRow]:
         rows = self._x("SELECT replica, model, node, spec, desired, created_at, updated_at "
                        "FROM assignments ORDER BY replica").fetchall()
-        out = {}
-        for r, m, n, s, d, c, u in rows:
-            spec = json.loads(s)
-            url = spec.pop("url", None) if isinstance(spec, dict) else None
-            out[r] = AssignmentRow(r, m, n, spec, d, c, u, url if isinstance(url, str) else None)
-        return out
+        return {row[0]: assignment_row(*row) for row in rows}
 
     # -- history
 
     def record(self, event: str, *, replica: str | None = None, model: str | None = None,
                node: str | None = None, detail: str = "", ts: float | None = None) -> None:
-        check_name(event, "event")
-        for what, value in (("replica", replica), ("model", model), ("node", node)):
-            if value is not None:
-                check_name(value, what)
-        if not isinstance(detail, str):
-            raise TypeError(f"detail must be a string, got {type(detail).__name__}")
+        check_event(event, replica, model, node, detail)
         self._x("INSERT INTO history (ts, event, replica, model, node, detail) VALUES (%s, %s, %s, %s, %s, %s)",
                 (time.time() if ts is None else ts, event, replica, model, node, detail))
 

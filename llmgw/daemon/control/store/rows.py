@@ -220,6 +220,25 @@ def credential_upsert(replacing: Any) -> tuple[str, tuple[Any, ...]]:
         replacing, "replacing"),)
 
 
+def check_event(event: object, replica: object, model: object, node: object, detail: object) -> None:
+    """A history event's fields, as both backends accept them."""
+    check_name(event, "event")
+    for what, value in (("replica", replica), ("model", model), ("node", node)):
+        if value is not None:
+            check_name(value, what)
+    if not isinstance(detail, str):
+        raise TypeError(f"detail must be a string, got {type(detail).__name__}")
+
+
+def assignment_row(replica: str, model: str, node: str, spec_json: str, desired: str, created_at: float,
+                   updated_at: float) -> AssignmentRow:
+    """An assignments row as both backends store it (the engine's last ready URL kept in its spec)."""
+    spec = json.loads(spec_json)
+    url = spec.pop("url", None) if isinstance(spec, dict) else None
+    return AssignmentRow(replica, model, node, spec, desired, created_at, updated_at,
+                         url if isinstance(url, str) else None)
+
+
 def dumps_json(value: Any) -> str:
     # Sorted and NaN-free so equal data is equal text and any JSON reader can load it.
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
