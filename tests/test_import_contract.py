@@ -1,6 +1,6 @@
 """The layering contract of llmgw, read from the source with ``ast`` (nothing is imported):
 
-- the pure core (llmgw/route, fleet, kv, admin, sim, http1, lifecycle, inputs) imports no I/O, concurrency or OS
+- the pure core (llmgw/route, fleet, kv, admin, sim, http1, lifecycle, inputs, tenants) imports no I/O, concurrency or OS
   module and nothing of the shell (llmgw.daemon) or of the commands (tui, cli), neither at the top
   nor inside functions — and neither does anything of llmgw that the core imports, transitively
   (importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py`` too, so those count);
@@ -28,7 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "llmgw"
-CORE = ("route", "fleet", "kv", "admin", "sim", "http1", "lifecycle", "inputs")  # folders of llmgw/ that are the pure core
+CORE = ("route", "fleet", "kv", "admin", "sim", "http1", "lifecycle", "inputs", "tenants")  # folders of llmgw/ that are the pure core
 
 # What the core may not import (these modules and everything under them).
 CORE_MAY_NOT_IMPORT = (

@@ -19,6 +19,7 @@ from llmgw.config.fields import (
     label_keys, metric_name, node_name, nonempty, one_of, opt, pem_certificate, positive, store_url, unset_or,
 )
 from llmgw.config.locate import KeyPath
+from llmgw.config.tenants import TenantsConfig
 from llmgw.config.names import DEFAULT_PICKER, PICKER_NAMES, SCORER_NAMES
 
 ENGINES = ("vllm", "llamacpp")
@@ -356,6 +357,7 @@ class Config:
     strategies: tuple[StrategyConfig, ...] = opt((), unique="name")
     facility: FacilityConfig = opt(factory=FacilityConfig)
     ha: HaConfig = opt(factory=HaConfig)
+    tenants: TenantsConfig = opt(factory=TenantsConfig)
 
 
 # ---------------------------------------------------------------------------------- cross checks

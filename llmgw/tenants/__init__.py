@@ -1,0 +1,13 @@
+"""Tenants (pure core): who sends a request, what they may use, how much, and what they used.
+
+- :mod:`.model` — tenants and API keys as data, and their checks (the store's documents, the admin
+  API's bodies);
+- :mod:`.keys` — key secrets: format, hash, constant-time comparison.
+
+No I/O, no clock, no randomness except injected (tests/test_import_contract.py)."""
+
+from llmgw.tenants.keys import KEY_PREFIX, hash_secret, key_id_of, matches, new_key
+from llmgw.tenants.model import BANDS, DEFAULT_BAND, ApiKey, Quota, Tenant, TenantError, band_rank
+
+__all__ = ["BANDS", "DEFAULT_BAND", "KEY_PREFIX", "ApiKey", "Quota", "Tenant", "TenantError", "band_rank",
+           "hash_secret", "key_id_of", "matches", "new_key"]
