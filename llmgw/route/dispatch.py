@@ -430,6 +430,11 @@ class RouterCore:
         the HTTP server's 413/431/400/408, a bug): its one count, under model "-"."""
         self.counters.request_done("-", outcome, status, None, None)
 
+    def refused(self, plan: Plan, now: float, status: int) -> None:
+        """The shell refused the planned request before any attempt (tenancy: 403 for its model,
+        429 for a quota): its one count, under its model, and its trace ends."""
+        self._done(plan, "rejected", status, None, None, now)
+
     def failed(self, plan: Plan) -> None:
         """A bug on the request's path: its one count (if not counted yet), under its model, as
         the 500 the server answers."""
