@@ -238,10 +238,7 @@ class RouterAdapter:
         self._router.tenancy.usage.put_back(records)
 
     def usage_peek(self) -> list[UsageRecord]:
-        usage = self._router.tenancy.usage
-        records = usage.drain()
-        usage.put_back(records)
-        return records
+        return self._router.tenancy.usage.peek()
 
     def quota_demand(self) -> dict[tuple[str, str], float]:
         return self._router.tenancy.limiter.demand()
