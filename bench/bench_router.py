@@ -14,7 +14,7 @@ request, measured in one run against zero-cost simulator replicas.
    CPU 0, everything else to CPU 1. --cpu-only skips part 1; --cpu-rounds repeats part 2 (the box
    is shared: compare medians); --ab-inline adds a router with its inline I/O dispatch off
    (LLMGW_INLINE_IO=0, see llmgw/daemon/net/inline_epoll.py), alternated round by round with the
-   shipped one. --api-key K gives the CPU routers a static key, sent by every request (the cost of
+   shipped one; --ab-code DIR the same with another tree's llmgw (before/after a change). --api-key K gives the CPU routers a static key, sent by every request (the cost of
    authentication).
 Bounded: a fixed number of requests on 127.0.0.1; every process is stopped at the end."""
 
@@ -104,6 +104,9 @@ def main() -> None:
                     help="added latency with the router on the engine's and client's core (no spare core to hide its cost)")
     ap.add_argument("--api-key", default=None,
                     help="the CPU routers have this static key ([server] api_keys) and every CPU request sends it")
+    ap.add_argument("--ab-code", default=None, metavar="DIR",
+                    help="also measure a router running the llmgw package found in DIR (PYTHONPATH=DIR: e.g. a copy of "
+                         "an older commit), alternated round by round with this tree's")
     ap.add_argument("--ab-inline", action="store_true",
                     help="also measure a router with inline I/O dispatch off (LLMGW_INLINE_IO=0), alternated")
     a = ap.parse_args()
@@ -135,7 +138,13 @@ def main() -> None:
         # The CPU routers: llmgw as shipped, and with --ab-inline the same code with its
         # inline I/O dispatch off (LLMGW_INLINE_IO=0), measured in alternated rounds.
         cpu_routers = []
-        for env in ({}, {"LLMGW_INLINE_IO": "0"}) if a.ab_inline else ({},):
+        variants: list[dict[str, str]] = [{}]
+        if a.ab_inline:
+            variants.append({"LLMGW_INLINE_IO": "0"})
+        if a.ab_code:
+            # PYTHONSAFEPATH: `python -m` must not put the working directory (this tree) first
+            variants.append({"PYTHONPATH": str(Path(a.ab_code).resolve()), "PYTHONSAFEPATH": "1"})
+        for env in variants:
             cfg_i = cfg.with_name(f"cpu{len(cpu_routers)}.toml")
             cfg_i.write_text(cfg.read_text().replace(str(cfg.with_name("a.sock")),
                                                      str(cfg.with_name(f"c{len(cpu_routers)}.sock")))
@@ -143,7 +152,8 @@ def main() -> None:
             rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(cfg_i),
                                "--port", "0", "--log-level", "warning"], cpu=0, env=env)
             procs.append(rp)
-            cpu_routers.append(("inline I/O off" if env else "as shipped", rp, rinfo["port"]))
+            name = "inline I/O off" if "LLMGW_INLINE_IO" in env else f"code of {a.ab_code}" if env else "as shipped"
+            cpu_routers.append((name, rp, rinfo["port"]))
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {1})
         n = int(a.rate * a.seconds)
