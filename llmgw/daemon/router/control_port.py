@@ -125,8 +125,9 @@ class RouterPort(Protocol):
     def set_quota_shares(self, shares: Mapping[tuple[str, str], float]) -> None:
         """This router's fraction (0–1] of each scope's rpm, tpm and concurrency (missing: 1)."""
 
-    def set_spent(self, spent: Mapping[tuple[str, str, str], int]) -> None:
-        """Tokens the store knows as used per (kind, name, period: "day:YYYY-MM-DD" | "month:YYYY-MM")."""
+    def set_spent(self, spent: Mapping[tuple[str, str, str], int], *, as_of: float | None = None) -> None:
+        """Tokens the store knows as used per (kind, name, period: "day:YYYY-MM-DD" | "month:YYYY-MM");
+        `as_of`: the wall time of the last successful flush's drain (Limiter.set_spent)."""
 
     def quota_use(self) -> dict[tuple[str, str], dict[str, Any]]:
         """Per scope: rpm/tpm {limit, remaining}, concurrency {limit, inflight}, day/month {limit, used}."""
@@ -246,8 +247,8 @@ class RouterAdapter:
     def set_quota_shares(self, shares: Mapping[tuple[str, str], float]) -> None:
         self._router.tenancy.limiter.set_shares(shares)
 
-    def set_spent(self, spent: Mapping[tuple[str, str, str], int]) -> None:
-        self._router.tenancy.limiter.set_spent(spent)
+    def set_spent(self, spent: Mapping[tuple[str, str, str], int], *, as_of: float | None = None) -> None:
+        self._router.tenancy.limiter.set_spent(spent, as_of=as_of)
 
     def quota_use(self) -> dict[tuple[str, str], dict[str, Any]]:
         return self._router.tenancy.limiter.use(trio.current_time())

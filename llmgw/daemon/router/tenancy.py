@@ -36,10 +36,7 @@ from llmgw.tenants.usage import UsageBook
 
 __all__ = ["Admitted", "Tenancy", "TenantMetrics", "quota_error"]
 
-REASONS = ("rpm", "tpm", "concurrency", "day", "month", "auth", "model")
-# OpenAI's error type for a 429, by what ran out
-_TYPES = {"rpm": "requests", "concurrency": "requests", "tpm": "tokens", "day": "insufficient_quota",
-          "month": "insufficient_quota"}
+REASONS = ("rpm", "tpm", "concurrency", "day", "month", "auth", "model")  # llmgw_ratelimited_total's
 
 
 class Admitted:
@@ -56,26 +53,11 @@ class Admitted:
         self.ended = False
 
 
-def _reason(e: QuotaRefused) -> str:
-    """Which limit refused (the metric's label): the exception's ``reason`` if it has one, else
-    read from its message."""
-    r = getattr(e, "reason", None)
-    if r in REASONS:
-        return r  # type: ignore[return-value]
-    m = e.message.lower()
-    for words, reason in (("requests per minute", "rpm"), ("tokens per minute", "tpm"), ("concurren", "concurrency"),
-                          ("per day", "day"), ("per month", "month"), ("tpm", "tpm")):
-        if words in m:
-            return reason
-    return "month" if e.code == "insufficient_quota" else "rpm"
-
-
 def quota_error(e: QuotaRefused) -> ApiError:
-    """A QuotaRefused as OpenAI's 429: its type says what ran out (requests, tokens, or
+    """A QuotaRefused as OpenAI's 429: its type says what ran out (``requests``, ``tokens``, or
     ``insufficient_quota`` for a budget), ``Retry-After`` in whole seconds, and the headers."""
-    err = ApiError(429, e.message, type_=_TYPES.get(_reason(e), "requests"), code=e.code,
-                   headers=[("retry-after", str(max(1, int(e.retry_after)))), *e.headers])
-    return err
+    return ApiError(429, e.message, type_=e.type, code=e.code,
+                    headers=[("retry-after", str(max(1, int(e.retry_after)))), *e.headers])
 
 
 def auth_error(e: AuthRefused) -> ApiError:
@@ -140,7 +122,7 @@ class Tenancy:
         try:
             g = self.limiter.admit(p, cost, now, self._wall())
         except QuotaRefused as e:
-            self._limit(tenant, _reason(e))
+            self._limit(tenant, e.reason)
             self._refuse(tenant, info.model)
             raise quota_error(e) from None
         self.inflight[tenant] = self.inflight.get(tenant, 0) + 1
