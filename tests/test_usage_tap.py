@@ -9,7 +9,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw.daemon.router.usage_tap import UsageTap, client_asked_usage, with_include_usage
+from llmgw.daemon.router.usage_tap import UsageTap, client_asked_usage, usage_tap, with_include_usage
 
 
 class Sink:
@@ -44,7 +44,7 @@ STREAM = b"".join(CHUNKS) + ev({"id": "c", "choices": [], "usage": USAGE}) + b"d
 
 def relay(body: bytes, cuts: list[int], *, stream: bool, strip: bool) -> tuple[UsageTap, Sink]:
     sink = Sink()
-    tap = UsageTap(sink, stream=stream, strip=strip)
+    tap = usage_tap(sink, stream=stream, strip=strip)
     points = sorted({c % (len(body) + 1) for c in cuts} | {0, len(body)})
     for a, b in zip(points, points[1:]):
         tap.send_nowait(body[a:b], end=b == len(body))
@@ -74,9 +74,10 @@ def test_usage_in_a_chunk_with_choices_is_read_and_never_stripped() -> None:
     assert tap.usage == (10, 4, 3) and sink.out == body
 
 
-def test_a_stream_without_usage_counts_its_events() -> None:
+@given(st.lists(st.integers(min_value=0), max_size=12))
+def test_a_stream_without_usage_counts_its_events(cuts: list[int]) -> None:
     body = b"".join(CHUNKS) + b"data: [DONE]\n\n"
-    tap, sink = relay(body, [7, 40], stream=True, strip=True)
+    tap, sink = relay(body, cuts, stream=True, strip=True)
     assert tap.usage is None and tap.events == 4 and sink.out == body
 
 

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from llmgw.config import Config
-from llmgw.daemon.router.usage_tap import UsageTap, client_asked_usage, with_include_usage
+from llmgw.daemon.router.usage_tap import UsageTap, client_asked_usage, usage_tap, with_include_usage
 from llmgw.http1.sinks import BodySink
 from llmgw.route.openai_req import ApiError
 from llmgw.route.plan import Plan
@@ -140,7 +140,7 @@ class Tenancy:
 
     def tap(self, adm: Admitted, sink: BodySink, stream: bool) -> UsageTap:
         """The client's sink, wrapped to read the answer's usage."""
-        adm.tap = UsageTap(sink, stream=stream, strip=adm.strip)
+        adm.tap = usage_tap(sink, stream=stream, strip=adm.strip)
         return adm.tap
 
     def end(self, adm: Admitted | None, status: int | None, *, broken: bool = False) -> str:

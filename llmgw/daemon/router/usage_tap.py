@@ -25,7 +25,7 @@ from typing import Any
 
 from llmgw.http1.sinks import BodySink
 
-__all__ = ["UsageTap", "client_asked_usage", "with_include_usage"]
+__all__ = ["UsageTap", "client_asked_usage", "usage_tap", "with_include_usage"]
 
 _USAGE = b'"usage"'
 _TAIL = 16384  # a non-streamed body's last bytes kept: its usage object is near its end
@@ -73,10 +73,11 @@ class UsageTap:
     """A BodySink around the client's: relays everything (a stream in whole events, less the
     usage-only chunk when ``strip``) and keeps the engine's usage. Read :attr:`usage` at the end."""
 
-    __slots__ = ("events", "held", "inner", "strip", "stream", "tail", "usage")
+    __slots__ = ("events", "held", "inner", "send", "strip", "stream", "tail", "usage")
 
     def __init__(self, inner: BodySink, *, stream: bool, strip: bool) -> None:
         self.inner, self.stream, self.strip = inner, stream, strip
+        self.send = inner.send_nowait
         self.held = b""  # a stream's unfinished event
         self.tail = b""  # a body's last bytes
         self.events = 0  # data events relayed (a stream)
@@ -88,11 +89,13 @@ class UsageTap:
 
     # -- BodySink -----------------------------------------------------------------------------
     def send_nowait(self, data: bytes, end: bool = False) -> bool:
-        if not self.stream:
-            self.tail = (self.tail + data)[-_TAIL:] if self.tail else data[-_TAIL:]
-            if end:
-                self._body_usage()
-            return self.inner.send_nowait(data, end)
+        """A stream's piece: on the hot path (a read of whole events without usage) four C calls."""
+        if self.held or _USAGE in data or not data.endswith(b"\n\n"):
+            return self._stream_send(data, end)
+        self.events += data.count(b"data:")
+        return self.send(data, end)
+
+    def _stream_send(self, data: bytes, end: bool) -> bool:
         if self.held:
             data, self.held = self.held + data, b""
         if not end and not data.endswith(b"\n\n"):
@@ -108,7 +111,7 @@ class UsageTap:
         if not data and not end:
             return True
         self.events += data.count(b"data:")
-        return self.inner.send_nowait(data, end)
+        return self.send(data, end)
 
     def flush_nowait(self) -> None:
         self.inner.flush_nowait()
@@ -153,3 +156,20 @@ class UsageTap:
                             continue
             out.append(ev)
         return b"\n\n".join(out) if dropped else data
+
+
+class _BodyTap(UsageTap):
+    """A non-streamed body's tap: its tail kept, its usage read at the end."""
+
+    __slots__ = ()
+
+    def send_nowait(self, data: bytes, end: bool = False) -> bool:
+        self.tail = (self.tail + data)[-_TAIL:] if self.tail else data[-_TAIL:]
+        if end:
+            self._body_usage()
+        return self.send(data, end)
+
+
+def usage_tap(inner: BodySink, *, stream: bool, strip: bool) -> UsageTap:
+    """The tap for a stream (SSE events) or for a whole body."""
+    return (UsageTap if stream else _BodyTap)(inner, stream=stream, strip=strip)
