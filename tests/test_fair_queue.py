@@ -328,3 +328,19 @@ def test_the_core_without_a_tag_is_the_anonymous_tenant() -> None:
     assert d.to_json()["band"] == "normal"
     tr = p.trace.to_dict(0.0)
     assert (tr["tenant"], tr["key"], tr["band"]) == ("-", "-", "normal")
+
+
+def test_explain_and_trace_text_show_tenant_band_and_share() -> None:
+    from datetime import UTC
+
+    from llmgw.admin_client.rationale import rationale_lines
+    from llmgw.admin_client.trace_view import trace_lines
+
+    core = _core()
+    p = core.plan("chat", BODY, "x", strategy=None, session=None, now=0.0, tenant=_tag("team-a", "high", 2.0))
+    assert isinstance(core.next(p, 0.0, 0.0), Attempt)
+    text = "\n".join(rationale_lines(core.decisions[-1].to_json(), UTC))
+    assert "team-a" in text and "high, share 1.00" in text
+    assert "  tenant team-a  key k-team-a  band high  share 1.00" in trace_lines(p.trace.to_dict(0.0), UTC)
+    # records without them (older routers) show as before
+    assert "tenant" not in "\n".join(rationale_lines({"request_id": "r"}, UTC))
