@@ -68,7 +68,6 @@ from .scheduler import Scheduler
 from .tier2 import Tier2, Tokenize
 from .trace import AttemptRecord, Trace, TraceRing, upstream_headers
 from .traceparent import new_span_id
-from .fair_queue import ANONYMOUS, NORMAL_NAME
 from .types import Decision, SchedulerConfig, TenantTag
 from .waiting import WaitRoom
 
@@ -205,7 +204,7 @@ class RouterCore:
                 return plan.ticket
             plan.ticket = None
             plan.admitted = True
-            self._let_through(plan, t)
+            self.wait.let_through(plan, t)
         elif not plan.admitted:
             if self.wait.queue(entry).admit_now(lambda: self.wait.saturated(entry, now)):
                 plan.admitted = True
@@ -225,9 +224,7 @@ class RouterCore:
             if tried:
                 views = [v for v in views if v.id not in tried]
             d = sched.decide(info, views, plan.strategy, now=now, wall=wall, rng=self.rng, commit=False)
-            tag = plan.tenant
-            d.tenant, d.band, d.share = (ANONYMOUS, NORMAL_NAME, plan.share) if tag is None else \
-                (tag.tenant, tag.band_name, plan.share)
+            d.tenant, d.band, d.share = self.wait.admission_of(plan)
             self.decisions.append(d)
             self.counters.decision(d)
             if trace is not None:
@@ -338,12 +335,6 @@ class RouterCore:
             raise self._reject(plan, now, "queue_full", "All replicas are saturated and the wait queue is full.")
         plan.ticket = t
         return t
-
-    def _let_through(self, plan: Plan, t: Ticket) -> None:
-        """A waiter was let through: its share of its band then, for the decision and the trace."""
-        plan.share = t.share
-        if plan.trace is not None:
-            plan.trace.share = t.share
 
     def displaced(self) -> list[Ticket]:
         """The waiters displaced from a full queue since the last call: the shell wakes them (each

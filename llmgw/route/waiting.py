@@ -45,6 +45,19 @@ class WaitRoom:
             trace.marks[-1] = (phase, at, attempt, f"band {name}, share {q.share(tenant, band):.2f}")
         return t
 
+    @staticmethod
+    def let_through(plan: Plan, t: Ticket) -> None:
+        """A waiter was let through: its share of its band then, for the decision and the trace."""
+        plan.share = t.share
+        if plan.trace is not None:
+            plan.trace.share = t.share
+
+    @staticmethod
+    def admission_of(plan: Plan) -> tuple[str, str, float]:
+        """(tenant, band name, share) for the request's decision."""
+        tag = plan.tenant
+        return (ANONYMOUS, NORMAL_NAME, plan.share) if tag is None else (tag.tenant, tag.band_name, plan.share)
+
     def saturated(self, entry: ModelEntry, now: float) -> bool:
         # Replicas behind an open breaker don't count: waiting cannot help them, and the
         # scheduler's all-open fallback handles a model with none available.
