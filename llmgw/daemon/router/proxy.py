@@ -368,8 +368,10 @@ class Router:
 
     async def _wait(self, plan: Plan, ticket: Ticket) -> None:
         """Hold the request while every replica of the model is saturated (bounded, with a
-        deadline); the core then decides again."""
+        deadline); the core then decides again. Its arrival may have displaced a waiter from the
+        full queue (a lower band's, or a bigger tenant's): woken, that one gets its 429 from next."""
         event = self._wakers[ticket] = trio.Event()
+        self._wake(self.core.displaced())
         self.registry.scrape_soon()  # only a fresh reading can show the room it waits for
         try:
             with trio.move_on_at(ticket.deadline):
