@@ -106,8 +106,11 @@ def test_revoked_expired_and_orphaned_keys_are_401_and_an_active_one_is_its_tena
                 assert error(r) == {"message": msg, "type": "invalid_request_error", "param": None,
                                     "code": "invalid_api_key"}
                 assert (key or "§")[-20:] not in r.text
+            s.book([Tenant("a", band="high", weight=2.0)], [k1, k2, k3, k4])
             r = await s.post(good)
             assert r.status_code == 200, r.text
+            trace = s.port.traces().get(r.headers["x-request-id"])
+            assert trace is not None and (trace.tenant, trace.key, trace.band) == ("a", k1.id, "high")
             recs = s.port.usage_drain()
             assert [(u.tenant, u.key, u.model, u.requests, u.completion_tokens) for u in recs] == \
                 [("a", k1.id, "m", 1, 4)]

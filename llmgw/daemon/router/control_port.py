@@ -254,14 +254,7 @@ class RouterAdapter:
         return self._router.tenancy.limiter.use(trio.current_time())
 
     def queue_by_tenant(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for q in self._router.core.queues.values():
-            for tenant, row in (q.snapshot().get("tenants") or {}).items():  # FairQueue's (issue 24 P2)
-                acc = out.setdefault(tenant, {"waiting": 0, "cost": 0, "share": 0.0})
-                acc["waiting"] += row.get("waiting", 0)
-                acc["cost"] += row.get("cost", 0)
-                acc["share"] = max(acc["share"], row.get("share", 0.0))
-        return out
+        return dict(self._router.core.queue_by_tenant())
 
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:

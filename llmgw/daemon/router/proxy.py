@@ -14,6 +14,7 @@ response unfinished (no last chunk), after an in-band error event on a stream.""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 import hmac
 import json
 import logging
@@ -312,13 +313,13 @@ class Router:
             raise ApiError(403, f"The {REVISION_HEADER} header is for llmgw's own eval runner.",
                            param=REVISION_HEADER, code="forbidden")
         traceparent = req.header("traceparent")
-        # TODO(lead, issue 24 P2): pass `tenant=TenantTag(...)` (P2's route.types.TenantTag: the
-        # principal's tenant, key_id, band_rank(band), band, weight, cost) once RouterCore.plan takes it;
-        # cost = the Admitted's, known only after plan — P2 may take it from the plan's body/estimate.
+        # who sent it: its band and weight in the wait queue, and its trace's tenant and key (the
+        # cost, known once planned, is set with the admission: the Limiter's charge)
+        tag = None if principal is None else self.tenancy.tag(principal)
         plan = core.plan(kind, req.body, rid, strategy=req.header(STRATEGY_HEADER),
                          session=req.header("x-session-id"), now=trio.current_time(), revision=revision,
                          internal=internal, traceparent=traceparent,
-                         tracestate=None if traceparent is None else _tracestate(req))
+                         tracestate=None if traceparent is None else _tracestate(req), tenant=tag)
         adm: Admitted | None = None
         if principal is not None:
             try:
@@ -327,6 +328,7 @@ class Router:
                 core.refused(plan, trio.current_time(), e.status)
                 e.counted = True
                 raise
+            plan.tenant = replace(tag, cost=adm.cost)  # type: ignore[type-var]
         headers = [("content-type", "application/json"), ("x-request-id", rid)]
         try:
             while True:

@@ -30,8 +30,10 @@ from llmgw.daemon.router.usage_tap import UsageTap, client_asked_usage, usage_ta
 from llmgw.http1.sinks import BodySink
 from llmgw.route.openai_req import ApiError
 from llmgw.route.plan import Plan
+from llmgw.route.types import TenantTag
 from llmgw.tenants.book import AuthRefused, Principal, TenantBook
 from llmgw.tenants.limits import Grant, Limiter, QuotaRefused
+from llmgw.tenants.model import band_rank
 from llmgw.tenants.usage import UsageBook
 
 __all__ = ["Admitted", "Tenancy", "TenantMetrics", "quota_error"]
@@ -42,12 +44,13 @@ REASONS = ("rpm", "tpm", "concurrency", "day", "month", "auth", "model")  # llmg
 class Admitted:
     """An admitted request's tenancy, from admission to its end."""
 
-    __slots__ = ("ended", "estimate", "grant", "headers", "model", "principal", "strip", "tap")
+    __slots__ = ("cost", "ended", "estimate", "grant", "headers", "model", "principal", "strip", "tap")
 
     def __init__(self, principal: Principal, grant: Grant, headers: list[tuple[str, str]], model: str,
-                 estimate: int, strip: bool) -> None:
+                 estimate: int, cost: int, strip: bool) -> None:
         self.principal, self.grant, self.headers, self.model = principal, grant, headers, model
         self.estimate = estimate  # the prompt's token estimate (the planner's)
+        self.cost = cost  # what was charged: the estimate + max_tokens (the fair queue's cost too)
         self.strip = strip  # the router asked for the stream's usage: its chunk is not the client's
         self.tap: UsageTap | None = None
         self.ended = False
@@ -105,6 +108,11 @@ class Tenancy:
             return False
         return True
 
+    def tag(self, p: Principal) -> TenantTag:
+        """`p` as the wait queue and the trace see it (cost 0: the shell sets it once admitted)."""
+        return TenantTag(tenant=p.tenant.name, key=p.key_id, band=band_rank(p.band), band_name=p.band,
+                         weight=p.weight, cost=0)
+
     def admit(self, p: Principal, plan: Plan) -> Admitted:
         """May `p` send this planned request? 403 (a model it may not use), 429 (a quota), each
         an ApiError; else charged up front and admitted."""
@@ -127,7 +135,7 @@ class Tenancy:
             raise quota_error(e) from None
         self.inflight[tenant] = self.inflight.get(tenant, 0) + 1
         strip = plan.stream and self.cfg.stream_usage and not client_asked_usage(body)
-        return Admitted(p, g, self.limiter.headers(g, now), info.model, info.prompt_tokens_estimate, strip)
+        return Admitted(p, g, self.limiter.headers(g, now), info.model, info.prompt_tokens_estimate, cost, strip)
 
     def upstream_body(self, adm: Admitted, raw: bytes, plan: Plan) -> bytes:
         """What goes to the engine: ``raw`` asking for the stream's usage when the router strips it."""
