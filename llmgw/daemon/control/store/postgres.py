@@ -36,6 +36,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from llmgw.daemon.control.store.pg_schema import migrate
 from llmgw.daemon.control.store.postgres_fleet import FleetRowsMixin
+from llmgw.daemon.control.store.usage_postgres import PgUsageMixin
 from llmgw.daemon.control.store.rows import CallTimes, Fenced, LeaseRow, RouterRow, StoreError, check_name, check_obj, dumps_json
 
 log = logging.getLogger("llmgw.control")
@@ -123,7 +124,7 @@ def display_dsn(dsn: str) -> str:
     return make_conninfo(**{k: v for k, v in conninfo_to_dict(dsn).items() if k != "password"})
 
 
-class PgStore(FleetRowsMixin):
+class PgStore(PgUsageMixin, FleetRowsMixin):
     """Use `PgStore.open(dsn, password=..., timeout_s=...)`. Each write commits on its own unless
     it runs inside `transaction()`."""
 

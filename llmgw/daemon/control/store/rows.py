@@ -93,7 +93,7 @@ class CallTimes:
 UNFENCED_OPS = frozenset({
     "upsert_node", "put_credential", "confirm_credential", "register_router", "router_seen", "forget_router",
     "try_lead", "release_lead", "queue_admin", "answer_admin", "prune_admin", "cluster_secret", "record",
-    "prune_history"})
+    "prune_history", "add_usage", "rollup_usage", "prune_usage", "put_demand"})
 
 
 # SQLite's primary result codes (sqlite_errorname), and the message fragments when there is none.
