@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -24,6 +24,8 @@ from llmgw.fleet.wire import KvEvents
 from llmgw.daemon.router.kv_view import kv_summary
 from llmgw.route.trace import TraceRing
 from llmgw.route.types import Decision
+from llmgw.tenants.book import TenantBook
+from llmgw.tenants.usage import UsageRecord
 
 if TYPE_CHECKING:
     from llmgw.daemon.router.proxy import Router
@@ -102,6 +104,36 @@ class RouterPort(Protocol):
         """The other live routers' peer feeds, ``{router_id: "host:port"}``: this router
         subscribes to exactly these from now on (nothing when it runs no feed)."""
 
+    # -- tenants (docs/tenants.md) ----------------------------------------------------------------
+    def set_tenants(self, book: TenantBook) -> None:
+        """The tenants and keys requests are authenticated and limited by, from now on (the
+        quotas' state of each scope is kept across books)."""
+
+    def usage_drain(self) -> list[UsageRecord]:
+        """The usage records since the last drain (the plane flushes them to the store)."""
+
+    def usage_put_back(self, records: list[UsageRecord]) -> None:
+        """Drained records the store did not take: merged into the next drain."""
+
+    def usage_peek(self) -> list[UsageRecord]:
+        """The records not drained yet, left in place (the admin API's usage adds them)."""
+
+    def quota_demand(self) -> dict[tuple[str, str], float]:
+        """This router's recent demand (requests per minute asked) per quota scope with a
+        per-minute limit, ("tenant", name) or ("key", id)."""
+
+    def set_quota_shares(self, shares: Mapping[tuple[str, str], float]) -> None:
+        """This router's fraction (0–1] of each scope's per-minute limits; a missing scope: 1."""
+
+    def set_spent(self, spent: Mapping[tuple[str, str, str], int]) -> None:
+        """Tokens every router has flushed, per (kind, name, period): what budgets count from."""
+
+    def quota_use(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """Per scope: rpm/tpm {limit, remaining}, concurrency {limit, inflight}, day/month {limit, used}."""
+
+    def queue_by_tenant(self) -> dict[str, dict[str, Any]]:
+        """Per tenant waiting in the admission queues: {waiting, cost, share}."""
+
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:
         """The recent routing decisions, oldest first: the router's live ring, to read at once
@@ -128,6 +160,7 @@ class RouterAdapter:
 
     def __init__(self, router: Router) -> None:
         self._router = router
+        self._tenancy: dict[str, Any] = {}  # the tenants placeholders' (above)
 
     # -- the control plane --------------------------------------------------------------------
     def define_model(self, m: ModelConfig) -> None:
@@ -194,6 +227,35 @@ class RouterAdapter:
         feed = self._router.peer_feed
         if feed is not None:
             feed.set_peers(peers)
+
+    # -- tenants: placeholders that keep what they are given (the router's tenancy replaces them) ----
+    def set_tenants(self, book: TenantBook) -> None:
+        self._tenancy["book"] = book
+
+    def usage_drain(self) -> list[UsageRecord]:
+        out, self._tenancy["usage"] = self._tenancy.get("usage", []), []
+        return list(out)
+
+    def usage_put_back(self, records: list[UsageRecord]) -> None:
+        self._tenancy["usage"] = [*records, *self._tenancy.get("usage", [])]
+
+    def usage_peek(self) -> list[UsageRecord]:
+        return list(self._tenancy.get("usage", []))
+
+    def quota_demand(self) -> dict[tuple[str, str], float]:
+        return dict(self._tenancy.get("demand", {}))
+
+    def set_quota_shares(self, shares: Mapping[tuple[str, str], float]) -> None:
+        self._tenancy["shares"] = dict(shares)
+
+    def set_spent(self, spent: Mapping[tuple[str, str, str], int]) -> None:
+        self._tenancy["spent"] = dict(spent)
+
+    def quota_use(self) -> dict[tuple[str, str], dict[str, Any]]:
+        return dict(self._tenancy.get("quota_use", {}))
+
+    def queue_by_tenant(self) -> dict[str, dict[str, Any]]:
+        return {}
 
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:

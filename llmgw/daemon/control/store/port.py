@@ -73,6 +73,10 @@ class FleetStore(Protocol):
 
     def docs(self, kind: str) -> dict[str, dict[str, Any]]: ...
 
+    def write_docs(self, puts: list[tuple[str, str, dict[str, Any]]], deletes: list[tuple[str, str]]) -> None:
+        """Several documents put and deleted in one transaction: all or none."""
+        ...
+
     def upsert_node(self, name: str, *, agent_labels: dict[str, str], facts: dict[str, Any],
                     seen_at: float) -> None: ...
 

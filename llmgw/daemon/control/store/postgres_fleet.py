@@ -77,6 +77,14 @@ class FleetRowsMixin:
         with self._fenced():
             return self._x("DELETE FROM lifecycle WHERE kind = %s AND key = %s", (kind, key)).rowcount > 0
 
+    def write_docs(self, puts: list[tuple[str, str, dict[str, Any]]], deletes: list[tuple[str, str]]) -> None:
+        """Several documents put and deleted in one transaction: all or none."""
+        with self.transaction():
+            for kind, key, value in puts:
+                self.put_doc(kind, key, value)
+            for kind, key in deletes:
+                self.delete_doc(kind, key)
+
     def docs(self, kind: str) -> dict[str, dict[str, Any]]:
         return {k: json.loads(v) for k, v in self._x(
             "SELECT key, value FROM lifecycle WHERE kind = %s ORDER BY updated_at, key", (kind,)).fetchall()}

@@ -334,6 +334,14 @@ class Store(UsageMixin, ClusterMixin):
             self._fenced_write()
             return self._conn.execute("DELETE FROM lifecycle WHERE kind = ? AND key = ?", (kind, key)).rowcount > 0
 
+    def write_docs(self, puts: list[tuple[str, str, dict[str, Any]]], deletes: list[tuple[str, str]]) -> None:
+        """Several documents put and deleted in one transaction: all or none."""
+        with self.transaction():
+            for kind, key, value in puts:
+                self.put_doc(kind, key, value)
+            for kind, key in deletes:
+                self.delete_doc(kind, key)
+
     def docs(self, kind: str) -> dict[str, dict[str, Any]]:
         return {k: json.loads(v) for k, v in self._conn.execute(
             "SELECT key, value FROM lifecycle WHERE kind = ? ORDER BY updated_at, key", (kind,))}
