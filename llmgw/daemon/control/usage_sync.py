@@ -28,7 +28,6 @@ from typing import Any
 import trio
 
 from llmgw.daemon.control.store.guard import StoreUnavailable
-from llmgw.tenants.shares import shares
 
 log = logging.getLogger("llmgw.tenants")
 
@@ -122,6 +121,8 @@ class UsageSync:
         live = set(ld.live_routers()) | {me}
         demands = {rid: {sc: v for k, v in d.items() if (sc := scope_of(k)) is not None}
                    for rid, d in stored.items() if rid in live}
+        from llmgw.tenants.shares import shares  # P1's; at module level once merged
+
         router.set_quota_shares(shares(self.limited_scopes(), me, demands, sorted(live)))
 
     def sync_spent(self) -> None:
