@@ -64,6 +64,9 @@ class UsageSync:
         self.flush_failures = 0
         self.rolled = 0  # raw rows rolled up by this router, since start
         self._rolled_at = -float("inf")
+        # the wall time of the last drain the store took whole: the router's use settled before it is
+        # in the store's spent figures (nothing was settled before the start)
+        self.flushed_as_of = wall()
 
     @property
     def cfg(self) -> Any:
@@ -73,11 +76,11 @@ class UsageSync:
     def flush(self) -> bool:
         """This router's records since the last flush into the store; kept for the next if not."""
         router = self.plane.router
+        drained_at = self.wall()
         records = router.usage_drain()
-        if not records:
-            return True
-        if self.plane.guard.write("add_usage", self.plane.router_id, records):
+        if not records or self.plane.guard.write("add_usage", self.plane.router_id, records):
             self.flushed += len(records)
+            self.flushed_as_of = drained_at  # put-back records come again with each drain: all of it is in
             return True
         router.usage_put_back(records)
         self.flush_failures += 1
@@ -127,8 +130,9 @@ class UsageSync:
 
     def sync_spent(self) -> None:
         day, month = period_starts(self.wall())
+        as_of = self.flushed_as_of  # before the read: a flush meanwhile is counted in the figures, not twice
         spent = self.plane.guard.read("spent", lambda st: st.spent(day, month))
-        self.plane.router.set_spent(spent)
+        self.plane.router.set_spent(spent, as_of=as_of)
 
     async def share_loop(self) -> None:
         while True:

@@ -125,8 +125,9 @@ class RouterPort(Protocol):
     def set_quota_shares(self, shares: Mapping[tuple[str, str], float]) -> None:
         """This router's fraction (0–1] of each scope's per-minute limits; a missing scope: 1."""
 
-    def set_spent(self, spent: Mapping[tuple[str, str, str], int]) -> None:
-        """Tokens every router has flushed, per (kind, name, period): what budgets count from."""
+    def set_spent(self, spent: Mapping[tuple[str, str, str], int], *, as_of: float | None = None) -> None:
+        """Tokens every router has flushed, per (kind, name, period): what budgets count from;
+        `as_of`: the wall time of this router's last flush the store took (Limiter.set_spent)."""
 
     def quota_use(self) -> dict[tuple[str, str], dict[str, Any]]:
         """Per scope: rpm/tpm {limit, remaining}, concurrency {limit, inflight}, day/month {limit, used}."""
@@ -248,7 +249,7 @@ class RouterAdapter:
     def set_quota_shares(self, shares: Mapping[tuple[str, str], float]) -> None:
         self._tenancy["shares"] = dict(shares)
 
-    def set_spent(self, spent: Mapping[tuple[str, str, str], int]) -> None:
+    def set_spent(self, spent: Mapping[tuple[str, str, str], int], *, as_of: float | None = None) -> None:
         self._tenancy["spent"] = dict(spent)
 
     def quota_use(self) -> dict[tuple[str, str], dict[str, Any]]:
