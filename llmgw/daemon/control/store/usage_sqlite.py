@@ -42,15 +42,17 @@ class UsageMixin:
         if not rows:
             return
         with self.transaction():
-            self._conn.executemany(
-                f"INSERT INTO usage_raw (router, minute, tenant, key, model, {_C}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                f"ON CONFLICT (router, minute, tenant, key, model) DO UPDATE SET {_ADD.format(t='usage_raw')}", rows)
+            for row in rows:  # execute, not executemany: what every connection wrapper has (store/faults.py)
+                self._conn.execute(
+                    f"INSERT INTO usage_raw (router, minute, tenant, key, model, {_C}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    f"ON CONFLICT (router, minute, tenant, key, model) DO UPDATE SET {_ADD.format(t='usage_raw')}", row)
             rolled = self._rolled()
-            late = [(hour_of(r[1]), *r[2:]) for r in rows if r[1] < rolled]
-            if late:  # a minute already rolled up: into its hour too (usage_rows.py)
-                self._conn.executemany(
-                    f"INSERT INTO usage_hourly (hour, tenant, key, model, {_C}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                    f"ON CONFLICT (hour, tenant, key, model) DO UPDATE SET {_ADD.format(t='usage_hourly')}", late)
+            for r in rows:
+                if r[1] < rolled:  # a minute already rolled up: into its hour too (usage_rows.py)
+                    self._conn.execute(
+                        f"INSERT INTO usage_hourly (hour, tenant, key, model, {_C}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                        f"ON CONFLICT (hour, tenant, key, model) DO UPDATE SET {_ADD.format(t='usage_hourly')}",
+                        (hour_of(r[1]), *r[2:]))
 
     def usage(self, since: float, until: float | None = None, tenant: str | None = None, key: str | None = None,
               model: str | None = None) -> list[Any]:
