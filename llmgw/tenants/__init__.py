@@ -4,15 +4,19 @@
   API's bodies);
 - :mod:`.keys` — key secrets: format, hash, constant-time comparison;
 - :mod:`.book` — the tenant book: an ``Authorization`` header to a :class:`Principal`, or 401/403;
+- :mod:`.limits` — quotas: rpm/tpm token buckets, concurrency, day/month budgets, 429s and headers
+  (:mod:`.scope_state` one scope's state);
 - :mod:`.usage` — usage records per minute, tenant, key and model; grouping; budget periods.
 
 No I/O, no clock, no randomness except injected (tests/test_import_contract.py)."""
 
 from llmgw.tenants.book import AuthRefused, Principal, TenantBook
 from llmgw.tenants.keys import KEY_PREFIX, hash_secret, key_id_of, matches, new_key
+from llmgw.tenants.limits import Grant, Limiter, QuotaRefused
 from llmgw.tenants.model import BANDS, DEFAULT_BAND, ApiKey, Quota, Tenant, TenantError, band_rank
 from llmgw.tenants.usage import UsageBook, UsageRecord, aggregate, period_end, period_keys, period_start
 
-__all__ = ["BANDS", "DEFAULT_BAND", "KEY_PREFIX", "ApiKey", "AuthRefused", "Principal", "Quota", "Tenant",
+__all__ = ["BANDS", "DEFAULT_BAND", "KEY_PREFIX", "ApiKey", "AuthRefused", "Grant", "Limiter", "Principal", "Quota",
+           "QuotaRefused", "Tenant",
            "TenantBook", "TenantError", "UsageBook", "UsageRecord", "aggregate", "band_rank", "hash_secret",
            "key_id_of", "matches", "new_key", "period_end", "period_keys", "period_start"]

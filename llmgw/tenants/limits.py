@@ -1,0 +1,350 @@
+"""Quotas (pure): what a router lets through per tenant and per key, and what it refuses with 429.
+
+Each request is checked against two scopes, ``("tenant", name)`` and ``("key", id)`` — each one
+that has a limit; both must pass. Per scope:
+
+- **requests and tokens per minute**: token buckets (:mod:`.scope_state`) of ``limit × share``,
+  refilled over a minute. A request costs 1 request and ``cost`` tokens — the prompt's estimate
+  plus ``max_tokens``, charged up front; :meth:`Limiter.settle` corrects the tokens by what the
+  usage says (actual − charged; the bucket may go into debt);
+- **concurrency**: requests in flight, given back by :meth:`Limiter.release`;
+- **budgets**: tokens per UTC day and calendar month. Used = the store's figure for the period
+  (every router's flushed use: :meth:`Limiter.set_spent`) + what this router settled since + what
+  its grants in flight hold; a request goes when ``used + cost ≤ budget`` (so none once ``used ≥
+  budget``). A request admitted before the budget ran out is settled in full, whatever it used.
+
+All checks come first, then all charges: a refused request is charged nothing. Every check
+counts towards the scope's **demand** (requests per minute asked, an EWMA over ~30 s), by which
+several routers share the per-minute limits (:mod:`.shares`, :meth:`Limiter.set_shares`).
+
+Time comes in: ``now`` (monotonic seconds, the buckets) and ``wall`` (Unix, the budgets' periods)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .book import Principal, TenantBook, iso_utc
+from .model import Quota
+from .scope_state import Scope, ScopeState, reset_text
+from .usage import period_end, period_keys
+
+__all__ = ["Grant", "Limiter", "QuotaRefused"]
+
+_EPS = 1e-9
+_WHAT = {"rpm": "requests per minute", "tpm": "tokens per minute", "concurrency": "concurrent requests",
+         "day": "tokens per day", "month": "tokens per month"}
+
+
+@dataclass(slots=True)
+class Grant:
+    """What :meth:`Limiter.admit` gave; settle and release take it back, each once."""
+    principal: Principal
+    charged: int  # tokens charged up front
+    settled: bool = False
+    released: bool = False
+    states: tuple[ScopeState, ...] = ()  # the scopes it was charged in
+    holds: tuple[tuple[ScopeState, str, int], ...] = ()  # budget reservations: (scope, period, tokens)
+    actual: int | None = None  # tokens settled
+
+
+class QuotaRefused(Exception):
+    """429: ``rate_limit_exceeded`` (rpm, tpm, concurrency) or ``insufficient_quota`` (budgets).
+    ``reason`` is the limit (rpm|tpm|concurrency|day|month), ``scope`` whose it is, ``type`` the
+    error envelope's ("requests", "tokens" or "insufficient_quota"), ``retry_after`` whole seconds
+    ≥ 1, ``headers`` the x-ratelimit-* headers as of the refusal."""
+
+    status = 429
+
+    def __init__(self, code: str, message: str, *, reason: str, scope: Scope, retry_after: int,
+                 headers: list[tuple[str, str]]) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason
+        self.scope = scope
+        self.retry_after = retry_after
+        self.headers = headers
+        self.type = ("insufficient_quota" if code == "insufficient_quota"
+                     else "tokens" if reason == "tpm" else "requests")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": None, "code": self.code}}
+
+
+def _who(scope: Scope) -> str:
+    return f"tenant `{scope[1]}`" if scope[0] == "tenant" else f"API key `{scope[1]}`"
+
+
+def _limit_text(st: ScopeState, limit: int, local: float) -> str:
+    """``60``, or with a share ``60 (this router's share: 20)``."""
+    return str(limit) if st.share >= 1.0 else f"{limit} (this router's share: {math.floor(local + _EPS)})"
+
+
+def _retry(seconds: float, cap: int = 86400) -> int:
+    if not math.isfinite(seconds):
+        return 60
+    return max(1, min(cap, math.ceil(seconds - _EPS)))
+
+
+@dataclass(slots=True)
+class _Periods:
+    day: str = ""
+    month: str = ""
+    day_end: float = -math.inf
+    month_end: float = -math.inf
+    start: float = math.inf
+
+    def at(self, wall: float) -> tuple[str, str]:
+        if not (self.start <= wall < self.day_end):
+            self.day, self.month = period_keys(wall)
+            self.start = wall - (wall % 86400)
+            self.day_end = period_end(self.day)
+            self.month_end = period_end(self.month)
+        return self.day, self.month
+
+
+class Limiter:
+    """A router's quotas: the state of every scope, kept across books."""
+
+    def __init__(self) -> None:
+        self._states: dict[Scope, ScopeState] = {}
+        self._book_scopes: dict[Scope, Quota] = {}
+        self._shares: dict[Scope, float] = {}
+        self._spent: dict[tuple[str, str, str], int] = {}
+        self._periods = _Periods()
+        self._now = 0.0
+        self._wall = 0.0
+
+    # ------------------------------------------------------------------------------ inputs
+    def set_book(self, book: TenantBook) -> None:
+        """The quotas of ``book``'s tenants and keys (the anonymous tenant's too). A scope's state
+        (buckets, requests in flight, budget holds) is kept across books; a scope gone from the
+        book is dropped once nothing is in flight."""
+        scopes: dict[Scope, Quota] = {}
+        for t in [*book.tenants().values(), book.anonymous.tenant]:
+            if not t.quota.empty():
+                scopes[("tenant", t.name)] = t.quota
+        for k in book.keys().values():
+            if not k.quota.empty():
+                scopes[("key", k.id)] = k.quota
+        self._book_scopes = scopes
+        for scope, st in list(self._states.items()):
+            q = scopes.get(scope)
+            if q is not None:
+                st.set_quota(q)
+            elif st.idle():
+                del self._states[scope]
+
+    def set_shares(self, shares: Mapping[Scope, float]) -> None:
+        """This router's fraction (0, 1] of each scope's rpm, tpm and concurrency; missing: 1.0."""
+        self._shares = {s: min(1.0, max(0.0, float(v))) for s, v in shares.items()}
+        for scope, st in self._states.items():
+            st.share = self._shares.get(scope, 1.0)
+
+    def set_spent(self, spent: Mapping[tuple[str, str, str], int], *, as_of: float | None = None) -> None:
+        """Budgets: the tokens the store counts per (kind, name, period) — every router's flushed
+        use. This router's own settled use is forgotten as far as the store now counts it: all of
+        it (``as_of`` None), or what was settled before ``as_of`` (wall time: the shell passes the
+        time its last successful flush drained the usage book, so use settled since is not lost
+        between a flush and the next read)."""
+        self._spent = dict(spent)
+        current = self._periods.at(self._wall) if self._wall else ()
+        for st in self._states.values():
+            if st.local:
+                st.forget_local(as_of, current)
+
+    # ------------------------------------------------------------------------------ a request
+    def _state(self, scope: Scope, quota: Quota) -> ScopeState:
+        st = self._states.get(scope)
+        if st is None:
+            st = self._states[scope] = ScopeState(scope, quota, self._shares.get(scope, 1.0))
+        elif st.quota is not quota and st.quota != quota:
+            st.set_quota(quota)
+        return st
+
+    def _states_of(self, p: Principal) -> tuple[ScopeState, ...]:
+        tq = p.tenant.quota
+        kq = p.key.quota if p.key is not None else None
+        out = []
+        if not tq.empty():
+            out.append(self._state(("tenant", p.tenant.name), tq))
+        if kq is not None and not kq.empty():
+            out.append(self._state(("key", p.key.id), kq))  # type: ignore[union-attr]
+        return tuple(out)
+
+    def admit(self, p: Principal, cost: int, now: float, wall: float) -> Grant:
+        """A :class:`Grant` for a request of ``cost`` tokens (prompt estimate + max_tokens), or
+        :class:`QuotaRefused` — nothing charged then."""
+        states = self._states_of(p)
+        if not states:
+            return Grant(p, cost)
+        self._now = max(self._now, now)
+        self._wall = wall
+        day, month = self._periods.at(wall)
+        for st in states:
+            st.asked(now)
+        for st in states:
+            self._check(st, cost, now, wall, day, month, states)
+        holds = []
+        for st in states:
+            q = st.quota
+            if q.rpm is not None:
+                st.rpm.level -= 1
+            if q.tpm is not None:
+                st.tpm.level -= cost
+            st.inflight += 1
+            if q.tokens_per_day is not None:
+                st.reserve(day, cost)
+                holds.append((st, day, cost))
+            if q.tokens_per_month is not None:
+                st.reserve(month, cost)
+                holds.append((st, month, cost))
+        return Grant(p, cost, states=states, holds=tuple(holds))
+
+    def _check(self, st: ScopeState, cost: int, now: float, wall: float, day: str, month: str,
+               states: tuple[ScopeState, ...]) -> None:
+        q, scope = st.quota, st.scope
+
+        def refuse(code: str, reason: str, message: str, retry: int) -> QuotaRefused:
+            return QuotaRefused(code, message, reason=reason, scope=scope, retry_after=retry,
+                                headers=self._headers(states, now))
+
+        for reason, budget, period in (("day", q.tokens_per_day, day), ("month", q.tokens_per_month, month)):
+            if budget is None:
+                continue
+            used = self._spent.get((scope[0], scope[1], period), 0) + st.used_here(period)
+            if used >= budget or used + cost > budget:
+                end = period_end(period)
+                raise refuse("insufficient_quota", reason,
+                             f"You exceeded your token budget for {_who(scope)} on {_WHAT[reason]}: limit "
+                             f"{budget}, used {used}, requested {cost}. It renews at {iso_utc(end)}.",
+                             _retry(end - wall))
+        if q.concurrency is not None:
+            cap = st.concurrency_cap()
+            if st.inflight >= cap:
+                raise refuse("rate_limit_exceeded", "concurrency",
+                             f"Too many concurrent requests for {_who(scope)}: limit "
+                             f"{_limit_text(st, q.concurrency, cap)}, in flight {st.inflight}. Retry after 1 s.", 1)
+        for reason, limit, bucket, need in (("rpm", q.rpm, st.rpm, 1), ("tpm", q.tpm, st.tpm, cost)):
+            if limit is None:
+                continue
+            if reason == "tpm" and 0 < limit < need:
+                raise refuse("rate_limit_exceeded", reason,
+                             f"Request too large for {_who(scope)} on {_WHAT[reason]}: limit {limit}, requested "
+                             f"{need} (the prompt and max_tokens): max_tokens too large for tpm; lower max_tokens.",
+                             60)
+            cap = st.capacity(limit)
+            level = bucket.refill(cap, now)
+            if limit == 0 or level < min(need, cap) - _EPS:
+                retry = _retry(bucket.until(cap, min(need, cap), now) if limit else math.inf, 60)
+                used = max(0, math.ceil(cap - level - _EPS))
+                extra = f", requested {need}" if reason == "tpm" else ""
+                raise refuse("rate_limit_exceeded", reason,
+                             f"Rate limit reached for {_who(scope)} on {_WHAT[reason]}: limit "
+                             f"{_limit_text(st, limit, cap)}, used {used}{extra}. Retry after {retry} s.", retry)
+
+    def settle(self, g: Grant, actual_tokens: int, now: float, wall: float) -> None:
+        """The request's real tokens (prompt + completion): the tpm buckets and budgets are
+        corrected by actual − charged. Once; later calls do nothing."""
+        if g.settled:
+            return
+        g.settled = True
+        actual = max(0, int(actual_tokens))
+        g.actual = actual
+        if not g.states:
+            return
+        self._now = max(self._now, now)
+        self._wall = max(self._wall, wall)
+        delta = actual - g.charged
+        for st in g.states:
+            if st.quota.tpm is not None and delta:
+                cap = st.capacity(st.quota.tpm)
+                st.tpm.refill(cap, now)
+                st.tpm.level = min(cap, st.tpm.level - delta)
+        for st, period, tokens in g.holds:
+            st.unreserve(period, tokens)
+        day, month = self._periods.at(wall)
+        second = int(wall)
+        for st in g.states:
+            if st.quota.tokens_per_day is not None:
+                st.add_local(day, second, actual)
+            if st.quota.tokens_per_month is not None:
+                st.add_local(month, second, actual)
+
+    def release(self, g: Grant) -> None:
+        """The request's concurrency back. Once; a grant not settled yet is settled at its charge
+        first (its budget hold must not outlive it)."""
+        if g.released:
+            return
+        if not g.settled:
+            self.settle(g, g.charged, self._now, self._wall)
+        g.released = True
+        for st in g.states:
+            st.inflight = max(0, st.inflight - 1)
+
+    # ------------------------------------------------------------------------------ reading
+    def headers(self, g: Grant, now: float) -> list[tuple[str, str]]:
+        """The x-ratelimit-* headers of the grant's tightest scopes (lowest remaining): the
+        requests' three when a scope has an rpm limit, the tokens' three when one has tpm. The
+        limit is this router's (``limit × share``); reset is the time until the bucket is full."""
+        return self._headers(g.states, now)
+
+    def _headers(self, states: tuple[ScopeState, ...], now: float) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for kind, attr in (("requests", "rpm"), ("tokens", "tpm")):
+            best: tuple[float, float, float] | None = None  # remaining, capacity, seconds to full
+            for st in states:
+                limit = getattr(st.quota, attr)
+                if limit is None:
+                    continue
+                bucket = st.rpm if attr == "rpm" else st.tpm
+                cap = st.capacity(limit)
+                level = bucket.level_at(cap, now)
+                if best is None or level < best[0]:
+                    best = (level, cap, bucket.until(cap, cap, now) if cap > 0 else 0.0)
+            if best is not None:
+                out += [(f"x-ratelimit-limit-{kind}", str(math.floor(best[1] + _EPS))),
+                        (f"x-ratelimit-remaining-{kind}", str(max(0, math.floor(best[0] + _EPS)))),
+                        (f"x-ratelimit-reset-{kind}", reset_text(best[2]))]
+        return out
+
+    def use(self, now: float, wall: float | None = None) -> dict[Scope, dict[str, Any]]:
+        """Per scope of the book with a limit: ``rpm``/``tpm`` {limit, remaining}, ``concurrency``
+        {limit, inflight}, ``day``/``month`` {limit, used} — only the limits it has. ``wall``
+        defaults to the last one seen (the budgets' periods)."""
+        day, month = self._periods.at(wall if wall is not None else self._wall)
+        out: dict[Scope, dict[str, Any]] = {}
+        for scope, q in self._book_scopes.items():
+            st = self._states.get(scope) or ScopeState(scope, q, self._shares.get(scope, 1.0))
+            d: dict[str, Any] = {}
+            for attr, bucket in (("rpm", st.rpm), ("tpm", st.tpm)):
+                limit = getattr(q, attr)
+                if limit is not None:
+                    d[attr] = {"limit": limit,
+                               "remaining": max(0, math.floor(bucket.level_at(st.capacity(limit), now) + _EPS))}
+            if q.concurrency is not None:
+                d["concurrency"] = {"limit": q.concurrency, "inflight": st.inflight}
+            for name, budget, period in (("day", q.tokens_per_day, day), ("month", q.tokens_per_month, month)):
+                if budget is not None:
+                    d[name] = {"limit": budget,
+                               "used": self._spent.get((scope[0], scope[1], period), 0) + st.used_here(period)}
+            out[scope] = d
+        return out
+
+    def demand(self, now: float | None = None) -> dict[Scope, float]:
+        """Per scope with a per-minute limit (rpm, tpm or concurrency): requests per minute this
+        router was asked lately (admitted and refused), as of ``now`` (default: the last seen);
+        scopes asked nothing lately are left out."""
+        t = self._now if now is None else now
+        out = {}
+        for scope, st in self._states.items():
+            q = st.quota
+            if q.rpm is None and q.tpm is None and q.concurrency is None:
+                continue
+            d = st.demand_at(t)
+            if d >= 1e-3:
+                out[scope] = d
+        return out
