@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+import trio
 
 from llmgw.config import parse_config
 from llmgw.daemon.control.store.guard import StoreGuard, StoreUnavailable
@@ -164,17 +165,17 @@ def test_usage_is_flushed_and_put_back_when_the_store_refuses_it() -> None:
     broken.broken = True
     start = sync.flushed_as_of
     plane.clock[0] += 10
-    assert not sync.flush()
+    assert not trio.run(sync.flush)
     assert plane.router.usage and sync.flushed_as_of == start  # kept for the next flush
     broken.broken = False
     plane.guard.try_recover()
     plane.router.usage.append(UsageRecord(minute, "a", "k", "m", 1, 1, 0, 1, 0))
     plane.clock[0] += 10
-    assert sync.flush() and plane.router.usage == []
+    assert trio.run(sync.flush) and plane.router.usage == []
     assert sync.flushed_as_of == plane.clock[0]
     (got,) = st.usage(0)
     assert (got.requests, got.prompt_tokens, got.completion_tokens) == (2, 11, 6)
-    sync.sync_spent()
+    trio.run(sync.sync_spent)
     spent, as_of = plane.router.spent[-1]
     assert spent == {("tenant", "a", "day:2026-01-01"): 17, ("tenant", "a", "month:2026-01"): 17,
                      ("key", "k", "day:2026-01-01"): 17, ("key", "k", "month:2026-01"): 17}
@@ -182,7 +183,7 @@ def test_usage_is_flushed_and_put_back_when_the_store_refuses_it() -> None:
 
 
 def test_alone_on_its_store_a_router_has_every_limit_whole(plane: FakePlane) -> None:
-    plane.tenants.sync.sync_shares()
+    trio.run(plane.tenants.sync.sync_shares)
     assert plane.router.shares == [{}]
 
 
@@ -191,16 +192,16 @@ def test_the_rollup_runs_at_the_leader_once_an_hour() -> None:
     follower, leader = FakePlane(st, lead=False), FakePlane(st)
     minute = int(leader.clock[0]) // 60 * 60 - 7200
     st.add_usage("r-x", [UsageRecord(minute, "a", "k", "m", 1, 1, 0, 1, 0)])
-    follower.tenants.sync.rollup()
+    trio.run(follower.tenants.sync.rollup)
     assert follower.tenants.sync.rolled == 0
-    leader.tenants.sync.rollup()
+    trio.run(leader.tenants.sync.rollup)
     assert leader.tenants.sync.rolled == 1
     st.add_usage("r-x", [UsageRecord(minute + 7260, "a", "k", "m", 1, 1, 0, 1, 0)])  # 10:01, this hour's
     leader.clock[0] += 600
-    leader.tenants.sync.rollup()  # within the hour: not again
+    trio.run(leader.tenants.sync.rollup)  # within the hour: not again
     assert leader.tenants.sync.rolled == 1
     leader.clock[0] += 3600
-    leader.tenants.sync.rollup()
+    trio.run(leader.tenants.sync.rollup)
     assert leader.tenants.sync.rolled == 2
 
 

@@ -14,8 +14,11 @@ accounting" and "Several routers"): three loops the daemon starts beside the pla
   one rolled up, then raw records past ``raw_retention_h`` and hourly ones past
   ``hourly_retention_days`` pruned.
 
-A store that cannot answer costs a round of a loop, never the router: it is logged once while it
-lasts (the StoreGuard's own report) and the loop goes on."""
+With several routers every call runs on Leadership's own store connection in a worker thread (as
+its lease and polling do), so a slow or unreachable store never stalls routing; alone on its store,
+a router calls its local file through the plane's StoreGuard. A store that cannot answer costs a
+round of a loop, never the router: it is said once while it lasts (where the store is met) and the
+loop goes on."""
 
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ log = logging.getLogger("llmgw.tenants")
 __all__ = ["UsageSync", "period_starts", "scope_key", "scope_of"]
 
 ROLLUP_EVERY_S = 3600.0
+STOP_FLUSH_S = 2.0  # the last flush at a stop waits this long at most
 ROLLUP_CHECK_S = 60.0  # a router that takes the lead rolls up within this
 DEMAND_STALE_SYNCS = 3  # a router's demand older than this many share_sync_s is not counted
 LIVE_LEASES = 3  # a router whose row is older than this many leases is not live (daemon/control/leader.py)
@@ -72,31 +76,52 @@ class UsageSync:
     def cfg(self) -> Any:
         return self.plane.cfg.tenants
 
+    # -- the store ------------------------------------------------------------------------------------
+    async def _store(self, op: str, fn: Callable[[Any], Any]) -> Any:
+        """`fn(store)`: with several routers on Leadership's connection in a worker thread (a slow or
+        unreachable store never stalls routing; its faults are logged once there), alone on the
+        plane's through its guard (skipped while the guard is degraded: it probes by itself).
+        Raises StoreUnavailable, or the store's fault, when it cannot be done."""
+        ld = self.plane.leadership
+        if ld is not None:
+            return await ld._call(fn, ld.store)
+        guard = self.plane.guard
+        if guard.degraded:
+            raise StoreUnavailable(guard.reason, guard.detail)
+        return guard.read(op, fn)
+
+    def _failed(self, what: str, e: Exception) -> None:
+        ld = self.plane.leadership
+        faults = ld.store.faults if ld is not None else self.plane.store.faults
+        if not isinstance(e, (StoreUnavailable, *faults)):  # a store's fault is said where it is met
+            log.error("tenants: %s failed", what, exc_info=e)
+
     # -- flush --------------------------------------------------------------------------------------
-    def flush(self) -> bool:
+    async def flush(self) -> bool:
         """This router's records since the last flush into the store; kept for the next if not."""
-        router = self.plane.router
+        router, me = self.plane.router, self.plane.router_id
         drained_at = self.wall()
         records = router.usage_drain()
-        if not records or self.plane.guard.write("add_usage", self.plane.router_id, records):
-            self.flushed += len(records)
-            self.flushed_as_of = drained_at  # put-back records come again with each drain: all of it is in
-            return True
-        router.usage_put_back(records)
-        self.flush_failures += 1
-        return False
+        if records:
+            try:
+                await self._store("add_usage", lambda st: st.add_usage(me, records))
+            except Exception as e:  # noqa: BLE001 — kept, and said once
+                router.usage_put_back(records)
+                self.flush_failures += 1
+                self._failed("the usage flush", e)
+                return False
+        self.flushed += len(records)
+        self.flushed_as_of = drained_at  # put-back records come again with each drain: all of it is in
+        return True
 
     async def flush_loop(self) -> None:
         try:
             while True:
                 await trio.sleep(self.cfg.usage_flush_s)
-                self.flush()
+                await self.flush()
         finally:
-            with trio.CancelScope(shield=True):  # a stop: the last records too
-                try:
-                    self.flush()
-                except Exception:  # noqa: BLE001 — a stop must not fail for it
-                    log.exception("the last usage flush failed")
+            with trio.CancelScope(shield=True), trio.move_on_after(STOP_FLUSH_S):  # a stop: the last records too
+                await self.flush()
 
     # -- shares and budgets -------------------------------------------------------------------------
     def limited_scopes(self) -> list[tuple[str, str]]:
@@ -110,17 +135,20 @@ class UsageSync:
                     out.append((kind, name))
         return out
 
-    def sync_shares(self) -> None:
+    async def sync_shares(self) -> None:
         plane, router = self.plane, self.plane.router
         ld = plane.leadership
         if ld is None:  # alone on its store: the whole of every limit
             router.set_quota_shares({})
             return
-        me = plane.router_id
-        guard = plane.guard
+        me, max_age = plane.router_id, DEMAND_STALE_SYNCS * self.cfg.share_sync_s
         demand = {scope_key(s): float(v) for s, v in router.quota_demand().items()}
-        guard.write("put_demand", me, demand)
-        stored = guard.read("demands", lambda st: st.demands(DEMAND_STALE_SYNCS * self.cfg.share_sync_s))
+
+        def exchange(st: Any) -> dict[str, dict[str, float]]:
+            st.put_demand(me, demand)
+            return st.demands(max_age)
+
+        stored = await self._store("demands", exchange)
         live = set(ld.live_routers()) | {me}
         demands = {rid: {sc: v for k, v in d.items() if (sc := scope_of(k)) is not None}
                    for rid, d in stored.items() if rid in live}
@@ -128,46 +156,44 @@ class UsageSync:
 
         router.set_quota_shares(shares(self.limited_scopes(), me, demands, sorted(live)))
 
-    def sync_spent(self) -> None:
+    async def sync_spent(self) -> None:
         day, month = period_starts(self.wall())
         as_of = self.flushed_as_of  # before the read: a flush meanwhile is counted in the figures, not twice
-        spent = self.plane.guard.read("spent", lambda st: st.spent(day, month))
+        spent = await self._store("spent", lambda st: st.spent(day, month))
         self.plane.router.set_spent(spent, as_of=as_of)
 
     async def share_loop(self) -> None:
         while True:
             for step in (self.sync_shares, self.sync_spent):
                 try:
-                    step()
-                except StoreUnavailable:
-                    pass  # the guard said it; the router keeps its last shares and figures
-                except Exception:  # noqa: BLE001 — a bug: said, and the next round tries again
-                    log.exception("tenants: %s failed", step.__name__)
+                    await step()
+                except Exception as e:  # noqa: BLE001 — the router keeps its last shares and figures
+                    self._failed(step.__name__, e)
             await trio.sleep(self.cfg.share_sync_s)
 
     # -- roll-up and retention (the leader) -----------------------------------------------------------
-    def rollup(self) -> None:
+    async def rollup(self) -> None:
         """Roll up and prune, if this router leads and has not in the last hour."""
         now, c = self.wall(), self.cfg
         if not self.plane.leading() or now - self._rolled_at < ROLLUP_EVERY_S:
             return
-        guard = self.plane.guard
-        before = self.rolled
-        try:
-            self.rolled += guard.must_write("rollup_usage", now)
-            guard.must_write("prune_usage", now - c.raw_retention_h * 3600.0, now - c.hourly_retention_days * 86400.0)
-        except StoreUnavailable:
-            return
+        raw_before, hourly_before = now - c.raw_retention_h * 3600.0, now - c.hourly_retention_days * 86400.0
+
+        def roll(st: Any) -> tuple[int, int]:
+            return st.rollup_usage(now), st.prune_usage(raw_before, hourly_before)
+
+        rolled, pruned = await self._store("rollup_usage", roll)
         self._rolled_at = now
-        if self.rolled > before:
-            log.info("usage: %d raw records rolled up into hours", self.rolled - before)
+        self.rolled += rolled
+        if rolled or pruned:
+            log.info("usage: %d raw records rolled up into hours, %d past retention pruned", rolled, pruned)
 
     async def rollup_loop(self) -> None:
         while True:
             try:
-                self.rollup()
-            except Exception:  # noqa: BLE001
-                log.exception("tenants: the usage roll-up failed")
+                await self.rollup()
+            except Exception as e:  # noqa: BLE001
+                self._failed("the usage roll-up", e)
             await trio.sleep(ROLLUP_CHECK_S)
 
     async def run(self) -> None:
