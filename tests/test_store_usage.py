@@ -131,3 +131,15 @@ def test_usage_writes_are_unfenced_and_survive_a_reopen(reopenable: Callable[[],
         assert st.rollup_usage(H10 + H) == 0  # the watermark was kept
     finally:
         st.close()
+
+
+def test_write_docs_is_all_or_none(any_store: FleetStore) -> None:
+    any_store.put_doc("tenant", "a", {"name": "a"})
+    any_store.put_doc("api_key", "k1", {"id": "k1"})
+    g0 = any_store.generation()
+    with pytest.raises(ValueError):  # the second put's kind is unknown: the first is not kept either
+        any_store.write_docs([("api_key", "k2", {"id": "k2"}), ("nope", "x", {})], [("tenant", "a")])
+    assert set(any_store.docs("api_key")) == {"k1"} and set(any_store.docs("tenant")) == {"a"}
+    any_store.write_docs([("api_key", "k2", {"id": "k2"})], [("api_key", "k1"), ("tenant", "a")])
+    assert set(any_store.docs("api_key")) == {"k2"} and any_store.docs("tenant") == {}
+    assert any_store.generation() == g0 + 1  # one transaction: followers reload once
