@@ -143,3 +143,11 @@ def test_write_docs_is_all_or_none(any_store: FleetStore) -> None:
     any_store.write_docs([("api_key", "k2", {"id": "k2"})], [("api_key", "k1"), ("tenant", "a")])
     assert set(any_store.docs("api_key")) == {"k2"} and any_store.docs("tenant") == {}
     assert any_store.generation() == g0 + 1  # one transaction: followers reload once
+
+
+def test_a_forwarded_answer_is_deleted_as_it_is_taken(any_store: FleetStore) -> None:
+    qid = any_store.queue_admin(1, {"method": "POST"})
+    assert any_store.take_admin_answer(qid) is None  # not answered yet: left for the leader
+    any_store.answer_admin(qid, {"status": 201, "body": "c2stbGxtZ3ct"})
+    assert any_store.take_admin_answer(qid) == {"status": 201, "body": "c2stbGxtZ3ct"}
+    assert any_store.admin_answer(qid) is None and any_store.take_admin_answer(qid) is None

@@ -165,6 +165,10 @@ class FleetStore(Protocol):
 
     def admin_answer(self, qid: int) -> dict[str, Any] | None: ...
 
+    def take_admin_answer(self, qid: int) -> dict[str, Any] | None:
+        """admin_answer, and the request's row deleted once it is answered (its answer may hold a secret)."""
+        ...
+
     def prune_admin(self, older_than_s: float) -> int: ...
 
     # -- tenants' usage and quota demand (store/usage_rows.py; every write unfenced) -----------------

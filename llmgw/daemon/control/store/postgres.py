@@ -392,6 +392,13 @@ class PgStore(PgUsageMixin, FleetRowsMixin):
         row = self._x("SELECT answer FROM admin_queue WHERE id = %s", (int(qid),)).fetchone()
         return None if row is None or row[0] is None else json.loads(row[0])
 
+    def take_admin_answer(self, qid: int) -> dict[str, Any] | None:
+        """The answer, if there is one yet, and the request's row deleted with it: an answer may hold
+        a secret (a new API key's) that must not stay in the store."""
+        row = self._x("DELETE FROM admin_queue WHERE id = %s AND answer IS NOT NULL RETURNING answer",
+                      (int(qid),)).fetchone()
+        return None if row is None else json.loads(row[0])
+
     def prune_admin(self, older_than_s: float) -> int:
         return self._x("DELETE FROM admin_queue WHERE created_at < extract(epoch from clock_timestamp()) - %s",
                        (float(older_than_s),)).rowcount
