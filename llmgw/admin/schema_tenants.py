@@ -30,7 +30,7 @@ class _TenantFields:
     name: str = prop("1–63 characters of a-z, 0-9, '.', '_', '-', starting with a letter or digit")
     band: str = prop(f"priority band under saturation: {', '.join(BANDS)} (highest served first)", "normal")
     weight: float = prop("its share against the other tenants of its band (weighted fair queueing), in (0, 1000]",
-                         1.0)
+                         1.0, minimum=0, maximum=1000)
     quota: QuotaLimits | None = prop("its limits", None)
     models: list[str] | None = prop("the models its keys may use; null: every model", None)
     description: str = prop("", "", maxLength=1000)
@@ -48,16 +48,16 @@ class _KeyFields:
 _BAND_ENUM = {"band": {"enum": list(BANDS)}}
 TenantBody = Annotated[dict[str, Any], Shape(
     _TenantFields, "TenantBody", "A new tenant; every field but name may be left out.",
-    refine=_BAND_ENUM, example={"name": "team-a", "band": "high", "quota": {"rpm": 600, "tokens_per_day": 2000000}})]
+    refine=_BAND_ENUM, nulls=True, example={"name": "team-a", "band": "high", "quota": {"rpm": 600, "tokens_per_day": 2000000}})]
 TenantPatch = Annotated[dict[str, Any], Shape(
     _TenantFields, "TenantPatch", "The fields to change (not name); quota is merged limit by limit, a null "
-                                  "limit removes it.", refine=_BAND_ENUM, example={"weight": 2, "quota": {"rpm": None}})]
+                                  "limit removes it.", refine=_BAND_ENUM, nulls=True, example={"weight": 2, "quota": {"rpm": None}})]
 KeyBody = Annotated[dict[str, Any], Shape(
     _KeyFields, "KeyBody", "A new key's settings; all may be left out (an empty object).",
-    example={"name": "ci", "expires_at": 1798761600, "models": ["llama-3-8b"]})]
+    nulls=True, example={"name": "ci", "expires_at": 1798761600, "models": ["llama-3-8b"]})]
 KeyPatch = Annotated[dict[str, Any], Shape(
     _KeyFields, "KeyPatch", "The fields to change; quota is merged limit by limit, a null limit removes it.",
-    example={"quota": {"rpm": 60}})]
+    nulls=True, example={"quota": {"rpm": 60}})]
 
 
 @dataclass(slots=True)
