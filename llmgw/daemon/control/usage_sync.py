@@ -31,6 +31,9 @@ from typing import Any
 import trio
 
 from llmgw.daemon.control.store.guard import StoreUnavailable
+from llmgw.tenants.model import TenantError
+from llmgw.tenants.shares import scope_key, shares
+from llmgw.tenants.shares import scope_of as parse_scope
 
 log = logging.getLogger("llmgw.tenants")
 
@@ -43,14 +46,12 @@ DEMAND_STALE_SYNCS = 3  # a router's demand older than this many share_sync_s is
 LIVE_LEASES = 3  # a router whose row is older than this many leases is not live (daemon/control/leader.py)
 
 
-def scope_key(scope: tuple[str, str]) -> str:
-    """("tenant", "a") → "tenant:a", as the store keeps demand."""
-    return f"{scope[0]}:{scope[1]}"
-
-
 def scope_of(key: str) -> tuple[str, str] | None:
-    kind, sep, name = key.partition(":")
-    return (kind, name) if sep and kind in ("tenant", "key") and name else None
+    """A stored demand's scope ("tenant:a" → ("tenant", "a")), None for one this router cannot read."""
+    try:
+        return parse_scope(key)
+    except TenantError:
+        return None
 
 
 def period_starts(wall: float) -> tuple[float, float]:
@@ -152,8 +153,6 @@ class UsageSync:
         live = set(ld.live_routers()) | {me}
         demands = {rid: {sc: v for k, v in d.items() if (sc := scope_of(k)) is not None}
                    for rid, d in stored.items() if rid in live}
-        from llmgw.tenants.shares import shares  # P1's; at module level once merged
-
         router.set_quota_shares(shares(self.limited_scopes(), me, demands, sorted(live)))
 
     async def sync_spent(self) -> None:
