@@ -209,3 +209,32 @@ def test_helpers() -> None:
     assert scope_of(scope_key(("tenant", "a"))) == ("tenant", "a") and scope_of("key:abc") == ("key", "abc")
     assert scope_of("nope") is None and scope_of("model:x") is None
     assert period_starts(1_767_225_600.0 + 40 * 86400 + 5) == (1_767_225_600.0 + 40 * 86400, 1_769_904_000.0)
+
+
+class FakeLeadership:
+    """Leadership's part the loops use: its own store connection, called "in a worker thread"."""
+
+    def __init__(self, store: Store, live: list[str]) -> None:
+        self.store = store
+        self.live = live
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    def live_routers(self) -> dict[str, Any]:
+        return {rid: object() for rid in self.live}
+
+
+def test_several_routers_share_each_limit_by_demand() -> None:
+    st = Store.memory()
+    plane = FakePlane(st)
+    plane.leadership = FakeLeadership(st, ["r-me", "r-other", "r-gone"])
+    plane.tenants.load()
+    plane.tenants.create_tenant({"name": "a", "quota": {"rpm": 100}})
+    plane.tenants.create_tenant({"name": "b", "quota": {"tokens_per_day": 100}})  # a budget: not shared
+    st.put_demand("r-other", {"tenant:a": 30.0, "bad scope": 1.0})
+    plane.router.demand = {("tenant", "a"): 10.0}
+    plane.leadership.live = ["r-me", "r-other"]
+    trio.run(plane.tenants.sync.sync_shares)
+    assert plane.router.shares[-1] == {("tenant", "a"): pytest.approx(0.25)}
+    assert st.demands()["r-me"] == {"tenant:a": 10.0}
