@@ -104,36 +104,36 @@ class RouterPort(Protocol):
         """The other live routers' peer feeds, ``{router_id: "host:port"}``: this router
         subscribes to exactly these from now on (nothing when it runs no feed)."""
 
-    # -- tenants (docs/tenants.md) ----------------------------------------------------------------
+    # -- tenants: keys, quotas, usage (docs/tenants.md) ------------------------------------------
     def set_tenants(self, book: TenantBook) -> None:
-        """The tenants and keys requests are authenticated and limited by, from now on (the
-        quotas' state of each scope is kept across books)."""
+        """The store's tenants and keys (and the config's static keys): who may send what, from the
+        next request on. Quota state (buckets, budgets used) carries over."""
 
     def usage_drain(self) -> list[UsageRecord]:
-        """The usage records since the last drain (the plane flushes them to the store)."""
+        """This router's usage since the last drain, by minute, tenant, key and model (the flush)."""
 
     def usage_put_back(self, records: list[UsageRecord]) -> None:
-        """Drained records the store did not take: merged into the next drain."""
+        """A drained batch the store did not take: kept (merged) for the next flush."""
 
     def usage_peek(self) -> list[UsageRecord]:
-        """The records not drained yet, left in place (the admin API's usage adds them)."""
+        """What the next drain would give, left in place (the admin API adds it to the store's)."""
 
     def quota_demand(self) -> dict[tuple[str, str], float]:
-        """This router's recent demand (requests per minute asked) per quota scope with a
-        per-minute limit, ("tenant", name) or ("key", id)."""
+        """Per quota scope, ``("tenant", name)`` or ``("key", id)``, this router's recent demand
+        in requests per minute (several routers share limits by it)."""
 
     def set_quota_shares(self, shares: Mapping[tuple[str, str], float]) -> None:
-        """This router's fraction (0–1] of each scope's per-minute limits; a missing scope: 1."""
+        """This router's fraction (0–1] of each scope's rpm, tpm and concurrency (missing: 1)."""
 
     def set_spent(self, spent: Mapping[tuple[str, str, str], int], *, as_of: float | None = None) -> None:
-        """Tokens every router has flushed, per (kind, name, period): what budgets count from;
-        `as_of`: the wall time of this router's last flush the store took (Limiter.set_spent)."""
+        """Tokens the store knows as used per (kind, name, period: "day:YYYY-MM-DD" | "month:YYYY-MM");
+        `as_of`: the wall time of the last successful flush's drain (Limiter.set_spent)."""
 
     def quota_use(self) -> dict[tuple[str, str], dict[str, Any]]:
         """Per scope: rpm/tpm {limit, remaining}, concurrency {limit, inflight}, day/month {limit, used}."""
 
     def queue_by_tenant(self) -> dict[str, dict[str, Any]]:
-        """Per tenant waiting in the admission queues: {waiting, cost, share}."""
+        """Per tenant, over every model's wait queue: {waiting, cost, share} ({} without fair queueing)."""
 
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:
