@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from llmgw.daemon.control.store.port import FleetStore
 from llmgw.daemon.control.store.sqlite import Store
 from llmgw.tenants.usage import UsageRecord
 
@@ -19,13 +20,25 @@ from .ha_cluster import Cluster
 from .test_sim_vllm import wait_for
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, [], routers=2)
+@pytest.fixture(params=["sqlite", "postgresql"])
+def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """Two routers on one SQLite file shared on this host, or on a PostgreSQL database (skipped with
+    the reason when no test server can run)."""
+    store = {"url": request.getfixturevalue("pg_url")} if request.param == "postgresql" else None
+    c = Cluster(tmp_path, [], routers=2, store=store)
     try:
         yield c
     finally:
         c.close()
+
+
+def _open(c: Cluster) -> FleetStore:
+    url = c.store.get("url")
+    if not url:
+        return Store.open(str(c.tmp / "router.db"))
+    from llmgw.daemon.control.store.postgres import PgStore  # psycopg: the postgres extra
+
+    return PgStore.open(url)
 
 
 def _key(c: Cluster, i: int, kid: str) -> dict[str, Any] | None:
@@ -60,7 +73,7 @@ def test_usage_of_every_router_is_in_each_report(cluster: Cluster) -> None:
     c = cluster
     c.wait_leader()
     now = int(time.time()) // 60 * 60
-    with Store.open(str(c.tmp / "router.db")) as st:  # two routers' flushes, as each writes its own
+    with _open(c) as st:  # two routers' flushes, as each writes its own
         st.add_usage("router-x", [UsageRecord(now, "t", "k1", "m", 2, 20, 0, 10, 0)])
         st.add_usage("router-y", [UsageRecord(now, "t", "k1", "m", 1, 5, 0, 5, 1)])
     for i in (0, 1):
