@@ -95,10 +95,10 @@ def _use_of(use: dict[Any, Any], kind: str, name: str) -> dict[str, Any]:
 def _views(app: Any, only: str | None = None) -> list[TenantView]:
     m = app.control.tenants
     now = m.wall()
-    tenants: list[Tenant] = list(m.tenants.values())
-    api_keys = app.control.cfg.server.api_keys
+    c, api_keys = app.control.cfg.tenants, app.control.cfg.server.api_keys
+    # a stored tenant of the static one's name (made before [tenants] static_tenant named it) is not used
+    tenants: list[Tenant] = [t for t in m.tenants.values() if t.name != c.static_tenant]
     if api_keys:
-        c = app.control.cfg.tenants
         tenants.insert(0, replace(static_tenant(c.static_tenant), band=c.static_band))
     if only is not None:
         tenants = [t for t in tenants if t.name == only]
