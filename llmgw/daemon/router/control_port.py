@@ -133,7 +133,7 @@ class RouterPort(Protocol):
         """Per scope: rpm/tpm {limit, remaining}, concurrency {limit, inflight}, day/month {limit, used}."""
 
     def queue_by_tenant(self) -> dict[str, dict[str, Any]]:
-        """Per tenant, over every model's wait queue: {waiting, cost, share} ({} without fair queueing)."""
+        """Per tenant, over every model's wait queue: {waiting, cost, share}."""
 
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:
