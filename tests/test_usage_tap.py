@@ -110,6 +110,10 @@ def test_malformed_usage_is_no_usage() -> None:
         assert tap.usage is None, u
     tap, _ = relay(b'{"usage": {"prompt_tokens": 1, ', [], stream=False, strip=False)
     assert tap.usage is None
+    tap, _ = relay(b'{"choices": [{"text": "usage"}], "usage" :\n {"prompt_tokens": 2}}', [], stream=False, strip=False)
+    assert tap.usage == (2, 0, 0)  # a value "usage" is no member; spaces around the colon are
+    tap, sink = relay(ev({"choices": [{"text": "usage"}]}) + b"data: [DONE]\n\n", [], stream=True, strip=True)
+    assert tap.usage is None and sink.out.count(b"data:") == 2
 
 
 def test_the_body_asks_for_usage() -> None:

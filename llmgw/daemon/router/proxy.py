@@ -14,7 +14,6 @@ response unfinished (no last chunk), after an in-band error event on a stream.""
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 import hmac
 import json
 import logging
@@ -328,7 +327,7 @@ class Router:
                 core.refused(plan, trio.current_time(), e.status)
                 e.counted = True
                 raise
-            plan.tenant = replace(tag, cost=adm.cost)  # type: ignore[type-var]
+            plan.tenant = self.tenancy.tag(principal, adm.cost)
         headers = [("content-type", "application/json"), ("x-request-id", rid)]
         try:
             while True:

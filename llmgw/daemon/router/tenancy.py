@@ -33,11 +33,12 @@ from llmgw.route.plan import Plan
 from llmgw.route.types import TenantTag
 from llmgw.tenants.book import AuthRefused, Principal, TenantBook
 from llmgw.tenants.limits import Grant, Limiter, QuotaRefused
-from llmgw.tenants.model import band_rank
+from llmgw.tenants.model import BANDS, band_rank
 from llmgw.tenants.usage import UsageBook
 
 __all__ = ["Admitted", "Tenancy", "TenantMetrics", "quota_error"]
 
+_RANKS = {b: band_rank(b) for b in BANDS}
 REASONS = ("rpm", "tpm", "concurrency", "day", "month", "auth", "model")  # llmgw_ratelimited_total's
 
 
@@ -108,10 +109,10 @@ class Tenancy:
             return False
         return True
 
-    def tag(self, p: Principal) -> TenantTag:
-        """`p` as the wait queue and the trace see it (cost 0: the shell sets it once admitted)."""
-        return TenantTag(tenant=p.tenant.name, key=p.key_id, band=band_rank(p.band), band_name=p.band,
-                         weight=p.weight, cost=0)
+    def tag(self, p: Principal, cost: int = 0) -> TenantTag:
+        """`p` as the wait queue and the trace see it, with `cost` (the shell plans with cost 0 and
+        sets the Admitted's once admitted)."""
+        return TenantTag(p.tenant.name, p.key_id, _RANKS[p.band], p.band, p.weight, cost)
 
     def admit(self, p: Principal, plan: Plan) -> Admitted:
         """May `p` send this planned request? 403 (a model it may not use), 429 (a quota), each
@@ -170,15 +171,15 @@ class Tenancy:
             prompt = cached = completion = 0
         p = adm.principal
         tenant = p.tenant.name
-        now = self._clock()
-        self.limiter.settle(adm.grant, prompt + completion, now, self._wall())
+        wall = self._wall()
+        self.limiter.settle(adm.grant, prompt + completion, self._clock(), wall)
         self.limiter.release(adm.grant)
         n = self.inflight.get(tenant, 0) - 1
         if n > 0:
             self.inflight[tenant] = n
         else:
             self.inflight.pop(tenant, None)
-        self.usage.add(tenant, p.key_id, adm.model, wall=self._wall(), prompt=prompt, cached=cached,
+        self.usage.add(tenant, p.key_id, adm.model, wall=wall, prompt=prompt, cached=cached,
                        completion=completion, error=broken or status is None or not 200 <= status < 300)
         return note
 

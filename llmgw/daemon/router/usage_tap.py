@@ -32,6 +32,7 @@ _TAIL = 16384  # a non-streamed body's last bytes kept: its usage object is near
 _HOLD_MAX = 1 << 16  # a stream without event separators this long is forwarded as it is
 _decode = json.JSONDecoder().raw_decode
 _INJECT = b',"stream_options":{"include_usage":true}}'
+_NO_CHOICES = b'"choices":[]'  # the usage-only chunk (vLLM's and llama.cpp's compact JSON)
 
 
 def client_asked_usage(body: dict[str, Any]) -> bool:
@@ -123,39 +124,42 @@ class UsageTap:
     def _body_usage(self) -> None:
         tail = self.tail
         at = tail.rfind(_USAGE)
-        if at < 0:
-            return
-        i = at + len(_USAGE)
-        n = len(tail)
-        while i < n and tail[i] in b" \t\r\n:":
-            i += 1
-        try:
-            obj, _ = _decode(tail[i:].decode("utf-8", "replace"))
-        except ValueError:
-            return
-        self.usage = _usage_of(obj)
+        if at >= 0:
+            self.usage = _usage_at(tail, at)
 
     def _stream_usage(self, data: bytes) -> bytes:
-        """The events of ``data`` that mention usage parsed; the usage-only chunk dropped when
-        ``strip``. Events without it pass as they are."""
+        """The events of ``data`` that mention usage read (only their ``usage`` object decoded);
+        the usage-only chunk (``"choices":[]``) dropped when ``strip``. Events without it pass
+        as they are."""
         out: list[bytes] = []
         dropped = False
         for ev in data.split(b"\n\n"):
-            if _USAGE in ev:
-                at = ev.find(b"data:")
-                try:
-                    obj = json.loads(ev[at + 5:]) if at >= 0 else None
-                except ValueError:
-                    obj = None
-                if isinstance(obj, dict):
-                    u = _usage_of(obj.get("usage"))
-                    if u is not None:
-                        self.usage = u
-                        if self.strip and obj.get("choices") == []:
-                            dropped = True
-                            continue
+            at = ev.rfind(_USAGE)
+            if at >= 0:
+                u = _usage_at(ev, at)
+                if u is not None:
+                    self.usage = u
+                    if self.strip and _NO_CHOICES in ev:
+                        dropped = True
+                        continue
             out.append(ev)
         return b"\n\n".join(out) if dropped else data
+
+
+def _usage_at(buf: bytes, at: int) -> tuple[int, int, int] | None:
+    """The usage object of the member ``"usage": {...}`` whose name starts at ``at`` (JSON text
+    escapes the quotes of any ``"usage"`` inside a string, so an unescaped one is a name or a
+    whole string value; a value is followed by no colon and gives None)."""
+    i, n = at + len(_USAGE), len(buf)
+    while i < n and buf[i] in b" \t\r\n":
+        i += 1
+    if i >= n or buf[i] != 58:  # ':'
+        return None
+    try:
+        obj, _ = _decode(buf[i + 1:].decode("utf-8", "replace").lstrip())
+    except ValueError:
+        return None
+    return _usage_of(obj)
 
 
 class _BodyTap(UsageTap):
