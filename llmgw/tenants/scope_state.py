@@ -56,10 +56,22 @@ class Bucket:
         return level + (capacity - self.cap)
 
     def refill(self, capacity: float, now: float) -> float:
-        self.level = self._at(capacity, now)
-        self.t = now if self.t is None else max(self.t, now)
+        t = self.t
+        if t is None:
+            level = capacity
+            self.t = now
+        else:
+            cap = self.cap
+            level = self.level
+            if now > t:
+                level += (now - t) * cap / 60.0
+                self.t = now
+            if level > cap:
+                level = cap
+            level += capacity - cap
+        self.level = level
         self.cap = capacity
-        return self.level
+        return level
 
     def level_at(self, capacity: float, now: float) -> float:
         """The level at ``now`` without touching the bucket."""
