@@ -378,8 +378,9 @@ class Limiter:
 
     def demand(self, now: float | None = None) -> dict[Scope, float]:
         """Per scope with a per-minute limit (rpm, tpm or concurrency): requests per minute this
-        router was asked lately (admitted and refused), as of ``now`` (default: the last seen);
-        scopes asked nothing lately are left out."""
+        router was asked lately (admitted and refused), as of ``now`` (monotonic; default the last
+        time a request was seen — pass it: an idle router's demand must decay, or it keeps the
+        share it had when last asked); scopes asked nothing lately are left out."""
         t = self._now if now is None else now
         out = {}
         for scope, st in self._states.items():
