@@ -272,7 +272,7 @@ class Limiter:
         bucket = st.rpm if reason == "rpm" else st.tpm
         cap = st.capacity(limit)
         level = bucket.level_at(cap, now)
-        retry = _retry(bucket.until(cap, min(need, cap), now) if limit else math.inf, 60)
+        retry = _retry(bucket.until(cap, min(need, cap), now) if limit else math.inf)
         used = max(0, math.ceil(cap - level - _EPS))
         extra = f", requested {need}" if reason == "tpm" else ""
         return QuotaRefused("rate_limit_exceeded",
