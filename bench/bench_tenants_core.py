@@ -6,7 +6,8 @@ with 1,000 tenants and 1,000 keys against a book with none (and with one static 
 Each request presents a different key, picked at random among the thousand (so dict lookups
 are not all in cache). "quotas" gives every tenant rpm, tpm, concurrency and a daily budget and
 every key an rpm limit, all high enough that nothing is refused; "no quotas" has the tenants and
-keys but no limits. A second part simulates N routers sharing an rpm limit by their demands
+keys but no limits; "1 tenant + 1 key, quotas" the same limits with one tenant (the
+difference to a thousand is memory: each request touches another tenant's state). A second part simulates N routers sharing an rpm limit by their demands
 (``shares``) and prints the most any 60 s window admitted, against the limit and the bound."""
 
 from __future__ import annotations
@@ -53,9 +54,11 @@ def _cost(n: int, tenants: int, rounds: int) -> None:
     static_key = "a-static-key-of-the-config"
     plain, plain_h = _book(tenants, quotas=False)
     limited, limited_h = _book(tenants, quotas=True)
+    one, one_h = _book(1, quotas=True)
     cases = [("no tenants (open book)", TenantBook([], []), [None]),
              ("one static key", TenantBook([], [], static_keys=[static_key]), [f"Bearer {static_key}"]),
              (f"{tenants} tenants + {tenants} keys, no quotas", plain, plain_h),
+             ("1 tenant + 1 key, quotas", one, one_h),
              (f"{tenants} tenants + {tenants} keys, quotas", limited, limited_h)]
     rng = random.Random(2)
     runs = []

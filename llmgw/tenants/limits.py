@@ -207,13 +207,16 @@ class Limiter:
                 st.demand += _IMPULSE
         for st in states:
             q = st.quota
-            if q.tokens_per_day is not None or q.tokens_per_month is not None:
+            if q.tokens_per_day is not None:
                 spent = self._spent_of.get(st.scope)
-                for reason, budget, period in (("day", q.tokens_per_day, day), ("month", q.tokens_per_month, month)):
-                    if budget is not None:
-                        used = (spent.get(period, 0) if spent else 0) + st.used_here(period)
-                        if used >= budget or used + cost > budget:
-                            raise self._refuse_budget(st, reason, budget, period, used, cost, now, wall, states)
+                used = (spent.get(day, 0) if spent else 0) + st.held.get(day, 0)
+                if used >= q.tokens_per_day or used + cost > q.tokens_per_day:
+                    raise self._refuse_budget(st, "day", q.tokens_per_day, day, used, cost, now, wall, states)
+            if q.tokens_per_month is not None:
+                spent = self._spent_of.get(st.scope)
+                used = (spent.get(month, 0) if spent else 0) + st.held.get(month, 0)
+                if used >= q.tokens_per_month or used + cost > q.tokens_per_month:
+                    raise self._refuse_budget(st, "month", q.tokens_per_month, month, used, cost, now, wall, states)
             if q.concurrency is not None and st.inflight >= (q.concurrency if st.share >= 1.0
                                                              else st.concurrency_cap()):
                 raise self._refuse_concurrency(st, now, states)
