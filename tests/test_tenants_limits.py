@@ -329,3 +329,9 @@ def test_a_share_change_refills_at_the_old_part_first_and_keeps_what_was_used() 
     # and back to all of it: what the quarter had used (all 15: empty again) stays used
     lim.set_shares({}, now=94.0)
     assert lim.use(94.0)[("tenant", "a")]["rpm"]["remaining"] == 45
+
+
+def test_use_before_any_request_reads_the_periods_of_the_last_flush() -> None:
+    lim, _, _ = _setup(Quota(tokens_per_day=1000))
+    lim.set_spent({("tenant", "a", "day:2026-12-01"): 250}, as_of=WALL)
+    assert lim.use(0.0)[("tenant", "a")]["day"] == {"limit": 1000, "used": 250}

@@ -164,6 +164,8 @@ class Limiter:
         it (``as_of`` None), or what was settled before ``as_of`` (wall time: the shell passes the
         time its last successful flush drained the usage book, so use settled since is not lost
         between a flush and the next read)."""
+        if as_of is not None and as_of > self._wall:
+            self._wall = as_of  # the budgets' periods of use() on a router not asked anything yet
         self._spent = dict(spent)
         self._spent_of = {}
         for (kind, name, period), tokens in self._spent.items():
