@@ -315,3 +315,23 @@ def test_budgets_refuse_once_spent_and_settle_what_was_admitted(budget: int, spe
     if lim.use(0.0, WALL)[("tenant", "a")]["day"]["used"] >= budget:
         with pytest.raises(QuotaRefused):
             lim.admit(p, 0, 0.0, WALL)
+
+
+def test_a_share_change_refills_at_the_old_part_first_and_keeps_what_was_used() -> None:
+    lim, p, _ = _setup(Quota(rpm=60))
+    for _ in range(60):
+        lim.admit(p, 1, 0.0, WALL)  # the whole minute used at t=0
+    # 30 s at the full part (30 back), then a quarter of the limit: 30 used of 15 → 15 in debt
+    lim.set_shares({("tenant", "a"): 0.25}, now=30.0)
+    assert lim.use(30.0)[("tenant", "a")]["rpm"]["remaining"] == 0
+    assert _refused(lim, p, 1, 30.0).retry_after == 64  # 16 at 15/60 per second
+    lim.admit(p, 1, 94.0, WALL)
+    # and back to all of it: what the quarter had used (all 15: empty again) stays used
+    lim.set_shares({}, now=94.0)
+    assert lim.use(94.0)[("tenant", "a")]["rpm"]["remaining"] == 45
+
+
+def test_use_before_any_request_reads_the_periods_of_the_last_flush() -> None:
+    lim, _, _ = _setup(Quota(tokens_per_day=1000))
+    lim.set_spent({("tenant", "a", "day:2026-12-01"): 250}, as_of=WALL)
+    assert lim.use(0.0)[("tenant", "a")]["day"] == {"limit": 1000, "used": 250}

@@ -11,7 +11,7 @@
 
 No I/O, no clock, no randomness except injected (tests/test_import_contract.py)."""
 
-from llmgw.tenants.book import AuthRefused, Principal, TenantBook
+from llmgw.tenants.book import AuthRefused, Principal, TenantBook, make_principal
 from llmgw.tenants.keys import KEY_PREFIX, hash_secret, key_id_of, matches, new_key
 from llmgw.tenants.limits import Grant, Limiter, QuotaRefused
 from llmgw.tenants.model import BANDS, DEFAULT_BAND, ApiKey, Quota, Tenant, TenantError, band_rank
@@ -21,5 +21,5 @@ from llmgw.tenants.usage import UsageBook, UsageRecord, aggregate, period_end, p
 __all__ = ["BANDS", "DEFAULT_BAND", "KEY_PREFIX", "ApiKey", "AuthRefused", "Grant", "Limiter", "Principal", "Quota",
            "QuotaRefused", "Tenant",
            "TenantBook", "TenantError", "UsageBook", "UsageRecord", "aggregate", "band_rank", "floor_share", "hash_secret",
-           "key_id_of", "matches", "new_key", "period_end", "period_keys", "period_start", "scope_key", "scope_of",
+           "key_id_of", "make_principal", "matches", "new_key", "period_end", "period_keys", "period_start", "scope_key", "scope_of",
            "share_bound", "shares"]

@@ -31,9 +31,9 @@ from typing import Any
 from llmgw.inputs.echo import echo
 
 from .keys import key_id_of, matches
-from .model import DEFAULT_BAND, ApiKey, Tenant, static_tenant
+from .model import DEFAULT_BAND, ApiKey, Quota, Tenant, static_tenant
 
-__all__ = ["AuthRefused", "Principal", "TenantBook", "STATIC_KEY_ID", "ANONYMOUS_KEY_ID", "iso_utc"]
+__all__ = ["AuthRefused", "Principal", "TenantBook", "STATIC_KEY_ID", "ANONYMOUS_KEY_ID", "iso_utc", "make_principal"]
 
 STATIC_KEY_ID = "static"  # Principal.key_id of a static key of [server] api_keys
 ANONYMOUS_KEY_ID = "-"  # Principal.key_id of a request of an open book (no key asked for)
@@ -41,7 +41,8 @@ ANONYMOUS_KEY_ID = "-"  # Principal.key_id of a request of an open book (no key 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a request is from, as the router treats it."""
+    """Who a request is from, as the router treats it. Made by the book (:meth:`TenantBook.authenticate`,
+    :func:`make_principal`): ``allow`` and ``scopes`` are derived from the tenant and key there."""
     tenant: Tenant
     key: ApiKey | None  # None: a static key of [server] api_keys, or no auth (the anonymous tenant)
     band: str  # the key's band, else the tenant's (the static tenant: [tenants] static_band)
@@ -49,6 +50,9 @@ class Principal:
     models: tuple[str, ...] | None  # what both lists allow (the key's ∩ the tenant's); None: no list
     # The lists allow_model checks, as sets: the tenant's and the key's (each must allow the model).
     allow: tuple[frozenset[str], ...] = field(default=(), compare=False, repr=False)
+    # The quota scopes a request is checked against, each with its limits: ("tenant", name) and
+    # ("key", id), those that have any limit (the Limiter's; made once with the book).
+    scopes: tuple[tuple[tuple[str, str], Quota], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def key_id(self) -> str:
@@ -86,6 +90,12 @@ def _refused(message: str = _INVALID) -> AuthRefused:
     return AuthRefused(401, message, "invalid_api_key")
 
 
+def make_principal(tenant: Tenant, key: ApiKey | None = None, band: str | None = None) -> Principal:
+    """A principal as the book makes them (allowed-model sets and quota scopes filled in): for
+    tests and the shell's own requests; ``band`` overrides the key's and the tenant's."""
+    return _principal(tenant, key, band)
+
+
 def _principal(tenant: Tenant, key: ApiKey | None, band: str | None = None) -> Principal:
     lists = [m for m in (tenant.models, key.models if key is not None else None) if m is not None]
     if not lists:
@@ -95,8 +105,14 @@ def _principal(tenant: Tenant, key: ApiKey | None, band: str | None = None) -> P
     else:
         other = set(lists[1])
         models = tuple(m for m in lists[0] if m in other)
+    scopes: list[tuple[tuple[str, str], Quota]] = []
+    if not tenant.quota.empty():
+        scopes.append((("tenant", tenant.name), tenant.quota))
+    if key is not None and not key.quota.empty():
+        scopes.append((("key", key.id), key.quota))
     return Principal(tenant=tenant, key=key, band=band or (key.band if key is not None else None) or tenant.band,
-                     weight=tenant.weight, models=models, allow=tuple(frozenset(m) for m in lists))
+                     weight=tenant.weight, models=models, allow=tuple(frozenset(m) for m in lists),
+                     scopes=tuple(scopes))
 
 
 class TenantBook:

@@ -22,18 +22,20 @@ Time comes in: ``now`` (monotonic seconds, the buckets) and ``wall`` (Unix, the 
 from __future__ import annotations
 
 import math
+from math import exp
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .book import Principal, TenantBook, iso_utc
 from .model import Quota
-from .scope_state import Scope, ScopeState, reset_text
+from .scope_state import DEMAND_TAU_S, Scope, ScopeState, reset_text
 from .usage import period_end, period_keys
 
 __all__ = ["Grant", "Limiter", "QuotaRefused"]
 
 _EPS = 1e-9
+_IMPULSE = 1.0 / DEMAND_TAU_S  # one request's step in the demand EWMA (requests per second)
 _WHAT = {"rpm": "requests per minute", "tpm": "tokens per minute", "concurrency": "concurrent requests",
          "day": "tokens per day", "month": "tokens per month"}
 
@@ -114,6 +116,7 @@ class Limiter:
         self._book_scopes: dict[Scope, Quota] = {}
         self._shares: dict[Scope, float] = {}
         self._spent: dict[tuple[str, str, str], int] = {}
+        self._spent_of: dict[Scope, dict[str, int]] = {}  # the same by scope, then period
         self._periods = _Periods()
         self._now = 0.0
         self._wall = 0.0
@@ -138,11 +141,22 @@ class Limiter:
             elif st.idle():
                 del self._states[scope]
 
-    def set_shares(self, shares: Mapping[Scope, float]) -> None:
-        """This router's fraction (0, 1] of each scope's rpm, tpm and concurrency; missing: 1.0."""
+    def set_shares(self, shares: Mapping[Scope, float], *, now: float | None = None) -> None:
+        """This router's fraction (0, 1] of each scope's rpm, tpm and concurrency; missing: 1.0.
+        The buckets are refilled up to ``now`` (monotonic; default the last time seen — pass it:
+        an idle router's buckets must not refill at the old part for the time after the change)
+        at their old part, then move with the change (what was used stays used)."""
+        t = self._now if now is None else now
         self._shares = {s: min(1.0, max(0.0, float(v))) for s, v in shares.items()}
         for scope, st in self._states.items():
-            st.share = self._shares.get(scope, 1.0)
+            share = self._shares.get(scope, 1.0)
+            if share == st.share:
+                continue
+            q = st.quota
+            for bucket, limit in ((st.rpm, q.rpm), (st.tpm, q.tpm)):
+                if limit is not None and bucket.t is not None:
+                    bucket.refill(limit * st.share, t)
+            st.share = share
 
     def set_spent(self, spent: Mapping[tuple[str, str, str], int], *, as_of: float | None = None) -> None:
         """Budgets: the tokens the store counts per (kind, name, period) — every router's flushed
@@ -150,7 +164,12 @@ class Limiter:
         it (``as_of`` None), or what was settled before ``as_of`` (wall time: the shell passes the
         time its last successful flush drained the usage book, so use settled since is not lost
         between a flush and the next read)."""
+        if as_of is not None and as_of > self._wall:
+            self._wall = as_of  # the budgets' periods of use() on a router not asked anything yet
         self._spent = dict(spent)
+        self._spent_of = {}
+        for (kind, name, period), tokens in self._spent.items():
+            self._spent_of.setdefault((kind, name), {})[period] = tokens
         current = self._periods.at(self._wall) if self._wall else ()
         for st in self._states.values():
             if st.local:
@@ -165,29 +184,52 @@ class Limiter:
             st.set_quota(quota)
         return st
 
-    def _states_of(self, p: Principal) -> tuple[ScopeState, ...]:
-        tq = p.tenant.quota
-        kq = p.key.quota if p.key is not None else None
-        out = []
-        if not tq.empty():
-            out.append(self._state(("tenant", p.tenant.name), tq))
-        if kq is not None and not kq.empty():
-            out.append(self._state(("key", p.key.id), kq))  # type: ignore[union-attr]
-        return tuple(out)
-
     def admit(self, p: Principal, cost: int, now: float, wall: float) -> Grant:
         """A :class:`Grant` for a request of ``cost`` tokens (prompt estimate + max_tokens), or
         :class:`QuotaRefused` — nothing charged then."""
-        states = self._states_of(p)
-        if not states:
+        if not p.scopes:
             return Grant(p, cost)
-        self._now = max(self._now, now)
+        got = self._states.get
+        states = []
+        for scope, quota in p.scopes:
+            st = got(scope)
+            if st is None or st.quota is not quota:
+                st = self._state(scope, quota)
+            states.append(st)
+        if now > self._now:
+            self._now = now
         self._wall = wall
         day, month = self._periods.at(wall)
+        for st in states:  # the demand (ScopeState.asked, inlined: the hot path)
+            dt = now - st.demand_t
+            if dt > 0:
+                st.demand = st.demand * exp(-dt / DEMAND_TAU_S) + _IMPULSE
+                st.demand_t = now
+            else:
+                st.demand += _IMPULSE
         for st in states:
-            st.asked(now)
-        for st in states:
-            self._check(st, cost, now, wall, day, month, states)
+            q = st.quota
+            if q.tokens_per_day is not None:
+                spent = self._spent_of.get(st.scope)
+                used = (spent.get(day, 0) if spent else 0) + st.held.get(day, 0)
+                if used >= q.tokens_per_day or used + cost > q.tokens_per_day:
+                    raise self._refuse_budget(st, "day", q.tokens_per_day, day, used, cost, now, wall, states)
+            if q.tokens_per_month is not None:
+                spent = self._spent_of.get(st.scope)
+                used = (spent.get(month, 0) if spent else 0) + st.held.get(month, 0)
+                if used >= q.tokens_per_month or used + cost > q.tokens_per_month:
+                    raise self._refuse_budget(st, "month", q.tokens_per_month, month, used, cost, now, wall, states)
+            if q.concurrency is not None and st.inflight >= (q.concurrency if st.share >= 1.0
+                                                             else st.concurrency_cap()):
+                raise self._refuse_concurrency(st, now, states)
+            if q.rpm is not None:
+                cap = q.rpm * st.share
+                if q.rpm == 0 or st.rpm.refill(cap, now) < min(1.0, cap) - _EPS:
+                    raise self._refuse_rate(st, "rpm", q.rpm, 1, now, states)
+            if q.tpm is not None:
+                cap = q.tpm * st.share
+                if q.tpm == 0 or cost > q.tpm or st.tpm.refill(cap, now) < min(cost, cap) - _EPS:
+                    raise self._refuse_rate(st, "tpm", q.tpm, cost, now, states)
         holds = []
         for st in states:
             q = st.quota
@@ -202,49 +244,46 @@ class Limiter:
             if q.tokens_per_month is not None:
                 st.reserve(month, cost)
                 holds.append((st, month, cost))
-        return Grant(p, cost, states=states, holds=tuple(holds))
+        return Grant(p, cost, states=tuple(states), holds=tuple(holds))
 
-    def _check(self, st: ScopeState, cost: int, now: float, wall: float, day: str, month: str,
-               states: tuple[ScopeState, ...]) -> None:
-        q, scope = st.quota, st.scope
+    # ------------------------------------------------------------------------------ refusals
+    def _refuse_budget(self, st: ScopeState, reason: str, budget: int, period: str, used: int, cost: int,
+                       now: float, wall: float, states: list[ScopeState]) -> QuotaRefused:
+        end = period_end(period)
+        return QuotaRefused("insufficient_quota",
+                            f"You exceeded your token budget for {_who(st.scope)} on {_WHAT[reason]}: limit {budget}, "
+                            f"used {used}, requested {cost}. It renews at {iso_utc(end)}.",
+                            reason=reason, scope=st.scope, retry_after=_retry(end - wall),
+                            headers=self._headers(tuple(states), now))
 
-        def refuse(code: str, reason: str, message: str, retry: int) -> QuotaRefused:
-            return QuotaRefused(code, message, reason=reason, scope=scope, retry_after=retry,
-                                headers=self._headers(states, now))
+    def _refuse_concurrency(self, st: ScopeState, now: float, states: list[ScopeState]) -> QuotaRefused:
+        limit = st.quota.concurrency
+        assert limit is not None
+        return QuotaRefused("rate_limit_exceeded",
+                            f"Too many concurrent requests for {_who(st.scope)}: limit "
+                            f"{_limit_text(st, limit, st.concurrency_cap())}, in flight {st.inflight}. "
+                            "Retry after 1 s.", reason="concurrency", scope=st.scope, retry_after=1,
+                            headers=self._headers(tuple(states), now))
 
-        for reason, budget, period in (("day", q.tokens_per_day, day), ("month", q.tokens_per_month, month)):
-            if budget is None:
-                continue
-            used = self._spent.get((scope[0], scope[1], period), 0) + st.used_here(period)
-            if used >= budget or used + cost > budget:
-                end = period_end(period)
-                raise refuse("insufficient_quota", reason,
-                             f"You exceeded your token budget for {_who(scope)} on {_WHAT[reason]}: limit "
-                             f"{budget}, used {used}, requested {cost}. It renews at {iso_utc(end)}.",
-                             _retry(end - wall))
-        if q.concurrency is not None:
-            cap = st.concurrency_cap()
-            if st.inflight >= cap:
-                raise refuse("rate_limit_exceeded", "concurrency",
-                             f"Too many concurrent requests for {_who(scope)}: limit "
-                             f"{_limit_text(st, q.concurrency, cap)}, in flight {st.inflight}. Retry after 1 s.", 1)
-        for reason, limit, bucket, need in (("rpm", q.rpm, st.rpm, 1), ("tpm", q.tpm, st.tpm, cost)):
-            if limit is None:
-                continue
-            if reason == "tpm" and 0 < limit < need:
-                raise refuse("rate_limit_exceeded", reason,
-                             f"Request too large for {_who(scope)} on {_WHAT[reason]}: limit {limit}, requested "
-                             f"{need} (the prompt and max_tokens): max_tokens too large for tpm; lower max_tokens.",
-                             60)
-            cap = st.capacity(limit)
-            level = bucket.refill(cap, now)
-            if limit == 0 or level < min(need, cap) - _EPS:
-                retry = _retry(bucket.until(cap, min(need, cap), now) if limit else math.inf, 60)
-                used = max(0, math.ceil(cap - level - _EPS))
-                extra = f", requested {need}" if reason == "tpm" else ""
-                raise refuse("rate_limit_exceeded", reason,
-                             f"Rate limit reached for {_who(scope)} on {_WHAT[reason]}: limit "
-                             f"{_limit_text(st, limit, cap)}, used {used}{extra}. Retry after {retry} s.", retry)
+    def _refuse_rate(self, st: ScopeState, reason: str, limit: int, need: int, now: float,
+                     states: list[ScopeState]) -> QuotaRefused:
+        headers = self._headers(tuple(states), now)
+        what = f"{_who(st.scope)} on {_WHAT[reason]}"
+        if reason == "tpm" and 0 < limit < need:
+            return QuotaRefused("rate_limit_exceeded",
+                                f"Request too large for {what}: limit {limit}, requested {need} (the prompt and "
+                                "max_tokens): max_tokens too large for tpm; lower max_tokens.",
+                                reason=reason, scope=st.scope, retry_after=60, headers=headers)
+        bucket = st.rpm if reason == "rpm" else st.tpm
+        cap = st.capacity(limit)
+        level = bucket.level_at(cap, now)
+        retry = _retry(bucket.until(cap, min(need, cap), now) if limit else math.inf)
+        used = max(0, math.ceil(cap - level - _EPS))
+        extra = f", requested {need}" if reason == "tpm" else ""
+        return QuotaRefused("rate_limit_exceeded",
+                            f"Rate limit reached for {what}: limit {_limit_text(st, limit, cap)}, used {used}{extra}. "
+                            f"Retry after {retry} s.", reason=reason, scope=st.scope, retry_after=retry,
+                            headers=headers)
 
     def settle(self, g: Grant, actual_tokens: int, now: float, wall: float) -> None:
         """The request's real tokens (prompt + completion): the tpm buckets and budgets are
@@ -256,22 +295,29 @@ class Limiter:
         g.actual = actual
         if not g.states:
             return
-        self._now = max(self._now, now)
-        self._wall = max(self._wall, wall)
+        if now > self._now:
+            self._now = now
+        if wall > self._wall:
+            self._wall = wall
         delta = actual - g.charged
-        for st in g.states:
-            if st.quota.tpm is not None and delta:
-                cap = st.capacity(st.quota.tpm)
-                st.tpm.refill(cap, now)
-                st.tpm.level = min(cap, st.tpm.level - delta)
+        if delta:
+            for st in g.states:
+                tpm = st.quota.tpm
+                if tpm is not None:
+                    cap = tpm * st.share
+                    level = st.tpm.refill(cap, now) - delta
+                    st.tpm.level = cap if level > cap else level
+        if not g.holds:
+            return
         for st, period, tokens in g.holds:
             st.unreserve(period, tokens)
         day, month = self._periods.at(wall)
         second = int(wall)
         for st in g.states:
-            if st.quota.tokens_per_day is not None:
+            q = st.quota
+            if q.tokens_per_day is not None:
                 st.add_local(day, second, actual)
-            if st.quota.tokens_per_month is not None:
+            if q.tokens_per_month is not None:
                 st.add_local(month, second, actual)
 
     def release(self, g: Grant) -> None:
@@ -283,7 +329,8 @@ class Limiter:
             self.settle(g, g.charged, self._now, self._wall)
         g.released = True
         for st in g.states:
-            st.inflight = max(0, st.inflight - 1)
+            if st.inflight > 0:
+                st.inflight -= 1
 
     # ------------------------------------------------------------------------------ reading
     def headers(self, g: Grant, now: float) -> list[tuple[str, str]]:
@@ -336,8 +383,9 @@ class Limiter:
 
     def demand(self, now: float | None = None) -> dict[Scope, float]:
         """Per scope with a per-minute limit (rpm, tpm or concurrency): requests per minute this
-        router was asked lately (admitted and refused), as of ``now`` (default: the last seen);
-        scopes asked nothing lately are left out."""
+        router was asked lately (admitted and refused), as of ``now`` (monotonic; default the last
+        time a request was seen — pass it: an idle router's demand must decay, or it keeps the
+        share it had when last asked); scopes asked nothing lately are left out."""
         t = self._now if now is None else now
         out = {}
         for scope, st in self._states.items():

@@ -56,10 +56,22 @@ class Bucket:
         return level + (capacity - self.cap)
 
     def refill(self, capacity: float, now: float) -> float:
-        self.level = self._at(capacity, now)
-        self.t = now if self.t is None else max(self.t, now)
+        t = self.t
+        if t is None:
+            level = capacity
+            self.t = now
+        else:
+            cap = self.cap
+            level = self.level
+            if now > t:
+                level += (now - t) * cap / 60.0
+                self.t = now
+            if level > cap:
+                level = cap
+            level += capacity - cap
+        self.level = level
         self.cap = capacity
-        return self.level
+        return level
 
     def level_at(self, capacity: float, now: float) -> float:
         """The level at ``now`` without touching the bucket."""
@@ -79,8 +91,7 @@ class ScopeState:
     """What a router keeps of one scope. ``share`` is this router's fraction of the per-minute
     limits and of the concurrency (1.0 alone)."""
 
-    __slots__ = ("scope", "quota", "share", "rpm", "tpm", "inflight", "demand", "demand_t", "reserved", "local",
-                 "local_sum")
+    __slots__ = ("scope", "quota", "share", "rpm", "tpm", "inflight", "demand", "demand_t", "held", "local")
 
     def __init__(self, scope: Scope, quota: Quota, share: float = 1.0) -> None:
         self.scope = scope
@@ -91,9 +102,10 @@ class ScopeState:
         self.inflight = 0
         self.demand = 0.0  # requests per second asked, an EWMA (admitted and refused alike)
         self.demand_t = 0.0
-        self.reserved: dict[str, int] = {}  # period -> tokens charged by grants not settled yet
+        # period -> tokens this router holds against the budget beyond the store's figure: charged
+        # by grants not settled yet + settled here and not yet counted by the store (local)
+        self.held: dict[str, int] = {}
         self.local: dict[str, dict[int, int]] = {}  # period -> settle second -> tokens settled here
-        self.local_sum: dict[str, int] = {}  # period -> sum of local[period]
 
     # ------------------------------------------------------------------------------ limits
     def capacity(self, limit: int) -> float:
@@ -133,22 +145,24 @@ class ScopeState:
     def used_here(self, period: str) -> int:
         """Tokens this router holds against a budget period beyond the store's figure: grants in
         flight and settled use not yet in the store."""
-        return self.reserved.get(period, 0) + self.local_sum.get(period, 0)
+        return self.held.get(period, 0)
 
     def reserve(self, period: str, tokens: int) -> None:
-        self.reserved[period] = self.reserved.get(period, 0) + tokens
+        self.held[period] = self.held.get(period, 0) + tokens
 
     def unreserve(self, period: str, tokens: int) -> None:
-        left = self.reserved.get(period, 0) - tokens
+        left = self.held.get(period, 0) - tokens
         if left > 0:
-            self.reserved[period] = left
+            self.held[period] = left
         else:
-            self.reserved.pop(period, None)
+            self.held.pop(period, None)
 
     def add_local(self, period: str, second: int, tokens: int) -> None:
-        by_second = self.local.setdefault(period, {})
+        by_second = self.local.get(period)
+        if by_second is None:
+            by_second = self.local[period] = {}
         by_second[second] = by_second.get(second, 0) + tokens
-        self.local_sum[period] = self.local_sum.get(period, 0) + tokens
+        self.held[period] = self.held.get(period, 0) + tokens
 
     def forget_local(self, as_of: float | None, current: tuple[str, ...]) -> None:
         """The store's figure now counts what was settled before ``as_of`` (all when None): those
@@ -156,16 +170,14 @@ class ScopeState:
         all); periods other than ``current`` go whole."""
         for period in list(self.local):
             by_second = self.local[period]
-            if as_of is None or period not in current:
-                del self.local[period]
-                self.local_sum.pop(period, None)
-                continue
-            for sec in [s for s in by_second if s + 1 <= as_of]:  # a second wholly before as_of
-                self.local_sum[period] -= by_second.pop(sec)
+            whole = as_of is None or period not in current
+            gone = [sec for sec in by_second if whole or sec + 1 <= as_of]  # type: ignore[operator]
+            for sec in gone:
+                self.unreserve(period, by_second.pop(sec))
             if not by_second:
                 del self.local[period]
-                self.local_sum.pop(period, None)
 
     def idle(self) -> bool:
-        """Nothing in flight and nothing reserved: the state may be dropped."""
-        return self.inflight == 0 and not self.reserved
+        """Nothing in flight (so no budget hold either: a grant is settled before it is released):
+        the state may be dropped."""
+        return self.inflight == 0

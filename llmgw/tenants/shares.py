@@ -17,17 +17,18 @@ request does not wait for a sync; with no demand anywhere each takes 1/N.
 
 — exactly 1 when no router is below the floor (equal demand gives each 1/N), and at most N − 1
 routers can be below it, each raised by at most the floor. A per-minute limit ``L`` is then
-enforced as buckets of ``L·share`` that refill over a minute (:mod:`.scope_state`): over any
-window of T seconds in which the shares hold, the routers together let through at most
+enforced as buckets of ``C_i = L·share_i`` that refill over a minute (:mod:`.scope_state`): over
+any window of T seconds in which the shares hold, the routers together let through at most
 
-    L·S·(1 + T/60) + Σ_i max(0, c − L·share_i)
+    L·S·(1 + T/60) + Σ_i max(0, c − C_i)
 
 where c is the largest single charge (1 for requests) — the full buckets, their refill, and one
-overdraft per router. The long-run rate is at most ``L·S`` per minute. Concurrency: each router
-allows ⌊L·share⌋ but at least 1, so at most ``L·S + N`` at once. Shares that move within the window
-move room between routers without creating any (a bucket keeps what was used), except that each
-router's burst is its largest part over the window rather than its current one: at worst N·L.
-Budgets are not shared this way; see :meth:`~.limits.Limiter.set_spent`."""
+overdraft per router; with shares moving inside the window, at most Σ_i max(C_i, c) + T/60 · ΣC
+with each term's largest value over the window (at worst N·L + L·S·T/60: a bucket is refilled at
+its old part up to a change and keeps what was used, so moving shares create no room). The
+long-run rate is at most ``L·S`` per minute. Concurrency: each router allows ⌊L·share⌋ but at
+least 1, so at most ``L·S + N`` at once. docs/tenants.md, "Quotas across several routers", has
+the measured figures. Budgets are not shared this way; see :meth:`~.limits.Limiter.set_spent`."""
 
 from __future__ import annotations
 
