@@ -102,6 +102,8 @@ def main() -> None:
                          "~20x cheaper: less contention on the shared core in the direct runs)")
     ap.add_argument("--latency-one-core", action="store_true",
                     help="added latency with the router on the engine's and client's core (no spare core to hide its cost)")
+    ap.add_argument("--config-extra", default="", metavar="TOML",
+                    help="appended to the CPU routers' config (e.g. '[tenants]\\nstream_usage = false')")
     ap.add_argument("--api-key", default=None,
                     help="the CPU routers have this static key ([server] api_keys) and every CPU request sends it")
     ap.add_argument("--ab-code", default=None, metavar="DIR",
@@ -148,7 +150,8 @@ def main() -> None:
             cfg_i = cfg.with_name(f"cpu{len(cpu_routers)}.toml")
             cfg_i.write_text(cfg.read_text().replace(str(cfg.with_name("a.sock")),
                                                      str(cfg.with_name(f"c{len(cpu_routers)}.sock")))
-                             .replace('host = "127.0.0.1"\n', f'host = "127.0.0.1"\n{keys}', 1))
+                             .replace('host = "127.0.0.1"\n', f'host = "127.0.0.1"\n{keys}', 1)
+                             + a.config_extra.replace("\\n", "\n") + "\n")
             rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(cfg_i),
                                "--port", "0", "--log-level", "warning"], cpu=0, env=env)
             procs.append(rp)
