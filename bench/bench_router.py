@@ -14,7 +14,8 @@ request, measured in one run against zero-cost simulator replicas.
    CPU 0, everything else to CPU 1. --cpu-only skips part 1; --cpu-rounds repeats part 2 (the box
    is shared: compare medians); --ab-inline adds a router with its inline I/O dispatch off
    (LLMGW_INLINE_IO=0, see llmgw/daemon/net/inline_epoll.py), alternated round by round with the
-   shipped one.
+   shipped one; --ab-code DIR the same with another tree's llmgw (before/after a change). --api-key K gives the CPU routers a static key, sent by every request (the cost of
+   authentication).
 Bounded: a fixed number of requests on 127.0.0.1; every process is stopped at the end."""
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ async def open_loop(port: int, rate: float, n: int, keepalive: bool, model: str 
     return lat
 
 
-async def closed_loop(port: int, n: int, conns: int, keepalive: bool = True) -> float:
-    raw = build_request("POST", "/v1/completions", body("m"))
+async def closed_loop(port: int, n: int, conns: int, keepalive: bool = True, key: str | None = None) -> float:
+    raw = build_request("POST", "/v1/completions", body("m"),
+                        headers=None if key is None else {"Authorization": f"Bearer {key}"})
     t0 = trio.current_time()
 
     async def worker() -> None:
@@ -100,6 +102,13 @@ def main() -> None:
                          "~20x cheaper: less contention on the shared core in the direct runs)")
     ap.add_argument("--latency-one-core", action="store_true",
                     help="added latency with the router on the engine's and client's core (no spare core to hide its cost)")
+    ap.add_argument("--config-extra", default="", metavar="TOML",
+                    help="appended to the CPU routers' config (e.g. '[tenants]\\nstream_usage = false')")
+    ap.add_argument("--api-key", default=None,
+                    help="the CPU routers have this static key ([server] api_keys) and every CPU request sends it")
+    ap.add_argument("--ab-code", default=None, metavar="DIR",
+                    help="also measure a router running the llmgw package found in DIR (PYTHONPATH=DIR: e.g. a copy of "
+                         "an older commit), alternated round by round with this tree's")
     ap.add_argument("--ab-inline", action="store_true",
                     help="also measure a router with inline I/O dispatch off (LLMGW_INLINE_IO=0), alternated")
     a = ap.parse_args()
@@ -118,6 +127,7 @@ def main() -> None:
         reps = "\n".join(f'[[models.replicas]]\nurl = "{s["url"]}"' for s in sims)
         # "m1" is the first replica alone: added latency compares the same replica with and
         # without the router in front; "m" spreads over all replicas for the CPU measurement.
+        keys = "" if a.api_key is None else f"api_keys = [{json.dumps(a.api_key)}]\n"
         head = '[server]\nhost = "127.0.0.1"\n[router]\nqueue_size = 4096\nsaturation_load = 100000.0\n'
         # Two daemons at once: each its own control port, admin socket and no store.
         head += '[control]\nlisten = "127.0.0.1:0"\nstore = ":memory:"\n[admin]\nsocket = "{sock}"\n'
@@ -130,14 +140,23 @@ def main() -> None:
         # The CPU routers: llmgw as shipped, and with --ab-inline the same code with its
         # inline I/O dispatch off (LLMGW_INLINE_IO=0), measured in alternated rounds.
         cpu_routers = []
-        for env in ({}, {"LLMGW_INLINE_IO": "0"}) if a.ab_inline else ({},):
+        variants: list[dict[str, str]] = [{}]
+        if a.ab_inline:
+            variants.append({"LLMGW_INLINE_IO": "0"})
+        if a.ab_code:
+            # PYTHONSAFEPATH: `python -m` must not put the working directory (this tree) first
+            variants.append({"PYTHONPATH": str(Path(a.ab_code).resolve()), "PYTHONSAFEPATH": "1"})
+        for env in variants:
             cfg_i = cfg.with_name(f"cpu{len(cpu_routers)}.toml")
             cfg_i.write_text(cfg.read_text().replace(str(cfg.with_name("a.sock")),
-                                                     str(cfg.with_name(f"c{len(cpu_routers)}.sock"))))
+                                                     str(cfg.with_name(f"c{len(cpu_routers)}.sock")))
+                             .replace('host = "127.0.0.1"\n', f'host = "127.0.0.1"\n{keys}', 1)
+                             + a.config_extra.replace("\\n", "\n") + "\n")
             rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(cfg_i),
                                "--port", "0", "--log-level", "warning"], cpu=0, env=env)
             procs.append(rp)
-            cpu_routers.append(("inline I/O off" if env else "as shipped", rp, rinfo["port"]))
+            name = "inline I/O off" if "LLMGW_INLINE_IO" in env else f"code of {a.ab_code}" if env else "as shipped"
+            cpu_routers.append((name, rp, rinfo["port"]))
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {1})
         n = int(a.rate * a.seconds)
@@ -155,12 +174,12 @@ def main() -> None:
                   f"p99 {1e3 * (routed.pct(99) - direct.pct(99)):+.2f} ms")
         cpu: dict[tuple[str, bool], list[float]] = {}
         for _, rp, port in cpu_routers:
-            trio.run(closed_loop, port, 640, 32)  # warm-up (upstream connections, code paths)
+            trio.run(closed_loop, port, 640, 32, True, a.api_key)  # warm-up (upstream connections, code paths)
         for _ in range(a.cpu_rounds):
             for keepalive in (True, False):
                 for name, rp, port in cpu_routers:
                     cpu0 = proc_cpu_seconds(rp.pid)
-                    elapsed = trio.run(closed_loop, port, a.cpu_requests, 32, keepalive)
+                    elapsed = trio.run(closed_loop, port, a.cpu_requests, 32, keepalive, a.api_key)
                     per = (proc_cpu_seconds(rp.pid) - cpu0) / a.cpu_requests
                     cpu.setdefault((name, keepalive), []).append(per)
                     label = "keep-alive    " if keepalive else "new connection"

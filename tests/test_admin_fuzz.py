@@ -95,6 +95,8 @@ def test_create_then_use_what_was_created(admin_schema: Any, admin_url: str) -> 
                 if m["source"] == "api":
                     requests.delete(f"{admin_url}/api/v1/models/{quote(m['name'], safe='')}", headers=auth,
                                     timeout=10)
+            for t in requests.get(f"{admin_url}/api/v1/tenants", headers=auth, timeout=10).json():
+                requests.delete(f"{admin_url}/api/v1/tenants/{quote(t['name'], safe='')}", headers=auth, timeout=10)
 
     Machine.run(settings=hypothesis.settings(max_examples=20, stateful_step_count=6, deadline=None, derandomize=True,
                                              database=None))

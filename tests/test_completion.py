@@ -15,7 +15,8 @@ from llmgw.cli import entry as cli
 from llmgw.cli.completion import SHELLS, captured_parser
 
 CTL_COMMANDS = ["status", "routers", "nodes", "join-info", "join-token", "label", "facility", "explain-placement", "models", "scale", "replicas", "restart",
-                "endpoints", "adapters", "decisions", "explain", "kv", "trace", "eval", "jobs", "suites", "config"]
+                "endpoints", "adapters", "decisions", "explain", "kv", "trace", "eval", "jobs", "suites", "config",
+                "tenants", "keys", "usage"]
 
 
 @pytest.fixture(scope="module")

@@ -327,8 +327,35 @@ class FakeClient:
                                {"node": "cpu-b1", "verdict": "held", "detail": "in held domain rack=r2",
                                 "domains": ["rack=r2"]}]}
 
+    async def tenants(self) -> list[dict[str, Any]]:
+        """Four tenants as GET /api/v1/tenants answers (TenantView): bands, quota use, waiters."""
+        self.calls.append(("GET", "tenants", None))
+        return [dict(t) for t in TENANTS]
+
     async def aclose(self) -> None:
         self.closed = True
+
+
+def _tenant(name: str, band: str, weight: float, keys: int, requests: int, prompt: int, completion: int,
+            quota: dict[str, int], use: dict[str, Any], waiting: int = 0, share: float = 1.0,
+            static: bool = False, models: list[str] | None = None, description: str = "") -> dict[str, Any]:
+    return {"name": name, "band": band, "weight": weight, "quota": quota, "models": models,
+            "description": description, "created_at": 1796030000.0, "static": static, "keys": keys,
+            "usage_today": {"requests": requests, "prompt_tokens": prompt, "cached_tokens": prompt // 3,
+                            "completion_tokens": completion, "errors": requests // 50},
+            "quota_use": use, "queue": {"waiting": waiting, "share": share}}
+
+
+TENANTS = [
+    _tenant("batch-jobs", "batch", 1.0, 1, 5200, 9_800_000, 2_100_000, {"tpm": 200000},
+            {"tpm": {"limit": 200000, "remaining": 0}}, waiting=37, share=1.0, description="nightly evals"),
+    _tenant("chat", "high", 3.0, 4, 18400, 3_400_000, 1_900_000, {"rpm": 600, "concurrency": 64},
+            {"rpm": {"limit": 600, "remaining": 412}, "concurrency": {"limit": 64, "inflight": 22}},
+            waiting=2, share=0.75, models=["qwen-7b", "llama-70b"], description="the support chat"),
+    _tenant("search", "high", 1.0, 2, 9100, 1_200_000, 300_000, {"tokens_per_day": 2000000},
+            {"day": {"limit": 2000000, "used": 1_850_000}}, waiting=1, share=0.25),
+    _tenant("static", "normal", 1.0, 0, 40, 12000, 3000, {}, {}, static=True),
+]
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,8 @@ def test_help_reads_well() -> None:
     assert "examples:" in top_help and "llmgw ctl explain REQUEST_ID" in top_help
     assert set(subs.choices) == {"status", "routers", "nodes", "join-info", "join-token", "label", "models", "scale",
                                  "replicas", "restart", "endpoints", "adapters", "decisions", "explain", "kv", "trace",
-                                 "facility", "explain-placement", "eval", "jobs", "suites", "config"}
+                                 "facility", "explain-placement", "eval", "jobs", "suites", "config", "tenants", "keys",
+                                 "usage"}
 
 
 def test_kv_the_embedded_default_runs_tier2(daemon: dict[str, Any]) -> None:

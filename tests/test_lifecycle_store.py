@@ -36,7 +36,7 @@ def test_a_schema_2_store_is_migrated(tmp_path: Path) -> None:
     conn.execute("INSERT INTO models (name, spec, created_at, updated_at) VALUES ('m', '{}', 0, 0)")
     conn.commit()
     conn.close()
-    assert SCHEMA_VERSION == 5  # 4 -> 5: the routers' tables (docs/ha.md)
+    assert SCHEMA_VERSION == 6  # 4 -> 5: the routers' tables (docs/ha.md); 5 -> 6: tenants' usage
     with Store.open(str(path)) as s:
         assert s.models() == {"m": {}}
         assert s.generation() == 0 and s.lease() is None and s.routers() == {}

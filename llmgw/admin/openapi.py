@@ -79,7 +79,7 @@ class _Components:
         raise TypeError(f"no JSON Schema for {tp!r}")
 
     def shape(self, shape: Shape) -> dict[str, Any]:
-        out = self.object(shape.of, closed=True, doc=shape.doc, nulls=False)
+        out = self.object(shape.of, closed=True, doc=shape.doc, nulls=shape.nulls)
         for name, extra in shape.refine.items():
             out["properties"][name].update(extra)
         if shape.example is not None:

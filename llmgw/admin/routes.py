@@ -49,6 +49,16 @@ from llmgw.admin.schema import (
 from llmgw.admin.schema_config import ConfigReport
 from llmgw.admin.schema_traces import TraceSummary, TraceView
 from llmgw.admin.schema_facility import FacilityView, HoldBody, HoldView, PlacementExplanation
+from llmgw.admin.schema_tenants import (
+    KeyBody,
+    KeyCreated,
+    KeyPatch,
+    KeyView,
+    TenantBody,
+    TenantPatch,
+    TenantView,
+    UsageReport,
+)
 
 __all__ = ["API_VERSION", "PREFIX", "ROUTES", "Link", "QueryParam", "Resolution", "Resolver", "Route"]
 
@@ -127,6 +137,9 @@ _STORE_503 = (" 503 (with Retry-After) while the router's store cannot write, e.
               "change is not made, and the message says why.")
 
 _NODE_LINKS = tuple(Link(op, "name", "name") for op in ("get_node", "set_node_labels", "remove_node_labels"))
+_TENANT_LINKS = tuple(Link(op, "name", "name") for op in ("get_tenant", "update_tenant", "delete_tenant",
+                                                          "create_key"))
+_KEY_LINKS = tuple(Link(op, "id", "id") for op in ("get_key", "update_key", "revoke_key", "rotate_key"))
 _MODEL_LINKS = tuple(Link(op, "name", "name") for op in ("get_model", "put_model", "delete_model", "scale_model"))
 
 ROUTES: tuple[Route, ...] = (
@@ -301,6 +314,55 @@ ROUTES: tuple[Route, ...] = (
                       "node with the rule that refused it (held, selector, gpus, gpu_memory, memory, power, "
                       "spread, not_ready) or, if it fits, how it ranks. For a model: the same table for its "
                       "next replica, or why none can be placed. 404 for neither."),
+    # tenants, API keys and usage (docs/tenants.md)
+    Route("GET", f"{PREFIX}/tenants", "list_tenants", "List tenants", list[TenantView], tag="tenants",
+          description="Every tenant (the static keys' one too, when [server] api_keys has keys) with its active "
+                      "keys, today's usage, this router's view of its quotas, and its requests waiting."),
+    Route("POST", f"{PREFIX}/tenants", "create_tenant", "Create a tenant", TenantView, status=201, body=TenantBody,
+          errors=(409, 503), tag="tenants", links=_TENANT_LINKS,
+          description="400 names the bad field; 409 if it exists, or for the static keys' tenant's name "
+                      "([tenants] static_tenant)." + _STORE_503),
+    Route("GET", f"{PREFIX}/tenants/{{name}}", "get_tenant", "Show a tenant", TenantView, tag="tenants"),
+    Route("PATCH", f"{PREFIX}/tenants/{{name}}", "update_tenant", "Change a tenant", TenantView, body=TenantPatch,
+          errors=(409, 503), tag="tenants",
+          description="The fields given change (quota limit by limit: a null limit removes it); in force on every "
+                      "router within [store] poll_s. 409 for the static keys' tenant." + _STORE_503),
+    Route("DELETE", f"{PREFIX}/tenants/{{name}}", "delete_tenant", "Delete a tenant", None, status=204,
+          errors=(409, 503), tag="tenants",
+          description="With its keys (refused from now on); its usage records stay." + _STORE_503),
+    Route("POST", f"{PREFIX}/tenants/{{name}}/keys", "create_key", "Make an API key", KeyCreated, status=201,
+          body=KeyBody, body_optional=True, errors=(503,), tag="tenants", links=_KEY_LINKS,
+          description="The answer holds the secret (`key`): shown this once, never again — only its hash is "
+                      "kept. 404 for an unknown tenant." + _STORE_503),
+    Route("GET", f"{PREFIX}/keys", "list_keys", "List API keys", list[KeyView], tag="tenants",
+          query=(QueryParam("tenant", str, "only this tenant's"),),
+          description="Every key with its state (active, revoked, expired); never a secret or a hash."),
+    Route("GET", f"{PREFIX}/keys/{{id}}", "get_key", "Show an API key", KeyView, tag="tenants"),
+    Route("PATCH", f"{PREFIX}/keys/{{id}}", "update_key", "Change an API key", KeyView, body=KeyPatch,
+          errors=(503,), tag="tenants",
+          description="name, expires_at, models, quota (merged), band; the secret never changes (rotate makes "
+                      "a new key)." + _STORE_503),
+    Route("POST", f"{PREFIX}/keys/{{id}}/revoke", "revoke_key", "Revoke an API key", KeyView, errors=(503,),
+          tag="tenants",
+          description="Refused (401) from now on, by every router within [store] poll_s. Revoking a revoked key "
+                      "changes nothing." + _STORE_503),
+    Route("POST", f"{PREFIX}/keys/{{id}}/rotate", "rotate_key", "Rotate an API key", KeyCreated, status=201,
+          errors=(409, 503), tag="tenants", links=_KEY_LINKS,
+          query=(QueryParam("grace_s", float, "the old key keeps working this long (0: revoked at once)",
+                            default=0.0, minimum=0, maximum=90 * 86400),),
+          description="A new key for the same tenant with the same settings (its `rotated_from` the old id), "
+                      "its secret in the answer, once; the old key is revoked, or expires after grace_s. 409 "
+                      "for a revoked key." + _STORE_503),
+    Route("GET", f"{PREFIX}/usage", "get_usage", "Usage per tenant, key, model, day or hour", UsageReport,
+          tag="tenants", errors=(503,),
+          query=(QueryParam("tenant", str, "only this tenant's"), QueryParam("key", str, "only this key's (its id)"),
+                 QueryParam("model", str, "only this model's"),
+                 QueryParam("since", str, "Unix seconds, or a duration ago: 30m, 24h, 7d (default 7d)"),
+                 QueryParam("until", str, "Unix seconds, or a duration ago (default now)"),
+                 QueryParam("by", str, "group by tenant, model, key, day or hour", default="tenant")),
+          description="Requests, prompt, cached and completion tokens, and errors, summed per group from the "
+                      "store's hourly records (every router's flushed use), with this router's use not yet "
+                      "flushed added. 503 if the store cannot be read."),
     # the console's feed, and this document
     Route("GET", f"{PREFIX}/events", "events", "Live event stream", Event, tag="events", stream=True,
           description="NDJSON: a snapshot line, then decision lines as they happen and update lines with "

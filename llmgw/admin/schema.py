@@ -291,6 +291,10 @@ class DecisionView:
     decided_at: float = prop("Unix time")
     decide_us: float
     note: str = prop("e.g. the prefix outcome, or a breaker fallback")
+    tenant: str | None = prop("the tenant that sent the request (\"-\": none named)", None)
+    band: str | None = prop("its priority band in admission (batch, low, normal, high, critical)", None)
+    share: float | None = prop("its tenant's share of the band when admission let it through: its weight over the "
+                               "weights of the tenants waiting (1.0 when it did not wait)", None)
 
 
 @dataclass(slots=True)

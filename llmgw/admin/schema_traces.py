@@ -66,6 +66,12 @@ class TraceView:
     parent_span_id: str = prop("the client's span (its traceparent's parent-id); empty when it sent none")
     phases: list[PhaseView]
     attempts: list[AttemptTraceView]
+    tenant: str | None = prop("the tenant that sent it (\"-\": none named); null for a job", None)
+    key: str | None = prop("the API key's id (\"static\": a key of [server] api_keys, \"-\": none); null for a job",
+                           None)
+    band: str | None = prop("its priority band (batch, low, normal, high, critical); null for a job", None)
+    share: float | None = prop("its tenant's share of the band when admission let it through (1.0 when it did not "
+                               "wait); null for a job", None)
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ class Shape:
     doc: str = ""
     refine: dict[str, dict[str, Any]] = field(default_factory=dict)
     example: dict[str, Any] | None = None
+    nulls: bool = False  # its fields may be null (JSON bodies); False: a TOML table's, which has none
 
 
 @dataclass(frozen=True, slots=True)

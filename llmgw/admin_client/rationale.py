@@ -79,6 +79,7 @@ class Rationale:
     """One decision laid out as text cells."""
 
     facts: list[tuple[str, str]]  # (name, value): request, model, chosen, strategy, picker, decided, took, note
+    # (and tenant, band when the record has them)
     columns: tuple[str, ...]  # endpoint, "<scorer> ×<weight>"..., total, flags
     candidates: list[CandidateRow]  # best total first
     hidden: int  # candidates scored but not kept in the decision (it keeps the best few)
@@ -121,6 +122,10 @@ def explain(d: Mapping[str, Any], tz: tzinfo | None = None) -> Rationale:
              ("chosen", _str(chosen, "none")), ("strategy", _str(d.get("strategy"))),
              ("picker", _str(d.get("picker"))), ("decided", fmt_time(d.get("decided_at"), tz)),
              ("took", fmt_us(d.get("decide_us"))), ("note", _str(d.get("note")))]
+    if isinstance(d.get("tenant"), str):  # admission: who sent it, its band and share (routers since issue 24)
+        share = d.get("share")
+        facts += [("tenant", _str(d.get("tenant"))),
+                  ("band", _str(d.get("band")) + (f", share {share:.2f}" if isinstance(share, (int, float)) else ""))]
     columns = ("endpoint", *(f"{s} ×{fmt_weight(weights.get(s))}" for s in scorers), "total", "flags")
     return Rationale(facts, columns, rows, max(0, n - len(cands)) if isinstance(n, int) else 0, drops)
 

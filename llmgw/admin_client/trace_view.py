@@ -60,6 +60,11 @@ def trace_lines(t: dict[str, Any], tz: tzinfo | None = None) -> list[str]:
             + ("" if job else f"{len(attempts)} attempt(s), {p(t.get('retries', 0))} retried  "
                               f"sent {_bytes(t.get('bytes_out'))}, received {_bytes(t.get('bytes_in'))}")
             + (f"  revision {p(t.get('revision'))}" if t.get("revision") else "")]
+    if isinstance(t.get("tenant"), str):  # who sent it: admission's band and the share it got
+        share = t.get("share")
+        head.append(f"  tenant {p(t.get('tenant'))}  key {p(t.get('key'))}  band {p(t.get('band'))}"
+                    + (f"  share {share:.2f}" if isinstance(share, (int, float)) and not isinstance(share, bool)
+                       else ""))
     if t.get("trace_id"):  # W3C: the client's trace (its traceparent), or one of the router's own
         head.append(f"  trace {p(t.get('trace_id'))}  span {p(t.get('span_id'))}  "
                     + (f"parent {p(t.get('parent_span_id'))} (the client's)" if t.get("parent_span_id")

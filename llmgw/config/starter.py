@@ -208,6 +208,19 @@ rebalance_max_moves = 1          # replicas moved per round, fleet-wide (each su
 # "pdu=p7" = 11000
 # "rack=r12" = 20000
 
+[tenants]
+# API keys by tenant, quotas, priority bands and usage accounting (docs/tenants.md). Tenants and
+# keys are made with `llmgw ctl tenants` / `llmgw ctl keys` and kept in the store.
+static_tenant = "static"         # the tenant the keys of [server] api_keys belong to
+static_band = "normal"           # ... and its priority band
+anonymous_tenant = "default"     # who requests are counted under when no key is needed (no key anywhere)
+default_max_tokens = 1024        # tokens charged up front for a request naming no max_tokens (then settled)
+stream_usage = true              # ask engines for a stream's usage (and strip it when the client did not)
+usage_flush_s = 10.0             # this router's usage records to the store this often
+share_sync_s = 2.0               # several routers: quota shares and budgets' spent tokens re-read
+raw_retention_h = 48.0           # per-minute usage records kept this long (hourly roll-ups stay)
+hourly_retention_days = 400.0    # hourly usage roll-ups kept this long
+
 [ha]
 # Several routers in front of one fleet (docs/ha.md).
 feed_listen = "127.0.0.1:0"      # routing as one: where this router publishes its prefix-tree inserts

@@ -375,6 +375,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
                 inner.start_soon(control.guard.run)
                 inner.start_soon(router.kv.run)  # tier 2's parity verdicts and alarm
                 inner.start_soon(control.reloader.serve_sighup)  # SIGHUP: llmgw ctl config reload
+                inner.start_soon(control.tenants.sync.run)  # tenants' usage flush, quota shares, roll-up
                 # before the listeners open: the first request after the start finds them
                 await control.restore_routing(pool)
                 info: dict[str, Any] = {}

@@ -221,7 +221,7 @@ class AdapterRouting:
             q.requeue(woken)
             plan.ticket = woken
             return woken
-        t = q.enqueue(plan.info.request_id, now + core.rc.queue_timeout_s, now)
+        t = core.wait.enqueue(q, plan, now + core.rc.queue_timeout_s, now)
         if t is None:
             plan.adapter_wait = False
             raise core._reject(plan, now, "adapter_no_room", f"{got.reason}; the wait queue is full.")

@@ -106,6 +106,15 @@ class Ticket:
     request_id: str
     deadline: float
     enqueued_at: float | None = None
+    # fair queueing (llmgw.route.fair_queue; WaitQueue leaves them as they are)
+    tenant: str = "-"
+    band: int = 2  # llmgw.tenants.model.band_rank: higher goes first
+    cost: int = 1  # tokens: the prompt estimate + max_tokens
+    displaced: bool = False  # a full queue gave its place to a higher band or a fairer share: answer 429
+    displaced_by: str = ""  # ... "a higher band" or "fair share" (the 429 says it)
+    start: float = 0.0  # its virtual start and finish tags in its band
+    finish: float = 0.0
+    share: float = 1.0  # its tenant's share of the band when it was let through
 
 
 def suggest_retry_after(queue_len: int, drain_rate: float | None, *, default: int = 5) -> int:

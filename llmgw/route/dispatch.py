@@ -9,8 +9,8 @@ The shell asks three things, and the answers carry everything it then does:
    included) — :mod:`.planner` — and note whether tier 2's step is to come. Raises
    :class:`~.openai_req.ApiError` for a bad request.
 2. ``next(plan, now, wall)`` once per attempt: tier 2's step first (:mod:`.tier2`: the prompt's
-   KV block hashes, from its cache or by asking the shell), admission (a bounded FIFO wait
-   while every replica is saturated: :mod:`.waiting`), the decision (filter → score → pick,
+   KV block hashes, from its cache or by asking the shell), admission (a bounded wait while
+   every replica is saturated, by priority band and fair share: :mod:`.waiting`), the decision (filter → score → pick,
    kept in the decision ring and counted), the permits (cap, breaker, inflight: an
    :class:`~.attempt.Attempt`), the commit that lets stateful scorers learn the pick. The
    answer is an Attempt to send upstream, or something to do first and then ask again — a
@@ -18,6 +18,8 @@ The shell asks three things, and the answers carry everything it then does:
    adapter to wait on (reported with ``adapters.waited``), a :class:`~.tier2.Tokenize` call to
    make and answer with ``tokenized(plan, step, now, status, body, error)`` — or an ApiError
    raised (429 when the queue is full, 502/503/504 when no attempt is left), already counted.
+   A waiter displaced from a full queue (:mod:`.fair_queue`: by a higher band's arrival, or by
+   a tenant with less queued) is woken (``displaced``) and its ``next`` raises the 429.
 3. ``finish(plan, attempt, now, failure, ...)`` once per attempt that went out: the permits go
    back exactly once, the request is counted where it ended, and the answer is the waiting
    tickets that may now proceed (``attempt.waiters``: some still wait).
@@ -66,7 +68,7 @@ from .scheduler import Scheduler
 from .tier2 import Tier2, Tokenize
 from .trace import AttemptRecord, Trace, TraceRing, upstream_headers
 from .traceparent import new_span_id
-from .types import Decision, SchedulerConfig
+from .types import Decision, SchedulerConfig, TenantTag
 from .waiting import WaitRoom
 
 __all__ = ["KINDS", "RouterCore"]
@@ -127,13 +129,16 @@ class RouterCore:
     # -- 1. the request ------------------------------------------------------------------------
     def plan(self, kind: str, body: bytes, rid: str, *, strategy: str | None, session: str | None,
              now: float, revision: str | None = None, internal: bool = False,
-             traceparent: str | None = None, tracestate: str | None = None) -> Plan:
+             traceparent: str | None = None, tracestate: str | None = None,
+             tenant: TenantTag | None = None) -> Plan:
         """The request, planned (:meth:`.planner.Planner.plan`): its model, strategy and
         RequestInfo, its trace (in the client's W3C trace when `traceparent` is valid), and
-        whether tier 2's step is to come (a kv_events model under a strategy that weighs it)."""
+        whether tier 2's step is to come (a kv_events model under a strategy that weighs it).
+        `tenant`: who sent it (its band, weight and cost in the wait queue); None: the anonymous
+        tenant "-", band normal, weight 1, cost the prompt estimate."""
         plan = self.planner.plan(kind, body, rid, strategy=strategy, session=session, now=now,
                                  revision=revision, internal=internal, traceparent=traceparent,
-                                 tracestate=tracestate)
+                                 tracestate=tracestate, tenant=tenant)
         plan.tier2 = self.tier2.wants(plan)
         return plan
 
@@ -179,6 +184,12 @@ class RouterCore:
         """... or a :class:`~.adapters.Load` of the request's LoRA adapter to wait on (then the
         shell reports with ``adapters.waited`` and asks again), or tier 2's
         :class:`~.tier2.Tokenize` to answer (:meth:`tokenized`, then ask again)."""
+        t = plan.ticket
+        if t is not None and t.displaced:  # a full queue gave its place away: the 429
+            plan.ticket = None
+            self._settle(plan, now, count=True)
+            raise self._reject(plan, now, "queue_displaced",
+                               f"All replicas are saturated and the wait queue is full ({t.displaced_by}).")
         if plan.tier2:
             ask = self.tier2.step(plan, now)
             if ask is not None:
@@ -193,6 +204,7 @@ class RouterCore:
                 return plan.ticket
             plan.ticket = None
             plan.admitted = True
+            self.wait.let_through(plan, t)
         elif not plan.admitted:
             if self.wait.queue(entry).admit_now(lambda: self.wait.saturated(entry, now)):
                 plan.admitted = True
@@ -212,6 +224,7 @@ class RouterCore:
             if tried:
                 views = [v for v in views if v.id not in tried]
             d = sched.decide(info, views, plan.strategy, now=now, wall=wall, rng=self.rng, commit=False)
+            d.tenant, d.band, d.share = self.wait.admission_of(plan)
             self.decisions.append(d)
             self.counters.decision(d)
             if trace is not None:
@@ -317,11 +330,16 @@ class RouterCore:
         if plan.trace is not None and plan.trace.last_phase != "queued":
             plan.trace.mark("queued", now)
         q = self.wait.queue(plan.entry)
-        t = q.enqueue(plan.info.request_id, now + self.rc.queue_timeout_s, now)
+        t = self.wait.enqueue(q, plan, now + self.rc.queue_timeout_s, now)
         if t is None:
             raise self._reject(plan, now, "queue_full", "All replicas are saturated and the wait queue is full.")
         plan.ticket = t
         return t
+
+    def displaced(self) -> list[Ticket]:
+        """The waiters displaced from a full queue since the last call: the shell wakes them (each
+        then gets its 429 from ``next``). Ask after every ``next`` that answered a Ticket."""
+        return self.wait.displaced()
 
     def turn_passed(self, plan: Plan, now: float) -> list[Ticket]:
         """The request stops waiting (its client left, its deadline passed) just as it was let
@@ -430,6 +448,11 @@ class RouterCore:
         the HTTP server's 413/431/400/408, a bug): its one count, under model "-"."""
         self.counters.request_done("-", outcome, status, None, None)
 
+    def refused(self, plan: Plan, now: float, status: int) -> None:
+        """The shell refused the planned request before any attempt (tenancy: 403 for its model,
+        429 for a quota): its one count, under its model, and its trace ends."""
+        self._done(plan, "rejected", status, None, None, now)
+
     def failed(self, plan: Plan) -> None:
         """A bug on the request's path: its one count (if not counted yet), under its model, as
         the 500 the server answers."""
@@ -487,6 +510,16 @@ class RouterCore:
 
     def queue_lengths(self) -> dict[str, int]:
         return self.wait.lengths()
+
+    def queue_by_band(self) -> dict[tuple[str, str], int]:
+        return self.wait.by_band()
+
+    def queue_displaced(self) -> dict[str, int]:
+        return self.wait.displaced_by_band()
+
+    def queue_by_tenant(self) -> dict[str, dict[str, float]]:
+        """Tenant -> {waiting, cost, share} in the wait queues now (the admin API's TenantView)."""
+        return self.wait.by_tenant()
 
     # -- replicas coming and going -------------------------------------------------------------------
     def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,

@@ -13,7 +13,7 @@ from .breaker import FailureKind
 from .replicas import ModelEntry, Replica
 from .strategies import Strategy
 from .trace import Trace
-from .types import RequestInfo
+from .types import RequestInfo, TenantTag
 
 __all__ = ["Plan"]
 
@@ -50,6 +50,8 @@ class Plan:
     internal: bool = False  # the eval runner's: not client traffic (not in the canary's tally)
     tier2: bool = False  # tier 2's step (its prompt's KV block hashes) is still to do (tier2.py)
     tier2_started: float | None = None  # ... began then (Tier2's clock)
+    tenant: TenantTag | None = None  # who sent it (admission's band and share); None: the anonymous tenant
+    share: float = 1.0  # its tenant's share of its band when it was let through (1.0: it did not wait)
 
     @property
     def model(self) -> str:

@@ -21,7 +21,8 @@ from .request_head import request_head
 from .strategies import Strategy, StrategyError, resolve
 from .trace import MAX_NAME, Trace, TraceRing
 from .traceparent import SAMPLED, new_span_id, new_trace_id, parse_traceparent, parse_tracestate, sampled
-from .types import RequestInfo
+from .fair_queue import ANONYMOUS, NORMAL_NAME
+from .types import RequestInfo, TenantTag
 
 __all__ = ["STRATEGY_HEADER", "Planner"]
 
@@ -52,15 +53,22 @@ class Planner:
 
     def plan(self, kind: str, body: bytes, rid: str, *, strategy: str | None, session: str | None,
              now: float, revision: str | None = None, internal: bool = False,
-             traceparent: str | None = None, tracestate: str | None = None) -> Plan:
+             traceparent: str | None = None, tracestate: str | None = None,
+             tenant: TenantTag | None = None) -> Plan:
         """`revision="candidate"`: to the model's candidate revision (the eval runner's requests;
         the shell checks who may ask); `"live"`: to the live one, never the canary's share.
         Otherwise the live revision — or, for a model with a canary share (set_canary), the
         candidate for that share of requests. `internal`: the eval runner's request (not client
         traffic: counted apart too, counters.internal). The trace carries the revision's id
         (set_revision) and the client's W3C trace context (`traceparent`, `tracestate`: the
-        headers, None when absent; a malformed traceparent is counted and ignored)."""
+        headers, None when absent; a malformed traceparent is counted and ignored). `tenant`: who
+        sent it (the plan and the trace carry it; None: the anonymous tenant)."""
         trace = Trace(rid, name=kind, started=now, wall=self._wall(), bytes_out=len(body))
+        if tenant is None:
+            trace.tenant, trace.key, trace.band = ANONYMOUS, ANONYMOUS, NORMAL_NAME
+        else:
+            trace.tenant, trace.key, trace.band = tenant.tenant, tenant.key, tenant.band_name
+        trace.share = 1.0
         self._trace_context(trace, traceparent, tracestate)
         trace.mark("prepare", now)
         self.traces.add(trace)
@@ -97,7 +105,8 @@ class Planner:
                            prompt_tokens_estimate=b.prompt_chars // 4, strategy=strat.name,
                            head=request_head(b.obj, kind) if kind != "embeddings" else b"",
                            cache_salt=salt if isinstance(salt, str) else None)
-        return Plan(info, entry, strat, b.stream, now, body=b.obj, raw=body, trace=trace, internal=internal)
+        return Plan(info, entry, strat, b.stream, now, body=b.obj, raw=body, trace=trace, internal=internal,
+                    tenant=tenant)
 
     def _trace_context(self, trace: Trace, traceparent: str | None, tracestate: str | None) -> None:
         """The client's trace when its traceparent is valid (ours is a span of it; its sampled flag

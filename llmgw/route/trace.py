@@ -73,9 +73,9 @@ class AttemptRecord:
 
 
 class Trace:
-    __slots__ = ("attempts", "bytes_in", "bytes_out", "decisions", "ended", "flags", "id", "kind", "marks", "model",
-                 "name", "outcome", "parent_span_id", "revision", "span_id", "started", "status", "strategy",
-                 "stream", "trace_id", "tracestate", "wall")
+    __slots__ = ("attempts", "band", "bytes_in", "bytes_out", "decisions", "ended", "flags", "id", "key", "kind",
+                 "marks", "model", "name", "outcome", "parent_span_id", "revision", "share", "span_id", "started",
+                 "status", "strategy", "stream", "tenant", "trace_id", "tracestate", "wall")
 
     def __init__(self, id: str, *, kind: str = "request", name: str = "", started: float, wall: float,
                  model: str = "", stream: bool = False, bytes_out: int = 0) -> None:
@@ -97,6 +97,12 @@ class Trace:
         self.parent_span_id = ""  # the client's span, when its traceparent was valid
         self.flags = 0  # trace flags (SAMPLED)
         self.tracestate = ""  # the client's, passed on to the engine
+        # who sent it (a request's; None for a job): tenant, API key id, priority band, and its
+        # share of the band when admission let it through (1.0 when it did not wait)
+        self.tenant: str | None = None
+        self.key: str | None = None
+        self.band: str | None = None
+        self.share: float | None = None
 
     def mark(self, phase: str, at: float, attempt: int = 0, note: str = "") -> None:
         """Open phase ``phase`` at ``at`` (the one before ends there). A mark before the last is
@@ -161,6 +167,7 @@ class Trace:
             "bytes_out": self.bytes_out, "bytes_in": self.bytes_in, "retries": sum(a.retried for a in self.attempts),
             "trace_id": self.trace_id, "span_id": self.span_id, "parent_span_id": self.parent_span_id,
             "phases": phases, "attempts": [_attempt_dict(a, t0) for a in self.attempts],
+            "tenant": self.tenant, "key": self.key, "band": self.band, "share": self.share,
         }
 
 

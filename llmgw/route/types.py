@@ -9,7 +9,7 @@ from typing import Any
 
 from .hashring import DEFAULT_C, DEFAULT_VNODES
 
-__all__ = ["SchedulerConfig", "EndpointView", "RequestInfo", "Candidate", "FilterDrop", "Decision"]
+__all__ = ["SchedulerConfig", "EndpointView", "RequestInfo", "Candidate", "FilterDrop", "Decision", "TenantTag"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,19 @@ class EndpointView:
     max_inflight: int | None = None  # admission cap per replica (pool setting)
     drain_rate: float | None = None  # requests finished per second, from engine counters
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantTag:
+    """Who sent a request, as admission weighs it (the shell makes it from the authenticated
+    principal): its place in the wait queue's bands and its fair share within one."""
+
+    tenant: str
+    key: str  # the API key's id ("static", "-" for none)
+    band: int  # llmgw.tenants.model.band_rank: higher goes first
+    band_name: str
+    weight: float  # the tenant's share of its band's service, relative to the others waiting
+    cost: int  # tokens: the prompt estimate + max_tokens (what the Limiter charges)
 
 
 @dataclass(slots=True)
@@ -123,6 +136,11 @@ class Decision:
     # resort): its breaker may be asked for an early probe.
     fallback: bool = False
     prefix: str | None = None  # the prefix tier's outcome: hit / miss / guarded / spilled
+    # admission: the request's tenant, band and its share of the band when it was let through
+    # (1.0 when it did not wait); None: not set (a decision made outside RouterCore)
+    tenant: str | None = None
+    band: str | None = None
+    share: float | None = None
     # What stateful scorers noted while scoring, for their observe() hook; the scheduler's
     # commit() hands it to them once and clears it (never kept in the decision ring).
     pending: list[tuple[Any, Any]] | None = None
@@ -137,4 +155,5 @@ class Decision:
             "dropped": [{"filter": d.filter, "endpoint": d.endpoint_id, "reason": d.reason}
                         for d in self.dropped],
             "decided_at": self.decided_at, "decide_us": self.decide_us, "note": self.note,
+            "tenant": self.tenant, "band": self.band, "share": self.share,
         }

@@ -1,11 +1,13 @@
 """The models' wait queues, and when a waiter may go (pure): a request waits while every live
 replica of its model is saturated (RouterCore.next, admission), and is let through as room comes
 back — a request ended, a replica came or its breaker closed, a scrape showed room. Counting the
-ones that give up, and their 429, stays with the core (RouterCore.left_queue)."""
+ones that give up, and their 429, stays with the core (RouterCore.left_queue). Each queue is a
+:class:`~.fair_queue.FairQueue`: priority bands, fair shares within a band, displacement when full."""
 
 from __future__ import annotations
 
-from .admission import Ticket, WaitQueue
+from .admission import Ticket
+from .fair_queue import ANONYMOUS, NORMAL, NORMAL_NAME, FairQueue
 from .filters import is_saturated, room
 from .plan import Plan
 from .replicas import ModelEntry, Replica, ReplicaTable
@@ -19,13 +21,42 @@ class WaitRoom:
         self.queue_size = queue_size
         self.config = config
         self.table = table
-        self.queues: dict[str, WaitQueue] = {}
+        self.queues: dict[str, FairQueue] = {}
 
-    def queue(self, entry: ModelEntry) -> WaitQueue:
+    def queue(self, entry: ModelEntry) -> FairQueue:
         q = self.queues.get(entry.name)
         if q is None:
-            q = self.queues[entry.name] = WaitQueue(self.queue_size)
+            q = self.queues[entry.name] = FairQueue(self.queue_size)
         return q
+
+    def enqueue(self, q: FairQueue, plan: Plan, deadline: float, now: float) -> Ticket | None:
+        """`plan`'s ticket in `q` under its tenant's tag (None: the anonymous tenant, band normal,
+        weight 1, cost the prompt estimate), or None when the queue is full (and it displaced
+        nobody). The trace's "queued" phase says the band and the share it waits with."""
+        tag = plan.tenant
+        if tag is None:
+            tenant, band, name, weight, cost = ANONYMOUS, NORMAL, NORMAL_NAME, 1.0, plan.info.prompt_tokens_estimate
+        else:
+            tenant, band, name, weight, cost = tag.tenant, tag.band, tag.band_name, tag.weight, tag.cost
+        t = q.enqueue(plan.info.request_id, deadline, now, tenant=tenant, band=band, weight=weight, cost=cost)
+        trace = plan.trace
+        if t is not None and trace is not None and trace.marks and trace.last_phase == "queued":
+            phase, at, attempt, _ = trace.marks[-1]
+            trace.marks[-1] = (phase, at, attempt, f"band {name}, share {q.share(tenant, band):.2f}")
+        return t
+
+    @staticmethod
+    def let_through(plan: Plan, t: Ticket) -> None:
+        """A waiter was let through: its share of its band then, for the decision and the trace."""
+        plan.share = t.share
+        if plan.trace is not None:
+            plan.trace.share = t.share
+
+    @staticmethod
+    def admission_of(plan: Plan) -> tuple[str, str, float]:
+        """(tenant, band name, share) for the request's decision."""
+        tag = plan.tenant
+        return (ANONYMOUS, NORMAL_NAME, plan.share) if tag is None else (tag.tenant, tag.band_name, plan.share)
 
     def saturated(self, entry: ModelEntry, now: float) -> bool:
         # Replicas behind an open breaker don't count: waiting cannot help them, and the
@@ -42,9 +73,9 @@ class WaitRoom:
 
     def turn_passed(self, plan: Plan, now: float) -> list[Ticket]:
         """The request stops waiting just as it was let through: the room it was woken for
-        passes to the next waiter."""
+        passes to the next waiter. A displaced ticket was given no room: it passes none."""
         t = plan.ticket
-        if t is None or t in self.queue(plan.entry):
+        if t is None or t.displaced or t in self.queue(plan.entry):
             return []
         return self.freed(plan.model, now)
 
@@ -81,3 +112,36 @@ class WaitRoom:
 
     def lengths(self) -> dict[str, int]:
         return {m: len(q) for m, q in self.queues.items()}
+
+    def displaced(self) -> list[Ticket]:
+        """Every queue's tickets displaced since the last call (each once): to wake, for their 429."""
+        out: list[Ticket] = []
+        for q in self.queues.values():
+            out += q.take_displaced()
+        return out
+
+    def by_band(self) -> dict[tuple[str, str], int]:
+        """(model, band name) -> tickets waiting (the llmgw_queue_waiting gauge)."""
+        return {(m, b): n for m, q in self.queues.items() for b, n in q.bands().items()}
+
+    def displaced_by_band(self) -> dict[str, int]:
+        """Band name -> tickets displaced so far, over every model (llmgw_queue_displaced_total)."""
+        out: dict[str, int] = {}
+        for q in self.queues.values():
+            for b, n in q.displaced_by_band().items():
+                out[b] = out.get(b, 0) + n
+        return out
+
+    def by_tenant(self) -> dict[str, dict[str, float]]:
+        """Tenant -> {waiting, cost, share} over every model's queue (share: the largest it has)."""
+        out: dict[str, dict[str, float]] = {}
+        for q in self.queues.values():
+            for name, e in q.tenants().items():
+                o = out.get(name)
+                if o is None:
+                    out[name] = dict(e)
+                else:
+                    o["waiting"] += e["waiting"]
+                    o["cost"] += e["cost"]
+                    o["share"] = max(o["share"], e["share"])
+        return out

@@ -34,7 +34,7 @@ REDRAW_S = 0.25  # at most four redraws a second, however fast decisions come
 # ...and a redraw's cost buys that much quiet after it: filling tables takes at most this share of
 # the time (rendering them roughly as much again), so a busy router's console stays light on its host
 REDRAW_BUDGET = 0.1
-FACILITY_REFRESH_S = 5.0  # the Facility view refetches GET /api/v1/facility this often while shown
+FACILITY_REFRESH_S = 5.0  # the Facility (Tenants) view refetches GET /api/v1/facility (tenants) this often while shown
 
 
 class ConsoleApp(App[int]):
@@ -139,6 +139,8 @@ class ConsoleApp(App[int]):
         view = self.active_view()
         if view.view_id == "facility":
             self.refresh_facility()
+        elif view.view_id == "tenants":
+            self.refresh_tenants()
         if view.stale:
             view.refresh_from(self.state)
         view.focus_main()
@@ -206,8 +208,26 @@ class ConsoleApp(App[int]):
 
     # -- the facility view's data: not in the stream, fetched while it is shown ------------------------
     def _facility_tick(self) -> None:
-        if self._tabs.is_attached and self.active_view().view_id == "facility" and len(self.screen_stack) == 1:
+        if not self._tabs.is_attached or len(self.screen_stack) != 1:
+            return
+        shown = self.active_view().view_id
+        if shown == "facility":
             self.refresh_facility()
+        elif shown == "tenants":
+            self.refresh_tenants()
+
+    def refresh_tenants(self) -> None:
+        """GET /api/v1/tenants (the Tenants view: not in the stream, fetched while it is shown)."""
+        self.run_worker(self._refresh_tenants(), group="tenants", exclusive=True)
+
+    async def _refresh_tenants(self) -> None:
+        try:
+            views = await self.client.tenants()
+        except AdminError as e:
+            self.notify(f"tenants: {e}", severity="warning", timeout=6)
+            return
+        self._dirty |= self.state.put_tenants(views)
+        self._redraw(force=True)
 
     def refresh_facility(self) -> None:
         self.run_worker(self._refresh_facility(), group="facility", exclusive=True)

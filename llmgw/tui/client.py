@@ -65,6 +65,10 @@ class AdminAPI(Protocol):
 
     async def explain_placement(self, target: str) -> dict[str, Any]: ...
 
+    async def tenants(self) -> list[dict[str, Any]]:
+        """Every tenant with its keys, today's use, quota use and queue share (GET /api/v1/tenants)."""
+        ...
+
     # the model lifecycle (the Lifecycle view; docs/lifecycle.md)
     async def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         """Any GET under /api/v1 (the Lifecycle view's jobs, revisions, suites)."""
@@ -193,6 +197,11 @@ class AdminClient:
 
     async def explain_placement(self, target: str) -> dict[str, Any]:
         return await self._call("GET", f"/placement/{quote(target, safe='')}", None)
+
+    async def tenants(self) -> list[dict[str, Any]]:
+        """Every tenant with its keys, today's use, quota use and queue share (GET /api/v1/tenants)."""
+        got = await self._request("GET", "/tenants", None, None)
+        return got if isinstance(got, list) else []
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -68,6 +68,8 @@ class ConsoleState:
     # is shown (lifecycle_fetch.py; the shape is in lifecycle_rows.py)
     lifecycle: dict[str, Any] = field(default_factory=dict)
     facility: dict[str, Any] = field(default_factory=dict)  # GET /api/v1/facility: fetched, not streamed
+    tenants: list[dict[str, Any]] = field(default_factory=list)  # GET /api/v1/tenants: fetched, not streamed
+    tenants_fetched: bool = False  # ... at least once
     decisions: deque[DecisionEntry] = field(init=False)  # newest first
     link: Link = field(default_factory=Link)
     _seq: int = field(default=0, init=False)
@@ -161,6 +163,12 @@ class ConsoleState:
         """The facility's domains and holds as GET /api/v1/facility answered (not in the stream)."""
         self.facility = as_dict(view)
         return frozenset({"facility"})
+
+    def put_tenants(self, views: Any) -> frozenset[str]:
+        """The tenants as GET /api/v1/tenants answered (a list of TenantView; not in the stream)."""
+        self.tenants = as_list(views)
+        self.tenants_fetched = True
+        return frozenset({"tenants"})
 
     def put_node(self, view: Mapping[str, Any]) -> frozenset[str]:
         """A node as an admin call answered it (e.g. after setting labels), ahead of the next update."""

@@ -26,6 +26,7 @@ from llmgw.cli.ctl.config import register as register_config
 from llmgw.cli.ctl.lifecycle import MODEL_ACTIONS, add_model_options, model_action, register
 from llmgw.cli.ctl.output import CtlError, age, emit, table
 from llmgw.cli.ctl.routing import register as register_routing
+from llmgw.cli.ctl.tenants import register as register_tenants
 from llmgw.cli.ctl.views import model_text, routers_text, status_text, store_line
 from llmgw.fleet.domains import expand_key, label_clash
 
@@ -411,6 +412,7 @@ def parser() -> argparse.ArgumentParser:
     register_routing(add)
     register(add)
     register_config(add)
+    register_tenants(add)
     return p
 
 

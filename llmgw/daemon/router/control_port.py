@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -24,6 +24,8 @@ from llmgw.fleet.wire import KvEvents
 from llmgw.daemon.router.kv_view import kv_summary
 from llmgw.route.trace import TraceRing
 from llmgw.route.types import Decision
+from llmgw.tenants.book import TenantBook
+from llmgw.tenants.usage import UsageRecord
 
 if TYPE_CHECKING:
     from llmgw.daemon.router.proxy import Router
@@ -101,6 +103,37 @@ class RouterPort(Protocol):
     def set_feed_peers(self, peers: Mapping[str, str]) -> None:
         """The other live routers' peer feeds, ``{router_id: "host:port"}``: this router
         subscribes to exactly these from now on (nothing when it runs no feed)."""
+
+    # -- tenants: keys, quotas, usage (docs/tenants.md) ------------------------------------------
+    def set_tenants(self, book: TenantBook) -> None:
+        """The store's tenants and keys (and the config's static keys): who may send what, from the
+        next request on. Quota state (buckets, budgets used) carries over."""
+
+    def usage_drain(self) -> list[UsageRecord]:
+        """This router's usage since the last drain, by minute, tenant, key and model (the flush)."""
+
+    def usage_put_back(self, records: list[UsageRecord]) -> None:
+        """A drained batch the store did not take: kept (merged) for the next flush."""
+
+    def usage_peek(self) -> list[UsageRecord]:
+        """What the next drain would give, left in place (the admin API adds it to the store's)."""
+
+    def quota_demand(self) -> dict[tuple[str, str], float]:
+        """Per quota scope, ``("tenant", name)`` or ``("key", id)``, this router's recent demand
+        in requests per minute (several routers share limits by it)."""
+
+    def set_quota_shares(self, shares: Mapping[tuple[str, str], float]) -> None:
+        """This router's fraction (0–1] of each scope's rpm, tpm and concurrency (missing: 1)."""
+
+    def set_spent(self, spent: Mapping[tuple[str, str, str], int], *, as_of: float | None = None) -> None:
+        """Tokens the store knows as used per (kind, name, period: "day:YYYY-MM-DD" | "month:YYYY-MM");
+        `as_of`: the wall time of the last successful flush's drain (Limiter.set_spent)."""
+
+    def quota_use(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """Per scope: rpm/tpm {limit, remaining}, concurrency {limit, inflight}, day/month {limit, used}."""
+
+    def queue_by_tenant(self) -> dict[str, dict[str, Any]]:
+        """Per tenant, over every model's wait queue: {waiting, cost, share}."""
 
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:
@@ -194,6 +227,34 @@ class RouterAdapter:
         feed = self._router.peer_feed
         if feed is not None:
             feed.set_peers(peers)
+
+    # -- tenants ----------------------------------------------------------------------------------
+    def set_tenants(self, book: TenantBook) -> None:
+        self._router.tenancy.set_book(book)
+
+    def usage_drain(self) -> list[UsageRecord]:
+        return self._router.tenancy.usage.drain()
+
+    def usage_put_back(self, records: list[UsageRecord]) -> None:
+        self._router.tenancy.usage.put_back(records)
+
+    def usage_peek(self) -> list[UsageRecord]:
+        return self._router.tenancy.usage.peek()
+
+    def quota_demand(self) -> dict[tuple[str, str], float]:
+        return self._router.tenancy.limiter.demand()
+
+    def set_quota_shares(self, shares: Mapping[tuple[str, str], float]) -> None:
+        self._router.tenancy.limiter.set_shares(shares)
+
+    def set_spent(self, spent: Mapping[tuple[str, str, str], int], *, as_of: float | None = None) -> None:
+        self._router.tenancy.limiter.set_spent(spent, as_of=as_of)
+
+    def quota_use(self) -> dict[tuple[str, str], dict[str, Any]]:
+        return self._router.tenancy.limiter.use(trio.current_time())
+
+    def queue_by_tenant(self) -> dict[str, dict[str, Any]]:
+        return dict(self._router.core.queue_by_tenant())
 
     # -- the admin API --------------------------------------------------------------------------
     def decisions(self) -> Sequence[Decision]:

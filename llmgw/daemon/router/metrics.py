@@ -51,6 +51,10 @@ class MetricsSource(Protocol):
 
     def queue_lengths(self) -> Mapping[str, int]: ...
 
+    def queue_by_band(self) -> Mapping[tuple[str, str], int]: ...
+
+    def queue_displaced(self) -> Mapping[str, int]: ...
+
     def counts(self) -> RouterCounters: ...
 
 
@@ -203,6 +207,17 @@ class RouterMetrics(Collector):
         for model, n in src.queue_lengths().items():
             q.add_metric([model], n)
         yield q
+        w = GaugeMetricFamily("llmgw_queue_waiting", "Requests waiting for capacity, by priority band.",
+                              labels=["model", "band"])
+        for (model, band), n in sorted(src.queue_by_band().items()):
+            w.add_metric([model, band], n)
+        yield w
+        d = CounterMetricFamily("llmgw_queue_displaced", "Waiting requests a full queue gave up (answered 429) "
+                                "for a higher band's arrival or a fairer share, by the displaced one's band.",
+                                labels=["band"])
+        for band, n in sorted(src.queue_displaced().items()):
+            d.add_metric([band], n)
+        yield d
 
 
 # Seconds of tier 2's /tokenize step per request (a cached prompt takes microseconds).

@@ -45,6 +45,7 @@ from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.daemon.router.metrics import RouterMetrics, Tier2DecisionMetrics
 from llmgw.daemon.router.peer_feed import PeerFeed
 from llmgw.daemon.router.registry import Registry, Replica
+from llmgw.daemon.router.tenancy import Admitted, Tenancy, TenantMetrics
 from llmgw.daemon.router.tokenize import Tier2Metrics, Tokenizer
 from llmgw.daemon.router.otel_export import TraceExportMetrics, make_exporter, trace_sink
 from llmgw.daemon.router.trace_log import TraceLog
@@ -63,6 +64,7 @@ from llmgw.route.openai_req import ApiError, error_body
 from llmgw.route.prefix_scorer import PrefixRouting
 from llmgw.route.readiness import readiness
 from llmgw.route.types import Decision
+from llmgw.tenants.book import Principal
 
 log = logging.getLogger("llmgw.router")
 
@@ -151,7 +153,10 @@ class Router:
         self.otlp = make_exporter(cfg.router.traces, _rid_bits)
         self.core.on_trace_end = trace_sink(self.trace_log, self.otlp)
         self.metrics.registry.register(TraceExportMetrics(self.core.traceparent_invalid, self.otlp))
-        self.api_keys = set(cfg.server.api_keys)
+        # who sends each request, what it may use, and what it used (docs/tenants.md): the book
+        # is the config's static keys until the control plane pushes the store's (set_tenants)
+        self.tenancy = Tenancy(cfg, trio.current_time, time.time)
+        self.metrics.registry.register(TenantMetrics(self.tenancy))
         self.rid_header = cfg.server.request_id_header.lower()
         # What the control plane's eval runner sends (INTERNAL_HEADER) to reach a candidate
         # revision (REVISION_HEADER): a secret of this process, never logged or answered.
@@ -219,14 +224,15 @@ class Router:
                 return Response(200, [("content-type", _JSON)], b'{"status":"ok"}')
             if path == "/ready":  # like /health, open to load balancers and orchestrators
                 return self._ready(req)
-            self._authorize(req)  # /metrics too: it names every model and replica
+            principal = self._authorize(req)  # /metrics too: it names every model and replica
             if path == "/metrics":
                 return Response(200, [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
                                 self.metrics.render())
             if path == "/v1/models" or path.startswith("/v1/models/"):
                 if req.method != "GET":
                     raise ApiError(405, f"Method {echo(req.method, quote='')} not allowed on {echo(path, quote='')}")
-                resp = self._models(rid) if path == "/v1/models" else self._model(path[11:], rid)
+                resp = self._models(rid, principal) if path == "/v1/models" else \
+                    self._model(path[11:], rid, principal)
                 self.core.answered("ok", 200)
                 return resp
             kind = KINDS.get(path)
@@ -234,7 +240,7 @@ class Router:
                 raise ApiError(404, f"Unknown route {echo(path, quote='')}", code="not_found")
             if req.method != "POST":
                 raise ApiError(405, f"Method {echo(req.method, quote='')} not allowed on {echo(path, quote='')}")
-            return await self._proxy(req, kind, rid)
+            return await self._proxy(req, kind, rid, principal)
         except ApiError as e:
             # Every client request is counted once: the core counted those that ended in it;
             # the rest are the router's own refusals (401, 404 model or route, 405, 400), under
@@ -254,46 +260,50 @@ class Router:
         r = readiness(self.registry, draining=self.draining)
         body = r.to_dict()
         try:
-            self._authorize(req)
+            self.tenancy.authenticate(req.header("authorization"), count=False)
         except ApiError:
             body = {"status": body["status"]}
         return Response(200 if r.ready else 503, [("content-type", _JSON)], json.dumps(body).encode())
 
-    def _authorize(self, req: Request) -> None:
-        if not self.api_keys:
-            return
-        auth = req.header("authorization") or ""
-        key = auth[7:] if auth[:7].lower() == "bearer " else None
-        if key is None or not any(_consteq(key, k) for k in self.api_keys):
-            raise ApiError(401, "Invalid or missing API key.", code="invalid_api_key")
+    def _authorize(self, req: Request) -> Principal | None:
+        """Who sent `req` (401 when its key is missing, unknown, revoked or expired); None for
+        llmgw's own eval runner (its internal token: no tenant, no quota, not counted as use)."""
+        token = req.header(INTERNAL_HEADER)
+        if token is not None and _consteq(token, self.internal_token):
+            return None
+        return self.tenancy.authenticate(req.header("authorization"))
 
-    def _model_objects(self) -> Iterable[dict[str, Any]]:
-        """OpenAI's model objects: each model, then its adapters (``parent`` names the base)."""
+    def _model_objects(self, p: Principal | None) -> Iterable[dict[str, Any]]:
+        """OpenAI's model objects: each model, then its adapters (``parent`` names the base) —
+        those `p` may use."""
         created = int(time.time())
+        allowed = self.tenancy.allows if p is not None and p.models is not None else None
         for m in self.registry.models.values():
             if is_candidate_key(m.name):
                 continue
-            yield {"id": m.name, "object": "model", "created": created, "owned_by": "llmgw",
-                   "root": m.name, "parent": None, "replicas": len(m.replicas)}
+            if allowed is None or allowed(p, m.name, None):
+                yield {"id": m.name, "object": "model", "created": created, "owned_by": "llmgw",
+                       "root": m.name, "parent": None, "replicas": len(m.replicas)}
             for a in sorted({*m.adapters, *m.declared}):  # declared ones, and what replicas list
-                yield {"id": a, "object": "model", "created": created, "owned_by": "llmgw",
-                       "root": a, "parent": m.name, "replicas": len(m.adapters.get(a, ()))}
+                if allowed is None or allowed(p, a, m.name):
+                    yield {"id": a, "object": "model", "created": created, "owned_by": "llmgw",
+                           "root": a, "parent": m.name, "replicas": len(m.adapters.get(a, ()))}
 
-    def _models(self, rid: str) -> Response:
+    def _models(self, rid: str, p: Principal | None) -> Response:
         return Response(200, [("content-type", _JSON), (self.rid_header, rid)],
-                        json.dumps({"object": "list", "data": list(self._model_objects())}).encode())
+                        json.dumps({"object": "list", "data": list(self._model_objects(p))}).encode())
 
-    def _model(self, quoted: str, rid: str) -> Response:
+    def _model(self, quoted: str, rid: str, p: Principal | None) -> Response:
         """``GET /v1/models/{id}``: one model object (a model or an adapter), or OpenAI's 404.
         The id is percent-decoded (a model name may hold a slash: ``org/name``)."""
         name = unquote(quoted)
-        for obj in self._model_objects():
+        for obj in self._model_objects(p):
             if obj["id"] == name:
                 return Response(200, [("content-type", _JSON), (self.rid_header, rid)], json.dumps(obj).encode())
         raise ApiError(404, f"The model {echo(name, quote='`')} does not exist.", param="model", code="model_not_found")
 
     # -- the request path ---------------------------------------------------------------------
-    async def _proxy(self, req: Request, kind: str, rid: str) -> Response:
+    async def _proxy(self, req: Request, kind: str, rid: str, principal: Principal | None) -> Response:
         core = self.core
         revision = req.header(REVISION_HEADER)
         token = req.header(INTERNAL_HEADER)
@@ -302,10 +312,22 @@ class Router:
             raise ApiError(403, f"The {REVISION_HEADER} header is for llmgw's own eval runner.",
                            param=REVISION_HEADER, code="forbidden")
         traceparent = req.header("traceparent")
+        # who sent it: its band and weight in the wait queue, and its trace's tenant and key (the
+        # cost, known once planned, is set with the admission: the Limiter's charge)
+        tag = None if principal is None else self.tenancy.tag(principal)
         plan = core.plan(kind, req.body, rid, strategy=req.header(STRATEGY_HEADER),
                          session=req.header("x-session-id"), now=trio.current_time(), revision=revision,
                          internal=internal, traceparent=traceparent,
-                         tracestate=None if traceparent is None else _tracestate(req))
+                         tracestate=None if traceparent is None else _tracestate(req), tenant=tag)
+        adm: Admitted | None = None
+        if principal is not None:
+            try:
+                adm = self.tenancy.admit(principal, plan)  # 403, 429
+            except ApiError as e:
+                core.refused(plan, trio.current_time(), e.status)
+                e.counted = True
+                raise
+            plan.tenant = self.tenancy.tag(principal, adm.cost)
         headers = [("content-type", "application/json"), ("x-request-id", rid)]
         try:
             while True:
@@ -318,8 +340,9 @@ class Router:
                                                  trio.current_time())
                         if cid is not None:
                             self._parity[step] = cid
-                    resp = await self._attempt(plan, step, req, headers, rid)
+                    resp = await self._attempt(plan, step, req, headers, rid, adm)
                     if resp is not None:
+                        adm = None  # its body's relay (or aclose) ends it
                         return resp
                 elif type(step) is Load:  # its LoRA adapter is being loaded (once, for all who want it)
                     await self.adapters.wait(plan, step)
@@ -328,21 +351,28 @@ class Router:
                     core.tokenized(plan, step, trio.current_time(), a.status, a.body, a.error)
                 else:
                     await self._wait(plan, step)  # type: ignore[arg-type]
-        except ApiError:
+        except ApiError as e:
+            if adm is not None:
+                e.headers.extend(adm.headers)
+                self.tenancy.end(adm, e.status)
             raise
         except Exception as e:  # a bug: counted once, under its model, as the 500 the server answers
             core.failed(plan)
             _end_trace(plan, "failed", 500)
             e.llmgw_counted = True  # type: ignore[attr-defined]
+            self.tenancy.end(adm, 500)
             raise
         except BaseException:  # cancelled (the client left) where no attempt or wait ended it
             _end_trace(plan, "client_cancelled", 499)
+            self.tenancy.end(adm, None)
             raise
 
     async def _wait(self, plan: Plan, ticket: Ticket) -> None:
         """Hold the request while every replica of the model is saturated (bounded, with a
-        deadline); the core then decides again."""
+        deadline); the core then decides again. Its arrival may have displaced a waiter from the
+        full queue (a lower band's, or a bigger tenant's): woken, that one gets its 429 from next."""
         event = self._wakers[ticket] = trio.Event()
+        self._wake(self.core.displaced())
         self.registry.scrape_soon()  # only a fresh reading can show the room it waits for
         try:
             with trio.move_on_at(ticket.deadline):
@@ -358,12 +388,14 @@ class Router:
         self.core.left_queue(plan, trio.current_time(), timed_out=True)  # raises the 429
 
     async def _attempt(self, plan: Plan, a: Attempt, req: Request, headers: list[tuple[str, str]],
-                       rid: str) -> Response | None:
+                       rid: str, adm: Admitted | None) -> Response | None:
         """One try on one replica: the client's Response, or None to ask the core again."""
         rc = self.cfg.router
         rep = a.replica
         a.sent_at = trio.current_time()  # the trace's connect phase starts here
         body = a.body if a.body is not None else req.body  # the core's rewrite (llama.cpp's adapter list)
+        if adm is not None and adm.strip:
+            body = self.tenancy.upstream_body(adm, body, plan)  # asks for the stream's usage
         # W3C traceparent: the request's trace, the attempt's span (the engine's spans are its children)
         headers = [*headers, *a.trace_headers]
         try:
@@ -398,14 +430,19 @@ class Router:
                        ("x-llmgw-endpoint", _header_value(rep.view.id))]
         if resp.status == 200 and plan.stream:
             out_headers.append(("cache-control", "no-cache"))
-        return Response(resp.status, out_headers, _Relay(self, plan, a, resp))
+        if adm is not None:
+            out_headers += adm.headers
+        return Response(resp.status, out_headers, _Relay(self, plan, a, resp, adm))
 
-    async def _relay(self, plan: Plan, a: Attempt, resp: UpstreamResponse, sink: BodySink) -> None:
+    async def _relay(self, plan: Plan, a: Attempt, resp: UpstreamResponse, sink: BodySink,
+                     adm: Admitted | None) -> None:
         """The body of a proxied response: the upstream's, relayed to the client as it arrives
         (the pool's relay task writes each read to the client's socket: no task switch a
         chunk); then the bookkeeping. Cancelled when the client leaves."""
         outcome: UpstreamError | str | None = None  # None: cancelled
         head_at = trio.current_time()  # relay() sends the head first: the client's first byte
+        if adm is not None:  # the usage tap (a stream's usage-only chunk out when the router asked for it)
+            sink = self.tenancy.tap(adm, sink, plan.stream and resp.status == 200)
         try:
             await resp.relay(sink)
             outcome = "ok"
@@ -426,6 +463,8 @@ class Router:
             # A failed relay ends the request here (the head is out: no retry): counted as done.
             first = resp.first_byte_at if resp.first_byte_at is not None or outcome == "ok" or outcome is None \
                 else head_at
+            if adm is not None:
+                self.tenancy.end(adm, resp.status, broken=outcome != "ok")
             self._finish(plan, a, outcome, first, resp.status, resp)
 
     def _finish(self, plan: Plan, a: Attempt, outcome: UpstreamError | str | None, first: float | None,
@@ -503,23 +542,25 @@ def _log_alarm(on: bool) -> None:
 
 class _Relay:
     """A proxied response's body (httpserver's RelayBody): Router._relay, once."""
-    __slots__ = ("attempt", "plan", "resp", "router", "used")
+    __slots__ = ("adm", "attempt", "plan", "resp", "router", "used")
 
-    def __init__(self, router: Router, plan: Plan, attempt: Attempt, resp: UpstreamResponse) -> None:
-        self.router, self.plan, self.attempt, self.resp = router, plan, attempt, resp
+    def __init__(self, router: Router, plan: Plan, attempt: Attempt, resp: UpstreamResponse,
+                 adm: Admitted | None) -> None:
+        self.router, self.plan, self.attempt, self.resp, self.adm = router, plan, attempt, resp, adm
         self.used = False
 
     async def relay(self, sink: BodySink) -> None:
         if self.used:
             raise RuntimeError("a response body can be relayed once")
         self.used = True
-        await self.router._relay(self.plan, self.attempt, self.resp, sink)
+        await self.router._relay(self.plan, self.attempt, self.resp, sink, self.adm)
 
     async def aclose(self) -> None:
         """relay() never ran (e.g. a HEAD request): close the upstream side, book it as cancelled."""
         if not self.used:
             self.used = True
             self.resp.close()
+            self.router.tenancy.end(self.adm, self.resp.status, broken=True)
             self.router._finish(self.plan, self.attempt, None, None, self.resp.status, self.resp)
 
 

@@ -12,11 +12,12 @@ from llmgw.tui.views.help import HelpView
 from llmgw.tui.views.lifecycle import LifecycleView
 from llmgw.tui.views.models import ModelsView
 from llmgw.tui.views.nodes import NodesView
+from llmgw.tui.views.tenants import TenantsView
 
 __all__ = ["VIEWS", "ConsoleView"]
 
 VIEWS: tuple[type[ConsoleView], ...] = (NodesView, ModelsView, DecisionsView, CacheView, AdaptersView, LifecycleView,
-                                        FacilityView, HelpView)
+                                        FacilityView, TenantsView, HelpView)
 
 if len({v.key for v in VIEWS}) != len(VIEWS) or len({v.view_id for v in VIEWS}) != len(VIEWS):
     raise RuntimeError("two console views share a key or an id")

@@ -7,7 +7,8 @@ own token check and validation, queues it in the store's `admin_queue` for the l
 waits: the leader takes queued requests every `poll_s`, runs each through its own admin API as a
 local caller, and stores the answer, which the follower returns as it is (status, headers, body).
 
-Through the store rather than a connection between routers: the store is what every router can
+The answer is deleted from the store as the follower reads it: it may hold a secret (a new API
+key's, docs/tenants.md), which must not stay there. Through the store rather than a connection between routers: the store is what every router can
 already reach, with its credentials; the request (which may carry a model's `env`, secrets
 included) goes where those already are, and no listener or key is added.
 
@@ -93,7 +94,8 @@ class Forwarder:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 0.2)
                 try:
-                    answer = await ld._call(ld.store.admin_answer, qid)
+                    # taken: deleted once read, since an answer may hold a new API key's secret
+                    answer = await ld._call(ld.store.take_admin_answer, qid)
                 except Exception:  # noqa: BLE001 — counted by _call; keep waiting until the timeout
                     continue
                 if answer is not None:

@@ -49,6 +49,7 @@ from llmgw.daemon.control.admin.config import CONFIG_HANDLERS
 from llmgw.daemon.control.admin.facility import FACILITY_HANDLERS
 from llmgw.daemon.control.admin.forward import Forwarder, answer_of, request_of
 from llmgw.daemon.control.admin.routers import ROUTER_HANDLERS
+from llmgw.daemon.control.admin.tenants import TENANT_HANDLERS
 from llmgw.daemon.control.admin.lifecycle import LIFECYCLE_HANDLERS, BodyProblems
 from llmgw.daemon.control.agents.identity import RotateError
 from llmgw.daemon.control.plane.plane import ControlPlane, ModelError
@@ -102,6 +103,7 @@ _HANDLERS.update(LIFECYCLE_HANDLERS)  # the model lifecycle's (admin/lifecycle.p
 _HANDLERS.update(FACILITY_HANDLERS)  # the facility's (admin/facility.py)
 _HANDLERS.update(CONFIG_HANDLERS)  # the config file's check and reload (admin/config.py)
 _HANDLERS.update(ROUTER_HANDLERS)  # the routers sharing the store (admin/routers.py)
+_HANDLERS.update(TENANT_HANDLERS)  # tenants, API keys, usage (admin/tenants.py)
 
 
 # Changes that are this router's own, not the fleet's: made where they are asked, never forwarded.

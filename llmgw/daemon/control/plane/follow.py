@@ -14,6 +14,8 @@ connection) and `apply_snapshot` swaps it in on the trio thread:
   an engine before the leader's write of its assignment may reach this router: the report waits in
   `plane.heard` and is used when the assignment arrives);
 - holds, and the lifecycle's revisions, suites, results and jobs;
+- tenants and API keys: the router's TenantBook rebuilt and pushed when they changed (a key revoked
+  at the leader is refused here from then on);
 - the nodes' credentials (hashes): a node that joined at another router is known here, and one an
   operator revoked there has its stream here cut.
 
@@ -35,6 +37,7 @@ from llmgw.daemon.control.plane.config_reload import stored_override
 from llmgw.daemon.control.store.port import FleetStore
 from llmgw.daemon.control.store.rows import HoldRow
 from llmgw.daemon.control.store.state import StoredState, read_state
+from llmgw.daemon.control.tenants import TENANT_KINDS
 from llmgw.fleet.reconcile import Assignment, Hold
 from llmgw.fleet.types import RouterAddr
 
@@ -43,13 +46,14 @@ log = logging.getLogger("llmgw.control")
 __all__ = ["Snapshot", "apply_snapshot", "read_snapshot"]
 
 LIFECYCLE_KINDS = ("revisions", "suite", "result", "job")
+DOC_KINDS = (*LIFECYCLE_KINDS, *TENANT_KINDS)
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     state: StoredState
     holds: dict[str, HoldRow]
-    docs: dict[str, dict[str, dict[str, Any]]]  # lifecycle kind -> key -> value
+    docs: dict[str, dict[str, dict[str, Any]]]  # document kind (lifecycle, tenants) -> key -> value
     generation: int
     credentials: dict[str, Any] = field(default_factory=dict)  # node -> CredentialRow (hashes only)
 
@@ -57,7 +61,7 @@ class Snapshot:
 def read_snapshot(st: FleetStore) -> Snapshot:
     """The whole state, read in one go (call it in a worker thread, on a connection of its own)."""
     gen = st.generation()
-    return Snapshot(read_state(st), st.holds(), {k: st.docs(k) for k in LIFECYCLE_KINDS}, gen, st.credentials())
+    return Snapshot(read_state(st), st.holds(), {k: st.docs(k) for k in DOC_KINDS}, gen, st.credentials())
 
 
 def apply_snapshot(plane: Any, snap: Snapshot, *, resume: bool = False) -> None:
@@ -70,6 +74,7 @@ def apply_snapshot(plane: Any, snap: Snapshot, *, resume: bool = False) -> None:
             plane.router.forget_model(name)
     plane.facility.holds = {d: (Hold(row.reason, row.drain), row.created_at) for d, row in snap.holds.items()}
     plane.lifecycle.reload(snap.docs, resume=resume)
+    plane.tenants.reload(snap.docs)
     plane.agents.credentials_changed(snap.credentials)  # nodes joined or revoked at another router
     for a in list(plane.assignments.values()):
         plane._route(a)

@@ -48,6 +48,7 @@ from llmgw.daemon.control.plane.restore import restore_routing
 from llmgw.daemon.control.store.port import FleetStore
 from llmgw.daemon.control.store.rows import AssignmentRow
 from llmgw.daemon.control.store.guard import StoreGuard
+from llmgw.daemon.control.tenants import TenantsManager
 from llmgw.daemon.control.store.state import read_state, write_state
 from llmgw.daemon.control.plane.unknown_engines import UnknownEngines, adopt
 from llmgw.daemon.router.control_port import RouterPort
@@ -115,6 +116,7 @@ class ControlPlane(Leading):
         self._reconciles = 0
         self.lifecycle = Lifecycle(self)  # revisions, eval suites and results, jobs (lifecycle/lifecycle.py)
         self.actions = OperatorActions(self)  # what an operator asks of it (plane/actions.py)
+        self.tenants = TenantsManager(self)  # tenants and API keys, the router's TenantBook (control/tenants.py)
         self.reloader: Any = None  # the config file's check and reload (plane/config_reload.py), set by the daemon
         # Several routers on one store (docs/ha.md): daemon/control/leader.py, set by the daemon before
         # the plane runs; None: this router alone, always the leader.
@@ -145,6 +147,7 @@ class ControlPlane(Leading):
             log.info("store: %d models, %d nodes, %d assignments; waiting for agents to reconnect",
                      len(self.models), len(self.nodes.nodes), len(self.assignments))
         self.lifecycle.load()
+        self.tenants.load()
         reconcile_file(self)  # the file's models against those stored (docs/configuration.md)
 
     def _rewrite(self, st: FleetStore) -> None:
@@ -153,6 +156,7 @@ class ControlPlane(Leading):
         write_state(st, models={**self._unloadable, **models}, nodes=self.nodes.nodes, seen_wall=self._seen_wall,
                     assignments={rid: self._row(a) for rid, a in self.assignments.items()})
         self.lifecycle.rewrite(st)
+        self.tenants.rewrite(st)
 
     def _set_model(self, m: ModelConfig, source: str) -> None:
         self.models[m.name] = m

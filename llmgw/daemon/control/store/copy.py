@@ -1,7 +1,7 @@
 """`llmgw store migrate`: an existing installation's SQLite store copied into PostgreSQL.
 
 Every fleet table is copied row for row (pg_schema.TABLES: models, nodes, assignments, history,
-node credentials, holds, lifecycle documents — revisions, suites, results, jobs); the routers'
+node credentials, holds, documents — revisions, suites, results, jobs, tenants, API keys —, usage); the routers'
 own tables (routers, leader, admin_queue) and the meta rows are not: they belong to the routers
 that will run on the target. JSON columns are copied as the exact text SQLite holds (both stores
 write the same text). One transaction: the target has all of it or none. A target that already
@@ -29,6 +29,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "node_credentials": ("node", "hash", "issued_at", "confirmed_at", "revoked_at"),
     "holds": ("domain", "reason", "drain", "created_at"),
     "lifecycle": ("kind", "key", "value", "updated_at"),
+    "usage_raw": ("router", "minute", "tenant", "key", "model", "requests", "prompt_tokens", "cached_tokens",
+                  "completion_tokens", "errors"),
+    "usage_hourly": ("hour", "tenant", "key", "model", "requests", "prompt_tokens", "cached_tokens",
+                     "completion_tokens", "errors"),
 }
 assert tuple(COLUMNS) == TABLES
 
@@ -87,6 +91,9 @@ def copy_store(src: Store, dst: PgStore, *, force: bool = False) -> CopyResult:
                 with conn.cursor() as cur:
                     cur.executemany(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({marks})", rows)
             counts[table] = len(rows)
+        # The usage roll-up's watermark with the rows it describes (store/usage_rows.py)
+        rolled = src._conn.execute("SELECT value FROM meta WHERE key = 'usage_rolled'").fetchone()
+        dst._x("UPDATE meta SET value = %s WHERE key = 'usage_rolled'", (rolled[0] if rolled else "0",))
         # The next history event after the copied ones (ids are given explicitly above).
         dst._x("SELECT setval(pg_get_serial_sequence('history', 'id'), GREATEST((SELECT max(id) FROM history), 1), "
                "(SELECT count(*) > 0 FROM history))")

@@ -3,7 +3,7 @@
 `migrate` runs at every start in ONE transaction under a transaction-scoped advisory lock, so two
 routers starting at once do not both migrate: the second waits, then finds the schema current. A
 database whose schema is newer than this llmgw is refused (StoreError, one line); so is one that
-holds tables of llmgw's names but is not an llmgw store. Same shape as SQLite schema 5: JSON is kept
+holds tables of llmgw's names but is not an llmgw store. Same shape as SQLite schema 6 (PostgreSQL's 2 = SQLite's 6): JSON is kept
 as TEXT (the exact text both backends write, so `llmgw store migrate` copies it verbatim)."""
 
 from __future__ import annotations
@@ -61,10 +61,27 @@ MIGRATIONS: list[str] = [
     CREATE INDEX admin_queue_open ON admin_queue (epoch, id) WHERE answer IS NULL;
     INSERT INTO meta (key, value) VALUES ('generation', '0');
     """,
+    # 1 -> 2 (SQLite 5 -> 6): tenants' usage (store/usage_rows.py).
+    """
+    CREATE TABLE usage_raw (
+        router TEXT NOT NULL, minute BIGINT NOT NULL, tenant TEXT NOT NULL, key TEXT NOT NULL, model TEXT NOT NULL,
+        requests BIGINT NOT NULL, prompt_tokens BIGINT NOT NULL, cached_tokens BIGINT NOT NULL,
+        completion_tokens BIGINT NOT NULL, errors BIGINT NOT NULL,
+        PRIMARY KEY (router, minute, tenant, key, model));
+    CREATE INDEX usage_raw_minute ON usage_raw (minute);
+    CREATE TABLE usage_hourly (
+        hour BIGINT NOT NULL, tenant TEXT NOT NULL, key TEXT NOT NULL, model TEXT NOT NULL,
+        requests BIGINT NOT NULL, prompt_tokens BIGINT NOT NULL, cached_tokens BIGINT NOT NULL,
+        completion_tokens BIGINT NOT NULL, errors BIGINT NOT NULL,
+        PRIMARY KEY (hour, tenant, key, model));
+    CREATE TABLE quota_demand (router TEXT PRIMARY KEY, demand TEXT NOT NULL, at DOUBLE PRECISION NOT NULL);
+    INSERT INTO meta (key, value) VALUES ('usage_rolled', '0');
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # The fleet's tables, in the order `llmgw store migrate` copies them (the routers' own are not copied).
-TABLES = ("models", "nodes", "assignments", "history", "node_credentials", "holds", "lifecycle")
+TABLES = ("models", "nodes", "assignments", "history", "node_credentials", "holds", "lifecycle", "usage_raw",
+          "usage_hourly")
 
 
 def _version(conn: Any, path: str) -> int:

@@ -73,6 +73,10 @@ class FleetStore(Protocol):
 
     def docs(self, kind: str) -> dict[str, dict[str, Any]]: ...
 
+    def write_docs(self, puts: list[tuple[str, str, dict[str, Any]]], deletes: list[tuple[str, str]]) -> None:
+        """Several documents put and deleted in one transaction: all or none."""
+        ...
+
     def upsert_node(self, name: str, *, agent_labels: dict[str, str], facts: dict[str, Any],
                     seen_at: float) -> None: ...
 
@@ -161,4 +165,38 @@ class FleetStore(Protocol):
 
     def admin_answer(self, qid: int) -> dict[str, Any] | None: ...
 
+    def take_admin_answer(self, qid: int) -> dict[str, Any] | None:
+        """admin_answer, and the request's row deleted once it is answered (its answer may hold a secret)."""
+        ...
+
     def prune_admin(self, older_than_s: float) -> int: ...
+
+    # -- tenants' usage and quota demand (store/usage_rows.py; every write unfenced) -----------------
+    def add_usage(self, router_id: str, records: list[Any]) -> None:
+        """`router_id`'s UsageRecords (llmgw.tenants.usage), added to what its rows of the same
+        (minute, tenant, key, model) hold."""
+        ...
+
+    def usage(self, since: float, until: float | None = None, tenant: str | None = None, key: str | None = None,
+              model: str | None = None) -> list[Any]:
+        """UsageRecords per (hour, tenant, key, model), every router summed, `minute` the hour's
+        start: the hours from `since`'s to before `until`; the filters given must all match."""
+        ...
+
+    def rollup_usage(self, before: float) -> int:
+        """Raw rows of the hours before `before`'s hour added into the hourly ones (once: again
+        does nothing); how many raw rows were."""
+        ...
+
+    def prune_usage(self, raw_before: float, hourly_before: float) -> int:
+        """Rolled-up raw rows before `raw_before` and hourly rows before `hourly_before` deleted."""
+        ...
+
+    def spent(self, since_day: float, since_month: float) -> dict[tuple[str, str, str], int]:
+        """Tokens (prompt + completion) per ("tenant"|"key", name, "day:YYYY-MM-DD"|"month:YYYY-MM")
+        since the UTC day's and month's starts given."""
+        ...
+
+    def put_demand(self, router_id: str, demand: dict[str, float]) -> None: ...
+
+    def demands(self, max_age_s: float | None = None) -> dict[str, dict[str, float]]: ...

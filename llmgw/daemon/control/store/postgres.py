@@ -36,6 +36,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from llmgw.daemon.control.store.pg_schema import migrate
 from llmgw.daemon.control.store.postgres_fleet import FleetRowsMixin
+from llmgw.daemon.control.store.usage_postgres import PgUsageMixin
 from llmgw.daemon.control.store.rows import CallTimes, Fenced, LeaseRow, RouterRow, StoreError, check_name, check_obj, dumps_json
 
 log = logging.getLogger("llmgw.control")
@@ -123,7 +124,7 @@ def display_dsn(dsn: str) -> str:
     return make_conninfo(**{k: v for k, v in conninfo_to_dict(dsn).items() if k != "password"})
 
 
-class PgStore(FleetRowsMixin):
+class PgStore(PgUsageMixin, FleetRowsMixin):
     """Use `PgStore.open(dsn, password=..., timeout_s=...)`. Each write commits on its own unless
     it runs inside `transaction()`."""
 
@@ -390,6 +391,13 @@ class PgStore(FleetRowsMixin):
     def admin_answer(self, qid: int) -> dict[str, Any] | None:
         row = self._x("SELECT answer FROM admin_queue WHERE id = %s", (int(qid),)).fetchone()
         return None if row is None or row[0] is None else json.loads(row[0])
+
+    def take_admin_answer(self, qid: int) -> dict[str, Any] | None:
+        """The answer, if there is one yet, and the request's row deleted with it: an answer may hold
+        a secret (a new API key's) that must not stay in the store."""
+        row = self._x("DELETE FROM admin_queue WHERE id = %s AND answer IS NOT NULL RETURNING answer",
+                      (int(qid),)).fetchone()
+        return None if row is None else json.loads(row[0])
 
     def prune_admin(self, older_than_s: float) -> int:
         return self._x("DELETE FROM admin_queue WHERE created_at < extract(epoch from clock_timestamp()) - %s",

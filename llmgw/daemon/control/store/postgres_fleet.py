@@ -32,7 +32,7 @@ from llmgw.daemon.control.store.rows import (
 
 __all__ = ["LIFECYCLE_KINDS", "FleetRowsMixin"]
 
-LIFECYCLE_KINDS = ("revisions", "suite", "result", "job")
+LIFECYCLE_KINDS = ("revisions", "suite", "result", "job", "tenant", "api_key")  # sqlite.py's
 
 
 class FleetRowsMixin:
@@ -76,6 +76,14 @@ class FleetRowsMixin:
     def delete_doc(self, kind: str, key: str) -> bool:
         with self._fenced():
             return self._x("DELETE FROM lifecycle WHERE kind = %s AND key = %s", (kind, key)).rowcount > 0
+
+    def write_docs(self, puts: list[tuple[str, str, dict[str, Any]]], deletes: list[tuple[str, str]]) -> None:
+        """Several documents put and deleted in one transaction: all or none."""
+        with self.transaction():
+            for kind, key, value in puts:
+                self.put_doc(kind, key, value)
+            for kind, key in deletes:
+                self.delete_doc(kind, key)
 
     def docs(self, kind: str) -> dict[str, dict[str, Any]]:
         return {k: json.loads(v) for k, v in self._x(

@@ -92,8 +92,8 @@ class CallTimes:
 # fenced when a fence is set, and bump the generation once per outermost transaction).
 UNFENCED_OPS = frozenset({
     "upsert_node", "put_credential", "confirm_credential", "register_router", "router_seen", "forget_router",
-    "try_lead", "release_lead", "queue_admin", "answer_admin", "prune_admin", "cluster_secret", "record",
-    "prune_history"})
+    "try_lead", "release_lead", "queue_admin", "answer_admin", "take_admin_answer", "prune_admin", "cluster_secret", "record",
+    "prune_history", "add_usage", "rollup_usage", "prune_usage", "put_demand"})
 
 
 # SQLite's primary result codes (sqlite_errorname), and the message fragments when there is none.

@@ -133,6 +133,16 @@ class ClusterMixin:
             row = self._conn.execute("SELECT answer FROM admin_queue WHERE id = ?", (int(qid),)).fetchone()
         return None if row is None or row[0] is None else json.loads(row[0])
 
+    def take_admin_answer(self, qid: int) -> dict[str, Any] | None:
+        """The answer, if there is one yet, and the request's row deleted with it: an answer may hold
+        a secret (a new API key's) that must not stay in the store."""
+        with self.transaction():
+            row = self._conn.execute("SELECT answer FROM admin_queue WHERE id = ?", (int(qid),)).fetchone()
+            if row is None or row[0] is None:
+                return None
+            self._conn.execute("DELETE FROM admin_queue WHERE id = ?", (int(qid),))
+        return json.loads(row[0])
+
     def prune_admin(self, older_than_s: float) -> int:
         with self.transaction():
             return self._conn.execute("DELETE FROM admin_queue WHERE created_at < ?",
