@@ -108,6 +108,24 @@ def test_full_queue_within_a_band_the_longest_queue_loses_never_the_arrivals_own
     assert _drain(q)[:1] in ([a[0]], [b0])
 
 
+def test_a_request_leaving_unserved_gives_its_tags_back_and_idle_banks_no_credit() -> None:
+    q = FairQueue(10)
+    a0 = q.enqueue("a0", 100.0, 0.0, tenant="a", cost=10)
+    a1 = q.enqueue("a1", 100.0, 0.0, tenant="a", cost=10)
+    assert q.cancel(a1)  # a's last: its tags are given back
+    a2 = q.enqueue("a2", 100.0, 0.0, tenant="a", cost=10)
+    assert (a2.start, a2.finish) == (a1.start, a1.finish)
+    b0 = q.enqueue("b0", 100.0, 0.0, tenant="b", cost=10)
+    assert q.on_capacity(3) == [a0, b0, a2]  # ties: the older first
+    # b was idle while a was served on: it comes back at the band's time, not ahead of it
+    for i in range(5):
+        q.enqueue(f"x{i}", 100.0, 0.0, tenant="a", cost=10)
+    served = q.on_capacity(4)
+    late = q.enqueue("b1", 100.0, 0.0, tenant="b", cost=10)
+    assert late.start == served[-1].start > b0.finish  # the band's virtual time: no credit for idling
+    assert q.on_capacity(1)[0] is late  # its finish tag (V + 10) is below a's next (V + 20)
+
+
 def test_expire_cancel_and_deadlines() -> None:
     q = FairQueue(10)
     t1 = q.enqueue("1", 5.0, 0.0, tenant="a")
