@@ -362,3 +362,28 @@ def test_explain_and_trace_text_show_tenant_band_and_share() -> None:
     assert "  tenant team-a  key k-team-a  band high  share 1.00" in trace_lines(p.trace.to_dict(0.0), UTC)
     # records without them (older routers) show as before
     assert "tenant" not in "\n".join(rationale_lines({"request_id": "r"}, UTC))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.sampled_from(["add", "cancel", "serve", "tick"]), st.sampled_from("ab"),
+                          st.integers(1, 20), st.integers(0, 99)), max_size=80))
+def test_each_tenant_is_served_in_its_order_through_cancels_expiries_and_displacements(
+        ops: list[tuple[str, str, int, int]]) -> None:
+    q = FairQueue(6)
+    now = 0.0
+    served: dict[str, list[int]] = {"a": [], "b": []}
+    for op, who, cost, pick in ops:
+        if op == "add":
+            q.enqueue("x", now + cost / 4, now, tenant=who, cost=cost)
+            q.take_displaced()
+        elif op == "cancel" and len(q):
+            ts = list(q)
+            q.cancel(ts[pick % len(ts)])
+        elif op == "serve":
+            for t in q.on_capacity(1):
+                served[t.tenant].append(t.seq)
+        else:
+            now += 1
+            q.expire(now)
+    for seqs in served.values():
+        assert seqs == sorted(seqs)
