@@ -108,6 +108,24 @@ def test_full_queue_within_a_band_the_longest_queue_loses_never_the_arrivals_own
     assert _drain(q)[:1] in ([a[0]], [b0])
 
 
+def test_a_request_leaving_unserved_gives_its_tags_back_and_idle_banks_no_credit() -> None:
+    q = FairQueue(10)
+    a0 = q.enqueue("a0", 100.0, 0.0, tenant="a", cost=10)
+    a1 = q.enqueue("a1", 100.0, 0.0, tenant="a", cost=10)
+    assert q.cancel(a1)  # a's last: its tags are given back
+    a2 = q.enqueue("a2", 100.0, 0.0, tenant="a", cost=10)
+    assert (a2.start, a2.finish) == (a1.start, a1.finish)
+    b0 = q.enqueue("b0", 100.0, 0.0, tenant="b", cost=10)
+    assert q.on_capacity(3) == [a0, b0, a2]  # ties: the older first
+    # b was idle while a was served on: it comes back at the band's time, not ahead of it
+    for i in range(5):
+        q.enqueue(f"x{i}", 100.0, 0.0, tenant="a", cost=10)
+    served = q.on_capacity(4)
+    late = q.enqueue("b1", 100.0, 0.0, tenant="b", cost=10)
+    assert late.start == served[-1].start > b0.finish  # the band's virtual time: no credit for idling
+    assert q.on_capacity(1)[0] is late  # its finish tag (V + 10) is below a's next (V + 20)
+
+
 def test_expire_cancel_and_deadlines() -> None:
     q = FairQueue(10)
     t1 = q.enqueue("1", 5.0, 0.0, tenant="a")
@@ -344,3 +362,28 @@ def test_explain_and_trace_text_show_tenant_band_and_share() -> None:
     assert "  tenant team-a  key k-team-a  band high  share 1.00" in trace_lines(p.trace.to_dict(0.0), UTC)
     # records without them (older routers) show as before
     assert "tenant" not in "\n".join(rationale_lines({"request_id": "r"}, UTC))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.sampled_from(["add", "cancel", "serve", "tick"]), st.sampled_from("ab"),
+                          st.integers(1, 20), st.integers(0, 99)), max_size=80))
+def test_each_tenant_is_served_in_its_order_through_cancels_expiries_and_displacements(
+        ops: list[tuple[str, str, int, int]]) -> None:
+    q = FairQueue(6)
+    now = 0.0
+    served: dict[str, list[int]] = {"a": [], "b": []}
+    for op, who, cost, pick in ops:
+        if op == "add":
+            q.enqueue("x", now + cost / 4, now, tenant=who, cost=cost)
+            q.take_displaced()
+        elif op == "cancel" and len(q):
+            ts = list(q)
+            q.cancel(ts[pick % len(ts)])
+        elif op == "serve":
+            for t in q.on_capacity(1):
+                served[t.tenant].append(t.seq)
+        else:
+            now += 1
+            q.expire(now)
+    for seqs in served.values():
+        assert seqs == sorted(seqs)

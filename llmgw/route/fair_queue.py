@@ -13,7 +13,8 @@ next_deadline, admit_now, retry_after, snapshot, len/iter/in), in another order:
   after any number of services, ``|served_a / w_a - served_b / w_b|`` is at most one request's
   ``cost / weight`` — and one tenant's many small requests weigh what another's few long ones
   do. A tenant's own tickets keep their order (its tags only grow). An idle tenant banks no
-  credit: it comes back at ``V``.
+  credit: it comes back at ``V``. A request that leaves unserved (expired, cancelled, displaced)
+  as its tenant's last gives its tags back.
 - **Requeue** (a woken ticket that found no room) keeps its tags and goes first of its band.
 - **Full queue: displacement.** An arrival takes the place of another ticket when the queue is
   full and that ticket is of a lower band, or of its own band and of a tenant with more queued
@@ -191,7 +192,7 @@ class FairQueue:
                 if t is None or t.band != k:
                     continue
                 t.share = self.share(t.tenant, k)
-                self._remove(t)
+                self._remove(t, served=True)
                 b.vtime = max(b.vtime, t.start)
                 self._prune(b)
                 return t
@@ -245,13 +246,18 @@ class FairQueue:
             b.heap = [e for e in b.heap if (x := self._q.get(e[2])) is not None and x.band == t.band]
             heapq.heapify(b.heap)
 
-    def _remove(self, t: Ticket) -> None:
+    def _remove(self, t: Ticket, served: bool = False) -> None:
+        """Out of the queue. A ticket that leaves unserved (expired, cancelled, displaced) and was
+        its tenant's last gives its virtual time back: the tenant's next request is not charged
+        for service it never got."""
         del self._q[t.seq]
         b = self._bands[t.band]
         b.n -= 1
         f = b.flows[t.tenant]
         del f.tickets[t.seq]
         f.cost -= t.cost
+        if not served and f.last_finish == t.finish:
+            f.last_finish = t.start
 
     @staticmethod
     def _prune(b: _Band) -> None:
