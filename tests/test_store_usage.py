@@ -4,7 +4,9 @@ quota demand — none of it fenced, none of it moving the generation followers p
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +153,32 @@ def test_a_forwarded_answer_is_deleted_as_it_is_taken(any_store: FleetStore) -> 
     any_store.answer_admin(qid, {"status": 201, "body": "c2stbGxtZ3ct"})
     assert any_store.take_admin_answer(qid) == {"status": 201, "body": "c2stbGxtZ3ct"}
     assert any_store.admin_answer(qid) is None and any_store.take_admin_answer(qid) is None
+
+
+def test_a_store_of_the_schema_before_usage_is_migrated(tmp_path: Path, pg_url: str) -> None:
+    """SQLite 5 -> 6 and PostgreSQL 1 -> 2: the usage tables added, what was there kept."""
+    import psycopg
+
+    from llmgw.daemon.control.store import pg_schema
+    from llmgw.daemon.control.store.postgres import PgStore
+    from llmgw.daemon.control.store.sqlite import MIGRATIONS, SCHEMA_VERSION, Store
+
+    path = tmp_path / "llmgw" / "old.db"
+    path.parent.mkdir(mode=0o700)
+    conn = sqlite3.connect(path)
+    for script in MIGRATIONS[:5]:
+        conn.executescript(script)
+    conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '5')")
+    conn.execute("INSERT INTO models (name, spec, created_at, updated_at) VALUES ('m', '{}', 0, 0)")
+    conn.commit()
+    conn.close()
+    with psycopg.connect(pg_url, autocommit=True) as pg:
+        pg.execute(pg_schema.MIGRATIONS[0])
+        pg.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '1')")
+        pg.execute("INSERT INTO models (name, spec, created_at, updated_at) VALUES ('m', '{}', 0, 0)")
+    for st in (Store.open(str(path)), PgStore.open(pg_url)):
+        with st:
+            assert st.models() == {"m": {}}
+            st.add_usage("r1", [rec(H10)])
+            assert st.rollup_usage(H10 + H) == 1 and len(st.usage(DAY0)) == 1
+    assert SCHEMA_VERSION == 6 and pg_schema.SCHEMA_VERSION == 2

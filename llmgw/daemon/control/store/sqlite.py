@@ -40,7 +40,7 @@ from llmgw.daemon.control.store.rows import (
 )
 from llmgw.config.names import CANDIDATE_SUFFIX
 from llmgw.daemon.control.store.sqlite_cluster import ClusterMixin
-from llmgw.daemon.control.store.usage_sqlite import UsageMixin
+from llmgw.daemon.control.store.usage_sqlite import USAGE_TABLES, UsageMixin
 
 log = logging.getLogger("llmgw.control")
 
@@ -107,23 +107,8 @@ MIGRATIONS: list[str] = [
     CREATE INDEX admin_queue_open ON admin_queue (epoch, id) WHERE answer IS NULL;
     INSERT INTO meta (key, value) VALUES ('generation', '0');
     """,
-    # 5 -> 6: tenants' usage (store/usage_rows.py): each router's per minute, the routers' per hour,
-    # and each router's demand per quota scope. Tenants and keys are documents (lifecycle table).
-    """
-    CREATE TABLE usage_raw (
-        router TEXT NOT NULL, minute INTEGER NOT NULL, tenant TEXT NOT NULL, key TEXT NOT NULL, model TEXT NOT NULL,
-        requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
-        completion_tokens INTEGER NOT NULL, errors INTEGER NOT NULL,
-        PRIMARY KEY (router, minute, tenant, key, model));
-    CREATE INDEX usage_raw_minute ON usage_raw (minute);
-    CREATE TABLE usage_hourly (
-        hour INTEGER NOT NULL, tenant TEXT NOT NULL, key TEXT NOT NULL, model TEXT NOT NULL,
-        requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
-        completion_tokens INTEGER NOT NULL, errors INTEGER NOT NULL,
-        PRIMARY KEY (hour, tenant, key, model));
-    CREATE TABLE quota_demand (router TEXT PRIMARY KEY, demand TEXT NOT NULL, at REAL NOT NULL);
-    INSERT INTO meta (key, value) VALUES ('usage_rolled', '0');
-    """,
+    # 5 -> 6: tenants' usage (store/usage_sqlite.py). Tenants and keys are documents (lifecycle table).
+    USAGE_TABLES,
 ]
 # Document kinds: the model lifecycle's, and the tenants' (daemon/control/tenants.py).
 LIFECYCLE_KINDS = ("revisions", "suite", "result", "job", "tenant", "api_key")

@@ -21,7 +21,25 @@ from llmgw.daemon.control.store.usage_rows import (
     spent_of,
 )
 
-__all__ = ["UsageMixin"]
+__all__ = ["USAGE_TABLES", "UsageMixin"]
+
+# The store's migration 5 -> 6 (sqlite.py's MIGRATIONS): each router's usage per minute, the
+# routers' per hour, each router's demand per quota scope, and the roll-up's watermark.
+USAGE_TABLES = """
+    CREATE TABLE usage_raw (
+        router TEXT NOT NULL, minute INTEGER NOT NULL, tenant TEXT NOT NULL, key TEXT NOT NULL, model TEXT NOT NULL,
+        requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL, errors INTEGER NOT NULL,
+        PRIMARY KEY (router, minute, tenant, key, model));
+    CREATE INDEX usage_raw_minute ON usage_raw (minute);
+    CREATE TABLE usage_hourly (
+        hour INTEGER NOT NULL, tenant TEXT NOT NULL, key TEXT NOT NULL, model TEXT NOT NULL,
+        requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL, errors INTEGER NOT NULL,
+        PRIMARY KEY (hour, tenant, key, model));
+    CREATE TABLE quota_demand (router TEXT PRIMARY KEY, demand TEXT NOT NULL, at REAL NOT NULL);
+    INSERT INTO meta (key, value) VALUES ('usage_rolled', '0');
+    """
 
 _C = ", ".join(COUNTERS)
 _ADD = ", ".join(f"{c} = {{t}}.{c} + excluded.{c}" for c in COUNTERS)
