@@ -3,8 +3,8 @@ as tests/test_openai_fuzz.py drives it): under saturation a high-band request th
 low-band ones is served first, and the low-band waiter it displaced from the full queue is woken
 and answered 429 at once — not left to its deadline.
 
-The tenant tags come from a test-side wrapper of ``RouterCore.plan`` (the authentication that
-makes them in production is issue 24's router part): nothing here reaches production code."""
+The requests carry real API keys of two tenants (bands low and high) from a TenantBook pushed
+into the router as the control plane pushes the store's: authentication makes their tags."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import trio
 from llmgw.config import parse_config
 from llmgw.daemon.net.httpserver import Request
 from llmgw.daemon.router.proxy import Router
-from llmgw.route.types import TenantTag
-from llmgw.tenants.model import band_rank
+from llmgw.tenants import ApiKey, Tenant, TenantBook, new_key
+from llmgw.tenants.keys import visible_prefix
 
 CFG = """
 [router]
@@ -90,30 +90,32 @@ class _Sink:
         pass
 
 
-def _tag(tenant: str, band: str) -> TenantTag:
-    return TenantTag(tenant, "k-" + tenant, band_rank(band), band, 1.0, 100)
+def _book() -> tuple[TenantBook, dict[str, str]]:
+    """Tenants `bulk` (band low) and `chat` (band high), a key each: the requests' Authorization."""
+    tenants = [Tenant("bulk", band="low"), Tenant("chat", band="high")]
+    keys, secrets_ = [], {}
+    for i, t in enumerate(tenants):
+        secret, kid, h = new_key(lambda n, i=i: bytes([i + 1]) * n)
+        keys.append(ApiKey(id=kid, tenant=t.name, hash=h, prefix=visible_prefix(kid)))
+        secrets_[t.name] = secret
+    return TenantBook(tenants, keys), secrets_
 
 
-TAGS = {"a": _tag("bulk", "low"), "low1": _tag("bulk", "low"), "low2": _tag("bulk", "low"),
-        "high": _tag("chat", "high")}
+SENDER = {"a": "bulk", "low1": "bulk", "low2": "bulk", "high": "chat"}
 
 
 def test_a_high_band_waiter_goes_first_and_the_low_one_it_displaced_gets_a_429_at_once() -> None:
     router = Router(parse_config(CFG), _Pool(), seed=0)  # type: ignore[arg-type]
     pool: _Pool = router.pool  # type: ignore[assignment]
     core = router.core
-    plan = core.plan
-
-    def tagged(kind: str, body: bytes, rid: str, **kw: Any) -> Any:  # the test's stand-in for authentication
-        return plan(kind, body, rid, **kw, tenant=TAGS[rid])
-
-    core.plan = tagged  # type: ignore[method-assign]
+    book, secret = _book()
+    router.tenancy.set_book(book)  # as the control plane pushes the store's tenants and keys
     results: dict[str, tuple[int, bytes, float]] = {}
 
     async def send(rid: str) -> None:
         body = json.dumps({"model": "m", "messages": [{"role": "user", "content": rid}]}).encode()
         req = Request("POST", "/v1/chat/completions", "/v1/chat/completions", "",
-                      [("x-request-id", rid)], body, ("127.0.0.1", 1))
+                      [("x-request-id", rid), ("authorization", f"Bearer {secret[SENDER[rid]]}")], body, ("127.0.0.1", 1))
         resp = await router.handle(req)
         if not isinstance(resp.body, bytes):
             await resp.body.relay(_Sink())  # type: ignore[union-attr]

@@ -195,6 +195,8 @@ class RouterConfig:
     saturation_load: float = opt(64.0, check=positive)  # running+waiting at which a replica is saturated
     queue_size: int = opt(256, check=in_range(0))  # requests waiting when all is saturated
     queue_timeout_s: float = opt(10.0, check=positive)  # then 429 with Retry-After
+    # "fair": highest priority band first, tenants fairly within a band (docs/tenants.md); "fifo": arrival order
+    queue_order: str = opt("fair", check=one_of("fair", "fifo"))
     decisions_kept: int = opt(1000, check=in_range(1))  # ring of recent decisions
     # LoRA on demand (vLLM): a load (with the unload that makes room) ends within this, or fails
     adapter_load_timeout_s: float = opt(120.0, check=positive)

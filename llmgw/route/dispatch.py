@@ -116,7 +116,7 @@ class RouterCore:
         for rep in table.all_replicas():
             self.caps.set_cap(rep.id, rep.view.max_inflight)
         self.decisions: deque[Decision] = deque(maxlen=rc.decisions_kept)
-        self.wait = WaitRoom(rc.queue_size, self.sched.config, table)  # the models' wait queues
+        self.wait = WaitRoom(rc.queue_size, self.sched.config, table, fifo=rc.queue_order == "fifo")  # the models' wait queues
         self.queues = self.wait.queues
         self.alarm_on = False
         self._alarm_news: bool | None = None  # a change of alarm_on the shell has not logged yet

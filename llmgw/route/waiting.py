@@ -17,8 +17,9 @@ __all__ = ["WaitRoom"]
 
 
 class WaitRoom:
-    def __init__(self, queue_size: int, config: SchedulerConfig, table: ReplicaTable) -> None:
+    def __init__(self, queue_size: int, config: SchedulerConfig, table: ReplicaTable, *, fifo: bool = False) -> None:
         self.queue_size = queue_size
+        self.fifo = fifo  # [router] queue_order = "fifo": every waiter as one tenant of one band (arrival order)
         self.config = config
         self.table = table
         self.queues: dict[str, FairQueue] = {}
@@ -34,7 +35,7 @@ class WaitRoom:
         weight 1, cost the prompt estimate), or None when the queue is full (and it displaced
         nobody). The trace's "queued" phase says the band and the share it waits with."""
         tag = plan.tenant
-        if tag is None:
+        if tag is None or self.fifo:
             tenant, band, name, weight, cost = ANONYMOUS, NORMAL, NORMAL_NAME, 1.0, plan.info.prompt_tokens_estimate
         else:
             tenant, band, name, weight, cost = tag.tenant, tag.band, tag.band_name, tag.weight, tag.cost

@@ -242,10 +242,10 @@ class RouterAdapter:
         return self._router.tenancy.usage.peek()
 
     def quota_demand(self) -> dict[tuple[str, str], float]:
-        return self._router.tenancy.limiter.demand()
+        return self._router.tenancy.limiter.demand(trio.current_time())
 
     def set_quota_shares(self, shares: Mapping[tuple[str, str], float]) -> None:
-        self._router.tenancy.limiter.set_shares(shares)
+        self._router.tenancy.limiter.set_shares(shares, now=trio.current_time())
 
     def set_spent(self, spent: Mapping[tuple[str, str, str], int], *, as_of: float | None = None) -> None:
         self._router.tenancy.limiter.set_spent(spent, as_of=as_of)
