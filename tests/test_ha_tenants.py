@@ -41,6 +41,18 @@ def _open(c: Cluster) -> FleetStore:
     return PgStore.open(url)
 
 
+def _write(c: Cluster, i: int, path: str, body: dict[str, Any] | None = None) -> Any:
+    """An admin change through router i. While no router leads (a lease lapsing on a loaded machine)
+    the answer is 503 with Retry-After and nothing is changed: the test waits for a leader and sends
+    it again, as a client told to retry would."""
+    deadline = time.monotonic() + 30
+    while True:
+        r = c.clients[i].post(path, json=body) if body is not None else c.clients[i].post(path)
+        if r.status_code != 503 or time.monotonic() > deadline:
+            return r
+        c.wait_leader()
+
+
 def _key(c: Cluster, i: int, kid: str) -> dict[str, Any] | None:
     r = c.clients[i].get(f"/api/v1/keys/{kid}")
     return r.json() if r.status_code == 200 else None
@@ -51,9 +63,9 @@ def test_a_key_revoked_at_the_leader_is_revoked_at_every_router(cluster: Cluster
     lead = c.wait_leader()
     follower = 1 - lead
     wait_for(lambda: c.status(follower).get("role") == "follower")
-    r = c.clients[follower].post("/api/v1/tenants", json={"name": "team-a", "quota": {"rpm": 100}})
+    r = _write(c, follower, "/api/v1/tenants", {"name": "team-a", "quota": {"rpm": 100}})
     assert r.status_code == 201, r.text  # made by the leader, answered through the follower
-    r = c.clients[follower].post("/api/v1/tenants/team-a/keys", json={"name": "ci"})
+    r = _write(c, follower, "/api/v1/tenants/team-a/keys", {"name": "ci"})
     assert r.status_code == 201, r.text
     made = r.json()
     assert made["key"].startswith("sk-llmgw-")
@@ -61,7 +73,7 @@ def test_a_key_revoked_at_the_leader_is_revoked_at_every_router(cluster: Cluster
         wait_for(lambda i=i: (_key(c, i, made["id"]) or {}).get("state") == "active", timeout=10)
     assert made["key"] not in c.clients[follower].get("/api/v1/keys").text
 
-    r = c.clients[lead].post(f"/api/v1/keys/{made['id']}/revoke")
+    r = _write(c, lead, f"/api/v1/keys/{made['id']}/revoke")
     assert r.status_code == 200 and r.json()["state"] == "revoked"
     t0 = time.monotonic()
     wait_for(lambda: (_key(c, follower, made["id"]) or {}).get("state") == "revoked", timeout=10)

@@ -36,10 +36,12 @@ def test_keys_quotas_models_and_revocation_through_the_admin_api(procs: list[Any
     sim = start_sim(["--engine", "vllm", "m", "--served-model-name", "m", "other", "--host", "127.0.0.1",
                      "--port", "0", "--sim-zero-cost"])
     procs.append(sim)
-    d = Daemon(write_config(tmp_path, [{"name": n, "replicas": [{"url": sim.url}]} for n in ("m", "other")]))
+    d = Daemon(write_config(tmp_path, [{"name": n, "replicas": [{"url": sim.url}]} for n in ("m", "other")],
+                            server='api_keys = ["ops-secret"]'))  # the operator's key (the static tenant)
     procs.append(d)
+    ops = {"authorization": "Bearer ops-secret"}
     body = {"model": "m", "prompt": "hello there", "max_tokens": 3, "ignore_eos": True}
-    assert httpx.post(d.url + "/v1/completions", json=body).status_code == 200  # no key yet: open
+    assert httpx.post(d.url + "/v1/completions", json=body, headers=ops).status_code == 200
 
     with admin(tmp_path) as a:
         r = a.post("/tenants", json={"name": "team-a", "band": "high", "models": ["m"], "quota": {"rpm": 3}})
@@ -50,7 +52,7 @@ def test_keys_quotas_models_and_revocation_through_the_admin_api(procs: list[Any
         auth = {"authorization": f"Bearer {secret}"}
 
         r = httpx.post(d.url + "/v1/completions", json=body)
-        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"  # a key exists now
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
 
         r = httpx.post(d.url + "/v1/completions", json=body, headers=auth)
         assert r.status_code == 200, r.text
@@ -69,7 +71,11 @@ def test_keys_quotas_models_and_revocation_through_the_admin_api(procs: list[Any
         usage = a.get("/usage", params={"tenant": "team-a", "by": "key"}).json()
         (row,) = usage["rows"]
         assert row["requests"] == 3 and row["completion_tokens"] == 9 and row["errors"] == 0
-        m = httpx.get(d.url + "/metrics", headers=auth).text
+        r = httpx.get(d.url + "/metrics", headers=auth)  # a tenant's key does not see every tenant's figures
+        assert r.status_code == 403 and "api_keys" in r.json()["error"]["message"]
+        assert httpx.get(d.url + "/ready", headers=auth).json() == {"status": "ready"}
+        assert "models" in httpx.get(d.url + "/ready", headers=ops).json()
+        m = httpx.get(d.url + "/metrics", headers=ops).text
         assert metric(m, "llmgw_tokens_total", {"tenant": "team-a", "model": "m", "kind": "completion"}) == 9.0
         assert metric(m, "llmgw_tenant_requests_total", {"tenant": "team-a", "model": "m", "outcome": "refused"}) == 1.0
         assert metric(m, "llmgw_tenant_requests_total",

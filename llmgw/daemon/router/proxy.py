@@ -226,6 +226,9 @@ class Router:
                 return self._ready(req)
             principal = self._authorize(req)  # /metrics too: it names every model and replica
             if path == "/metrics":
+                if principal is not None and principal.key is not None:  # a tenant's key, not the operator's
+                    raise ApiError(403, "The metrics name every tenant: read them with a key of [server] api_keys.",
+                                   code="forbidden")
                 return Response(200, [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
                                 self.metrics.render())
             if path == "/v1/models" or path.startswith("/v1/models/"):
@@ -255,12 +258,13 @@ class Router:
 
     def _ready(self, req: Request) -> Response:
         """200 once every model that should have replicas has one that can serve, else 503; the
-        body says which (llmgw.route.readiness) — to a caller with an API key when keys are set,
-        since it names the models; without one, only the status."""
+        body says which (llmgw.route.readiness) — to a caller with a key of [server] api_keys when keys
+        are set, since it names the models; to anyone else (a tenant's key too), only the status."""
         r = readiness(self.registry, draining=self.draining)
         body = r.to_dict()
         try:
-            self.tenancy.authenticate(req.header("authorization"), count=False)
+            if self.tenancy.authenticate(req.header("authorization"), count=False).key is not None:
+                body = {"status": body["status"]}  # a tenant's key: the models are the operator's business
         except ApiError:
             body = {"status": body["status"]}
         return Response(200 if r.ready else 503, [("content-type", _JSON)], json.dumps(body).encode())
