@@ -277,3 +277,29 @@ def test_every_answer_after_admission_carries_the_headers_and_settles(sims: dict
             assert sum(r[1] for r in rows) == 4 and sum(r[2] for r in rows) == 2
 
     trio.run(main)
+
+
+def test_the_eval_runner_passes_a_closed_book_and_is_no_tenants_use(sims: dict[str, SimProc]) -> None:
+    """Lifecycle × tenants: llmgw's eval runner reaches the OpenAI port with the router's internal
+    token and no tenant key (daemon/control/lifecycle/eval_runner.py): with keys in the store it is
+    not refused, charged or counted as any tenant's use; a forged internal token is just a missing key."""
+    from llmgw.daemon.router.proxy import INTERNAL_HEADER
+
+    s = engine(sims, "--sim-zero-cost")
+
+    async def main() -> None:
+        async with stack(s.url) as st:
+            secret, key = make_key("t", quota=Quota(rpm=1))
+            st.book([Tenant("t", quota=Quota(rpm=1))], [key])
+            assert (await st.post(None)).status_code == 401
+            for _ in range(3):  # past the tenant's rpm: the runner is nobody's
+                r = await st.client.post(st.url + "/v1/completions", json=BODY,
+                                         headers={INTERNAL_HEADER: st.router.internal_token})
+                assert r.status_code == 200, r.text
+                assert not any(h.startswith("x-ratelimit-") for h in r.headers)
+            r = await st.client.post(st.url + "/v1/completions", json=BODY, headers={INTERNAL_HEADER: "forged"})
+            assert r.status_code == 401
+            assert st.port.usage_peek() == []
+            assert (await st.post(secret)).status_code == 200  # the tenant's own minute is untouched
+
+    trio.run(main)
