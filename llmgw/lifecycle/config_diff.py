@@ -63,6 +63,8 @@ RESTART_SECTIONS = {
     "agent": "the local agent's node name, labels and router are sent in its hello at start "
              "(`llmgw ctl label` changes a node's labels at once)",
     "sim": "the embedded simulated fleet is set up at start",
+    "tenants": "the static and anonymous tenants, usage flushing and quota sharing are set up at start "
+               "(tenants and keys themselves change at once: `llmgw ctl tenants|keys`)",
 }
 HOT_SECTIONS = {
     "strategies": "the router's strategies are replaced at once",
