@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import trio
 
@@ -45,6 +45,7 @@ from llmgw.daemon.router.kv_index import RouterKvIndex
 from llmgw.daemon.router.metrics import RouterMetrics, Tier2DecisionMetrics
 from llmgw.daemon.router.peer_feed import PeerFeed
 from llmgw.daemon.router.registry import Registry, Replica
+from llmgw.daemon.router.model_list import ModelList
 from llmgw.daemon.router.tenancy import Admitted, Tenancy, TenantMetrics
 from llmgw.daemon.router.tokenize import Tier2Metrics, Tokenizer
 from llmgw.daemon.router.otel_export import TraceExportMetrics, make_exporter, trace_sink
@@ -58,7 +59,6 @@ from llmgw.route.dispatch import KINDS, RouterCore
 from llmgw.route.plan import Plan
 from llmgw.route.planner import STRATEGY_HEADER
 from llmgw.route.tier2 import Tokenize
-from llmgw.config.names import is_candidate_key
 from llmgw.inputs.echo import echo
 from llmgw.route.openai_req import ApiError, error_body
 from llmgw.route.prefix_scorer import PrefixRouting
@@ -234,8 +234,9 @@ class Router:
             if path == "/v1/models" or path.startswith("/v1/models/"):
                 if req.method != "GET":
                     raise ApiError(405, f"Method {echo(req.method, quote='')} not allowed on {echo(path, quote='')}")
-                resp = self._models(rid, principal) if path == "/v1/models" else \
-                    self._model(path[11:], rid, principal)
+                listed = ModelList(self.registry, self.tenancy, principal)
+                body = listed.all() if path == "/v1/models" else listed.one(path[11:])
+                resp = Response(200, [("content-type", _JSON), (self.rid_header, rid)], body)
                 self.core.answered("ok", 200)
                 return resp
             kind = KINDS.get(path)
@@ -276,35 +277,6 @@ class Router:
         if token is not None and _consteq(token, self.internal_token):
             return None
         return self.tenancy.authenticate(req.header("authorization"))
-
-    def _model_objects(self, p: Principal | None) -> Iterable[dict[str, Any]]:
-        """OpenAI's model objects: each model, then its adapters (``parent`` names the base) —
-        those `p` may use."""
-        created = int(time.time())
-        allowed = self.tenancy.allows if p is not None and p.models is not None else None
-        for m in self.registry.models.values():
-            if is_candidate_key(m.name):
-                continue
-            if allowed is None or allowed(p, m.name, None):
-                yield {"id": m.name, "object": "model", "created": created, "owned_by": "llmgw",
-                       "root": m.name, "parent": None, "replicas": len(m.replicas)}
-            for a in sorted({*m.adapters, *m.declared}):  # declared ones, and what replicas list
-                if allowed is None or allowed(p, a, m.name):
-                    yield {"id": a, "object": "model", "created": created, "owned_by": "llmgw",
-                           "root": a, "parent": m.name, "replicas": len(m.adapters.get(a, ()))}
-
-    def _models(self, rid: str, p: Principal | None) -> Response:
-        return Response(200, [("content-type", _JSON), (self.rid_header, rid)],
-                        json.dumps({"object": "list", "data": list(self._model_objects(p))}).encode())
-
-    def _model(self, quoted: str, rid: str, p: Principal | None) -> Response:
-        """``GET /v1/models/{id}``: one model object (a model or an adapter), or OpenAI's 404.
-        The id is percent-decoded (a model name may hold a slash: ``org/name``)."""
-        name = unquote(quoted)
-        for obj in self._model_objects(p):
-            if obj["id"] == name:
-                return Response(200, [("content-type", _JSON), (self.rid_header, rid)], json.dumps(obj).encode())
-        raise ApiError(404, f"The model {echo(name, quote='`')} does not exist.", param="model", code="model_not_found")
 
     # -- the request path ---------------------------------------------------------------------
     async def _proxy(self, req: Request, kind: str, rid: str, principal: Principal | None) -> Response:
