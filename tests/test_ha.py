@@ -100,7 +100,9 @@ def test_a_paused_leader_wakes_and_steps_down(cluster: Any) -> None:
         assert r.status_code == 200, r.text
     finally:
         c.signal(lead, signal.SIGCONT)
-    wait_for(lambda: c.status(lead)["role"] == "follower", timeout=10)
+    # It steps down as soon as it finds its own deadline passed, and learns the new epoch at its
+    # next look at the lease (every lease_s / 3): wait for both, not for the first alone.
+    wait_for(lambda: (s := c.status(lead))["role"] == "follower" and s["epoch"] > epoch, timeout=10)
     assert c.leader() == other
     st = c.status(lead)
     assert st["epoch"] > epoch and st["leader"] == c.status(other)["leader"]
