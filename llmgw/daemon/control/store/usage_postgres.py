@@ -12,7 +12,9 @@ from typing import Any
 import psycopg
 
 from llmgw.daemon.control.store.usage_rows import (
+    COLUMNS,
     COUNTERS,
+    add_counters,
     check_demand,
     check_records,
     filters,
@@ -23,8 +25,7 @@ from llmgw.daemon.control.store.usage_rows import (
 
 __all__ = ["PgUsageMixin"]
 
-_C = ", ".join(COUNTERS)
-_ADD = ", ".join(f"{c} = {{t}}.{c} + excluded.{c}" for c in COUNTERS)
+_C = COLUMNS
 _SUMS = ", ".join(f"sum({c})::bigint" for c in COUNTERS)
 _CHUNK = 500  # rows per INSERT: 5,000 parameters, far below PostgreSQL's 65,535
 _ROLLED = "SELECT value::bigint FROM meta WHERE key = 'usage_rolled'"
@@ -45,12 +46,12 @@ class PgUsageMixin:
         with self.transaction():
             rolled = self._rolled("FOR SHARE")
             self._insert(f"INSERT INTO usage_raw (router, minute, tenant, key, model, {_C}) VALUES {{}} "
-                         f"ON CONFLICT (router, minute, tenant, key, model) DO UPDATE SET {_ADD.format(t='usage_raw')}",
+                         f"ON CONFLICT (router, minute, tenant, key, model) DO UPDATE SET {add_counters('usage_raw')}",
                          rows)
             late = [(hour_of(r[1]), *r[2:]) for r in rows if r[1] < rolled]
             if late:  # a minute already rolled up: into its hour too (usage_rows.py)
                 self._insert(f"INSERT INTO usage_hourly (hour, tenant, key, model, {_C}) VALUES {{}} "
-                             f"ON CONFLICT (hour, tenant, key, model) DO UPDATE SET {_ADD.format(t='usage_hourly')}",
+                             f"ON CONFLICT (hour, tenant, key, model) DO UPDATE SET {add_counters('usage_hourly')}",
                              late)
 
     def _insert(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
@@ -83,7 +84,7 @@ class PgUsageMixin:
             self._x(f"INSERT INTO usage_hourly (hour, tenant, key, model, {_C}) "
                     f"SELECT minute / 3600 * 3600, tenant, key, model, {_SUMS} FROM usage_raw "
                     "WHERE minute >= %s AND minute < %s GROUP BY 1, 2, 3, 4 "
-                    f"ON CONFLICT (hour, tenant, key, model) DO UPDATE SET {_ADD.format(t='usage_hourly')}",
+                    f"ON CONFLICT (hour, tenant, key, model) DO UPDATE SET {add_counters('usage_hourly')}",
                     (rolled, upto))
             self._x("UPDATE meta SET value = %s WHERE key = 'usage_rolled'", (str(upto),))
         return int(n)

@@ -30,9 +30,16 @@ from typing import Any
 
 from llmgw.daemon.control.store.rows import check_name
 
-__all__ = ["COUNTERS", "HOUR", "check_demand", "check_records", "day_month", "filters", "hour_of", "record", "spent_of"]
+__all__ = ["COLUMNS", "COUNTERS", "HOUR", "add_counters", "check_demand", "check_records", "day_month", "filters", "hour_of", "record", "spent_of"]
 
 COUNTERS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "errors")
+COLUMNS = ", ".join(COUNTERS)  # the counters' columns, as both backends' SQL names them
+
+
+def add_counters(table: str) -> str:
+    """An upsert's SET clause adding the new row's counters to ``table``'s (SQLite and PostgreSQL
+    speak the same ``ON CONFLICT … DO UPDATE``)."""
+    return ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in COUNTERS)
 HOUR = 3600
 
 

@@ -12,7 +12,9 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from llmgw.daemon.control.store.usage_rows import (
+    COLUMNS,
     COUNTERS,
+    add_counters,
     check_demand,
     check_records,
     filters,
@@ -41,8 +43,7 @@ USAGE_TABLES = """
     INSERT INTO meta (key, value) VALUES ('usage_rolled', '0');
     """
 
-_C = ", ".join(COUNTERS)
-_ADD = ", ".join(f"{c} = {{t}}.{c} + excluded.{c}" for c in COUNTERS)
+_C = COLUMNS
 _SUMS = ", ".join(f"sum({c})" for c in COUNTERS)
 
 
@@ -63,13 +64,13 @@ class UsageMixin:
             for row in rows:  # execute, not executemany: what every connection wrapper has (store/faults.py)
                 self._conn.execute(
                     f"INSERT INTO usage_raw (router, minute, tenant, key, model, {_C}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                    f"ON CONFLICT (router, minute, tenant, key, model) DO UPDATE SET {_ADD.format(t='usage_raw')}", row)
+                    f"ON CONFLICT (router, minute, tenant, key, model) DO UPDATE SET {add_counters('usage_raw')}", row)
             rolled = self._rolled()
             for r in rows:
                 if r[1] < rolled:  # a minute already rolled up: into its hour too (usage_rows.py)
                     self._conn.execute(
                         f"INSERT INTO usage_hourly (hour, tenant, key, model, {_C}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                        f"ON CONFLICT (hour, tenant, key, model) DO UPDATE SET {_ADD.format(t='usage_hourly')}",
+                        f"ON CONFLICT (hour, tenant, key, model) DO UPDATE SET {add_counters('usage_hourly')}",
                         (hour_of(r[1]), *r[2:]))
 
     def usage(self, since: float, until: float | None = None, tenant: str | None = None, key: str | None = None,
@@ -98,7 +99,7 @@ class UsageMixin:
                 f"INSERT INTO usage_hourly (hour, tenant, key, model, {_C}) "
                 f"SELECT minute / 3600 * 3600, tenant, key, model, {_SUMS} FROM usage_raw "
                 "WHERE minute >= ? AND minute < ? GROUP BY 1, 2, 3, 4 "
-                f"ON CONFLICT (hour, tenant, key, model) DO UPDATE SET {_ADD.format(t='usage_hourly')}", (rolled, upto))
+                f"ON CONFLICT (hour, tenant, key, model) DO UPDATE SET {add_counters('usage_hourly')}", (rolled, upto))
             self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('usage_rolled', ?)", (str(upto),))
         return int(n)
 
