@@ -95,7 +95,10 @@ class Stub:
             if end < 0:
                 return True
             head = c.buf[:end].decode("latin-1")
-            method, target = head.split(" ", 2)[:2]
+            parts = head.split(" ", 2)
+            if len(parts) < 3 or not parts[2].startswith("HTTP/1."):
+                return False  # not HTTP/1.x (a peer router's HTTP/2 or gRPC probe): close
+            method, target = parts[:2]
             length = 0
             for line in head.split("\r\n")[1:]:
                 k, _, v = line.partition(":")
