@@ -14,22 +14,26 @@ request waits: ``scrape_soon``) and reads in it the replicas that are due:
   each to ``interval``.
 
 ``idle_max`` is ``interval × idle_factor``, but never more than ``stale_after − 2 × interval``
-(nor less than ``interval``): a replica read less often is still read well before its reading
-goes stale (a round may start up to an interval late, and a slow replica's read takes up to
-two), so slowing down never makes an idle replica look stale — and a reading that does go stale
-(the engine stopped answering) is marked so as before. A replica is due a quarter interval
-early: round starts drift by the time the rounds take."""
+(nor less than ``interval``), in whole intervals: an idle replica's reading is at most
+``idle_max + ¾ interval`` old when the next one lands (it is due a quarter interval early, and
+the round that reads it starts at most an interval after the last one that did not), which
+leaves more than an interval for a slow round (another replica's read that takes its timeout)
+before ``stale_after``. Slowing down never makes a healthy idle replica look stale — and a
+reading that does go stale (the engine stopped answering) is marked so as before."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["ScrapePace", "idle_max"]
 
 
 def idle_max(interval: float, idle_factor: float, stale_after: float) -> float:
-    """The longest gap between two readings of an idle replica (see the module docstring)."""
-    return max(interval, min(interval * idle_factor, stale_after - 2 * interval))
+    """The longest gap between two readings of an idle replica (see the module docstring), in
+    whole rounds: a replica is read in a round or not, so a factor of 2.5 reads it every 2."""
+    rounds = min(idle_factor, (stale_after - 2 * interval) / interval)
+    return interval * max(1, math.floor(rounds + 1e-9))
 
 
 @dataclass(slots=True)
