@@ -36,128 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-# -- bodies ------------------------------------------------------------------------------------
-_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-         80.0, 160.0, 640.0, 2560.0)
-_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-_LAT = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
-        960.0, 1920.0, 7680.0)
-_TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 32768)
-_ITER = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-_HANDLERS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
-             "/load", "/ping")
-
-
-def _fmt(v: float) -> str:
-    return repr(float(v)) if v == v else "NaN"
-
-
-def vllm_body(seq: int = 0, *, dp: int = 1, running: int = 0, waiting: int = 0) -> bytes:
-    """A realistic vLLM /metrics body (prometheus_client 0.0.4 text, as vLLM serves it): ``seq``
-    is how many times /metrics was read before (it moves http_requests_total and a few process
-    gauges, as on a real engine); ``dp`` engines each with their own per-engine series."""
-    out: list[str] = []
-
-    def fam(name: str, kind: str, doc: str, samples: list[tuple[str, str, float]]) -> None:
-        out.append(f"# HELP {name} {doc}")
-        out.append(f"# TYPE {name} {kind}")
-        for suffix, labels, value in samples:
-            out.append(f"{name}{suffix}{{{labels}}} {_fmt(value)}" if labels else f"{name}{suffix} {_fmt(value)}")
-
-    def hist(name: str, doc: str, buckets: tuple[float, ...], labels: str) -> list[tuple[str, str, float]]:
-        s = [("_bucket", f'{labels},le="{_fmt(b)}"', 0.0) for b in buckets]
-        s += [("_bucket", f'{labels},le="+Inf"', 0.0), ("_count", labels, 0.0), ("_sum", labels, 0.0)]
-        return s
-
-    gen = (("0", 41.0 + seq % 7), ("1", 12.0), ("2", 3.0))
-    fam("python_gc_objects_collected", "counter", "Objects collected during gc",
-        [("_total", f'generation="{g}"', v) for g, v in gen])
-    fam("python_gc_objects_uncollectable", "counter", "Uncollectable objects found during GC",
-        [("_total", f'generation="{g}"', 0.0) for g, _ in gen])
-    fam("python_gc_collections", "counter", "Number of times this generation was collected",
-        [("_total", f'generation="{g}"', v + seq // 3) for g, v in gen])
-    fam("python_info", "gauge", "Python platform information",
-        [("", 'implementation="CPython",major="3",minor="12",patchlevel="11",version="3.12.11"', 1.0)])
-    for name, doc, v in (("process_virtual_memory_bytes", "Virtual memory size in bytes.", 3.1e10),
-                         ("process_resident_memory_bytes", "Resident memory size in bytes.", 2.2e9 + 4096 * (seq % 5)),
-                         ("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
-                          1.76e9),
-                         ("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
-                          1234.5 + 0.01 * seq),
-                         ("process_open_fds", "Number of open file descriptors.", 87.0),
-                         ("process_max_fds", "Maximum number of open file descriptors.", 1048576.0)):
-        fam(name, "counter" if name.endswith("_total") else "gauge", doc, [("", "", v)])
-    eng = [f'engine="{e}",model_name="meta-llama/Llama-3.1-8B-Instruct"' for e in range(dp)]
-    fam("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
-        [("", lb, float(running)) for lb in eng])
-    fam("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-        [("", lb, float(waiting)) for lb in eng])
-    fam("vllm:engine_sleep_state", "gauge", "Engine sleep state; awake = 0 means engine is sleeping",
-        [("", f'{lb},sleep_state="{s}"', 1.0 if s == "awake" else 0.0) for lb in eng
-         for s in ("awake", "weights_offloaded", "discard_all")])
-    fam("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-        [("", lb, 0.0) for lb in eng])
-    for name, doc in (("vllm:num_preemptions", "Cumulative number of preemption from the engine."),
-                      ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
-                      ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
-                      ("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items."),
-                      ("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items."),
-                      ("vllm:prompt_tokens", "Number of prefill tokens processed."),
-                      ("vllm:generation_tokens", "Number of generation tokens processed.")):
-        fam(name, "counter", doc, [(sfx, lb, 0.0) for lb in eng for sfx in ("_total", "_created")])
-    fam("vllm:request_success", "counter", "Count of successfully processed requests.",
-        [(sfx, f'{lb},finished_reason="{r}"', 0.0) for lb in eng for r in ("stop", "length", "abort", "error")
-         for sfx in ("_total", "_created")])
-    for name, doc, buckets in (
-            ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", _ITER),
-            ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", _TOKENS),
-            ("vllm:request_generation_tokens", "Number of generation tokens processed.", _TOKENS),
-            ("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
-             _TOKENS),
-            ("vllm:request_params_n", "Histogram of the n request parameter.", (1, 2, 5, 10, 20)),
-            ("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", _TOKENS),
-            ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _TTFT),
-            ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", _ITL),
-            ("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
-             _ITL),
-            ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", _LAT),
-            ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", _LAT),
-            ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", _LAT),
-            ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", _LAT),
-            ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", _LAT)):
-        fam(name, "histogram", doc, [s for lb in eng for s in hist(name, doc, buckets, lb)])
-    fam("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
-        [("", f'block_size="16",cache_dtype="auto",calculate_kv_scales="False",enable_prefix_caching="True",'
-              f'engine="{e}",gpu_memory_utilization="0.9",is_attention_free="False",num_cpu_blocks="None",'
-              f'num_gpu_blocks="27910",prefix_caching_hash_algo="sha256",swap_space="4"', 1.0) for e in range(dp)])
-    fam("http_requests", "counter", "Total number of requests by method, status and handler.",
-        [("_total", f'handler="{h}",method="{"GET" if h in ("/v1/models", "/health", "/metrics") else "POST"}",'
-                    f'status="2xx"', float(seq if h == "/metrics" else 10)) for h in _HANDLERS])
-    for name, doc in (("http_request_size_bytes", "Content length of incoming requests by handler."),
-                      ("http_response_size_bytes", "Content length of outgoing responses by handler.")):
-        fam(name, "summary", doc, [(sfx, f'handler="{h}"', float(seq if h == "/metrics" else 10))
-                                   for h in _HANDLERS for sfx in ("_count", "_sum", "_created")])
-    fam("http_request_duration_highr_seconds", "histogram", "Latency with many buckets but no API specific labels.",
-        [(f"_bucket", f'le="{_fmt(b)}"', float(seq)) for b in
-         (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 7.5, 10.0, 30.0,
-          60.0)] + [("_bucket", 'le="+Inf"', float(seq)), ("_count", "", float(seq)), ("_sum", "", 0.002 * seq)])
-    fam("http_request_duration_seconds", "histogram", "Latency with only few buckets by handler.",
-        [s for h in _HANDLERS for s in
-         [("_bucket", f'handler="{h}",le="{b}",method="GET"', float(seq)) for b in ("0.1", "0.5", "1.0", "+Inf")]
-         + [("_count", f'handler="{h}",method="GET"', float(seq)), ("_sum", f'handler="{h}",method="GET"', 0.001 * seq)]])
-    return ("\n".join(out) + "\n").encode()
-
-
-def llamacpp_body() -> bytes:
-    from types import SimpleNamespace
-
-    from llmgw.sim.llamacpp_core import Metrics
-    from llmgw.sim.llamacpp_surface import metrics_text
-    core = SimpleNamespace(metrics=Metrics(prompt_tokens=700, prompt_cached=300, predicted_tokens=50),
-                           requests_processing=0, requests_deferred=0)
-    return metrics_text(core).encode()  # type: ignore[arg-type]
-
+from scrape_bodies import llamacpp_body, vllm_body  # noqa: E402
 
 # -- 1. parse cost -----------------------------------------------------------------------------
 def _per_call(fn, n: int) -> float:
@@ -291,13 +170,72 @@ def _profile(routers: list[tuple[str, subprocess.Popen[bytes]]], seconds: float,
             print(f"  {100 * c / max(busy, 1):5.1f}%  {fn}")
 
 
+def instrumented(out: str, argv: list[str]) -> int:
+    """Run ``llmgw`` (argv) with a trio instrument counting each task's steps and their CPU time
+    (by task name); SIGUSR1 writes the counts since the last one to ``out`` as JSON."""
+    import collections
+    import signal
+
+    import trio
+    steps: collections.Counter[str] = collections.Counter()
+    cpu: collections.Counter[str] = collections.Counter()
+
+    class Steps(trio.abc.Instrument):
+        t0 = 0.0
+
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            self.t0 = time.thread_time()
+
+        def after_task_step(self, task: trio.lowlevel.Task) -> None:
+            steps[task.name] += 1
+            cpu[task.name] += time.thread_time() - self.t0
+
+    def dump(*_: object) -> None:
+        Path(out).write_text(json.dumps({k: [steps[k], cpu[k]] for k in steps}))
+        steps.clear()
+        cpu.clear()
+
+    run = trio.run
+
+    def with_steps(*a: object, **k: object) -> object:
+        k["instruments"] = [*k.get("instruments", ()), Steps()]  # type: ignore[misc]
+        return run(*a, **k)  # type: ignore[arg-type]
+
+    trio.run = with_steps  # type: ignore[assignment]
+    signal.signal(signal.SIGUSR1, dump)
+    from llmgw.cli.entry import main
+    return main(argv)
+
+
+def _tasks(routers: list[tuple[str, subprocess.Popen[bytes]]], files: dict[str, Path], seconds: float,
+           n: int) -> None:
+    """Each idle router's tasks over ``seconds``: wake-ups (steps) and CPU per second."""
+    import signal
+    for _, rp in routers:
+        os.kill(rp.pid, signal.SIGUSR1)  # start counting
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    for _, rp in routers:
+        os.kill(rp.pid, signal.SIGUSR1)
+    dt = time.monotonic() - t0
+    time.sleep(0.5)
+    for name, _ in routers:
+        got = json.loads(files[name].read_text())
+        total = sum(c for _, c in got.values())
+        print(f"tasks of the idle router ({name}), {n} replicas, over {dt:.0f} s: "
+              f"{1e3 * total / dt:.2f} ms of CPU per second in task steps (trio's own scheduling not included)")
+        for task, (k, c) in sorted(got.items(), key=lambda kv: -kv[1][1])[:10]:
+            print(f"  {k / dt:7.1f} steps/s {1e3 * c / dt:7.2f} ms/s  {task}")
+
+
 def idle_router_cpu(counts: list[int], window: float, warmup: float, rounds: int, ab_code: str | None,
-                    extra: str, profile: float = 0.0) -> None:
+                    extra: str, profile: float = 0.0, tasks: float = 0.0) -> None:
     from loadgen import proc_cpu_seconds
     from procs import spawn, stop
     variants: list[tuple[str, dict[str, str]]] = [("this tree", {})]
     if ab_code:
         variants.append((f"code of {ab_code}", {"PYTHONPATH": str(Path(ab_code).resolve()), "PYTHONSAFEPATH": "1"}))
+    medians: dict[str, list[tuple[int, float]]] = {}
     for n in counts:
         procs: list[subprocess.Popen[bytes]] = []
         try:
@@ -306,18 +244,25 @@ def idle_router_cpu(counts: list[int], window: float, warmup: float, rounds: int
             d = Path(tempfile.mkdtemp())
             reps = "".join(f'[[models.replicas]]\nurl = "http://127.0.0.1:{p}"\n' for p in info["ports"])
             routers = []
+            files: dict[str, Path] = {}
             for k, (name, env) in enumerate(variants):
                 cfg = d / f"r{k}.toml"
                 cfg.write_text('[server]\nhost = "127.0.0.1"\n[control]\nlisten = "127.0.0.1:0"\nstore = ":memory:"\n'
                                f'[admin]\nsocket = "{d / f"a{k}.sock"}"\n{extra}\n'
                                f'[[models]]\nname = "m"\nengine = "vllm"\n{reps}')
-                rp, _ = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(cfg),
-                               "--port", "0", "--log-level", "warning"], cpu=0, env=env)
+                daemon = ["daemon", "--role", "router", "--config", str(cfg), "--port", "0", "--log-level", "warning"]
+                files[name] = d / f"tasks{k}.json"
+                cmd = [sys.executable, __file__, "--instrumented", str(files[name]), *daemon] if tasks else \
+                    [sys.executable, "-m", "llmgw", *daemon]
+                rp, _ = spawn(cmd, cpu=0, env=env)
                 procs.append(rp)
                 routers.append((name, rp))
             time.sleep(warmup)
             if profile:
                 _profile(routers, profile, n)
+                continue
+            if tasks:
+                _tasks(routers, files, tasks, n)
                 continue
             per: dict[str, list[float]] = {name: [] for name, _ in routers}
             for _ in range(rounds):
@@ -329,6 +274,7 @@ def idle_router_cpu(counts: list[int], window: float, warmup: float, rounds: int
                     per[name].append((proc_cpu_seconds(rp.pid) - c0[name]) / dt)
             for name, vals in per.items():
                 frac = statistics.median(vals)
+                medians.setdefault(name, []).append((n, frac))
                 print(f"idle router ({name}), {n:4d} replicas: {100 * frac:6.2f}% of a core, "
                       f"{1e6 * frac / n:7.1f} µs per replica per second "
                       f"(median of {rounds} × {window:.0f} s; rounds: {', '.join(f'{100 * v:.2f}%' for v in vals)})",
@@ -336,10 +282,16 @@ def idle_router_cpu(counts: list[int], window: float, warmup: float, rounds: int
         finally:
             for p in procs:
                 stop(p)
+    # what one more replica costs (the slope between two counts): the fixed cost (timers, the
+    # round itself) drops out
+    for name, pts in medians.items():
+        for (n1, f1), (n2, f2) in zip(pts, pts[1:]):
+            print(f"marginal ({name}), {n1} → {n2} replicas: {1e6 * (f2 - f1) / (n2 - n1):6.1f} µs per replica "
+                  f"per second; fixed part {100 * (f1 - n1 * (f2 - f1) / (n2 - n1)):.2f}% of a core")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)  # the daemon's --config is not --config-extra
     ap.add_argument("--replicas", default="8,64,512", help="replica counts, comma-separated")
     ap.add_argument("--window", type=float, default=20.0, help="seconds of idle router CPU per round")
     ap.add_argument("--warmup", type=float, default=8.0, help="seconds before measuring (idle intervals settle)")
@@ -351,9 +303,16 @@ def main() -> None:
     ap.add_argument("--parse-only", action="store_true", help="part 1 only")
     ap.add_argument("--profile", type=float, default=0.0, metavar="S",
                     help="instead of CPU figures, py-spy each idle router for S seconds (needs py-spy in the venv)")
+    ap.add_argument("--tasks", type=float, default=0.0, metavar="S",
+                    help="instead of CPU figures, each idle router's trio tasks over S seconds: steps and CPU per second")
     ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--instrumented", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json-parse", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a, rest = ap.parse_known_args()
+    if a.instrumented is not None:
+        sys.exit(instrumented(a.instrumented, rest))
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if a.serve is not None:
         serve(a.serve)
         return
@@ -373,7 +332,7 @@ def main() -> None:
     if a.parse_only:
         return
     idle_router_cpu([int(x) for x in a.replicas.split(",")], a.window, a.warmup, a.rounds, a.ab_code,
-                    a.config_extra.replace("\\n", "\n"), a.profile)
+                    a.config_extra.replace("\\n", "\n"), a.profile, a.tasks)
 
 
 if __name__ == "__main__":

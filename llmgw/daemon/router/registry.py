@@ -78,8 +78,10 @@ class Registry(ReplicaTable):
             now = trio.current_time()
             async with trio.open_nursery() as nursery:
                 for rep in list(self.replicas.values()):
-                    if pace.due(rep.id, now, rep.view.inflight, rep.completed):
-                        nursery.start_soon(self.scrape_one, pool, rep, pace.models_due(rep.id, now))
+                    # never read (new, or re-added under the same id within a round): at once, whole
+                    first = rep.view.scraped_at is None
+                    if first or pace.due(rep.id, now, rep.view.inflight, rep.completed):
+                        nursery.start_soon(self.scrape_one, pool, rep, pace.models_due(rep.id, now) or first)
             self._forget_gone()
             self._soon = trio.Event()
             await trio.sleep(interval / 4)  # the shortest gap, however often scrape_soon is asked
