@@ -1,6 +1,6 @@
 """The router's cost against body size and fleet size (issue 25, item 4).
 
-    .venv/bin/python bench/bench_cost_size.py inproc [--sizes 1,8,64,512] [--replicas 8,64,512]
+    .venv/bin/python bench/bench_cost_size.py inproc [--sizes 1,8,64,512] [--replicas 8,64,512] [--base OTHER]
     .venv/bin/python bench/bench_cost_size.py proc [--sizes 1,8,64,512] [--replicas 8,64,512]
                                                    [--trees .,OTHER] [--rounds 3] [--seconds 4]
 
@@ -95,7 +95,7 @@ def _walk() -> Any:
     return mod
 
 
-def _per_call(fn: Any, items: list[Any], min_s: float = 0.2) -> float:
+def _per_call(fn: Any, items: list[Any], min_s: float = 0.05) -> float:
     """µs per call of fn(item), items in turn, for at least min_s."""
     for it in items[:4]:
         fn(it)
@@ -110,57 +110,95 @@ def _per_call(fn: Any, items: list[Any], min_s: float = 0.2) -> float:
             return dt / n * 1e6
 
 
+def _ab(fns: list[Any], items: list[Any], reps: int = 7) -> list[float]:
+    """µs per call of each fn, measured in turn ``reps`` times (A, B, A, B...): the least of each
+    (a shared, noisy machine only ever adds time)."""
+    out: list[list[float]] = [[] for _ in fns]
+    for _ in range(reps):
+        for k, fn in enumerate(fns):
+            out[k].append(_per_call(fn, items))
+    return [min(v) for v in out]
+
+
+def _load_base(base: Path) -> dict[str, Any]:
+    """The size-dependent functions of another source tree (the same files, loaded under other
+    names beside this tree's): parse_body, request_head, with_include_usage."""
+    mods = {}
+    for name, rel in (("parse", "llmgw/route/openai_req.py"), ("head", "llmgw/route/request_head.py"),
+                      ("tap", "llmgw/daemon/router/usage_tap.py")):
+        spec = importlib.util.spec_from_file_location(f"_base_{name}", base / rel)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # dataclasses look their module up
+        spec.loader.exec_module(mod)
+        mods[name] = mod
+    return {"parse": mods["parse"].parse_body, "head": mods["head"].request_head,
+            "tap": mods["tap"].with_include_usage}
+
+
 def _config(urls: list[str], extra: str = "") -> str:
     reps = "\n".join(f'[[models.replicas]]\nurl = "{u}"' for u in urls)
     return f'[[models]]\nname = "m"\nengine = "vllm"\n{reps}\n{extra}'
 
 
-def inproc(sizes: list[int], replicas: list[int], rounds: int, conversations: int) -> None:
+def inproc(sizes: list[int], replicas: list[int], rounds: int, conversations: int, base: Path | None) -> None:
     import trio
 
     from llmgw.config import parse_config
     from llmgw.daemon.net.httpserver import Request
     from llmgw.daemon.router.proxy import Router
     from llmgw.daemon.router.usage_tap import with_include_usage
-    from llmgw.route import request_head as rh
     from llmgw.route.openai_req import parse_body
     from llmgw.route.prefix_tree import PrefixConfig, PrefixIndex, partition_key
+    from llmgw.route.request_head import request_head
 
     walk = _walk()
-    head_kw: dict[str, Any] = {}
-    if "limit" in rh.request_head.__code__.co_varnames:
-        head_kw["limit"] = PrefixConfig().max_head_bytes
-    print(f"in process, µs per request (median of {rounds}); {conversations} conversations; "
-          f"request_head{'(limit=' + str(head_kw['limit']) + ')' if head_kw else ''}")
-    print(f"{'KB':>4s} {'replicas':>8s} {'parse':>8s} {'head':>8s} {'prefix':>8s} {'tap':>8s} {'whole':>9s}")
+    limit = PrefixConfig().max_head_bytes
+
+    def head_of(fn: Any) -> Any:  # as the planner calls it (a tree without the limit: the whole head)
+        if "limit" in fn.__code__.co_varnames:
+            return lambda o: fn(o, "chat", limit)
+        return lambda o: fn(o, "chat")
+
+    steps = {"parse": [lambda b: parse_body(b, kind="chat")], "head": [head_of(request_head)],
+             "tap": [lambda p: with_include_usage(p[0], p[1])]}
+    if base is not None:
+        old = _load_base(base)
+        steps["parse"].append(lambda b: old["parse"](b, kind="chat"))
+        steps["head"].append(head_of(old["head"]))
+        steps["tap"].append(lambda p: old["tap"](p[0], p[1]))
+    print(f"in process, µs per request (least of 7 alternated runs; whole: median of {rounds}); "
+          f"{conversations} conversations" + (f"; this tree / {base}" if base else ""))
+    print(f"{'KB':>4s} {'parse':>15s} {'head':>15s} {'tap':>15s}   " + "".join(f"{'prefix@' + str(n):>10s}" for n in replicas)
+          + "".join(f"{'whole@' + str(n):>10s}" for n in replicas))
+
+    def cell(v: list[float]) -> str:
+        return f"{v[0]:7.1f}" + (f" / {v[1]:5.0f}" if len(v) > 1 else "       ")
+
     for kb in sizes:
         bodies = chat_bodies(kb, 2 * conversations, conversations)
         objs = [json.loads(b) for b in bodies]
-        heads = [rh.request_head(o, "chat", **head_kw) for o in objs]
+        heads = [request_head(o, "chat", limit) for o in objs]
         with_opts = [b[:-1] + b', "stream_options": {"continuous_usage_stats": false}}' for b in bodies]
-        opt_objs = [json.loads(b) for b in with_opts]
+        pairs = list(zip(with_opts, [json.loads(b) for b in with_opts]))
+        res = {"parse": _ab(steps["parse"], bodies), "head": _ab(steps["head"], objs),
+               "tap": _ab(steps["tap"], pairs)}
+        line = f"{kb:4d} {cell(res['parse']):>15s} {cell(res['head']):>15s} {cell(res['tap']):>15s}   "
         for n in replicas:
-            res: dict[str, list[float]] = {}
-            for _ in range(rounds):
-                res.setdefault("parse", []).append(_per_call(lambda b: parse_body(b, kind="chat"), bodies))
-                res.setdefault("head", []).append(_per_call(lambda o: rh.request_head(o, "chat", **head_kw), objs))
-                idx = PrefixIndex(PrefixConfig())
-                part = partition_key("m")
-                names = [f"http://127.0.0.1:{20000 + i}" for i in range(n)]
-                clock = [0.0]
+            idx = PrefixIndex(PrefixConfig())
+            part = partition_key("m")
+            names = [f"http://127.0.0.1:{20000 + i}" for i in range(n)]
+            clock = [0.0]
 
-                def prefix(i: int) -> None:
-                    clock[0] += 0.001
-                    h = heads[i]
-                    m = idx.match(part, h, clock[0], min_bytes=64)
-                    idx.record(part, h, m.best() or names[i % n], clock[0])
-                res.setdefault("prefix", []).append(_per_call(prefix, list(range(len(heads)))))
-                pairs = list(zip(with_opts, opt_objs))
-                res.setdefault("tap", []).append(_per_call(lambda p: with_include_usage(p[0], p[1]), pairs))
-                res.setdefault("whole", []).append(_whole(trio, parse_config, Request, Router, walk, bodies, n))
-            med = {k: statistics.median(v) for k, v in res.items()}
-            print(f"{kb:4d} {n:8d} {med['parse']:8.1f} {med['head']:8.1f} {med['prefix']:8.1f} "
-                  f"{med['tap']:8.1f} {med['whole']:9.1f}", flush=True)
+            def prefix(i: int) -> None:
+                clock[0] += 0.001
+                h = heads[i]
+                m = idx.match(part, h, clock[0], min_bytes=64)
+                idx.record(part, h, m.best() or names[i % n], clock[0])
+            line += f"{_ab([prefix], list(range(len(heads))))[0]:10.1f}"
+        for n in replicas:
+            line += f"{statistics.median(_whole(trio, parse_config, Request, Router, walk, bodies, n) for _ in range(rounds)):10.1f}"
+        print(line, flush=True)
 
 
 def _whole(trio: Any, parse_config: Any, Request: Any, Router: Any, walk: Any, bodies: list[bytes],
@@ -263,6 +301,7 @@ def main() -> None:
     ap.add_argument("--replicas", default="8,64,512")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--conversations", type=int, default=16)
+    ap.add_argument("--base", default="", help="inproc: another source tree whose parse, head and tap run beside")
     ap.add_argument("--trees", default=".", help="proc: source trees to run the router from, A/B in turn")
     ap.add_argument("--seconds", type=float, default=4.0, help="proc: wrk's duration per figure")
     ap.add_argument("--conns", type=int, default=4, help="proc: wrk's connections")
@@ -272,7 +311,7 @@ def main() -> None:
     sizes = [int(x) for x in a.sizes.split(",")]
     replicas = [int(x) for x in a.replicas.split(",")]
     if a.mode == "inproc":
-        inproc(sizes, replicas, a.rounds, a.conversations)
+        inproc(sizes, replicas, a.rounds, a.conversations, Path(a.base).resolve() if a.base else None)
     else:
         trees = [Path(t).resolve() for t in a.trees.split(",")]
         os.environ.setdefault("PYTHONHASHSEED", "0")

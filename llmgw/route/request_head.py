@@ -4,7 +4,7 @@ NUL, content per message; completions' prompt as text or packed token ids; embed
 It is what the prefix index matches on: tokens are not needed at that tier.
 
 The index keeps only a head's first ``max_head_bytes`` (128 KiB): with ``limit`` the head is built
-only that far (the messages after it are not rendered at all, a long text is cut before it is
+only that far (the messages after it are not rendered at all, a long prompt is cut before it is
 encoded), and the result is exactly the whole head's first ``limit`` bytes."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ __all__ = ["request_head"]
 
 _MSG_SEP = b"\x1e"  # between messages
 _KEEP = ("role", "content")
+_TOOLS = object()  # where the tools go among the messages
+_NO_LIMIT = 1 << 62  # no head is this long
 
 
 def _canon(obj: Any) -> bytes:
@@ -30,11 +32,11 @@ def _text(s: str) -> bytes:
     return s.encode("utf-8", "surrogatepass")
 
 
-def _content(c: Any, room: int | None = None) -> bytes:
+def _content(c: Any) -> bytes:
     if c is None:
         return b""
-    if isinstance(c, str):  # a char is 1-4 bytes: its first `room` chars hold the first `room` bytes
-        return _text(c if room is None or len(c) <= room else c[:room])
+    if isinstance(c, str):
+        return _text(c)
     if isinstance(c, list):  # content parts: text as is, anything else (images...) canonical
         out = []
         for p in c:
@@ -48,17 +50,24 @@ def _content(c: Any, room: int | None = None) -> bytes:
     return _canon(c)
 
 
-def _message(m: Any, room: int | None = None) -> bytes:
-    """A message's bytes; with ``room``, at least its first ``room`` bytes (a prefix of them)."""
+def _message(m: Any, out: list[bytes]) -> int:
+    """Append a message's pieces to ``out`` (joined once by the caller: no copy per message) and
+    return their length."""
     if not isinstance(m, dict):
-        return _canon(m)
+        b = _canon(m)
+        out.append(b)
+        return len(b)
     role = m.get("role")
-    head = (_text(role) if isinstance(role, str) else b"") + b"\0"
-    head += _content(m.get("content"), None if room is None else max(0, room - len(head)))
+    r = _text(role) if isinstance(role, str) else b""
+    c = _content(m.get("content"))
+    out += (r, b"\0", c)
+    n = len(r) + 1 + len(c)
     rest = {k: v for k, v in m.items() if k not in _KEEP and v is not None}
     if rest:  # name, tool_calls, tool_call_id...: the template renders them too
-        head += b"\0" + _canon(rest)
-    return head
+        x = _canon(rest)
+        out += (b"\0", x)
+        n += 1 + len(x)
+    return n
 
 
 def _prompt(p: Any, limit: int | None = None) -> bytes:
@@ -93,27 +102,28 @@ def request_head(body: Mapping[str, Any], kind: str, limit: int | None = None) -
         if not isinstance(msgs, list):
             return b""
         tools = body.get("tools")
-        if not tools and limit is None:
-            return _MSG_SEP.join([_message(m) for m in msgs])
-        k = len(msgs)
+        seq: list[Any] = msgs
         if tools:
             k = 0
             while k < len(msgs) and isinstance(msgs[k], dict) \
                     and msgs[k].get("role") in ("system", "developer"):
                 k += 1
-        parts: list[bytes] = []
-        size = -1  # the separators: one fewer than the parts
-        for j in range(len(msgs) + (1 if tools else 0)):
-            if limit is not None and size >= limit:
+            seq = [*msgs[:k], _TOOLS, *msgs[k:]]
+        out: list[bytes] = []
+        size = -1  # the head's length so far: one separator fewer than the messages
+        cut = _NO_LIMIT if limit is None else limit
+        for m in seq:
+            if size >= cut:  # the messages past the limit are not rendered at all
                 break
-            room = None if limit is None else limit - size - 1
-            if tools and j == k:
-                part = b"tools\0" + _canon(tools)
+            if out:
+                out.append(_MSG_SEP)
+            if m is _TOOLS:
+                t = b"tools\0" + _canon(tools)
+                out.append(t)
+                size += len(t) + 1
             else:
-                part = _message(msgs[j if not tools or j < k else j - 1], room)
-            parts.append(part)
-            size += len(part) + 1
-        head = _MSG_SEP.join(parts)
+                size += _message(m, out) + 1
+        head = b"".join(out)
         return head if limit is None or len(head) <= limit else head[:limit]
     if kind == "completions":
         head = _prompt(body.get("prompt"), limit)
