@@ -242,7 +242,7 @@ def start_router(tree: Path, urls: list[str], tmp: Path) -> tuple[Any, int]:
     cfg.write_text('[server]\nhost = "127.0.0.1"\n[router]\nqueue_size = 4096\n'
                    f'[control]\nlisten = "127.0.0.1:0"\nstore = ":memory:"\n[admin]\nsocket = "{tmp / "a.sock"}"\n'
                    + _config(urls))
-    env = {"PYTHONPATH": str(tree)}
+    env = {"PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"}  # the tree, not the working directory
     p, info = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(cfg),
                      "--port", "0", "--log-level", "warning"], env=env, cpu=0)
     return p, info["port"]

@@ -56,9 +56,11 @@ def with_include_usage(raw: bytes, body: dict[str, Any]) -> bytes | None:
     A body only :mod:`json` reads (parse_body's fallback: NaN, UTF-16...) is encoded again."""
     opts = body.get("stream_options", None)
     if opts is None and "stream_options" not in body:
-        end = raw.rstrip()
-        if end.endswith(b"}") and len(body) > 0:
-            return end[:-1] + _INJECT
+        end = len(raw)
+        while end and raw[end - 1] in b" \t\r\n":
+            end -= 1
+        if end and raw[end - 1] == 125 and len(body) > 0:  # '}'
+            return b"".join((memoryview(raw)[:end - 1], _INJECT))  # one copy of the body
         return None
     if not isinstance(opts, dict):
         return None
