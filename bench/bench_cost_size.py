@@ -286,6 +286,7 @@ def proc(sizes: list[int], replicas: list[int], trees: list[Path], rounds: int, 
         finally:
             for s in stubs:
                 stop(s)
+    shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nmedians of {rounds} rounds")
     print(f"{'tree':24s} {'KB':>4s} {'replicas':>8s} {'CPU ms/req':>10s} {'req/s':>7s} {'idle %':>7s}")
     for kb, n in cells:
