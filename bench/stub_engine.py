@@ -1,6 +1,6 @@
 """A stub OpenAI engine that costs almost nothing, for measuring the router at saturation.
 
-    python bench/stub_engine.py [--port 0] [--step-ms 2] [--model m]
+    python bench/stub_engine.py [--port 0] [--ports 1] [--step-ms 2] [--model m]
 
 `llmgw sim` models an engine faithfully and costs ~1 ms of CPU per streamed request: on a
 2-core machine, the engines then saturate their core long before the router does. This stub
@@ -9,7 +9,9 @@ each its own send; after the last token, `data: [DONE]`) and does nothing else: 
 no KV cache, no prefix hashing. It serves POST /v1/completions and /v1/chat/completions
 (streamed or not; `max_tokens` tokens, default 16), GET /health, /v1/models and a /metrics with
 vLLM's three mandatory gauges. Plain epoll, no trio. Prints one JSON ready line
-({"url", "port"}) like `llmgw sim`. Benchmark use only."""
+({"url", "port"}) like `llmgw sim`; with --ports N it listens on N ports (one process standing
+for N replicas: a router knows a replica by its URL) and the line also has "urls". Benchmark
+use only."""
 
 from __future__ import annotations
 
@@ -69,15 +71,19 @@ class _Conn:
 
 
 class Stub:
-    def __init__(self, port: int, step_s: float, model: str) -> None:
+    def __init__(self, port: int, step_s: float, model: str, ports: int = 1) -> None:
         self.model, self.step_s = model, step_s
-        self.lsock = socket.socket()
-        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.lsock.bind(("127.0.0.1", port))
-        self.lsock.listen(1024)
-        self.lsock.setblocking(False)
         self.ep = select.epoll()
-        self.ep.register(self.lsock.fileno(), select.EPOLLIN)
+        self.lsocks: dict[int, socket.socket] = {}
+        for k in range(ports):
+            ls = socket.socket()
+            ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            ls.bind(("127.0.0.1", port if k == 0 else 0))
+            ls.listen(1024)
+            ls.setblocking(False)
+            self.ep.register(ls.fileno(), select.EPOLLIN)
+            self.lsocks[ls.fileno()] = ls
+        self.lsock = next(iter(self.lsocks.values()))
         self.conns: dict[int, _Conn] = {}
         self.streams: list[_Stream] = []
         self.rid = 0
@@ -165,10 +171,11 @@ class Stub:
         while True:
             timeout = max(0.0, next_step - time.monotonic()) if self.streams else -1
             for fd, _ in self.ep.poll(timeout):
-                if fd == self.lsock.fileno():
+                ls = self.lsocks.get(fd)
+                if ls is not None:
                     while True:
                         try:
-                            sock, _ = self.lsock.accept()
+                            sock, _ = ls.accept()
                         except BlockingIOError:
                             break
                         sock.setblocking(False)
@@ -204,10 +211,12 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--step-ms", type=float, default=2.0)
     ap.add_argument("--model", default="m")
+    ap.add_argument("--ports", type=int, default=1, help="listen on this many ports (each a replica's URL)")
     a = ap.parse_args()
-    stub = Stub(a.port, a.step_ms / 1e3, a.model)
-    port = stub.lsock.getsockname()[1]
-    print(json.dumps({"url": f"http://127.0.0.1:{port}", "port": port}), flush=True)
+    stub = Stub(a.port, a.step_ms / 1e3, a.model, a.ports)
+    ports = [ls.getsockname()[1] for ls in stub.lsocks.values()]
+    print(json.dumps({"url": f"http://127.0.0.1:{ports[0]}", "port": ports[0],
+                      "urls": [f"http://127.0.0.1:{p}" for p in ports]}), flush=True)
     try:
         stub.serve()
     except KeyboardInterrupt:

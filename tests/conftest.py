@@ -15,6 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# No test is timed (speed lives in bench/): hypothesis' per-example deadline and its too-slow
+# health check only fail property tests when the 2-core machine is busy with other work.
+settings.register_profile("llmgw", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("llmgw")
 
 from tests.store_backends import any_store, pg_server, pg_url, reopenable  # noqa: F401 — store fixtures
 

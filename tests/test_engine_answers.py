@@ -83,7 +83,7 @@ def test_any_exception_from_an_answer_stays_in_the_scrape(monkeypatch: pytest.Mo
     def broken(*a: Any) -> Any:
         raise KeyError("a bug in a parser")
 
-    monkeypatch.setattr(registry, "scrape", broken)
+    monkeypatch.setattr(registry.MetricReader, "read", broken)
     engine = StubEngine()
     try:
         reg = Registry(parse_config(CFG.format(engine="vllm").replace("http://127.0.0.1:1", engine.url)))

@@ -184,6 +184,10 @@ class TracesConfig:
 class RouterConfig:
     scrape_interval_s: float = opt(1.0, check=positive)
     stale_after_s: float = opt(5.0, check=positive)  # scraped metrics older than this are stale
+    # an idle replica (no request of ours on it, its engine runs and queues nothing, nothing the
+    # contract reads moves) is read up to this many times less often (never less often than
+    # stale_after_s - 2 * scrape_interval_s allows); 1 = every replica every interval
+    scrape_idle_factor: float = opt(4.0, check=(in_range(1), positive))
     connect_timeout_s: float = opt(3.0, check=positive)
     first_byte_timeout_s: float = opt(600.0, check=positive)  # long prefills take minutes
     # ... but while another replica is idle, a hung engine gets this long (plus 1 s per 1,000

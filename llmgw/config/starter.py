@@ -34,6 +34,7 @@ extra_args = []                  # extra arguments passed to `llmgw sim`
 [router]
 scrape_interval_s = 1.0          # how often each replica's /metrics is read
 stale_after_s = 5.0              # older scraped metrics are stale (live inflight counts still apply)
+scrape_idle_factor = 4.0         # an idle replica (nothing moves) is read up to this many times less often
 connect_timeout_s = 3.0
 first_byte_timeout_s = 600.0     # long prefills can take minutes before the first byte
 first_byte_fast_s = 30.0         # ...but while another replica is idle, a silent engine gets this

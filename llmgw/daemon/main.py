@@ -43,6 +43,7 @@ from llmgw.daemon.store_open import (
 )
 from llmgw.daemon.router.stopping import drain_then_stop, stopping_begins
 from llmgw.daemon.workers import WorkerSeat, listen_gate
+from llmgw.daemon.gc_tuning import settle as settle_gc
 from llmgw.daemon.logs import (
     FORMAT_ENV,
     FORMATS,
@@ -298,6 +299,7 @@ async def _run(cfg: Config, roles: set[str], adopt: bool = False, config_path: s
                           more_routers=() if "router" in roles else cfg.agent.routers)
             await nursery.start(agent.run)
             ready.update({"node": cfg.agent.node, "state_dir": cfg.agent.state_dir})
+        settle_gc()  # started: what lives now is frozen out of the collector's scans (gc_tuning.py)
         print(json.dumps(ready), flush=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             if seat is not None:

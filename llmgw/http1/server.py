@@ -107,6 +107,14 @@ def _normalized(headers: list[tuple[str, str]], length: str | None) -> list[tupl
     return out
 
 
+def _bytes(buf: bytes | bytearray, start: int, end: int) -> bytes:
+    """``buf[start:end]`` as bytes, one copy (a bytearray's slice would be a copy, then another)."""
+    if type(buf) is bytes:
+        return buf[start:end]
+    with memoryview(buf) as view:
+        return bytes(view[start:end])
+
+
 class RequestParser:
     """Incremental parser of the requests on one server connection (pipelining included).
 
@@ -196,11 +204,11 @@ class RequestParser:
                 self._buf = buf[pos:]
                 return req
             if len(buf) - pos >= n:  # the usual case: the body came with the head
-                req.body = bytes(buf[pos:pos + n])
+                req.body = _bytes(buf, pos, pos + n)
                 self._buf = buf[pos + n:]
                 return req
             self._req, self._state, self._remaining = req, _R_LENGTH, n - (len(buf) - pos)
-            self._pieces = [bytes(buf[pos:])] if len(buf) > pos else []
+            self._pieces = [_bytes(buf, pos, len(buf))] if len(buf) > pos else []
             self.expect_continue = req.expect_continue and not self._pieces
             self._buf = b""
             return None
@@ -280,7 +288,7 @@ class RequestParser:
                 self._remaining = rem - len(buf)
                 self._buf = b""
                 return None
-            self._pieces.append(bytes(buf[:rem]))
+            self._pieces.append(_bytes(buf, 0, rem))
             self._buf = buf[rem:]
             return self._complete()
         if state == _R_ERROR:

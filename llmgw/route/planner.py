@@ -16,6 +16,7 @@ from llmgw.inputs.echo import echo
 
 from .openai_req import ApiError, parse_body
 from .plan import Plan
+from .prefix_capacity import MAX_HEAD_BYTES
 from .replicas import ModelEntry, ReplicaTable
 from .request_head import request_head
 from .strategies import Strategy, StrategyError, resolve
@@ -103,7 +104,7 @@ class Planner:
         info = RequestInfo(request_id=rid, model=b.model, base_model=entry.name, adapter=adapter,
                            session_key=session or b.session_key,
                            prompt_tokens_estimate=b.prompt_chars // 4, strategy=strat.name,
-                           head=request_head(b.obj, kind) if kind != "embeddings" else b"",
+                           head=request_head(b.obj, kind, MAX_HEAD_BYTES) if kind != "embeddings" else b"",
                            cache_salt=salt if isinstance(salt, str) else None)
         return Plan(info, entry, strat, b.stream, now, body=b.obj, raw=body, trace=trace, internal=internal,
                     tenant=tenant)

@@ -12,9 +12,11 @@ import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-__all__ = ["Capacity", "PrefixConfig", "Partition", "partition_key", "BYTES_PER_TOKEN"]
+__all__ = ["Capacity", "PrefixConfig", "Partition", "partition_key", "BYTES_PER_TOKEN", "MAX_HEAD_BYTES"]
 
 BYTES_PER_TOKEN = 4.0  # rendered text is ~4 bytes per token; token-id prompts pack 4 bytes each
+MAX_HEAD_BYTES = 128 << 10  # heads are cut here: only the start decides the route (the planner
+# renders a request's head no further: request_head's limit)
 
 Partition = Hashable
 
@@ -82,7 +84,7 @@ class Capacity:
 class PrefixConfig:
     budget_bytes: int = 64 << 20  # the whole index (accounted; measured in tests and the bench)
     default_capacity: Capacity = field(default_factory=lambda: Capacity(bytes=4 << 20))
-    max_head_bytes: int = 128 << 10  # heads are cut here: only the start decides the route
+    max_head_bytes: int = MAX_HEAD_BYTES  # heads are cut here: only the start decides the route
     max_count: int = 1024  # a holder count reaching this halves every count of its node
     ttl_s: float | None = None  # forget what was not recorded again within this long
 

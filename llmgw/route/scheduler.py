@@ -9,7 +9,8 @@ case) and computes the load estimates on the way, else the filters run one by on
 return affine columns (see :mod:`.scorers`) folded into one weighted-sum pass; one more pass
 finds the best ``record_candidates`` (:func:`top_indices`), which also answers max-score when
 its best is unique (the other pickers use C-level ``max``/``count``/``index`` rather than
-sorting); only those few candidates are materialised into the Decision.
+sorting); only those few candidates are recorded in the Decision, as a fixed-size
+:class:`~.ranked.Ranked` whose Candidate objects are built only when the rationale is read.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .filters import ALL_OPEN_NOTE, healthy, pool_priority, serves
 from .pickers import PICKERS, PickerState, pick_max_score
 from .scorers import SCORERS, Observer, ScoreContext, Scorer, Scores
 from .strategies import Strategy, StrategyError
+from .ranked import Ranked
 from .types import Candidate, Decision, EndpointView, FilterDrop, RequestInfo, SchedulerConfig
 
 __all__ = ["SchedulerConfig", "Scheduler", "weighted_sum", "top_indices"]
@@ -40,23 +42,6 @@ def _summer(k: int) -> Callable[..., list[float]]:
     ns: dict[str, Any] = {}
     exec(f"def weighted_sum({a}, {v}):\n    return [{terms} for {x} in zip({v})]", ns)
     return ns["weighted_sum"]
-
-
-@functools.lru_cache(maxsize=64)
-def _score_dicts(names: tuple[str, ...]) -> Callable[..., list[dict[str, float]]]:
-    # {name: value} per kept candidate from per-scorer columns, as one comprehension with a dict
-    # display: dict(zip(names, row)) per candidate costs ~1.8x as much, and at 8 replicas these
-    # dicts are a fifth of the decision. The names are bound as closure variables, never
-    # spliced into the source.
-    k = len(names)
-    n = ", ".join(f"n{i}" for i in range(k))
-    c = ", ".join(f"c{i}" for i in range(k))
-    x = "".join(f"x{i}, " for i in range(k))  # the trailing comma unpacks zip's 1-tuples too
-    items = ", ".join(f"n{i}: x{i}" for i in range(k))
-    ns: dict[str, Any] = {}
-    exec(f"def bind({n}):\n    def dicts({c}):\n        return [{{{items}}} for {x} in zip({c})]\n"
-         "    return dicts", ns)
-    return ns["bind"](*names)
 
 
 def weighted_sum(coefs: Sequence[float], columns: Sequence[Sequence[float]], n: int) -> list[float]:
@@ -247,7 +232,7 @@ class Scheduler:
                 for i, v in vals.items():
                     totals[i] += a * v
 
-        # Only the best few candidates (and the pick) are materialised below: a Candidate with
+        # Only the best few candidates (and the pick) are recorded below: a Candidate with
         # its score dict costs ~1 µs, more than the rest of the decision per candidate.
         order = top_indices(totals, cfg.record_candidates)
         picker = PICKERS[strategy.picker]
@@ -282,21 +267,17 @@ class Scheduler:
                 cols.append([off + a * get(i, 0.0) for i in order])
             else:
                 cols.append([off + a * vals[i] for i in order])
-        dicts = _score_dicts(tuple(names))(*cols)
+        # the rationale as a fixed-size record: its Candidates are built when it is read (Ranked)
         flags = ctx.flags
-        if flags is None:
-            candidates = [Candidate(eps[i].id, d, const + totals[i]) for i, d in zip(order, dicts)]
-        else:
-            get = flags.get
-            candidates = [Candidate(eps[i].id, d, const + totals[i], tuple(get(i, ())))
-                          for i, d in zip(order, dicts)]
+        candidates = Ranked(tuple(names), cols, [eps[i].id for i in order], [const + totals[i] for i in order],
+                            None if flags is None else [tuple(flags.get(i, ())) for i in order])
         d = self._decision(req, strategy, eps[chosen].id, candidates, dropped, notes,
                            wall, t0, n, ctx.kept)
         d.fallback = fallback
         return d
 
     def _decision(self, req: RequestInfo, strategy: Strategy, chosen: str | None,
-                  candidates: list[Candidate], dropped: list[FilterDrop], notes: list[str],
+                  candidates: Sequence[Candidate], dropped: list[FilterDrop], notes: list[str],
                   wall: float, t0: int, n: int, kept: dict[Any, Any] | None) -> Decision:
         observers = self.observers
         pending = None

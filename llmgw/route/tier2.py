@@ -54,6 +54,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from llmgw.config import Config
 from llmgw.fleet.engine_cmd import KV_HASH_ALGO, KV_HASH_SEED
 from llmgw.kv.hashing import LORA_NAME_KEY_SINCE, HashContext, LoRA, VllmVersion
@@ -97,6 +99,20 @@ class Tokenize:
     version: VllmVersion | None = None
     block_size: int = DEFAULT_BLOCK_SIZE
     lora: LoRA | None = None
+
+
+_sorted = msgspec.json.Encoder(order="sorted").encode
+
+
+def _key_bytes(req: dict[str, Any]) -> bytes:
+    """The head's canonical bytes for the cache key, every request (a repeat is found by them):
+    msgspec's sorted encoding, several times json's speed on a long prompt; json's where msgspec
+    cannot encode (a lone surrogate). NaN and ±inf encode as null there, which only a body that
+    spells them (not JSON) can hold: such a head may share its key with null's — a routing hint."""
+    try:
+        return _sorted(req)
+    except (TypeError, ValueError, UnicodeEncodeError, OverflowError):
+        return json.dumps(req, separators=(",", ":"), sort_keys=True).encode()
 
 
 def _seed(env: tuple[str, ...]) -> str:
@@ -183,11 +199,14 @@ class Tier2:
             return self._fail(plan, "unsupported", lora)
         scrape = rep.last_scrape
         bs = scrape.block_size if scrape is not None and scrape.block_size else DEFAULT_BLOCK_SIZE
-        body = json.dumps(req, separators=(",", ":"), sort_keys=True).encode()
         ident = json.dumps([bs, info.cache_salt, str(version), lora and list(lora)]).encode()
-        key = hashlib.sha256(ident + b"\0" + body).digest()
+        h = hashlib.sha256(ident)
+        h.update(b"\0")
+        h.update(_key_bytes(req))
+        key = h.digest()
         hit = self.cache.get(key)
-        if hit is None:
+        if hit is None:  # the engine's body (json's: what vLLM is sent, byte for byte as before)
+            body = json.dumps(req, separators=(",", ":"), sort_keys=True).encode()
             return Tokenize(rep.id, url, "/tokenize", body, self.timeout, MAX_ANSWER_BYTES, key, version, bs, lora)
         self.cache.move_to_end(key)
         self.outcomes["cached"] += 1

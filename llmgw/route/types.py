@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from .hashring import DEFAULT_C, DEFAULT_VNODES
@@ -125,7 +126,7 @@ class Decision:
     strategy: str
     picker: str
     chosen: str | None  # endpoint id; None when nothing could be picked
-    candidates: list[Candidate]
+    candidates: Sequence[Candidate]  # the best few, best first (a route.ranked.Ranked: built when read)
     dropped: list[FilterDrop]
     weights: dict[str, float]
     decided_at: float  # wall-clock seconds

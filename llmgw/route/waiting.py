@@ -65,12 +65,21 @@ class WaitRoom:
         # Draining replicas take no new requests, so their room does not count either. Each
         # view's staleness is refreshed first: the last decision set it, and a scrape since may
         # have made the engine's gauges usable (a stale view counts only our own inflight).
+        # One pass that stops at the first live replica with room (the common answer): the
+        # views of the rest get their staleness from the decision that follows (table.views).
         cfg = self.config
-        table = self.table
-        live = [r for r in entry.replicas if not r.draining and r.breaker.can_pass(now)]
-        for r in live:
-            r.view.stale = table.is_stale(r, now)
-        return bool(live) and all(is_saturated(r.view, cfg) for r in live)
+        stale_after = self.table.stale_after_s
+        any_live = False
+        for r in entry.replicas:
+            if r.draining or not r.breaker.can_pass(now):
+                continue
+            any_live = True
+            v = r.view
+            at = v.scraped_at
+            v.stale = at is None or now - at > stale_after
+            if not is_saturated(v, cfg):
+                return False
+        return any_live
 
     def turn_passed(self, plan: Plan, now: float) -> list[Ticket]:
         """The request stops waiting just as it was let through: the room it was woken for
@@ -108,7 +117,12 @@ class WaitRoom:
         if self.saturated(entry, now):
             return []
         cfg = self.config
-        free = sum(room(r.view, cfg) for r in entry.replicas if not r.draining and r.breaker.can_pass(now))
+        table = self.table
+        free = 0.0
+        for r in entry.replicas:  # saturated() stopped at the first with room: refresh every view here
+            if not r.draining and r.breaker.can_pass(now):
+                r.view.stale = table.is_stale(r, now)
+                free += room(r.view, cfg)
         return q.on_capacity(int(min(max(free, 1), len(q))))
 
     def lengths(self) -> dict[str, int]:

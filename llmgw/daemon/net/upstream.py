@@ -10,7 +10,8 @@ httpx costs ~1.0-1.4 ms CPU a request under trio and httpcore ~0.7-1.0 ms
 * deadlines cost nothing a read: a trio cancel scope with a deadline is ~10 us to
   enter and leave, so instead the pool's sweeper task checks the connections that
   wait for data every ``timer_resolution`` seconds and wakes an overdue one with
-  ``notify_closing``.  A timeout therefore fires up to one resolution late.
+  ``notify_closing``.  A timeout therefore fires up to one resolution late.  With no
+  connection checked out the sweeper sleeps until one is (an idle router wakes for nothing).
 * TCP_NODELAY on every connection (Nagle + delayed ACK stall small writes ~40 ms).
 
 Usage::
@@ -111,6 +112,7 @@ class UpstreamPool:
         self.stats = PoolStats()
         self._idle: dict[tuple[str, int], deque[_Conn]] = {}
         self._active: set[_Conn] = set()  # checked out: the sweeper watches their deadlines
+        self._wake_sweeper: trio.Event | None = None  # set when a connection is checked out and the sweeper sleeps
         self._open = False
         self._sweeper: trio.CancelScope | None = None
         self._reactor: _Reactor | None = None
@@ -162,6 +164,10 @@ class UpstreamPool:
         active = self._active
         with scope:
             while True:
+                if not active:  # nothing to watch: no wake-ups (an idle router) until a checkout
+                    self._wake_sweeper = trio.Event()
+                    await self._wake_sweeper.wait()
+                    self._wake_sweeper = None
                 await trio.sleep(self.timer_resolution)
                 now = _current_time()
                 for c in [c for c in active if c.deadline <= now]:  # a pump's timeout leaves `active`

@@ -127,6 +127,8 @@ class _Exchange:
     async def _exchange(self, c: _Conn, resp: UpstreamResponse, data: bytes, reused: bool, deadline: float) -> None:
         pool = self.pool
         pool._active.add(c)
+        if pool._wake_sweeper is not None:
+            pool._wake_sweeper.set()
         sock = c.sock
         try:
             # -- send: almost always one syscall; a full socket waits (first-byte deadline)

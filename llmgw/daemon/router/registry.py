@@ -24,7 +24,6 @@ from llmgw.config import Config
 from llmgw.daemon.net.log_limit import LogLimiter, repeats
 from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool
 from llmgw.route.cache_stats import CacheStats
-from llmgw.route.contract import scrape
 from llmgw.route.engine_answers import (
     MAX_LORA_BYTES,
     MAX_METRICS_BYTES,
@@ -36,7 +35,9 @@ from llmgw.route.engine_answers import (
     restarted,
     slot_count_of,
 )
+from llmgw.route.metric_reader import MetricReader
 from llmgw.route.replicas import ModelEntry, Replica, ReplicaTable
+from llmgw.route.scrape_pace import ScrapePace
 
 log = logging.getLogger("llmgw.router")
 
@@ -61,21 +62,33 @@ class Registry(ReplicaTable):
         # failed reads of /v1/models, /slots, /lora-adapters by (replica id, path); /metrics: Replica.scrape_errors
         self.answer_errors: dict[tuple[str, str], int] = {}
         self._faults = LogLimiter(60.0)
+        rc = cfg.router
+        # when each replica is read next: every round while busy, less often while idle
+        self.pace = ScrapePace(rc.scrape_interval_s, rc.scrape_idle_factor, rc.stale_after_s)
+        self._readers: dict[str, tuple[Replica, MetricReader]] = {}  # by replica id: its readings
 
     # -- scraping ---------------------------------------------------------------------------
     async def scrape_loop(self, pool: UpstreamPool) -> None:
+        """A round every scrape interval (a quarter of one after scrape_soon): the replicas due
+        (``self.pace``: all of them every round while anything happens, idle ones less often)
+        are read, each its /metrics, and every tenth interval its slow answers too."""
         interval = self.cfg.router.scrape_interval_s
-        tick = 0
+        pace = self.pace
         while True:
+            now = trio.current_time()
             async with trio.open_nursery() as nursery:
                 for rep in list(self.replicas.values()):
-                    nursery.start_soon(self.scrape_one, pool, rep, tick % 10 == 0)
+                    # never read (new, or re-added under the same id within a round): at once, whole
+                    first = rep.view.scraped_at is None
+                    if first or pace.due(rep.id, now, rep.view.inflight, rep.completed):
+                        nursery.start_soon(self.scrape_one, pool, rep, pace.models_due(rep.id, now) or first)
             self._forget_gone()
-            tick += 1
             self._soon = trio.Event()
             await trio.sleep(interval / 4)  # the shortest gap, however often scrape_soon is asked
             with trio.move_on_after(interval * 3 / 4):
                 await self._soon.wait()
+            if self._soon.is_set():
+                pace.hurry()  # requests wait for room: every replica read now, at the normal cadence
 
     def scrape_soon(self) -> None:
         """A request waits for room the last readings do not show: read the engines again at
@@ -85,6 +98,9 @@ class Registry(ReplicaTable):
     def _forget_gone(self) -> None:
         ids = self.replicas
         self._faults.keep({(rid, p) for rid in ids for p in _PATHS})
+        self.pace.keep(ids)
+        for rid in [r for r in self._readers if r not in ids]:
+            del self._readers[rid]
         for key in [k for k in self.answer_errors if k[0] not in ids]:
             del self.answer_errors[key]
 
@@ -92,12 +108,14 @@ class Registry(ReplicaTable):
         """Scrape one replica (and, with ``models_too``, learn its adapters and slots).
         Never raises but Cancelled: whatever its URL or answers do is caught here."""
         prev = rep.last_scrape
+        quiet = False
         try:
-            await self._scrape_metrics(pool, rep)
+            quiet = await self._scrape_metrics(pool, rep)
         except Exception as e:  # noqa: BLE001 — an engine's URL and answers are untrusted input
             self._failed(rep, "/metrics", e)
             return
         finally:
+            self.pace.read(rep.id, trio.current_time(), quiet=quiet, completed=rep.completed)
             if self.on_scraped is not None:  # a reading that shows room lets waiters through
                 self.on_scraped(rep)
         if not models_too and rep.last_scrape is not prev and restarted(prev, rep.last_scrape):
@@ -148,12 +166,26 @@ class Registry(ReplicaTable):
             raise UpstreamError(f"{path} answered {reply.status}")
         return reply.body
 
-    async def _scrape_metrics(self, pool: UpstreamPool, rep: Replica) -> None:
+    def reader(self, rep: Replica) -> MetricReader:
+        """The replica's readings (a new reader for a new replica, engine kind or overrides)."""
+        got = self._readers.get(rep.id)
+        if got is not None and got[0] is rep:
+            reader = got[1].for_engine(rep.view.engine, rep.metric_overrides)
+        else:
+            reader = MetricReader(rep.view.engine, rep.metric_overrides)
+        if got is None or got[1] is not reader:
+            self._readers[rep.id] = (rep, reader)
+        return reader
+
+    async def _scrape_metrics(self, pool: UpstreamPool, rep: Replica) -> bool:
+        """Read the replica's /metrics into its view. True: a quiet reading (nothing the contract
+        reads moved, the engine runs and queues nothing, no request of ours was on it)."""
         v = rep.view
         inflight_before = v.inflight
         body = await self._get(pool, rep, "/metrics", max(0.5, self.cfg.router.scrape_interval_s * 2),
                                MAX_METRICS_BYTES)
-        result = scrape(v.engine, rep.metric_overrides, body or b"")
+        reader = self.reader(rep)
+        result = reader.read(body or b"")  # the last result again when nothing it reads moved
         del body
         now = trio.current_time()
         prev = rep.last_scrape
@@ -172,6 +204,8 @@ class Registry(ReplicaTable):
         total = result.finished_total if result.finished_total is not None else rep.completed
         rep.drain.observe(now, total)
         v.drain_rate = rep.drain.rate(now)
+        return (result is prev and not result.errors and inflight_before == 0 and v.inflight == 0
+                and not result.running and not result.waiting)
 
     async def _learn_models(self, pool: UpstreamPool, rep: Replica) -> None:
         """Adapters come and go at runtime (vLLM's load_lora_adapter): learn them from /v1/models."""

@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from llmgw.http1.sinks import BodySink
 
 __all__ = ["UsageTap", "client_asked_usage", "usage_tap", "with_include_usage"]
@@ -33,6 +35,8 @@ _HOLD_MAX = 1 << 16  # a stream without event separators this long is forwarded 
 _decode = json.JSONDecoder().raw_decode
 _INJECT = b',"stream_options":{"include_usage":true}}'
 _NO_CHOICES = b'"choices":[]'  # the usage-only chunk (vLLM's and llama.cpp's compact JSON)
+_members = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode  # top-level members, values as bytes
+_encode = msgspec.json.encode
 
 
 def client_asked_usage(body: dict[str, Any]) -> bool:
@@ -44,18 +48,29 @@ def client_asked_usage(body: dict[str, Any]) -> bool:
 def with_include_usage(raw: bytes, body: dict[str, Any]) -> bytes | None:
     """``raw`` (the JSON object ``body`` was parsed from) asking for a stream's usage, or None
     when it cannot be asked (``stream_options`` is not an object: the engine's 400 stays the
-    client's). Without ``stream_options`` the member is appended to the bytes (no re-encoding:
-    the last member of an object wins in every parser, and there is no other); with one, the
-    object is encoded again with ``include_usage`` set."""
+    client's). Never a decode and re-encode of the whole body (a long prompt would pay for it on
+    every stream): without ``stream_options`` the member is appended to the bytes (there is no
+    other); with one, the top-level members are split out as raw bytes (msgspec: the values are
+    skipped at C speed, not decoded) and joined again with only ``stream_options`` encoded anew
+    — once, even when the client sent the name twice (the last one, as every parser reads it).
+    A body only :mod:`json` reads (parse_body's fallback: NaN, UTF-16...) is encoded again."""
     opts = body.get("stream_options", None)
     if opts is None and "stream_options" not in body:
-        end = raw.rstrip()
-        if end.endswith(b"}") and len(body) > 0:
-            return end[:-1] + _INJECT
+        end = len(raw)
+        while end and raw[end - 1] in b" \t\r\n":
+            end -= 1
+        if end and raw[end - 1] == 125 and len(body) > 0:  # '}'
+            return b"".join((memoryview(raw)[:end - 1], _INJECT))  # one copy of the body
         return None
     if not isinstance(opts, dict):
         return None
-    return json.dumps({**body, "stream_options": {**opts, "include_usage": True}}).encode()
+    asked = {**opts, "include_usage": True}
+    try:
+        members = _members(raw)
+    except (msgspec.DecodeError, RecursionError, TypeError):
+        return json.dumps({**body, "stream_options": asked}).encode()
+    members["stream_options"] = msgspec.Raw(json.dumps(asked).encode())
+    return _encode(members)
 
 
 def _usage_of(obj: Any) -> tuple[int, int, int] | None:
