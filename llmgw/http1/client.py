@@ -329,7 +329,7 @@ class ResponseParser:
     # -- chunked body ------------------------------------------------------------------------
     def _chunked(self, data: bytes) -> bytes:
         if self._buf:
-            buf = self._buf + data
+            buf = bytes(self._buf) + data  # bytes here (the head's bytearray is gone): no copy
             self._buf = b""
         else:
             buf = data

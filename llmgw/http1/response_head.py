@@ -70,7 +70,7 @@ def serialize_response_head(status: int, headers: Iterable[tuple[str, str]], *, 
             raise LocalProtocolError(f"invalid response status {status!r}")
         status = int(status)  # an IntEnum
         status_line = _status_line(status)
-    lines = []
+    lines: list[str] = []
     special: list[tuple[int, str, str]] | None = None  # framing headers: (line index, name, value)
     for name, value in headers:
         lname = name.lower()
@@ -176,4 +176,5 @@ def _fix_framing(lines: list[str], special: list[tuple[int, str, str]], no_body:
         lines.extend(f"Connection: {token}\r\n" for token in sorted(conn))
     if drop:
         lines[:] = [line for i, line in enumerate(lines) if i not in drop]
-    return framing, int(length) if framing == BODY_LENGTH else 0, not close and "close" not in conn
+    size = int(length) if framing == BODY_LENGTH else 0  # type: ignore[arg-type]  # set with BODY_LENGTH
+    return framing, size, not close and "close" not in conn

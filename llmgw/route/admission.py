@@ -126,7 +126,7 @@ def suggest_retry_after(queue_len: int, drain_rate: float | None, *, default: in
     elif drain_rate <= 0:
         secs = float(RETRY_AFTER_MAX)
     else:
-        secs = math.ceil((max(queue_len, 0) + 1) / drain_rate)
+        secs = float(math.ceil((max(queue_len, 0) + 1) / drain_rate))  # float: one type for secs (mypyc)
     return int(min(max(secs, RETRY_AFTER_MIN), RETRY_AFTER_MAX))
 
 

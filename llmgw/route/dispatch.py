@@ -204,7 +204,7 @@ class RouterCore:
                 return plan.ticket
             plan.ticket = None
             plan.admitted = True
-            self.wait.let_through(plan, t)
+            self.wait.let_through(plan, t)  # type: ignore[arg-type]  # t is plan.ticket: not None here
         elif not plan.admitted:
             if self.wait.queue(entry).admit_now(lambda: self.wait.saturated(entry, now)):
                 plan.admitted = True

@@ -148,6 +148,8 @@ class FairQueue:
         return out
 
     def _victim(self, tenant: str, band: int, cost: int) -> Ticket | None:
+        b: _Band | None
+        flow: _Flow | None
         lower = [k for k, b in self._bands.items() if k < band and b.n]
         if lower:
             b = self._bands[min(lower)]

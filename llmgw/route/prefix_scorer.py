@@ -39,7 +39,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
-from typing import Any
+from typing import Any, cast
 
 from .prefix_capacity import Capacity, Partition, PrefixConfig, partition_key
 from .prefix_share import PrefixInsert, PrefixOutbox
@@ -365,7 +365,7 @@ class PrefixRouting:
             count = max(1, max(p.gated.values()))
         self.index.record(p.partition, p.head, chosen, now, count=count)
         if self.share is not None:
-            model, adapter, salt = p.partition
+            model, adapter, salt = cast("tuple[str, str | None, str | None]", p.partition)  # partition_key's
             mx = self.index.config.max_head_bytes  # what the tree keeps of it: the rest is not sent
             head = p.head if len(p.head) <= mx else p.head[:mx]
             self.share.offer(PrefixInsert(model, adapter, salt, chosen, head, count))

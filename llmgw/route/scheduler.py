@@ -225,6 +225,8 @@ class Scheduler:
                     coefs.append(w * sc.scale)
                     columns.append(sc.values)
         totals = weighted_sum(coefs, columns, n)
+        vals: Sequence[float] | dict[int, float]  # (declared for the compiled core: two loops bind it)
+        get: Callable[[int, Any], Any]
         if sparse is not None:
             for a, vals in sparse:
                 for i, v in vals.items():
