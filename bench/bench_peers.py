@@ -12,6 +12,8 @@ Lua script that POSTs one streamed /v1/chat/completions body. Each router serves
   installed in --peers-venv (`python3 -m venv DIR && DIR/bin/pip install vllm-router sglang-router`;
   the benchmark installs them there with --install-peers). A peer that is missing is left out.
 
+--ab-code DIR adds llmgw run from another tree (before/after a change, in the same run).
+
 Per router: CPU per streamed request (its process's CPU time from /proc over a closed loop at 32
 connections, keep-alive), req/s at 32 connections, and the latency wrk sees at 1 connection and at
 32, against the same engine reached directly (added p50/p99). The router is pinned to CPU 0; the
@@ -163,6 +165,8 @@ def main() -> None:
     ap.add_argument("--realistic", action="store_true")
     ap.add_argument("--only", default="", help="comma list of router names to run (default: all found)")
     ap.add_argument("--llmgw-config-extra", default="", metavar="TOML")
+    ap.add_argument("--ab-code", default=None, metavar="DIR",
+                    help="also run llmgw from the package in DIR (e.g. a worktree of an older commit): before/after")
     a = ap.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("bench_peers needs wrk (Debian: apt-get install wrk)")
@@ -188,12 +192,20 @@ def main() -> None:
         cfg.write_text('[server]\nhost = "127.0.0.1"\n[router]\nqueue_size = 4096\n'
                        f'[control]\nlisten = "127.0.0.1:0"\nstore = ":memory:"\n[admin]\nsocket = "{tmp / "a.sock"}"\n'
                        f'[[models]]\nname = "m"\nengine = "vllm"\n{reps}\n' + a.llmgw_config_extra.replace("\\n", "\n"))
+        (tmp / "ab.toml").write_text(cfg.read_text().replace(str(tmp / "a.sock"), str(tmp / "b.sock")))
         want = set(filter(None, a.only.split(",")))
         if not want or "llmgw" in want:
             p, info = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(cfg),
                              "--port", "0", "--log-level", "warning"], cpu=0)
             procs.append(p)
             routers["llmgw"] = (p, info["port"])
+            if a.ab_code:  # PYTHONSAFEPATH: `python -m` must not put the working directory (this tree) first
+                env = {"PYTHONPATH": str(Path(a.ab_code).resolve()), "PYTHONSAFEPATH": "1"}
+                p, info = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config",
+                                 str(cfg).replace("llmgw.toml", "ab.toml"), "--port", "0", "--log-level", "warning"],
+                                cpu=0, env=env)
+                procs.append(p)
+                routers[f"llmgw ({Path(a.ab_code).name})"] = (p, info["port"])
         for kind, module in (("vllm", "vllm-router"), ("sglang", "sglang_router")):
             present = (venv / "bin" / "vllm-router").exists() if kind == "vllm" else \
                 any((venv / "lib").glob("python3*/site-packages/sglang_router"))
