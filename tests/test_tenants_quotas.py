@@ -100,7 +100,8 @@ def test_revoked_expired_and_orphaned_keys_are_401_and_an_active_one_is_its_tena
             for key, msg in ((revoked, "This API key has been revoked."),
                              (expired, "This API key expired at 2001-09-09T01:46:40Z."),
                              (orphan, "This API key's tenant no longer exists."),
-                             (None, "Invalid or missing API key."), (good[:-1] + "0", "Invalid or missing API key.")):
+                             (None, "Invalid or missing API key."),
+                             (good[:-1] + ("1" if good.endswith("0") else "0"), "Invalid or missing API key.")):
                 r = await s.post(key)
                 assert r.status_code == 401, r.text
                 assert error(r) == {"message": msg, "type": "invalid_request_error", "param": None,
