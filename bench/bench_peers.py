@@ -132,6 +132,28 @@ def pin(pid: int, cpu: int) -> None:
             pass
 
 
+def start_stubs(n: int, step_ms: float, procs: list[subprocess.Popen[bytes]]) -> list[dict]:
+    """n zero-cost stub engines on CPU 1 (each appended to `procs`): their ready lines."""
+    out = []
+    for _ in range(n):
+        p, info = spawn([sys.executable, str(Path(__file__).with_name("stub_engine.py")), "--step-ms",
+                         str(step_ms)], cpu=1)
+        procs.append(p)
+        out.append(info)
+    return out
+
+
+def llmgw_config(tmp: Path, urls: list[str], extra: str, name: str = "llmgw.toml", sock: str = "a.sock") -> Path:
+    """A router config in `tmp`: model "m" on `urls`, no store on disk, its own admin socket;
+    `extra` (TOML, "\\n" for newlines) appended."""
+    cfg = tmp / name
+    reps = "\n".join(f'[[models.replicas]]\nurl = "{u}"' for u in urls)
+    cfg.write_text('[server]\nhost = "127.0.0.1"\n[router]\nqueue_size = 4096\n'
+                   f'[control]\nlisten = "127.0.0.1:0"\nstore = ":memory:"\n[admin]\nsocket = "{tmp / sock}"\n'
+                   f'[[models]]\nname = "m"\nengine = "vllm"\n{reps}\n' + extra.replace("\\n", "\n"))
+    return cfg
+
+
 def start_peer(kind: str, policy: str, venv: Path, urls: list[str]) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     if kind == "vllm":
@@ -179,20 +201,11 @@ def main() -> None:
     script = lua_script(tmp / "req.lua", [chat_body(rng, a.realistic, a.tokens) for _ in range(64 if a.realistic else 1)])
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        engines = []
-        for _ in range(a.replicas):
-            p, info = spawn([sys.executable, str(Path(__file__).with_name("stub_engine.py")), "--step-ms",
-                             str(a.step_ms)], cpu=1)
-            procs.append(p)
-            engines.append(info)
+        engines = start_stubs(a.replicas, a.step_ms, procs)
         urls = [e["url"] for e in engines]
         routers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
-        cfg = tmp / "llmgw.toml"
-        reps = "\n".join(f'[[models.replicas]]\nurl = "{u}"' for u in urls)
-        cfg.write_text('[server]\nhost = "127.0.0.1"\n[router]\nqueue_size = 4096\n'
-                       f'[control]\nlisten = "127.0.0.1:0"\nstore = ":memory:"\n[admin]\nsocket = "{tmp / "a.sock"}"\n'
-                       f'[[models]]\nname = "m"\nengine = "vllm"\n{reps}\n' + a.llmgw_config_extra.replace("\\n", "\n"))
-        (tmp / "ab.toml").write_text(cfg.read_text().replace(str(tmp / "a.sock"), str(tmp / "b.sock")))
+        cfg = llmgw_config(tmp, urls, a.llmgw_config_extra)
+        ab_cfg = llmgw_config(tmp, urls, a.llmgw_config_extra, "ab.toml", "b.sock")
         want = set(filter(None, a.only.split(",")))
         if not want or "llmgw" in want:
             p, info = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(cfg),
@@ -202,7 +215,7 @@ def main() -> None:
             if a.ab_code:  # PYTHONSAFEPATH: `python -m` must not put the working directory (this tree) first
                 env = {"PYTHONPATH": str(Path(a.ab_code).resolve()), "PYTHONSAFEPATH": "1"}
                 p, info = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config",
-                                 str(cfg).replace("llmgw.toml", "ab.toml"), "--port", "0", "--log-level", "warning"],
+                                 str(ab_cfg), "--port", "0", "--log-level", "warning"],
                                 cpu=0, env=env)
                 procs.append(p)
                 routers[f"llmgw ({Path(a.ab_code).name})"] = (p, info["port"])

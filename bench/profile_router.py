@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_peers import chat_body, lua_script, wrk
+from bench_peers import chat_body, llmgw_config, lua_script, start_stubs, wrk
 from loadgen import proc_cpu_seconds
 from procs import spawn, stop
 
@@ -107,17 +107,8 @@ def main() -> None:
                                           for i in range(64 if a.realistic else 1)])
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        urls = []
-        for _ in range(a.replicas):
-            p, info = spawn([sys.executable, str(Path(__file__).with_name("stub_engine.py")), "--step-ms",
-                             str(a.step_ms)], cpu=1)
-            procs.append(p)
-            urls.append(info["url"])
-        cfg = tmp / "llmgw.toml"
-        reps = "\n".join(f'[[models.replicas]]\nurl = "{u}"' for u in urls)
-        cfg.write_text('[server]\nhost = "127.0.0.1"\n[router]\nqueue_size = 4096\n'
-                       f'[control]\nlisten = "127.0.0.1:0"\nstore = ":memory:"\n[admin]\nsocket = "{tmp / "a.sock"}"\n'
-                       f'[[models]]\nname = "m"\nengine = "vllm"\n{reps}\n' + a.config_extra.replace("\\n", "\n"))
+        urls = [e["url"] for e in start_stubs(a.replicas, a.step_ms, procs)]
+        cfg = llmgw_config(tmp, urls, a.config_extra)
         rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(cfg),
                            "--port", "0", "--log-level", "warning"], cpu=0)
         procs.append(rp)
