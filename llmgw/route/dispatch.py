@@ -109,7 +109,7 @@ class RouterCore:
         self.ids = ids if ids is not None else random.Random(0x7ACE).getrandbits
         self.planner = Planner(cfg, table, self.sched.scorers, self.traces, wall=wall, rng=rng,
                                refused=lambda t, now, status: self._trace_done(t, now, "rejected", status),
-                               ids=self.ids)
+                               ids=self.ids, head_limit=self.prefix.index.config.max_head_bytes)
         self.tier2 = Tier2(cfg, clock=clock)  # tier 2's step (kv_events models)
         # Per-replica caps (a pool's max_inflight_per_replica), taken check-and-reserve.
         self.caps = ConcurrencyCaps()

@@ -38,8 +38,10 @@ class Planner:
 
     def __init__(self, cfg: Config, table: ReplicaTable, scorers: Collection[str], traces: TraceRing, *,
                  wall: Callable[[], float], rng: random.Random,
-                 refused: Callable[[Trace, float, int], None], ids: Callable[[int], int]) -> None:
+                 refused: Callable[[Trace, float, int], None], ids: Callable[[int], int],
+                 head_limit: int = MAX_HEAD_BYTES) -> None:
         self.cfg = cfg
+        self.head_limit = head_limit  # what the prefix index keeps of a head: no more is rendered
         self.table = table
         self.scorers = scorers
         self.traces = traces
@@ -104,7 +106,7 @@ class Planner:
         info = RequestInfo(request_id=rid, model=b.model, base_model=entry.name, adapter=adapter,
                            session_key=session or b.session_key,
                            prompt_tokens_estimate=b.prompt_chars // 4, strategy=strat.name,
-                           head=request_head(b.obj, kind, MAX_HEAD_BYTES) if kind != "embeddings" else b"",
+                           head=request_head(b.obj, kind, self.head_limit) if kind != "embeddings" else b"",
                            cache_salt=salt if isinstance(salt, str) else None)
         return Plan(info, entry, strat, b.stream, now, body=b.obj, raw=body, trace=trace, internal=internal,
                     tenant=tenant)
