@@ -68,15 +68,14 @@ class WaitRoom:
         # One pass that stops at the first live replica with room (the common answer): the
         # views of the rest get their staleness from the decision that follows (table.views).
         cfg = self.config
-        stale_after = self.table.stale_after_s
+        table = self.table
         any_live = False
         for r in entry.replicas:
             if r.draining or not r.breaker.can_pass(now):
                 continue
             any_live = True
             v = r.view
-            at = v.scraped_at
-            v.stale = at is None or now - at > stale_after
+            v.stale = table.is_stale(r, now)
             if not is_saturated(v, cfg):
                 return False
         return any_live
