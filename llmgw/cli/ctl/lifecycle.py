@@ -245,7 +245,8 @@ def register(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--no-wait", action="store_true", help="print the job and return at once")
     sp.add_argument("--wait-timeout", type=float, default=1800.0, metavar="SECONDS",
                     help="how long to wait for the result (default: 1800)")
-    sp = add("jobs", cmd_jobs, "lifecycle jobs (update, eval, promote, rollback) with their steps, or one job")
+    sp = add("jobs", cmd_jobs, "lifecycle jobs (update, eval, promote, rollback) and scale events with their steps, "
+                               "or one job")
     sp.add_argument("job", nargs="?", metavar="JOB", help="one job's id: its steps and (an eval's) result")
     sp.add_argument("--model", help="only this model's jobs")
     sp.add_argument("--limit", type=int, default=20, metavar="N", help="at most N, newest first (default: 20)")
