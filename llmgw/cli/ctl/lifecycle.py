@@ -28,7 +28,8 @@ def _m(name: str) -> str:
 
 
 def _job_text(j: dict[str, Any]) -> str:
-    lines = [f"job {j['id']}: {j['kind']} {j['model']} {j.get('revision_id') or ''} — {j['state']}"
+    what = " ".join(str(x) for x in (j["kind"], j["model"], j.get("revision_id")) if x)  # a scale job has no revision
+    lines = [f"job {j['id']}: {what} — {j['state']}"
              + (f": {j['detail']}" if j.get("detail") else "")]
     for s in j.get("steps", []):
         took = "" if s.get("ended_at") is None else f" ({s['ended_at'] - s['started_at']:.1f}s)"
