@@ -208,8 +208,11 @@ class Lifecycle:
         if m is None or dep is None:
             return False
         key = candidate_key(name)
+        if m.autoscale is not None:  # as many as the live model has in force (daemon/control/autoscaling.py)
+            dep = replace(dep, count=self.plane.autoscaling.candidate_count(name, m))
         self.plane.deploys[key] = replace(dep, name=key)
-        self.plane.router.define_model(replace(m, name=key, replicas=()))
+        # its router entry waits for no cold start: it takes only the canary's share and the evals
+        self.plane.router.define_model(replace(m, name=key, replicas=(), autoscale=None))
         self.plane.router.set_canary(name, rev.canary)
         self.plane.router.set_revision(key, rev.id)
         return True
