@@ -88,3 +88,53 @@ def test_ctl_jobs_and_the_console_show_a_scale_job() -> None:
     assert row.cells[:5] == ("scale-ab12", "scale", "m", "—", "succeeded") and row.tone == "good"
     assert row.cells[-1].startswith("3 → 1: load 2.0")
     assert job_lines(state, "scale-ab12", UTC)[0].startswith("scale m: succeeded")
+
+
+async def test_jobs_filter_by_kind_and_an_unknown_kind_is_named(tmp_path: Path) -> None:
+    async with admin_stack(tmp_path) as s, s.unix_client() as c:
+        lc = s.control.lifecycle
+        scale = lc.scale_event("m", 1, 2, "rising", "stable")
+        other = Job("update-1", "update", "m", 1.0, state="succeeded")
+        lc.jobs = {other.id: other, **lc.jobs}
+        assert [j["id"] for j in (await c.get("/api/v1/jobs", params={"kind": "scale"})).json()] == [scale.id]
+        got = (await c.get("/api/v1/jobs", params={"kind": "update, eval"})).json()
+        assert [j["id"] for j in got] == ["update-1"]
+        assert len((await c.get("/api/v1/jobs")).json()) == 2
+        r = await c.get("/api/v1/jobs", params={"kind": "scale,resize"})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "kind" and err["code"] == "invalid_query"
+        assert "unknown job kind 'resize'" in err["message"] and "scale" in err["message"]
+
+
+def test_the_lifecycle_view_lists_scale_events_apart_so_lifecycle_jobs_stay() -> None:
+    import asyncio
+
+    from llmgw.tui.client import AdminRefused
+    from llmgw.tui.lifecycle_fetch import JOBS_LISTED, SCALE_JOBS_LISTED, fetch_lifecycle
+
+    update = {**Job("update-1", "update", "m", 1.0, state="succeeded").to_dict(), "result": None}
+    scales = [{**scale_job(f"scale-{i}", "m", i, i + 1, "r", "stable", 10.0 + i).to_dict(), "result": None}
+              for i in range(100)]
+
+    class Daemon:
+        def __init__(self, knows_kind: bool) -> None:
+            self.knows_kind, self.asked = knows_kind, []
+
+        async def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+            self.asked.append((path, dict(params or {})))
+            if path == "/suites":
+                return []
+            if path.startswith("/models/"):
+                raise AdminRefused(404, "no model")
+            kind = (params or {}).get("kind")
+            if kind is not None and not self.knows_kind:
+                raise AdminRefused(400, "kind: unknown query parameter")
+            jobs = [j for j in [*reversed(scales), update] if kind is None or j["kind"] in kind.split(",")]
+            return jobs[:(params or {})["limit"]]
+
+    new = asyncio.run(fetch_lifecycle(Daemon(True), [], {}))  # type: ignore[arg-type]
+    assert [j["id"] for j in new["jobs"]] == [f"scale-{i}" for i in range(99, 99 - SCALE_JOBS_LISTED, -1)] + [
+        "update-1"]  # newest first, and the update is still there
+    assert new["revisions"] == {}  # a model with scale events only is no lifecycle model
+    old = asyncio.run(fetch_lifecycle(Daemon(False), [], {}))  # type: ignore[arg-type]
+    assert len(old["jobs"]) == JOBS_LISTED and "update-1" not in [j["id"] for j in old["jobs"]]  # as before
