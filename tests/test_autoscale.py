@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.fleet.autoscale import TTFT_BUCKETS, Autoscaler, Decision, RouterLoad, Rule, Sample, merge
+from llmgw.fleet.autoscale import INPUT_KEYS, TTFT_BUCKETS, Autoscaler, Decision, RouterLoad, Rule, Sample, merge
 from llmgw.fleet.autoscale_load import quantile, slope, ttft_counts
 from llmgw.route.counters import LATENCY_BUCKETS
 
@@ -129,7 +129,8 @@ def test_concurrency_is_in_flight_plus_queued_over_the_target() -> None:
     d = a.decide(59.0, current=2)
     assert (d.raw, d.desired, d.mode, d.inputs["concurrency"]) == (3, 3, "stable", 10.0)
     assert "concurrency 10 / target 4" in d.rule and d.reason == "concurrency 10 against target 4: 2 → 3"
-    assert a.history[-1] is d and d.direction == "up"
+    assert a.history[-1] is d and a.last is d and d.direction == "up"
+    assert set(d.inputs) == set(INPUT_KEYS) and set(a.decide(500.0, 3).inputs) == set(INPUT_KEYS)
 
 
 def test_a_rising_trend_scales_ahead_by_the_cold_start() -> None:

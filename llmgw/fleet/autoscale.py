@@ -76,8 +76,12 @@ from llmgw.fleet.autoscale_load import (TTFT_BUCKETS, RouterLoad, Sample, arriva
                                         merge, quantile, slope, ttft_counts)
 from llmgw.fleet.autoscale_rule import METRICS, MODES, Decision, Rule
 
-__all__ = ["TTFT_BUCKETS", "METRICS", "MODES", "Rule", "Sample", "RouterLoad", "merge", "Decision", "Autoscaler"]
+__all__ = ["TTFT_BUCKETS", "INPUT_KEYS", "METRICS", "MODES", "Rule", "Sample", "RouterLoad", "merge", "Decision", "Autoscaler"]
 
+# Decision.inputs' keys, every decision has them all (None: not measured)
+INPUT_KEYS = ("concurrency", "concurrency_panic", "concurrency_predicted", "arrival_rate", "ttft_p90_s",
+              "queue_per_replica", "kv_usage", "slope_per_s", "cold_start_s", "capacity_per_replica", "idle_s",
+              "raw_panic")
 HISTORY = 20  # decisions that changed the count, kept for explain and events
 COLD_STARTS = 5  # measured cold starts kept (their median is used)
 DOC_VERSION = 1
@@ -254,13 +258,18 @@ class Autoscaler:
         operator's count (``llmgw ctl scale``); ``blocked``: the placer's reason why the model's missing
         replicas cannot be placed."""
         r = self._rule
+        for name, v in (("current", current), ("pinned", pinned)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"autoscale decide: {name} must be a count ≥ 0, got {v!r}")
         window = [s for s in self._samples if now - r.window_s < s.t <= now]
         if not window:
             return self._finish(Decision(
                 t=now, current=current, ready=0, starting=0, desired=current if pinned is None else pinned,
                 raw=current, mode="stable" if pinned is None else "pinned",
                 rule=f"no load sample in the last {r.window_s:g}s: the count holds",
-                inputs={"cold_start_s": self.cold_start_s, "capacity_per_replica": self._cap},
+                inputs={**dict.fromkeys(INPUT_KEYS), "cold_start_s": self.cold_start_s,
+                        "capacity_per_replica": r.target if r.metric == "concurrency" else self._cap,
+                        "idle_s": max(0.0, now - self._last_active)},
                 limited_by=self._pin_and_block(pinned, blocked), reason=self._pin_reason(current, pinned)))
         last = window[-1]
         ready, starting = last.ready, last.starting
