@@ -14,7 +14,7 @@ import pytest
 from llmgw.cli import entry as cli
 from llmgw.cli.completion import SHELLS, captured_parser
 
-CTL_COMMANDS = ["status", "routers", "nodes", "join-info", "join-token", "label", "facility", "explain-placement", "models", "scale", "replicas", "restart",
+CTL_COMMANDS = ["status", "routers", "nodes", "join-info", "join-token", "label", "facility", "explain-placement", "models", "scale", "explain-scale", "replicas", "restart",
                 "endpoints", "adapters", "decisions", "explain", "kv", "trace", "eval", "jobs", "suites", "config",
                 "tenants", "keys", "usage"]
 

@@ -174,7 +174,7 @@ def test_help_reads_well() -> None:
     assert "examples:" in top_help and "llmgw ctl explain REQUEST_ID" in top_help
     assert set(subs.choices) == {"status", "routers", "nodes", "join-info", "join-token", "label", "models", "scale",
                                  "replicas", "restart", "endpoints", "adapters", "decisions", "explain", "kv", "trace",
-                                 "facility", "explain-placement", "eval", "jobs", "suites", "config", "tenants", "keys",
+                                 "facility", "explain-placement", "explain-scale", "eval", "jobs", "suites", "config", "tenants", "keys",
                                  "usage"}
 
 

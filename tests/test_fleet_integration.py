@@ -60,8 +60,10 @@ class Fleet:
                                    **self.control_extra})
         lines += table("admin", {"socket": str(self.tmp / "admin" / "admin.sock")})
         for m in self.models:
-            lines += ["[[models]]"] + [f"{k} = {toml_value(v)}" for k, v in m.items() if k != "deploy"]
-            lines += table("models.deploy", m["deploy"])
+            lines += ["[[models]]"] + [f"{k} = {toml_value(v)}" for k, v in m.items() if not isinstance(v, dict)]
+            for k, v in m.items():  # its sub-tables: deploy, autoscale
+                if isinstance(v, dict):
+                    lines += table(f"models.{k}", v)
         path = self.tmp / "router.toml"
         path.write_text("\n".join(lines) + "\n")
         return path

@@ -31,7 +31,8 @@ class StepView:
 @dataclass(slots=True)
 class JobView:
     id: str = prop("e.g. `update-1a2b3c4d`")
-    kind: Literal["update", "eval", "promote", "rollback"] = prop("what the job does")
+    kind: Literal["update", "eval", "promote", "rollback", "scale"] = prop(
+        "what the job does; `scale`: an autoscaler changed the model's count (one step: from → to, why, the mode)")
     model: str = prop("the model it acts on")
     created_at: float = prop("Unix time")
     state: Literal["running", "succeeded", "failed"] = prop("`running` until it ends")

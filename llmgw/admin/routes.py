@@ -46,6 +46,7 @@ from llmgw.admin.schema import (
     RoutersView,
     Status,
 )
+from llmgw.admin.schema_autoscale import AutoscaleView
 from llmgw.admin.schema_config import ConfigReport
 from llmgw.admin.schema_traces import TraceSummary, TraceView
 from llmgw.admin.schema_facility import FacilityView, HoldBody, HoldView, PlacementExplanation
@@ -190,7 +191,19 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", f"{PREFIX}/models/{{name}}/scale", "scale_model", "Scale a model", ModelDefinition,
           body=ScaleBody, errors=(409, 503), tag="models", greedy=frozenset({"name"}),
           description="Sets its deploy profile's count (409 if it has none: static replicas do not scale). "
-                      "A config-file model may be scaled: the count is an operator override." + _STORE_503),
+                      "A config-file model may be scaled: the count is an operator override. On a model with "
+                      "[models.autoscale] the count is pinned: the autoscaler holds it until `{\"release\": true}` "
+                      "hands the count back to it (409 to release a model that has no autoscaler)." + _STORE_503),
+    # autoscaling (docs/autoscaling.md)
+    Route("GET", f"{PREFIX}/autoscale", "list_autoscale", "Autoscaled models", list[AutoscaleView], tag="models",
+          description="Every model with [models.autoscale]: its rule, the count in force (pinned or not), its "
+                      "replicas ready and starting, the latest decision with the inputs it read and what limited "
+                      "it, and the decisions that changed the count. Empty when no model autoscales."),
+    Route("GET", f"{PREFIX}/models/{{name}}/autoscale", "get_model_autoscale", "Explain a model's scale",
+          AutoscaleView, errors=(409,), tag="models", greedy=frozenset({"name"}),
+          description="What `llmgw ctl explain-scale MODEL` prints: the inputs, the rule, the decision, what "
+                      "limited it, and the last decisions. 404 for no such model; 409 for a model without "
+                      "[models.autoscale] (its count is the deploy profile's)."),
     # the model lifecycle: revisions, evals, jobs, suites (docs/lifecycle.md)
     Route("POST", f"{PREFIX}/models/{{name}}/update", "update_model", "Make a candidate revision", JobView,
           status=202, body=UpdateBody, body_optional=True, errors=(409, 503), tag="lifecycle",

@@ -17,6 +17,7 @@ from llmgw.admin.schema_adapters import (  # noqa: F401
     AdapterSummary,
     ReplicaAdapters,
 )
+from llmgw.admin.schema_autoscale import AutoscaleView, ScaleDecisionView  # noqa: F401
 from llmgw.admin.schema_kv import (  # noqa: F401
     KvModelParity,
     KvParity,
@@ -33,6 +34,7 @@ __all__ = [
     "AdapterFailure",
     "AdapterHeld",
     "AdapterSummary",
+    "AutoscaleView",
     "BreakerView",
     "CacheCounts",
     "CacheSummary",
@@ -60,6 +62,7 @@ __all__ = [
     "ReplicaView",
     "RequestDecisions",
     "ScaleBody",
+    "ScaleDecisionView",
     "ScrapedMetrics",
     "SnapshotEvent",
     "JoinInfo",
@@ -177,7 +180,20 @@ class ModelView:
 
 @dataclass(slots=True)
 class ScaleBody:
-    replicas: int = prop("desired replica count of the model's deploy profile", minimum=0, maximum=MAX_REPLICAS)
+    """A replica count, or (an autoscaled model) `release` to hand the count back to the autoscaler."""
+    replicas: int | None = prop("desired replica count of the model's deploy profile; on a model with "
+                                "[models.autoscale] the count is pinned (the autoscaler holds it until released). "
+                                "Required unless `release` is true", None, minimum=0, maximum=MAX_REPLICAS)
+    release: bool = prop("true: unpin an autoscaled model's count (the autoscaler decides again); "
+                         "`replicas` is then left out", False)
+
+    def problems(self) -> list[Problem]:
+        if self.release and self.replicas is not None:
+            return [Problem("release", "give either replicas (pin a count) or release: true (unpin it), not both")]
+        if not self.release and self.replicas is None:
+            return [Problem("replicas", "required (or `release: true` to hand an autoscaled model's count back to "
+                                        "its autoscaler)")]
+        return []
 
 
 # -- replicas and endpoints -------------------------------------------------------------------------

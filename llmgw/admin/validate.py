@@ -178,7 +178,7 @@ def _dataclass(cls: type, v: Any, where: str, problems: list[Problem]) -> Any:
 
 
 def _check(v: Any, where: str, c: dict[str, Any], problems: list[Problem]) -> None:
-    if not c:
+    if not c or v is None:  # a nullable field given null: its constraints are on a value
         return
     if (lo := c.get("minimum")) is not None and v < lo:
         problems.append(Problem(where, f"must be >= {lo}, got {v}"))

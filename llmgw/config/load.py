@@ -34,6 +34,7 @@ from llmgw.config.locate import KeyPath, TomlLocator
 from llmgw.config.names import PRESET_NAMES
 from llmgw.config.schema import (
     _CROSS_CHECKS, Config, ModelConfig, PoolConfig, _adapter_sources, _metric_pairs, _pool_references,
+    autoscale_settings,
     multi_node_engine,
 )
 from llmgw.config.starter import STARTER_TEXT
@@ -284,7 +285,8 @@ def model_from_dict(data: Any, source: str = "<model>", *, pools: tuple[PoolConf
     if not problems:
         one = Config(models=(out,), pools=pools)
         problems += [(p[2:], m) for p, m in (*_pool_references(one), *_adapter_sources(one),
-                                              *multi_node_engine(one), *_metric_pairs(one))]
+                                              *multi_node_engine(one), *_metric_pairs(one),
+                                              *autoscale_settings(one))]
     if problems:
         raise ConfigError([ConfigProblem(source, render_key(p) or "", None, m) for p, m in problems])
     return out

@@ -19,6 +19,7 @@ from llmgw.config.fields import (
     label_keys, metric_name, node_name, nonempty, one_of, opt, pem_certificate, positive, store_url, unset_or,
 )
 from llmgw.config.locate import KeyPath
+from llmgw.config.autoscale import AutoscaleConfig, autoscale_problems
 from llmgw.config.tenants import TenantsConfig
 from llmgw.config.names import DEFAULT_PICKER, PICKER_NAMES, SCORER_NAMES
 
@@ -82,6 +83,7 @@ class ControlConfig:
     kv_events_burst: int = opt(2_000_000, check=in_range(1))
     settle_s: float = opt(3.0, check=in_range(0))  # after a start, agents get this long to join before placing
     drain_timeout_s: float = opt(30.0, check=positive)  # a stopping replica's requests may finish
+    autoscale_interval_s: float = opt(1.0, check=positive)  # the leader decides autoscaled models' counts
     max_message_bytes: int = opt(4 * 1024 * 1024, check=in_range(1024))
     store: str = opt("", check=unset_or(nonempty))  # SQLite file; ":memory:" = none; "": this machine's
 
@@ -332,6 +334,7 @@ class ModelConfig:
     max_loaded_adapters: int = opt(4, check=in_range(1, 1024))  # per replica (vLLM: loaded on demand)
     max_lora_rank: int = opt(16, check=in_range(1, 1024))  # vLLM --max-lora-rank
     lifecycle: LifecycleConfig | None = opt(None)  # a config-file candidate's way to live
+    autoscale: AutoscaleConfig | None = opt(None)  # the deploy count follows load (docs/autoscaling.md)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -486,6 +489,11 @@ def _kv_events_engine(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
     for i, m in enumerate(cfg.models):
         if m.deploy is not None and m.deploy.kv_events and m.engine != "vllm":
             yield ("models", i, "deploy", "kv_events"), f"needs engine = \"vllm\" ({m.engine} publishes no KV events)"
+
+
+@_cross_check("models")
+def autoscale_settings(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    yield from autoscale_problems(cfg.models)
 
 
 @_cross_check("models")

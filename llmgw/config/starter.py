@@ -129,6 +129,15 @@ budget_mb = 64.0                 # memory of the prefix index (LRU eviction of l
 # watts = 700                    # declared draw of one replica, for [facility.budgets] (0: from the GPU table)
 # nodes = 1                      # nodes per replica, 1..64: one engine process on each (docs/placement.md)
 # keep_within = "rack"           # a multi-node replica's nodes all in one domain of this level
+# [models.autoscale]             # the count follows load (docs/autoscaling.md); the deploy count is then ignored
+# min = 1                        # 0: scale to zero after idle_to_zero_s without a request
+# max = 4
+# metric = "concurrency"         # concurrency | queue (per replica) | kv_usage (0-1) | ttft_p90 (seconds)
+# target = 4.0                   # concurrency: requests in flight or waiting per replica
+# window_s = 60.0                # the stable window; panic_window_s = 6.0 sees a burst (panic_threshold = 2.0)
+# up_delay_s = 0.0               # a higher count must be asked this long; down_delay_s = 120.0 a lower one
+# idle_to_zero_s = 0.0           # with min = 0: seconds without a request before the last replica stops
+# cold_start_wait_s = 120.0      # a request for a model at zero waits this long for a replica, then 503
 # [[models.adapters]]            # a LoRA adapter, asked for by its own name in "model" (docs/lora.md)
 # name = "qwen-7b-sql"
 # source = "/models/lora/qwen-sql"   # a path on the engine's node; vLLM: or a repository id; llama.cpp: a .gguf
@@ -160,6 +169,7 @@ kv_events_per_s = 100000         # a node's KV event budget: block events a seco
 kv_events_burst = 2000000        # ... dropped undecoded, beyond this much saved up (docs/prefix-routing.md)
 settle_s = 3.0                   # after a start, agents get this long to join before anything is placed
 drain_timeout_s = 30.0           # a replica being removed may finish its requests for this long
+autoscale_interval_s = 1.0       # the leader decides each [models.autoscale] model's count this often
 max_message_bytes = 4194304      # larger messages close the connection
 # store = "/var/lib/llmgw/router.db"       # default: $XDG_STATE_HOME/llmgw/router.db
 

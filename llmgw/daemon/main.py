@@ -324,6 +324,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
     from llmgw.daemon.control.lifecycle.eval_runner import EvalTarget
     from llmgw.daemon.control.plane.plane import ControlPlane
     from llmgw.daemon.control.store.sqlite import StoreCorrupt, StoreError
+    from llmgw.daemon.control.autoscale_metrics import AutoscaleMetrics
     from llmgw.daemon.control.store.guard import StoreMetrics
     from llmgw.daemon.control.store.state import CORRUPT_ADVICE
     from llmgw.daemon.net.httpserver import Drain, serve_tcp
@@ -361,6 +362,7 @@ async def _router_role(cfg: Config, token: str | None, settle_s: float | None, a
             if adopt:
                 log.warning("--adopt: engines that agents run and the store does not know are adopted as replicas")
             router.metrics.registry.register(StoreMetrics(control.guard))
+            router.metrics.registry.register(AutoscaleMetrics(control.autoscaling))
             if router.trace_log is not None:
                 try:
                     router.trace_log.check()

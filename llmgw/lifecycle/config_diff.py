@@ -3,7 +3,7 @@ does with each difference. Pure: the shell (daemon/control/plane/config_reload.p
 
 Every difference gets one of three actions (docs/configuration.md, "Reloading the config file"):
 
-- **apply** — at once, restarting no engine: a model's `strategy`, `pools`, `lifecycle`, its deploy
+- **apply** — at once, restarting no engine: a model's `strategy`, `pools`, `lifecycle`, `autoscale`, its deploy
   `count` (scale), `spread` and `watts` (placement policy), adapters whose change launches no engine
   differently (vLLM on-demand adapters); `[[strategies]]`; `[facility]` (budgets, rebalancing);
   models added to or removed from the file. Also any change of a model nothing serves yet (no
@@ -41,6 +41,7 @@ MODEL_HOT = {
     "strategy": "the model's next request is routed with it",
     "pools": "read per request",
     "lifecycle": "the control plane's own setting",
+    "autoscale": "the control plane's own setting: read each autoscaler round",
 }
 DEPLOY_HOT = {
     "count": "a scale: replicas are placed or drained",

@@ -10,7 +10,11 @@ saying "suite … did not pass"), like a CI job whose tests fail; one that could
 A rollback that brings the previous revision back is one ``rollback`` job: its candidate placed,
 then promoted once ready. A job is never left running by a restarted router: what it does with
 one is :func:`after_restart` (an update or a rollback waiting for its candidate resumes; the rest
-fail, saying so)."""
+fail, saying so).
+
+A ``scale`` job records one change of an autoscaled model's count (the control plane's autoscaler
+decided it): created succeeded at once, its one step "from → to: reason (mode)". A busy
+autoscaler makes many, so at most MAX_SCALE_JOBS of a model's are kept (:func:`scale_jobs_over`)."""
 
 from __future__ import annotations
 
@@ -21,12 +25,14 @@ from typing import Any
 from llmgw.lifecycle.job_trace import new_job_trace, rebase, trace_from_dict
 from llmgw.route.trace import MAX_NOTE, Trace
 
-__all__ = ["JOB_KINDS", "MAX_DETAIL", "MAX_JOBS", "MAX_STEPS", "Job", "Step", "after_restart", "job_from_dict"]
+__all__ = ["JOB_KINDS", "MAX_DETAIL", "MAX_JOBS", "MAX_SCALE_JOBS", "MAX_STEPS", "Job", "Step", "after_restart",
+           "job_from_dict", "scale_job", "scale_jobs_over"]
 
-JOB_KINDS = ("update", "eval", "promote", "rollback")
+JOB_KINDS = ("update", "eval", "promote", "rollback", "scale")
 MAX_STEPS = 32  # a job's steps beyond this are merged into the last one
 MAX_DETAIL = 4000  # characters of a detail (an engine's log tail is cut to this)
 MAX_JOBS = 1000  # jobs kept in memory and in the store; the oldest finished ones go first
+MAX_SCALE_JOBS = 50  # scale jobs kept per model; the oldest go first
 
 
 @dataclass
@@ -165,6 +171,23 @@ def job_from_dict(d: dict[str, Any]) -> Job:
             if job.trace.id != job.id:
                 job.trace = None
     return job
+
+
+def scale_job(job_id: str, model: str, from_n: int, to_n: int, reason: str, mode: str, now: float) -> Job:
+    """The record of one change of an autoscaled model's count: succeeded at once, its one step
+    (and its detail) "from → to: reason (mode)"; ``params`` holds the figures for scripts."""
+    what = f"{from_n} → {to_n}: {reason or 'no reason given'} ({mode})"
+    job = Job(job_id, "scale", model, now, params={"from": from_n, "to": to_n, "reason": reason, "mode": mode})
+    job.step(what, now)
+    job.succeed(now, what)
+    return job
+
+
+def scale_jobs_over(jobs: dict[str, Job], model: str, keep: int = MAX_SCALE_JOBS) -> list[str]:
+    """The ids of ``model``'s scale jobs beyond the newest ``keep`` (``jobs`` oldest first): the
+    ones to prune."""
+    mine = [jid for jid, j in jobs.items() if j.kind == "scale" and j.model == model]
+    return mine[:max(0, len(mine) - keep)]
 
 
 def after_restart(job: Job, now: float, *, candidate_exists: bool) -> str:

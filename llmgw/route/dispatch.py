@@ -56,6 +56,7 @@ from .cache_stats import CacheStats
 from .counters import RouterCounters
 from llmgw.inputs.echo import echo
 from .kv_scorer import KvCacheScorer, KvDecisionStats
+from .load_report import LoadReport
 from .lora_body import request_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
 from .prefix_share import PrefixOutbox, PrefixShare
@@ -121,6 +122,7 @@ class RouterCore:
         self.alarm_on = False
         self._alarm_news: bool | None = None  # a change of alarm_on the shell has not logged yet
         self._alarm_tick = 0
+        self.load = LoadReport(table, self.wait, self.counters)  # what the autoscaler reads (load_report.py)
         self.adapters = AdapterRouting(self, AdapterSettings(backoff_s=rc.adapter_backoff_s,
                                                              backoff_max_s=rc.adapter_backoff_max_s))
         for rep in table.all_replicas():
@@ -140,6 +142,8 @@ class RouterCore:
                                  revision=revision, internal=internal, traceparent=traceparent,
                                  tracestate=tracestate, tenant=tenant)
         plan.tier2 = self.tier2.wants(plan)
+        if not internal:
+            self.load.arrived(plan.model)
         return plan
 
     def traceparent_invalid(self) -> dict[str, int]:
@@ -206,6 +210,8 @@ class RouterCore:
             plan.admitted = True
             self.wait.let_through(plan, t)  # type: ignore[arg-type]  # t is plan.ticket: not None here
         elif not plan.admitted:
+            if self.wait.cold(entry):  # no replica yet (scaled to zero, or starting): wait for one
+                return self._enqueue(plan, now, cold=True)
             if self.wait.queue(entry).admit_now(lambda: self.wait.saturated(entry, now)):
                 plan.admitted = True
             else:
@@ -326,13 +332,19 @@ class RouterCore:
             self.on_trace_end(trace)
 
     # -- admission -------------------------------------------------------------------------------
-    def _enqueue(self, plan: Plan, now: float) -> Ticket:
+    def _enqueue(self, plan: Plan, now: float, *, cold: bool = False) -> Ticket:
+        """`plan` waits: for room (``queue_timeout_s``), or (`cold`) for its model's first replica
+        (``[models.autoscale] cold_start_wait_s``; counted in the load report's cold waits)."""
         if plan.trace is not None and plan.trace.last_phase != "queued":
             plan.trace.mark("queued", now)
         q = self.wait.queue(plan.entry)
-        t = self.wait.enqueue(q, plan, now + self.rc.queue_timeout_s, now)
+        plan.cold = cold
+        wait_s = plan.entry.cold_wait_s if cold and plan.entry.cold_wait_s is not None else self.rc.queue_timeout_s
+        t = self.wait.enqueue(q, plan, now + wait_s, now)
         if t is None:
             raise self._reject(plan, now, "queue_full", "All replicas are saturated and the wait queue is full.")
+        if cold:
+            self.load.cold_wait(plan.model)
         plan.ticket = t
         return t
 
@@ -355,6 +367,8 @@ class RouterCore:
             self.wait.queue(plan.entry).cancel(t)
         self._settle(plan, now, count=timed_out)
         if timed_out:
+            if plan.cold:
+                raise self._cold_timeout(plan, now)
             if plan.adapter_wait:
                 raise self._reject(plan, now, "adapter_no_room", f"{plan.wait_reason}; try again later.")
             raise self._reject(plan, now, "queue_timeout", "All replicas stayed saturated; try again later.")
@@ -368,6 +382,17 @@ class RouterCore:
         self._done(plan, "rejected", 429, None, None, now)
         e = ApiError(429, message, type_="rate_limit", code="saturated",
                      headers=[("retry-after", str(suggest_retry_after(len(q), drain)))])
+        e.counted = True
+        return e
+
+    def _cold_timeout(self, plan: Plan, now: float) -> ApiError:
+        """A request waited its model's whole cold_start_wait_s and no replica became ready: 503."""
+        wait_s = plan.entry.cold_wait_s or 0.0
+        self.counters.rejected(plan.model, "cold_start_timeout")
+        self._done(plan, "rejected", 503, None, None, now)
+        e = ApiError(503, f"Model {echo(plan.model, quote='`')} is starting (a cold start): no replica became ready "
+                     f"within {wait_s:g}s. Try again later.", type_="service_unavailable", code="cold_start",
+                     headers=[("retry-after", str(max(1, round(wait_s / 4))))])
         e.counted = True
         return e
 
@@ -516,6 +541,10 @@ class RouterCore:
 
     def queue_displaced(self) -> dict[str, int]:
         return self.wait.displaced_by_band()
+
+    def autoscale_load(self) -> dict[str, dict[str, Any]]:
+        """Per model, this router's load for the autoscaler (:mod:`.load_report`)."""
+        return self.load.report()
 
     def queue_by_tenant(self) -> dict[str, dict[str, float]]:
         """Tenant -> {waiting, cost, share} in the wait queues now (the admin API's TenantView)."""

@@ -52,6 +52,7 @@ class Plan:
     tier2_started: float | None = None  # ... began then (Tier2's clock)
     tenant: TenantTag | None = None  # who sent it (admission's band and share); None: the anonymous tenant
     share: float = 1.0  # its tenant's share of its band when it was let through (1.0: it did not wait)
+    cold: bool = False  # it waits (or waited) for a cold start: its model had no replica (WaitRoom.cold)
 
     @property
     def model(self) -> str:

@@ -5,7 +5,8 @@ Ready means every model that should have replicas has at least one that can take
 routed in (the control plane routes a placed replica in once its engine answers; a static one is
 routed from the start), not draining, and its breaker not open. A model "should have replicas"
 when its config asks for some (static ``[[models.replicas]]`` or a ``[models.deploy] count`` above
-0) or when it has some routed anyway (adopted). A candidate revision's replicas
+0) or when it has some routed anyway (adopted) — except an autoscaled model whose minimum is 0:
+its requests wait for a cold start, so it is never waited for. A candidate revision's replicas
 (llmgw.lifecycle) are not waited for: they take no client traffic. A router with no such model is ready: there is
 nothing to wait for. A router that is stopping (SIGTERM: draining its requests in flight, docs/ha.md
 "Behind a load balancer") is not ready, whatever its replicas: a load balancer that checks ``/ready``
@@ -81,4 +82,5 @@ def readiness(table: ReplicaTable, *, draining: bool = False) -> Readiness:
     """The router's readiness now: each model that should have replicas, and whether one serves;
     ``draining``: the router is stopping."""
     return Readiness(tuple(_of(e) for name, e in sorted(table.models.items())
-                           if (e.wanted > 0 or e.replicas) and not is_candidate_key(name)), draining)
+                           if (e.wanted > 0 or (e.replicas and e.cold_wait_s is None))
+                           and not is_candidate_key(name)), draining)

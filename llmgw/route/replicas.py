@@ -67,6 +67,9 @@ class ModelEntry:
     # adapters removed from ``declared`` by a redefinition that an engine may still hold: never
     # served (serves_listed), unloaded once idle (adapter_routing), forgotten when no engine has them
     withdrawn: set[str] = field(default_factory=set)
+    # [models.autoscale]: with no replica (scaled to zero, or all still starting) a request waits this
+    # long for one instead of a 503 (llmgw.route.waiting.WaitRoom.cold); None: not autoscaled
+    cold_wait_s: float | None = None
 
     def serves_listed(self, adapter: str) -> bool:
         """May requests for ``adapter``, which an engine lists, be routed here? A model that
@@ -85,8 +88,15 @@ class ModelEntry:
 
 
 def wanted_replicas(m: ModelConfig) -> int:
-    """How many replicas a model's config asks for: its static endpoints and its deploy count."""
-    return len(m.replicas) + (m.deploy.count if m.deploy is not None else 0)
+    """How many replicas a model's config asks for: its static endpoints and its deploy count (an
+    autoscaled model's: its minimum, so one scaled to zero is not waited for)."""
+    if m.deploy is None:
+        return len(m.replicas)
+    return len(m.replicas) + (m.autoscale.min if m.autoscale is not None else m.deploy.count)
+
+
+def cold_wait_of(m: ModelConfig) -> float | None:
+    return m.autoscale.cold_start_wait_s if m.autoscale is not None and m.deploy is not None else None
 
 
 class ReplicaTable:
@@ -109,6 +119,7 @@ class ReplicaTable:
         if m.name in self.models:  # a redefinition keeps the live replicas
             old = self.models[m.name]
             old.engine, old.strategy, old.wanted = m.engine, m.strategy, wanted_replicas(m)
+            old.cold_wait_s = cold_wait_of(m)
             declared = {a.name: a for a in m.adapters}
             old.max_loaded_adapters = m.max_loaded_adapters
             old.withdrawn = (old.withdrawn | (old.declared.keys() - declared.keys())) - declared.keys()
@@ -119,7 +130,8 @@ class ReplicaTable:
                         self.set_lora_ids(r, None)
             return old
         entry = ModelEntry(m.name, m.engine, m.strategy, [], wanted=wanted_replicas(m),
-                           declared={a.name: a for a in m.adapters}, max_loaded_adapters=m.max_loaded_adapters)
+                           declared={a.name: a for a in m.adapters}, max_loaded_adapters=m.max_loaded_adapters,
+                           cold_wait_s=cold_wait_of(m))
         self.models[m.name] = entry
         for i, r in enumerate(m.replicas):
             self.add_replica(m, f"{m.name}/{i}", r.url, r.pool, r.weight)

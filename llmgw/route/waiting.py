@@ -43,8 +43,22 @@ class WaitRoom:
         trace = plan.trace
         if t is not None and trace is not None and trace.marks and trace.last_phase == "queued":
             phase, at, attempt, _ = trace.marks[-1]
-            trace.marks[-1] = (phase, at, attempt, f"band {name}, share {q.share(tenant, band):.2f}")
+            cold = "cold start: no replica yet; " if plan.cold else ""
+            trace.marks[-1] = (phase, at, attempt, f"{cold}band {name}, share {q.share(tenant, band):.2f}")
         return t
+
+    @staticmethod
+    def cold(entry: ModelEntry) -> bool:
+        """Does a request for `entry` wait for a cold start? An autoscaled model (``cold_wait_s``)
+        with no replica that takes requests — scaled to zero, or its replicas all still starting:
+        the autoscaler sees the waiter and starts one (llmgw.fleet.autoscale). A replica behind an
+        open breaker still counts as one (the scheduler's fallback probes it)."""
+        if entry.cold_wait_s is None:
+            return False
+        for r in entry.replicas:
+            if not r.draining:
+                return False
+        return True
 
     @staticmethod
     def let_through(plan: Plan, t: Ticket) -> None:

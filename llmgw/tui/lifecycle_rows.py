@@ -128,8 +128,9 @@ def job_lines(state: ConsoleState, job_id: str | None, tz: tzinfo | None = None)
         return ["no job selected (t opens a job's trace)"]
     params = as_dict(j.get("params"))
     what = ", ".join(f"{k} {v}" for k, v in params.items() if k in ("suite", "revision", "canary", "require") and v)
-    out = [f"{_str(j.get('kind'), '?')} {_str(j.get('model'), '?')} {_str(j.get('revision_id'), '')}: "
-           f"{_str(j.get('state'), '?')}" + (f" ({what})" if what else "") + " · t opens its trace"]
+    head = " ".join(x for x in (_str(j.get("kind"), "?"), _str(j.get("model"), "?"), _str(j.get("revision_id"), ""))
+                    if x)  # a scale job has no revision
+    out = [f"{head}: {_str(j.get('state'), '?')}" + (f" ({what})" if what else "") + " · t opens its trace"]
     for s in as_list(j.get("steps")):
         end = s.get("ended_at")
         took = fmt_age(_num(end) - _num(s.get("started_at"))) if isinstance(end, (int, float)) else "…"

@@ -28,7 +28,8 @@ def _m(name: str) -> str:
 
 
 def _job_text(j: dict[str, Any]) -> str:
-    lines = [f"job {j['id']}: {j['kind']} {j['model']} {j.get('revision_id') or ''} — {j['state']}"
+    what = " ".join(str(x) for x in (j["kind"], j["model"], j.get("revision_id")) if x)  # a scale job has no revision
+    lines = [f"job {j['id']}: {what} — {j['state']}"
              + (f": {j['detail']}" if j.get("detail") else "")]
     for s in j.get("steps", []):
         took = "" if s.get("ended_at") is None else f" ({s['ended_at'] - s['started_at']:.1f}s)"
@@ -245,7 +246,8 @@ def register(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--no-wait", action="store_true", help="print the job and return at once")
     sp.add_argument("--wait-timeout", type=float, default=1800.0, metavar="SECONDS",
                     help="how long to wait for the result (default: 1800)")
-    sp = add("jobs", cmd_jobs, "lifecycle jobs (update, eval, promote, rollback) with their steps, or one job")
+    sp = add("jobs", cmd_jobs, "lifecycle jobs (update, eval, promote, rollback) and scale events with their steps, "
+                               "or one job")
     sp.add_argument("job", nargs="?", metavar="JOB", help="one job's id: its steps and (an eval's) result")
     sp.add_argument("--model", help="only this model's jobs")
     sp.add_argument("--limit", type=int, default=20, metavar="N", help="at most N, newest first (default: 20)")

@@ -22,6 +22,7 @@ import httpx
 from llmgw.admin_client.facility import explanation_text, facility_text
 from llmgw.admin_client.printable import printable
 from llmgw.admin_client.target import TOKEN_ENV, TargetError, add_target_arguments, resolve_target
+from llmgw.cli.ctl.autoscale import register as register_autoscale
 from llmgw.cli.ctl.config import register as register_config
 from llmgw.cli.ctl.lifecycle import MODEL_ACTIONS, add_model_options, model_action, register
 from llmgw.cli.ctl.output import CtlError, age, emit, table
@@ -271,11 +272,6 @@ def cmd_models(api: Admin, ns: argparse.Namespace) -> None:
     emit(ns, api.call("GET", "/models"), render)
 
 
-def cmd_scale(api: Admin, ns: argparse.Namespace) -> None:
-    api.call("POST", f"/models/{quote(ns.model, safe='')}/scale", body={"replicas": ns.replicas})
-    print(f"model {ns.model} scaled to {ns.replicas} replicas")
-
-
 def cmd_replicas(api: Admin, ns: argparse.Namespace) -> None:
     def render(reps: list[dict[str, Any]]) -> str:
         rows = [[r["replica"], r["node"], r["state"] + ("" if r.get("desired") == "run" else f" ({r['desired']})"),
@@ -400,10 +396,7 @@ def parser() -> argparse.ArgumentParser:
                          "MODEL to act on (docs/lifecycle.md)")
     sp.add_argument("target", nargs="?", metavar="MODEL", help="with an action: the model")
     add_model_options(sp)
-    sp = add("scale", cmd_scale, "set a model's replica count")
-    sp.add_argument("model", metavar="MODEL", help="the model's name")
-    sp.add_argument("replicas", type=int, metavar="N",
-                    help="the number of replicas it should have (0 stops them all)")
+    register_autoscale(add)
     sp = add("replicas", cmd_replicas, "replicas placed on agents, with their engine state")
     sp.add_argument("--model", help="only this model's replicas")
     sp.add_argument("--node", help="only the replicas on this node")
@@ -419,6 +412,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     ns = parser().parse_args(list(argv))
     try:
+        if (check := getattr(ns, "check", None)) is not None:  # bad input is named before connecting
+            check(ns)
         api = Admin(ns)
         ns.fn(api, ns)
     except CtlError as e:

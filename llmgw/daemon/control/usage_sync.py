@@ -144,6 +144,7 @@ class UsageSync:
             return
         me, max_age = plane.router_id, DEMAND_STALE_SYNCS * self.cfg.share_sync_s
         demand = {scope_key(s): float(v) for s, v in router.quota_demand().items()}
+        demand.update(plane.autoscaling.demand())  # the autoscaler's load rides in the same row (autoscaling.py)
 
         def exchange(st: Any) -> dict[str, dict[str, float]]:
             st.put_demand(me, demand)
@@ -151,6 +152,7 @@ class UsageSync:
 
         stored = await self._store("demands", exchange)
         live = set(ld.live_routers()) | {me}
+        plane.autoscaling.others_read(stored, me, live)
         demands = {rid: {sc: v for k, v in d.items() if (sc := scope_of(k)) is not None}
                    for rid, d in stored.items() if rid in live}
         router.set_quota_shares(shares(self.limited_scopes(), me, demands, sorted(live)))

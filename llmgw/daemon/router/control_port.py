@@ -78,6 +78,10 @@ class RouterPort(Protocol):
         """`model`'s client requests so far (the eval runner's left out): (all, failed — 5xx and
         the router's own failures —, the sum of their times to the first byte in s, how many have one)."""
 
+    def autoscale_load(self) -> dict[str, dict[str, Any]]:
+        """Per model, this router's load for the autoscaler (llmgw.route.load_report: arrivals,
+        inflight, queued, cold waiters, the engines' queues and KV use, TTFT histogram)."""
+
     # -- tier 2's index (the control plane checked the node may write the replica) -----------------
     def kv_events(self, msg: KvEvents) -> None:
         """An agent's kv_events for a replica it runs: applied to the router's index."""
@@ -201,6 +205,9 @@ class RouterAdapter:
 
     def request_counts(self, model: str) -> tuple[int, int, float, int]:
         return self._router.core.request_counts(model)
+
+    def autoscale_load(self) -> dict[str, dict[str, Any]]:
+        return self._router.core.autoscale_load()
 
     # -- tier 2's index ---------------------------------------------------------------------------
     def kv_events(self, msg: KvEvents) -> None:

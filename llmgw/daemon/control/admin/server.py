@@ -44,6 +44,7 @@ from llmgw.admin.validate import Invalid, from_json, query_value
 from llmgw.admin.views import decision_view, dumps
 from llmgw.config import AdminConfig, ConfigError, model_to_dict, node_name
 from llmgw.daemon.control.admin.errors import TYPES, AdminFail, admin_error_body, invalid
+from llmgw.daemon.control.admin.autoscale import AUTOSCALE_HANDLERS
 from llmgw.daemon.control.admin.events import EventStream
 from llmgw.daemon.control.admin.config import CONFIG_HANDLERS
 from llmgw.daemon.control.admin.facility import FACILITY_HANDLERS
@@ -104,6 +105,7 @@ _HANDLERS.update(FACILITY_HANDLERS)  # the facility's (admin/facility.py)
 _HANDLERS.update(CONFIG_HANDLERS)  # the config file's check and reload (admin/config.py)
 _HANDLERS.update(ROUTER_HANDLERS)  # the routers sharing the store (admin/routers.py)
 _HANDLERS.update(TENANT_HANDLERS)  # tenants, API keys, usage (admin/tenants.py)
+_HANDLERS.update(AUTOSCALE_HANDLERS)  # scale, pin and release, the autoscalers' explanations (admin/autoscale.py)
 
 
 # Changes that are this router's own, not the fleet's: made where they are asked, never forwarded.
@@ -358,19 +360,6 @@ class AdminApp:
         except ModelError as e:
             raise AdminFail(409, str(e)) from None
         return None
-
-    @_handles("scale_model")
-    async def _scale(self, call: _Call) -> Any:
-        name = call.params["name"]
-        try:
-            m = self.control.actions.scale(name, call.body.replicas)
-        except KeyError:
-            raise AdminFail(404, f"No model {echo(name)}.") from None
-        except ModelError as e:
-            raise AdminFail(409, str(e)) from None
-        except ConfigError as e:
-            raise invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
-        return model_to_dict(m)
 
     # -- replicas, endpoints ------------------------------------------------------------------------
     @_handles("list_replicas")

@@ -34,7 +34,7 @@ from llmgw.daemon.control.lifecycle.auto import auto_promote_step
 from llmgw.daemon.control.lifecycle.evals import Evals
 from llmgw.daemon.control.model_deploy import deploy_of
 from llmgw.daemon.control.store.guard import StoreUnavailable
-from llmgw.lifecycle.jobs import MAX_JOBS, Job, after_restart, job_from_dict
+from llmgw.lifecycle.jobs import MAX_JOBS, Job, after_restart, job_from_dict, scale_job, scale_jobs_over
 from llmgw.lifecycle.revisions import (
     LifecycleError,
     ModelRevisions,
@@ -158,6 +158,27 @@ class Lifecycle:
             self.plane.guard.write("delete_doc", "job", old.id)
         return job
 
+    def scale_event(self, model: str, from_n: int, to_n: int, reason: str, mode: str) -> Job:
+        """An autoscaler changed `model`'s count: a job of kind "scale", succeeded at once, stored
+        like the others (best effort: a store that cannot write gets it with the write-back), so
+        `ctl jobs` and the console list it. Its trace is kept with the job (GET /traces/{id}) but
+        not put in the router's ring of recent traces, which a busy autoscaler would crowd. At most
+        MAX_SCALE_JOBS of a model's scale jobs are kept: the oldest go, from memory and store."""
+        job = scale_job(f"scale-{secrets.token_hex(4)}", model, from_n, to_n, reason, mode, time.time())
+        job.start_trace(trio.current_time, job.created_at)
+        self.jobs[job.id] = job
+        self._save_job(job)
+        for jid in scale_jobs_over(self.jobs, model):
+            self._drop_job(jid)
+        done = [j.id for j in self.jobs.values() if j.done]
+        for jid in done[:max(0, len(self.jobs) - MAX_JOBS)]:
+            self._drop_job(jid)
+        return job
+
+    def _drop_job(self, jid: str) -> None:
+        del self.jobs[jid]
+        self.plane.guard.write("delete_doc", "job", jid)
+
     # -- the router's side -------------------------------------------------------------------------
     def attach(self, nursery: trio.Nursery, pool: UpstreamPool, target: EvalTarget) -> None:
         """Where eval runs go: the router's OpenAI port (set once the port listens)."""
@@ -187,8 +208,11 @@ class Lifecycle:
         if m is None or dep is None:
             return False
         key = candidate_key(name)
+        if m.autoscale is not None:  # as many as the live model has in force (daemon/control/autoscaling.py)
+            dep = replace(dep, count=self.plane.autoscaling.candidate_count(name, m))
         self.plane.deploys[key] = replace(dep, name=key)
-        self.plane.router.define_model(replace(m, name=key, replicas=()))
+        # its router entry waits for no cold start: it takes only the canary's share and the evals
+        self.plane.router.define_model(replace(m, name=key, replicas=(), autoscale=None))
         self.plane.router.set_canary(name, rev.canary)
         self.plane.router.set_revision(key, rev.id)
         return True

@@ -34,6 +34,7 @@ class ActionsHost(Protocol):
     agents: Any  # AgentSessions: push
     lifecycle: Any  # Lifecycle: model_deleted
     facility: Any  # FacilityControl
+    autoscaling: Any  # Autoscaling: pins and releases (daemon/control/autoscaling.py)
     _wake: trio.Event
 
     def _set_model(self, m: ModelConfig, source: str) -> None: ...
@@ -74,6 +75,9 @@ class OperatorActions:
             raise KeyError(name)
         if m.deploy is None:
             raise ModelError(f"model {name} has no [models.deploy] profile: its replicas are static")
+        if m.autoscale is not None:  # the autoscaler's: pinned at `count` until released
+            p.autoscaling.pin(name, count)
+            return m
         scaled = replace(m, deploy=replace(m.deploy, count=count))
         source = p.sources.get(name, "api")
         before = p.scale_overrides.get(name)
@@ -93,6 +97,17 @@ class OperatorActions:
             raise
         return scaled
 
+    def release_scale(self, name: str) -> ModelConfig:
+        """An autoscaled model's pin (``ctl scale``) goes: the autoscaler decides its count again."""
+        p = self.plane
+        m = p.models.get(name)
+        if m is None:
+            raise KeyError(name)
+        if m.autoscale is None:
+            raise ModelError(f"model {name} has no [models.autoscale]: its count is what `llmgw ctl scale` sets")
+        p.autoscaling.release(name)
+        return m
+
     def save_model(self, m: ModelConfig, source: str) -> None:
         p = self.plane
         # Written first: a store that cannot write raises StoreUnavailable and nothing changes.
@@ -111,6 +126,7 @@ class OperatorActions:
         p.guard.must_write("delete_model", name)
         p.guard.record("model deleted", model=name)
         p.lifecycle.model_deleted(name)  # its candidate goes too
+        p.autoscaling.model_deleted(name)
         del p.models[name]
         p.sources.pop(name, None)
         p.deploys.pop(name, None)

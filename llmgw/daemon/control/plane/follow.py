@@ -14,6 +14,7 @@ connection) and `apply_snapshot` swaps it in on the trio thread:
   an engine before the leader's write of its assignment may reach this router: the report waits in
   `plane.heard` and is used when the assignment arrives);
 - holds, and the lifecycle's revisions, suites, results and jobs;
+- autoscaled models' counts in force and operators' pins (daemon/control/autoscaling.py);
 - tenants and API keys: the router's TenantBook rebuilt and pushed when they changed (a key revoked
   at the leader is refused here from then on);
 - the nodes' credentials (hashes): a node that joined at another router is known here, and one an
@@ -46,7 +47,7 @@ log = logging.getLogger("llmgw.control")
 __all__ = ["Snapshot", "apply_snapshot", "read_snapshot"]
 
 LIFECYCLE_KINDS = ("revisions", "suite", "result", "job")
-DOC_KINDS = (*LIFECYCLE_KINDS, *TENANT_KINDS)
+DOC_KINDS = (*LIFECYCLE_KINDS, *TENANT_KINDS, "autoscale")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,7 @@ def apply_snapshot(plane: Any, snap: Snapshot, *, resume: bool = False) -> None:
     plane.facility.holds = {d: (Hold(row.reason, row.drain), row.created_at) for d, row in snap.holds.items()}
     plane.lifecycle.reload(snap.docs, resume=resume)
     plane.tenants.reload(snap.docs)
+    plane.autoscaling.load(snap.docs.get("autoscale", {}))  # counts in force, pins (autoscaling.py)
     plane.agents.credentials_changed(snap.credentials)  # nodes joined or revoked at another router
     for a in list(plane.assignments.values()):
         plane._route(a)

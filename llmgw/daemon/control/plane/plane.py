@@ -36,6 +36,7 @@ from llmgw.config import (
     ModelConfig,
 )
 from llmgw.daemon.control.agents.sessions import AgentSessions
+from llmgw.daemon.control.autoscaling import Autoscaling
 from llmgw.daemon.control.plane.config_reload import load_models, reconcile_file
 from llmgw.daemon.control.plane.facility import FacilityControl
 from llmgw.daemon.control.plane.leading import Leading
@@ -117,6 +118,7 @@ class ControlPlane(Leading):
         self.lifecycle = Lifecycle(self)  # revisions, eval suites and results, jobs (lifecycle/lifecycle.py)
         self.actions = OperatorActions(self)  # what an operator asks of it (plane/actions.py)
         self.tenants = TenantsManager(self)  # tenants and API keys, the router's TenantBook (control/tenants.py)
+        self.autoscaling = Autoscaling(self)  # autoscaled models' counts in force (control/autoscaling.py)
         self.reloader: Any = None  # the config file's check and reload (plane/config_reload.py), set by the daemon
         # Several routers on one store (docs/ha.md): daemon/control/leader.py, set by the daemon before
         # the plane runs; None: this router alone, always the leader.
@@ -148,6 +150,7 @@ class ControlPlane(Leading):
                      len(self.models), len(self.nodes.nodes), len(self.assignments))
         self.lifecycle.load()
         self.tenants.load()
+        self.autoscaling.load(self.store.docs("autoscale"))
         reconcile_file(self)  # the file's models against those stored (docs/configuration.md)
 
     def _rewrite(self, st: FleetStore) -> None:
@@ -157,11 +160,12 @@ class ControlPlane(Leading):
                     assignments={rid: self._row(a) for rid, a in self.assignments.items()})
         self.lifecycle.rewrite(st)
         self.tenants.rewrite(st)
+        self.autoscaling.rewrite(st)
 
     def _set_model(self, m: ModelConfig, source: str) -> None:
         self.models[m.name] = m
         self.sources[m.name] = source
-        dep = deploy_of(m)
+        dep = self.autoscaling.adjust(m, deploy_of(m))  # an autoscaled model's count in force
         if dep is None:
             self.deploys.pop(m.name, None)
         else:
@@ -182,6 +186,7 @@ class ControlPlane(Leading):
         self.port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._reconcile_loop)
+            nursery.start_soon(self.autoscaling.run)
             await nursery.start(trio.serve_listeners, lambda s: self.agents.serve_agent(s, ssl_context), listeners)
             task_status.started(self.port)
 
@@ -319,6 +324,8 @@ class ControlPlane(Leading):
             log.log(level, "replica %s on %s: %s → %s%s", a.replica, node, old, new,
                     f" ({detail})" if detail else "")
             self.guard.record(f"engine {new}", replica=a.replica, model=a.model, node=node, detail=detail)
+            if new == "ready":
+                self.autoscaling.engine_ready(a.model, a.created_at)  # its cold start, measured
         if report is not None and report.state == "ready" and report.url and self.urls.get(a.replica) != report.url:
             self.urls[a.replica] = report.url  # where a restarted router finds it (restore_routing)
             self.guard.write("put_assignment", self._row(a))

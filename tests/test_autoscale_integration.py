@@ -1,0 +1,180 @@
+"""Autoscaling over real processes (docs/autoscaling.md): a router daemon, agents, simulated vLLM
+engines. A ramp scales a model up and its end scales it down; a model idle past idle_to_zero_s
+keeps no replica and its next request waits for a cold start and is served; a hold or a power
+budget blocks a scale-up and the decision says so; `ctl scale` pins a count until released; a
+cold start that takes longer than cold_start_wait_s answers 503 with Retry-After and the reason."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from .test_facility_integration import ctl, make_fleet  # noqa: F401 — make_fleet is a fixture
+from .test_fleet_integration import Fleet, sim_model
+from .test_sim_vllm import wait_for
+
+SLOW = ["--sim-decode-ms-per-token", "100", "--max-num-seqs", "2"]  # a request holds its replica ~0.3 s
+
+
+def scaled_model(count: int = 1, args: list[str] | None = None, **autoscale: Any) -> dict[str, Any]:
+    m = sim_model(count=count, args=args or SLOW)
+    m["autoscale"] = {"min": 1, "max": 3, "metric": "concurrency", "target": 1.0, "window_s": 4.0,
+                      "panic_window_s": 2.0, "down_delay_s": 3.0, "cold_start_s": 2.0, **autoscale}
+    return m
+
+
+def view(f: Fleet, model: str = "m") -> dict[str, Any]:
+    return f.get(f"/api/v1/models/{model}/autoscale")
+
+
+def counter(f: Fleet, name: str, model: str = "m") -> float:
+    assert f.router is not None
+    text = httpx.get(f"{f.router.url}/metrics", timeout=5).text
+    m = re.search(rf'^{re.escape(name)}{{model="{re.escape(model)}"}} (\S+)$', text, re.MULTILINE)
+    return float(m.group(1)) if m else -1.0
+
+
+class Clients:
+    """`n` clients sending chat requests back to back in threads, bounded in count and time."""
+
+    def __init__(self, f: Fleet, n: int, model: str = "m", most: int = 2000, limit_s: float = 60.0) -> None:
+        self.f, self.model, self.most, self.limit_s = f, model, most, limit_s
+        self.ok = 0
+        self.failed: list[str] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def run(self) -> None:
+        end = time.monotonic() + self.limit_s
+        while not self.stop.is_set() and self.ok + len(self.failed) < self.most and time.monotonic() < end:
+            try:
+                r = self.f.chat(self.model)
+                with self.lock:
+                    if r.status_code == 200:
+                        self.ok += 1
+                    else:
+                        self.failed.append(f"{r.status_code}: {r.text[:200]}")
+            except httpx.HTTPError as e:
+                with self.lock:
+                    self.failed.append(repr(e))
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+
+def test_a_ramp_scales_up_and_its_end_scales_down_with_no_failed_request(make_fleet: Any) -> None:  # noqa: F811
+    f = make_fleet([scaled_model()])
+    f.start_agent("a")
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    load = Clients(f, 4)
+    try:
+        wait_for(lambda: len(f.ready("m")) == 3, 40)  # C ≈ 4 at target 1 → max 3
+        v = view(f)
+        assert v["count"] == 3 and v["decision"]["desired"] == 3
+        assert any("max 3" in x for x in v["decision"]["limited_by"]), v["decision"]
+        seen = load.ok
+        wait_for(lambda: load.ok >= seen + 10, 30)
+    finally:
+        load.finish()
+    assert not load.failed, load.failed[:5]
+    wait_for(lambda: view(f)["count"] == 1 and len(f.replicas("m")) == 1, 40)  # down after down_delay_s
+    v = view(f)
+    assert [h["desired"] for h in v["history"]][:1] == [1] and v["history"][0]["current"] > 1
+    assert counter(f, "llmgw_autoscale_desired_replicas") == 1.0
+    assert counter(f, "llmgw_autoscale_decisions_total", "m") == -1.0  # labelled by direction too
+    jobs = f.get("/api/v1/jobs")
+    assert any(j["kind"] == "scale" and j["model"] == "m" for j in jobs), jobs
+
+
+def test_to_zero_when_idle_and_back_with_the_first_request_served(make_fleet: Any) -> None:  # noqa: F811
+    f = make_fleet([scaled_model(min=0, idle_to_zero_s=2.0, cold_start_wait_s=60.0,
+                                 args=["--sim-load-seconds", "1"])])
+    f.start_agent("a")
+    wait_for(lambda: view(f)["count"] == 0 and not f.replicas("m"), 40)  # nobody calls it: zero replicas
+    assert f.get("/api/v1/autoscale")[0]["decision"]["mode"] == "idle"
+    assert f.router is not None
+    listed = httpx.get(f"{f.router.url}/v1/models", timeout=5).json()
+    assert "m" in [m["id"] for m in listed["data"]]  # still listed at zero
+    assert httpx.get(f"{f.router.url}/ready", timeout=5).status_code == 200  # nothing to wait for
+    r = f.chat("m")  # waits while a replica is placed and starts
+    assert r.status_code == 200, r.text
+    assert counter(f, "llmgw_cold_starts_total") == 1.0
+    assert counter(f, "llmgw_cold_start_waits_total") == 1.0
+    rid = r.headers.get("x-request-id")
+    trace = f.get(f"/api/v1/traces/{rid}")
+    queued = [p for p in trace["phases"] if p["name"] == "queued"]
+    assert queued and "cold start" in queued[0].get("note", ""), trace["phases"]
+    assert view(f)["cold_start_s"] > 0.5  # measured: the engine's load time and more
+
+
+def test_a_cold_start_past_the_bound_answers_503_with_retry_after(make_fleet: Any) -> None:  # noqa: F811
+    f = make_fleet([scaled_model(count=0, min=0, idle_to_zero_s=60.0, cold_start_wait_s=1.0,
+                                 args=["--sim-load-seconds", "30"])])
+    f.start_agent("a")
+    wait_for(lambda: f.nodes().get("a", {}).get("state") == "ready", 30)
+    r = f.chat("m")
+    assert r.status_code == 503, r.text
+    body = r.json()["error"]
+    assert body["code"] == "cold_start" and "is starting (a cold start)" in body["message"]
+    assert int(r.headers["retry-after"]) >= 1
+    wait_for(lambda: view(f)["count"] == 1, 10)  # the wait woke the model all the same
+
+
+def test_a_hold_blocks_the_scale_up_and_the_decision_says_so(make_fleet: Any) -> None:  # noqa: F811
+    f = make_fleet([scaled_model()])
+    f.start_agent("a", labels={"llmgw.io/rack": "r1"})
+    f.start_agent("b", labels={"llmgw.io/rack": "r2"})
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    where = f.ready("m")[0]["node"]
+    other = "r2" if where == "a" else "r1"
+    out = ctl(f, "facility", "hold", f"rack={other}", "--reason", "maintenance")
+    assert out.returncode == 0, out.stderr
+    # one node left, one GPU-less replica per node for this model's spread: more cannot be placed
+    load = Clients(f, 4)
+    try:
+        wait_for(lambda: any("placement" in x for x in (view(f)["decision"] or {}).get("limited_by", [])), 40)
+    finally:
+        load.finish()
+    d = view(f)["decision"]
+    assert any("held" in x or "hold" in x for x in d["limited_by"]), d
+    out = ctl(f, "explain-scale", "m")
+    assert out.returncode == 0 and "placement" in out.stdout, out.stdout + out.stderr
+
+
+def test_ctl_scale_pins_the_count_until_released(make_fleet: Any) -> None:  # noqa: F811
+    f = make_fleet([scaled_model()])
+    f.start_agent("a")
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    out = ctl(f, "scale", "m", "2")
+    assert out.returncode == 0, out.stderr
+    assert "pinned" in out.stdout
+    wait_for(lambda: len(f.ready("m")) == 2, 30)  # idle, yet 2: the pin wins
+    v = view(f)
+    assert v["pinned"] == 2 and v["decision"]["mode"] == "pinned"
+    out = ctl(f, "scale", "m", "--release")
+    assert out.returncode == 0, out.stderr
+    wait_for(lambda: view(f)["pinned"] is None and len(f.replicas("m")) == 1, 40)  # idle: back to min
+
+
+@pytest.mark.parametrize("metric", ["queue", "ttft_p90"])
+def test_slo_metrics_scale_up_under_load(make_fleet: Any, metric: str) -> None:  # noqa: F811
+    target = {"queue": 0.5, "ttft_p90": 0.2}[metric]
+    f = make_fleet([scaled_model(metric=metric, target=target)])
+    f.start_agent("a")
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    load = Clients(f, 6)
+    try:
+        wait_for(lambda: view(f)["count"] >= 2, 40)
+    finally:
+        load.finish()
+    assert not load.failed, load.failed[:5]
