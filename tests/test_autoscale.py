@@ -91,6 +91,7 @@ def test_router_load_round_trips_and_refuses_garbage() -> None:
     assert RouterLoad.from_wire(load.to_wire()) == load
     assert RouterLoad.from_wire({}) == RouterLoad()
     assert RouterLoad.from_wire({"inflight": 1, "new_field": "x"}).inflight == 1
+    assert RouterLoad.from_wire({"kv_usage": 1.0000000000000002}).kv_usage == 1.0
     for bad, field in [([], "object"), ({"inflight": -1}, "inflight"), ({"queued": 1.5}, "queued"),
                        ({"arrivals": True}, "arrivals"), ({"engine_waiting": "3"}, "engine_waiting"),
                        ({"engine_waiting": math.nan}, "engine_waiting"), ({"kv_usage": 1.5}, "kv_usage"),
@@ -356,7 +357,7 @@ def test_rule_checks_name_the_field_and_from_config_is_duck_typed() -> None:
     for kw, field in [({"min": -1}, "min"), ({"max": 0}, "max"), ({"min": 3, "max": 2}, "max"),
                       ({"metric": "rps"}, "metric"), ({"target": 0}, "target"),
                       ({"metric": "kv_usage", "target": 1.5}, "target"), ({"window_s": 0}, "window_s"),
-                      ({"panic_window_s": 90}, "panic_window_s"), ({"tolerance": 1.0}, "tolerance"),
+({"tolerance": 1.0}, "tolerance"),
                       ({"max_scale_up_rate": 0.5}, "max_scale_up_rate"), ({"min": 0}, "idle_to_zero_s"),
                       ({"idle_to_zero_s": 10}, "idle_to_zero_s"), ({"cold_start_s": math.inf}, "cold_start_s"),
                       ({"down_delay_s": True}, "down_delay_s")]:
@@ -367,6 +368,15 @@ def test_rule_checks_name_the_field_and_from_config_is_duck_typed() -> None:
                           max_scale_up_rate=4.0, idle_to_zero_s=300, cold_start_s=20, extra="ignored")
     rule = Rule.from_config(cfg)
     assert rule.settings() == {k: v for k, v in vars(cfg).items() if k != "extra"}
+    assert Rule.from_config(SimpleNamespace(max=6)) == Rule(max=6)
+
+
+def test_the_configs_autoscale_section_makes_a_rule() -> None:
+    from llmgw.config.autoscale import AutoscaleConfig
+    assert Rule.from_config(AutoscaleConfig()) == Rule()
+    c = AutoscaleConfig(min=0, max=9, metric="ttft_p90", target=0.8, window_s=5, panic_window_s=10,
+                        idle_to_zero_s=60, tolerance=0.9, cold_start_s=0.5)
+    assert Rule.from_config(c).settings() == {k: getattr(c, k) for k in Rule().settings()}
 
 
 def test_cold_start_is_the_median_of_the_last_five() -> None:

@@ -9,7 +9,7 @@ passed in; nothing here reads a clock or does I/O.
 The rule (the contract; docs/autoscaling.md repeats it)
 -------------------------------------------------------
 - Concurrency C = inflight + queued (cold waiters included). C_w: its mean over ``window_s``; C_p:
-  over ``panic_window_s``.
+  over ``panic_window_s`` (at most window_s). Means are over the samples (the shell takes one a round).
 - Trend: the least-squares slope of C over the window. When it is > 0 the predicted
   C_pred = C_p + max(0, min(slope, slope_p)) × cold_start_s, slope_p the slope over the panic window
   (scale ahead of a load still rising, by the time a replica takes to start: the median of the last 5
@@ -274,14 +274,15 @@ class Autoscaler:
         last = window[-1]
         ready, starting = last.ready, last.starting
         cs = self.cold_start_s
-        panic_w = [s for s in window if s.t > now - r.panic_window_s] or [last]
+        panic_s = min(r.panic_window_s, r.window_s)
+        panic_w = [s for s in window if s.t > now - panic_s] or [last]
         c_w = mean([concurrency(s) for s in window]) or 0.0
         c_p = mean([concurrency(s) for s in panic_w]) or 0.0
         trend = slope([(s.t, concurrency(s)) for s in window])
         recent = slope([(s.t, concurrency(s)) for s in panic_w])
         c_pred = c_p + max(0.0, min(trend, recent)) * cs if trend > 0 else c_w
         level = max(c_w, c_pred)
-        settled = (self._ready_since + r.panic_window_s) if self._ready_since is not None else -math.inf
+        settled = (self._ready_since + panic_s) if self._ready_since is not None else -math.inf
         span = [s for s in window if s.t >= settled]
         panic_span = [s for s in panic_w if s.t >= settled]
 

@@ -58,8 +58,9 @@ class RouterLoad:
         kv = doc.get("kv_usage")
         if kv is not None:
             kv = _number(doc, "kv_usage", 0.0)
-            if kv > 1.0:
+            if kv > 1.0 + 1e-6:
                 raise ValueError(f"router load: kv_usage must be within 0–1, got {kv!r}")
+            kv = min(kv, 1.0)  # a mean of fractions may round past 1
         ttft = doc.get("ttft", [])
         if not isinstance(ttft, list | tuple) or len(ttft) > N_TTFT:
             raise ValueError(f"router load: ttft must be a list of at most {N_TTFT} counts")
