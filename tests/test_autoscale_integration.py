@@ -86,7 +86,14 @@ def test_a_ramp_scales_up_and_its_end_scales_down_with_no_failed_request(make_fl
     finally:
         load.finish()
     assert not load.failed, load.failed[:5]
-    wait_for(lambda: view(f)["count"] == 1 and len(f.replicas("m")) == 1, 40)  # down after down_delay_s
+    light = Clients(f, 1)  # the ramp ends: one client goes on while replicas drain away under it
+    try:
+        wait_for(lambda: view(f)["count"] == 1 and len(f.replicas("m")) == 1, 40)  # down after down_delay_s
+        seen = light.ok
+        wait_for(lambda: light.ok >= seen + 3, 30)
+    finally:
+        light.finish()
+    assert not light.failed, light.failed[:5]
     v = view(f)
     assert [h["desired"] for h in v["history"]][:1] == [1] and v["history"][0]["current"] > 1
     assert counter(f, "llmgw_autoscale_desired_replicas") == 1.0
