@@ -71,8 +71,10 @@ class Cluster:
         if host != "127.0.0.1":
             lines += table("ha", {"feed_listen": f"{host}:0", **self.ha})
         for m in self.models:
-            lines += ["[[models]]"] + [f"{k} = {toml_value(v)}" for k, v in m.items() if k != "deploy"]
-            lines += table("models.deploy", m["deploy"])
+            lines += ["[[models]]"] + [f"{k} = {toml_value(v)}" for k, v in m.items() if not isinstance(v, dict)]
+            for k, v in m.items():  # its sub-tables: deploy, autoscale
+                if isinstance(v, dict):
+                    lines += table(f"models.{k}", v)
         path = self.tmp / f"router-{i}.toml"
         path.write_text("\n".join(lines) + "\n")
         return path

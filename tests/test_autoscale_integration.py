@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .test_facility_integration import ctl, make_fleet  # noqa: F401 — make_fleet is a fixture
+from .test_facility_integration import H100, ctl, make_fleet  # noqa: F401 — make_fleet is a fixture
 from .test_fleet_integration import Fleet, sim_model
 from .test_sim_vllm import wait_for
 
@@ -80,18 +80,26 @@ def test_a_ramp_scales_up_and_its_end_scales_down_with_no_failed_request(make_fl
     try:
         wait_for(lambda: len(f.ready("m")) == 3, 40)  # C ≈ 4 at target 1 → max 3
         v = view(f)
-        assert v["count"] == 3 and v["decision"]["desired"] == 3
-        assert any("max 3" in x for x in v["decision"]["limited_by"]), v["decision"]
+        assert v["count"] == 3 and v["decision"]["desired"] == 3 and v["history"][0]["reason"]
         seen = load.ok
         wait_for(lambda: load.ok >= seen + 10, 30)
     finally:
         load.finish()
     assert not load.failed, load.failed[:5]
-    wait_for(lambda: view(f)["count"] == 1 and len(f.replicas("m")) == 1, 40)  # down after down_delay_s
+    light = Clients(f, 1)  # the ramp ends: one client goes on while replicas drain away under it
+    try:
+        wait_for(lambda: view(f)["count"] == 1 and len(f.replicas("m")) == 1, 40)  # down after down_delay_s
+        seen = light.ok
+        wait_for(lambda: light.ok >= seen + 3, 30)
+    finally:
+        light.finish()
+    assert not light.failed, light.failed[:5]
     v = view(f)
     assert [h["desired"] for h in v["history"]][:1] == [1] and v["history"][0]["current"] > 1
     assert counter(f, "llmgw_autoscale_desired_replicas") == 1.0
-    assert counter(f, "llmgw_autoscale_decisions_total", "m") == -1.0  # labelled by direction too
+    assert f.router is not None
+    text = httpx.get(f"{f.router.url}/metrics", timeout=5).text
+    assert 'llmgw_autoscale_decisions_total{direction="down",model="m"}' in text
     jobs = f.get("/api/v1/jobs")
     assert any(j["kind"] == "scale" and j["model"] == "m" for j in jobs), jobs
 
@@ -135,11 +143,9 @@ def test_a_hold_blocks_the_scale_up_and_the_decision_says_so(make_fleet: Any) ->
     f.start_agent("a", labels={"llmgw.io/rack": "r1"})
     f.start_agent("b", labels={"llmgw.io/rack": "r2"})
     wait_for(lambda: len(f.ready("m")) == 1, 30)
-    where = f.ready("m")[0]["node"]
-    other = "r2" if where == "a" else "r1"
-    out = ctl(f, "facility", "hold", f"rack={other}", "--reason", "maintenance")
-    assert out.returncode == 0, out.stderr
-    # one node left, one GPU-less replica per node for this model's spread: more cannot be placed
+    for rack in ("r1", "r2"):  # without drain: the running replica stays, nothing new is placed
+        out = ctl(f, "facility", "hold", f"rack={rack}", "--reason", "maintenance")
+        assert out.returncode == 0, out.stderr
     load = Clients(f, 4)
     try:
         wait_for(lambda: any("placement" in x for x in (view(f)["decision"] or {}).get("limited_by", [])), 40)
@@ -149,6 +155,24 @@ def test_a_hold_blocks_the_scale_up_and_the_decision_says_so(make_fleet: Any) ->
     assert any("held" in x or "hold" in x for x in d["limited_by"]), d
     out = ctl(f, "explain-scale", "m")
     assert out.returncode == 0 and "placement" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_power_budget_blocks_the_scale_up_and_the_decision_says_so(make_fleet: Any) -> None:  # noqa: F811
+    # two nodes of two H100s on one PDU: 4 × 70 W idle; a 1-GPU replica adds 630 W: room for one
+    m = scaled_model()
+    m["deploy"]["gpus"] = 1
+    f = make_fleet([m], facility={"budgets": {"pdu=p1": 1000}})
+    for node in ("a", "b"):
+        f.start_agent(node, labels={"llmgw.io/rack": f"r-{node}", "llmgw.io/pdu": "p1"}, gpus=[H100, H100])
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    load = Clients(f, 4)
+    try:
+        wait_for(lambda: any("power budget" in x for x in (view(f)["decision"] or {}).get("limited_by", [])), 40)
+    finally:
+        load.finish()
+    v = view(f)
+    assert v["count"] == 2 and v["ready"] == 1, v  # asked one more, and stopped there: nothing can be placed
+    assert len(f.replicas("m")) == 1
 
 
 def test_ctl_scale_pins_the_count_until_released(make_fleet: Any) -> None:  # noqa: F811
@@ -164,6 +188,41 @@ def test_ctl_scale_pins_the_count_until_released(make_fleet: Any) -> None:  # no
     out = ctl(f, "scale", "m", "--release")
     assert out.returncode == 0, out.stderr
     wait_for(lambda: view(f)["pinned"] is None and len(f.replicas("m")) == 1, 40)  # idle: back to min
+
+
+def test_the_count_and_a_pin_outlive_a_router_restart(make_fleet: Any) -> None:  # noqa: F811
+    f = make_fleet([scaled_model()])
+    f.start_agent("a")
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    assert ctl(f, "scale", "m", "2").returncode == 0
+    wait_for(lambda: len(f.ready("m")) == 2, 30)
+    before = {r["replica"] for r in f.replicas("m")}
+    f.stop_router()
+    f.start_router()
+    wait_for(lambda: len(f.ready("m")) == 2, 30)
+    v = view(f)
+    assert v["pinned"] == 2 and v["count"] == 2
+    assert {r["replica"] for r in f.replicas("m")} == before  # nothing restarted, nothing placed anew
+
+
+def test_a_candidate_of_an_autoscaled_model_gets_the_live_count_and_promotes(make_fleet: Any) -> None:  # noqa: F811
+    f = make_fleet([])
+    f.start_agent("a")
+    r = f.admin.put("/api/v1/models/m", json=scaled_model())  # made through the API: updates are the API's
+    assert r.status_code in (200, 201), r.text
+    wait_for(lambda: len(f.ready("m")) == 1, 30)
+    assert ctl(f, "scale", "m", "2").returncode == 0  # the live model at 2 (pinned)
+    wait_for(lambda: len(f.ready("m")) == 2, 30)
+    r = f.admin.post("/api/v1/models/m/update", json={"deploy": {"args": [*SLOW, "--sim-seed", "7"]}})
+    assert r.status_code == 202, r.text
+    job = r.json()["id"]
+    wait_for(lambda: f.get(f"/api/v1/jobs/{job}")["state"] == "succeeded", 40)
+    cand = [x for x in f.replicas() if x["model"] != "m" and x["model"].startswith("m")]
+    assert len(cand) == 2, cand  # as many as the live model has in force
+    r = f.admin.post("/api/v1/models/m/promote")
+    assert r.status_code in (200, 202), r.text
+    wait_for(lambda: len(f.ready("m")) == 2 and all(x["model"] == "m" for x in f.replicas()), 40)
+    assert view(f)["count"] == 2
 
 
 @pytest.mark.parametrize("metric", ["queue", "ttft_p90"])

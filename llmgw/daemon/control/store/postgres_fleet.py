@@ -32,7 +32,7 @@ from llmgw.daemon.control.store.rows import (
 
 __all__ = ["LIFECYCLE_KINDS", "FleetRowsMixin"]
 
-LIFECYCLE_KINDS = ("revisions", "suite", "result", "job", "tenant", "api_key")  # sqlite.py's
+LIFECYCLE_KINDS = ("revisions", "suite", "result", "job", "tenant", "api_key", "autoscale")  # sqlite.py's
 
 
 class FleetRowsMixin:

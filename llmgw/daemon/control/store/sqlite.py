@@ -111,7 +111,7 @@ MIGRATIONS: list[str] = [
     USAGE_TABLES,
 ]
 # Document kinds: the model lifecycle's, and the tenants' (daemon/control/tenants.py).
-LIFECYCLE_KINDS = ("revisions", "suite", "result", "job", "tenant", "api_key")
+LIFECYCLE_KINDS = ("revisions", "suite", "result", "job", "tenant", "api_key", "autoscale")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
