@@ -238,7 +238,7 @@ def _autoscale(model: str, lo: int, hi: int, count: int, ready: int, starting: i
                decision: dict[str, Any] | None, history: list[dict[str, Any]]) -> dict[str, Any]:
     return {"model": model, "min": lo, "max": hi, "metric": "concurrency", "target": 4.0, "pinned": pinned,
             "count": count, "ready": ready, "starting": starting, "cold_start_s": 28.0, "cold_starts": 4,
-            "inputs": {"concurrency_stable": 10.5, "concurrency_panic": 11.0, "concurrency_predicted": 11.9,
+            "inputs": {"concurrency": 10.5, "concurrency_panic": 11.0, "concurrency_predicted": 11.9,
                        "slope_per_s": 0.03, "ttft_p90_s": None, "idle_s": 0.0},
             "decision": decision, "history": history,
             "settings": {"window_s": 60.0, "panic_window_s": 6.0, "down_delay_s": 120.0, "idle_to_zero_s": 0.0}}
