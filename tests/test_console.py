@@ -89,11 +89,17 @@ def snap(request: pytest.FixtureRequest) -> Callable[..., bool]:
     pytest.importorskip("pytest_textual_snapshot")
     compare: Callable[..., bool] = request.getfixturevalue("snap_compare")
 
-    def check(press: tuple[str, ...] = (), cond: Cond = loaded, **client_args: Any) -> bool:
+    def check(press: tuple[str, ...] = (), cond: Cond = loaded, *, first: tuple[str, ...] = (),
+              then: Cond | None = None, **client_args: Any) -> bool:
+        """``first``: keys pressed once settled, then waited on with ``then`` (data a view fetches)."""
         app, _ = console(**client_args)
 
         async def settle(pilot: Pilot[Any]) -> None:
             await until(pilot, cond)
+            if first:
+                await pilot.press(*first)
+            if then is not None:
+                await until(pilot, then, "the view's fetched data")
 
         return compare(app, press=press, terminal_size=SIZE, run_before=settle)
 
@@ -104,8 +110,13 @@ def test_snapshot_nodes(snap: Callable[..., bool]) -> None:
     assert snap(press=("down",))
 
 
+def autoscale_shown(app: ConsoleApp) -> bool:
+    """GET /api/v1/autoscale answered and the Models view redrawn with it."""
+    return bool(app.state.autoscale) and not app._dirty and not app.active_view().stale
+
+
 def test_snapshot_models(snap: Callable[..., bool]) -> None:
-    assert snap(press=("2",))
+    assert snap(first=("2",), then=autoscale_shown)
 
 
 def test_snapshot_decisions(snap: Callable[..., bool]) -> None:

@@ -226,6 +226,37 @@ def stream() -> list[dict[str, Any]]:
             {"type": "update", "rev": 4, "cache": CACHE}, {"type": "ping", "rev": 5}]
 
 
+def _scale_decision(t: float, current: int, desired: int, mode: str, reason: str, limits: list[str],
+                    ready: int | None = None, starting: int = 0) -> dict[str, Any]:
+    return {"t_wall": t, "current": current, "ready": current - starting if ready is None else ready,
+            "starting": starting, "desired": desired, "raw": desired, "mode": mode,
+            "rule": f"concurrency: ceil(max(C_w {desired * 3.5:.1f}, C_pred {desired * 3.5:.1f}) / 4.0) = {desired}",
+            "limited_by": limits, "reason": reason}
+
+
+def _autoscale(model: str, lo: int, hi: int, count: int, ready: int, starting: int, pinned: int | None,
+               decision: dict[str, Any] | None, history: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": model, "min": lo, "max": hi, "metric": "concurrency", "target": 4.0, "pinned": pinned,
+            "count": count, "ready": ready, "starting": starting, "cold_start_s": 28.0, "cold_starts": 4,
+            "inputs": {"concurrency": 10.5, "concurrency_panic": 11.0, "concurrency_predicted": 11.9,
+                       "slope_per_s": 0.03, "ttft_p90_s": None, "idle_s": 0.0},
+            "decision": decision, "history": history,
+            "settings": {"window_s": 60.0, "panic_window_s": 6.0, "down_delay_s": 120.0, "idle_to_zero_s": 0.0}}
+
+
+# GET /api/v1/autoscale: llama-8b scaled up (one replica still starting); mistral-7b pinned by ctl scale
+AUTOSCALE = [
+    _autoscale("llama-8b", 1, 4, 3, 2, 1, None,
+               _scale_decision(T0 + 40, 3, 3, "stable", "", [], starting=1),
+               [_scale_decision(T0 + 10, 2, 3, "stable", "concurrency 10.5 over target 4.0 × 2", ["up delay 0s"]),
+                _scale_decision(T0 - 600, 1, 2, "panic", "burst: 9 in flight on 1 replica", [])]),
+    _autoscale("mistral-7b", 0, 4, 2, 0, 0, 2,
+               _scale_decision(T0 + 40, 2, 2, "pinned", "", ["pinned at 2 (llmgw ctl scale)",
+                                                             "placement: needs 1 GPU with 40000 MB free"], ready=0),
+               []),
+]
+
+
 # -- the fake client ------------------------------------------------------------------------------------
 @dataclass
 class Connection:
@@ -247,6 +278,7 @@ class FakeClient:
     attempts: int = 0
     closed: bool = False
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    autoscaled: list[dict[str, Any]] | None = field(default_factory=lambda: [dict(v) for v in AUTOSCALE])  # None: 404
 
     async def events(self) -> AsyncGenerator[dict[str, Any], None]:
         self.attempts += 1
@@ -332,6 +364,11 @@ class FakeClient:
         self.calls.append(("GET", "tenants", None))
         return [dict(t) for t in TENANTS]
 
+    async def autoscale(self) -> list[dict[str, Any]] | None:
+        """GET /api/v1/autoscale as AdminClient answers it (None: a daemon without the route)."""
+        self.calls.append(("GET", "autoscale", None))
+        return None if self.autoscaled is None else [dict(v) for v in self.autoscaled]
+
     async def aclose(self) -> None:
         self.closed = True
 
@@ -383,6 +420,12 @@ def test_canned_lines_match_the_admin_document(line: dict[str, Any]) -> None:
     schema = {"snapshot": "SnapshotEvent", "decision": "DecisionEvent", "update": "UpdateEvent",
               "ping": "PingEvent"}[line["type"]]
     errors = [f"{e.instance_path}: {e.message}" for e in _validator(schema).iter_errors(line)]
+    assert not errors, errors[:5]
+
+
+@pytest.mark.parametrize("view", AUTOSCALE, ids=lambda v: v["model"])
+def test_canned_autoscale_answer_matches_the_admin_document(view: dict[str, Any]) -> None:
+    errors = [f"{e.instance_path}: {e.message}" for e in _validator("AutoscaleView").iter_errors(view)]
     assert not errors, errors[:5]
 
 

@@ -102,8 +102,9 @@ class LifecycleFake(FakeClient):
 
     async def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         self.gets.append(path)
-        if path == "/jobs":
-            return JOBS
+        if path == "/jobs":  # ?kind= as the daemon filters it
+            kinds = (params or {}).get("kind")
+            return [j for j in JOBS if kinds is None or j["kind"] in kinds.split(",")]
         if path == "/suites":
             return SUITES
         if path.startswith("/jobs/"):

@@ -26,7 +26,7 @@ def _decision(current: int, desired: int, mode: str, reason: str, limits: list[s
 VIEW: dict[str, Any] = {
     "model": "llama-8b", "min": 0, "max": 4, "metric": "concurrency", "target": 4.0, "pinned": None, "count": 4,
     "ready": 3, "starting": 1, "cold_start_s": 31.5, "cold_starts": 3,
-    "inputs": {"concurrency_stable": 9.0, "concurrency_predicted": 13.2, "slope_per_s": 0.14, "ttft_p90_s": None,
+    "inputs": {"concurrency": 9.0, "concurrency_predicted": 13.2, "slope_per_s": 0.14, "ttft_p90_s": None,
                "new_input": 1.0},
     "decision": _decision(4, 4, "stable", "", ["max 4"], T + 60),
     "history": [_decision(2, 4, "panic", "burst: 14 in flight over 2 replicas", ["up delay 0s"], T + 30),
@@ -40,7 +40,7 @@ def test_explain_scale_text_has_the_inputs_rule_decision_limits_and_history() ->
     lines = text.splitlines()
     assert lines[0] == "model      llama-8b: concurrency target 4 per replica, 0–4 replicas"
     assert lines[1] == "count      4 in force; 3 ready, 1 starting"
-    assert "cold start 31.5 s (median of 3 measured)" in text
+    assert "cold start 31.5 s placed → ready; woke from zero 3 times" in lines
     assert "  concurrency (window)         9" in lines and "  TTFT p90 (s)                 -" in lines
     assert "  new_input                    1" in lines  # an input this ctl does not know is still shown
     assert "rule       concurrency: ceil(max(C_w 9.0, C_pred 13.2) / 4.0) = 6" in lines
@@ -57,7 +57,9 @@ def test_explain_scale_text_before_a_decision_and_when_pinned() -> None:
     text = explain_scale_text({**VIEW, "pinned": 2, "decision": None, "history": [], "cold_starts": 0, "inputs": {}})
     assert "PINNED at 2 (`llmgw ctl scale llama-8b --release` hands it back)" in text
     assert "decision   none yet" in text and "last decisions: none changed the count yet" in text
-    assert "the config's prior, none measured yet" in text and "\ninputs" not in text
+    assert "\ninputs" not in text
+    prior = explain_scale_text({**VIEW, "settings": {"cold_start_s": 30.0}})
+    assert "cold start 31.5 s placed → ready (the config's prior: 30 s); woke from zero 3 times" in prior
 
 
 def test_the_autoscale_table_lists_every_autoscaled_model() -> None:

@@ -240,6 +240,8 @@ ROUTES: tuple[Route, ...] = (
                       "with a canary, the candidate's and the live revision's error rates and TTFT."),
     Route("GET", f"{PREFIX}/jobs", "list_jobs", "Lifecycle jobs", list[JobView], tag="lifecycle",
           query=(QueryParam("model", str, "only this model's"),
+                 QueryParam("kind", str, "only jobs of these kinds, comma-separated: update, eval, promote, rollback, "
+                                         "scale (an autoscaler's changes of a count)"),
                  QueryParam("limit", int, "at most this many, the newest", default=100, minimum=1, maximum=1000)),
           description="Newest first, with their steps (an eval's result: GET the job)."),
     Route("GET", f"{PREFIX}/jobs/{{id}}", "get_job", "A job", JobView, tag="lifecycle"),

@@ -45,12 +45,14 @@ class AutoscaleView:
     count: int = prop("the count in force: what the reconciler places")
     ready: int = prop("replicas in routing, not draining")
     starting: int = prop("replicas placed and meant to run, not ready yet")
-    cold_start_s: float = prop("placed → ready, the median of the last measured (the config's cold_start_s "
-                               "before one is measured)")
-    cold_starts: int = prop("cold starts measured so far")
-    inputs: dict[str, float | None] = prop("the figures the latest decision read: concurrency (stable, panic, "
-                                           "predicted), arrival_rate, ttft_p90_s, queue_per_replica, kv_usage, "
-                                           "slope_per_s, cold_start_s, capacity_per_replica, idle_s; null: unknown")
+    cold_start_s: float = prop("placed → ready as the autoscaler uses it: the median of the last measured (the "
+                               "config's cold_start_s before one is measured)")
+    cold_starts: int = prop("times the model woke from zero replicas (llmgw_cold_starts_total)")
+    inputs: dict[str, float | None] = prop("the figures the latest decision read: concurrency (over the window), "
+                                           "concurrency_panic, concurrency_predicted, arrival_rate, ttft_p90_s, "
+                                           "queue_per_replica, kv_usage, slope_per_s, cold_start_s, "
+                                           "capacity_per_replica, idle_s, raw_panic (the panic window's "
+                                           "recommendation); null: unknown")
     decision: ScaleDecisionView | None = prop("the latest decision; null before the first")
     history: list[ScaleDecisionView] = prop("the last decisions that changed the count, newest first")
     settings: dict[str, float | str] = prop("the rest of the rule: window_s, panic_window_s, panic_threshold, "

@@ -175,11 +175,12 @@ def job_from_dict(d: dict[str, Any]) -> Job:
 
 def scale_job(job_id: str, model: str, from_n: int, to_n: int, reason: str, mode: str, now: float) -> Job:
     """The record of one change of an autoscaled model's count: succeeded at once, its one step
-    (and its detail) "from → to: reason (mode)"; ``params`` holds the figures for scripts."""
+    "from → to: reason (mode)" (the job's detail stays empty: listings show the step, once);
+    ``params`` holds the figures for scripts."""
     what = f"{from_n} → {to_n}: {reason or 'no reason given'} ({mode})"
     job = Job(job_id, "scale", model, now, params={"from": from_n, "to": to_n, "reason": reason, "mode": mode})
     job.step(what, now)
-    job.succeed(now, what)
+    job.succeed(now)
     return job
 
 

@@ -34,7 +34,8 @@ REDRAW_S = 0.25  # at most four redraws a second, however fast decisions come
 # ...and a redraw's cost buys that much quiet after it: filling tables takes at most this share of
 # the time (rendering them roughly as much again), so a busy router's console stays light on its host
 REDRAW_BUDGET = 0.1
-FACILITY_REFRESH_S = 5.0  # the Facility (Tenants) view refetches GET /api/v1/facility (tenants) this often while shown
+FACILITY_REFRESH_S = 5.0  # the Facility (Tenants, Models) view refetches GET /api/v1/facility (tenants, autoscale)
+# this often while shown
 
 
 class ConsoleApp(App[int]):
@@ -141,6 +142,8 @@ class ConsoleApp(App[int]):
             self.refresh_facility()
         elif view.view_id == "tenants":
             self.refresh_tenants()
+        elif view.view_id == "models":
+            self.refresh_autoscale()
         if view.stale:
             view.refresh_from(self.state)
         view.focus_main()
@@ -215,6 +218,23 @@ class ConsoleApp(App[int]):
             self.refresh_facility()
         elif shown == "tenants":
             self.refresh_tenants()
+        elif shown == "models":
+            self.refresh_autoscale()
+
+    def refresh_autoscale(self) -> None:
+        """GET /api/v1/autoscale (the Models view's autoscale column: not in the stream, fetched while shown)."""
+        self.run_worker(self._refresh_autoscale(), group="autoscale", exclusive=True)
+
+    async def _refresh_autoscale(self) -> None:
+        fetch = getattr(self.client, "autoscale", None)
+        if fetch is None:
+            return
+        try:
+            views = await fetch()
+        except AdminError:
+            return  # the column keeps what it had: the banner speaks of a lost daemon, not every view
+        self._dirty |= self.state.put_autoscale(views)
+        self._redraw(force=True)
 
     def refresh_tenants(self) -> None:
         """GET /api/v1/tenants (the Tenants view: not in the stream, fetched while it is shown)."""

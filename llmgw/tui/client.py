@@ -69,6 +69,10 @@ class AdminAPI(Protocol):
         """Every tenant with its keys, today's use, quota use and queue share (GET /api/v1/tenants)."""
         ...
 
+    async def autoscale(self) -> list[dict[str, Any]] | None:
+        """The autoscaled models (GET /api/v1/autoscale); None from a daemon without the route."""
+        ...
+
     # the model lifecycle (the Lifecycle view; docs/lifecycle.md)
     async def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         """Any GET under /api/v1 (the Lifecycle view's jobs, revisions, suites)."""
@@ -201,6 +205,17 @@ class AdminClient:
     async def tenants(self) -> list[dict[str, Any]]:
         """Every tenant with its keys, today's use, quota use and queue share (GET /api/v1/tenants)."""
         got = await self._request("GET", "/tenants", None, None)
+        return got if isinstance(got, list) else []
+
+    async def autoscale(self) -> list[dict[str, Any]] | None:
+        """The autoscaled models (GET /api/v1/autoscale); None from a daemon older than autoscaling
+        (its 404), so the console shows nothing extra rather than an error."""
+        try:
+            got = await self._request("GET", "/autoscale", None, None)
+        except AdminRefused as e:
+            if e.status == 404:
+                return None
+            raise
         return got if isinstance(got, list) else []
 
     async def aclose(self) -> None:

@@ -49,7 +49,8 @@ def lifecycle_models(state: ConsoleState) -> list[str]:
     the admin API, with a deploy profile), and any with revisions or jobs."""
     names = {m.get("name") for m in state.models
              if m.get("source") != "config" and m.get("desired_replicas") is not None}
-    names |= set(_revisions(state)) | {j.get("model") for j in as_list(state.lifecycle.get("jobs"))}
+    names |= set(_revisions(state)) | {j.get("model") for j in as_list(state.lifecycle.get("jobs"))
+                                       if j.get("kind") != "scale"}  # an autoscaler's event is no revision
     present = state.present_models()
     return sorted(n for n in names if isinstance(n, str) and (not present or n in present))
 

@@ -12,6 +12,7 @@ from datetime import tzinfo
 from typing import Any
 
 from llmgw.admin_client.rationale import DASH, explain, fmt_time, fmt_us
+from llmgw.tui.autoscale_rows import autoscale_cell
 from llmgw.tui.state import ConsoleState, Link, as_dict, as_list
 
 __all__ = [
@@ -199,8 +200,9 @@ def node_detail(node: Mapping[str, Any] | None) -> list[str]:
 
 
 # -- models and replicas ----------------------------------------------------------------------------
+# autoscale: count/ready/starting [min–max] and the autoscaler's mode or pin (autoscale_rows.py)
 MODEL_COLUMNS = (Column("model"), Column("engine"), Column("source"), Column("ready", toned=True),
-                 Column("desired"), Column("static"), Column("unplaceable"))
+                 Column("desired"), Column("autoscale"), Column("static"), Column("unplaceable"))
 
 
 def model_rows(state: ConsoleState, text: str = "") -> list[Row]:
@@ -213,7 +215,8 @@ def model_rows(state: ConsoleState, text: str = "") -> list[Row]:
         tone = "bad" if why else ("good" if placed and ready == placed else ("warn" if placed else ""))
         rows.append(Row(name, (
             name, _str(m.get("engine"), "?"), _str(m.get("source"), "?"), f"{ready}/{placed}",
-            DASH if desired is None else str(desired), str(m.get("static_replicas", 0)), why or DASH,
+            DASH if desired is None else str(desired), autoscale_cell(state.autoscale.get(name)),
+            str(m.get("static_replicas", 0)), why or DASH,
         ), tone))
     return _filtered(rows, text)
 

@@ -70,6 +70,9 @@ class ConsoleState:
     facility: dict[str, Any] = field(default_factory=dict)  # GET /api/v1/facility: fetched, not streamed
     tenants: list[dict[str, Any]] = field(default_factory=list)  # GET /api/v1/tenants: fetched, not streamed
     tenants_fetched: bool = False  # ... at least once
+    # GET /api/v1/autoscale by model: fetched while the Models view is shown (autoscale_rows.py); empty from a
+    # daemon without autoscaling
+    autoscale: dict[str, dict[str, Any]] = field(default_factory=dict)
     decisions: deque[DecisionEntry] = field(init=False)  # newest first
     link: Link = field(default_factory=Link)
     _seq: int = field(default=0, init=False)
@@ -169,6 +172,12 @@ class ConsoleState:
         self.tenants = as_list(views)
         self.tenants_fetched = True
         return frozenset({"tenants"})
+
+    def put_autoscale(self, views: Any) -> frozenset[str]:
+        """The autoscaled models as GET /api/v1/autoscale answered (a list of AutoscaleView; None or
+        anything else: a daemon without autoscaling, nothing shown)."""
+        self.autoscale = {v["model"]: v for v in as_list(views) if isinstance(v.get("model"), str)}
+        return frozenset({"autoscale"})
 
     def put_node(self, view: Mapping[str, Any]) -> frozenset[str]:
         """A node as an admin call answered it (e.g. after setting labels), ahead of the next update."""

@@ -17,11 +17,12 @@ from llmgw.cli.ctl.output import CtlError, age, emit, table
 __all__ = ["autoscale_table", "check_scale", "explain_scale_text", "register", "scale_text"]
 
 # the inputs, in the order a reader follows the rule: load, its trend, the SLO figures, capacity
-_INPUTS = (("concurrency_stable", "concurrency (window)"), ("concurrency_panic", "concurrency (panic window)"),
+_INPUTS = (("concurrency", "concurrency (window)"), ("concurrency_panic", "concurrency (panic window)"),
            ("concurrency_predicted", "concurrency (predicted)"), ("arrival_rate", "arrivals per second"),
            ("slope_per_s", "trend (per second)"), ("queue_per_replica", "queue per replica"),
            ("kv_usage", "KV cache use"), ("ttft_p90_s", "TTFT p90 (s)"),
-           ("capacity_per_replica", "capacity per replica"), ("cold_start_s", "cold start (s)"), ("idle_s", "idle (s)"))
+           ("capacity_per_replica", "capacity per replica"), ("cold_start_s", "cold start (s)"), ("idle_s", "idle (s)"),
+           ("raw_panic", "recommended in panic"))
 
 
 def _m(name: str) -> str:
@@ -54,9 +55,10 @@ def explain_scale_text(v: dict[str, Any]) -> str:
              f"count      {v.get('count')} in force; {v.get('ready', 0)} ready, {v.get('starting', 0)} starting"
              + (f"; PINNED at {pinned} (`llmgw ctl scale {v.get('model')} --release` hands it back)"
                 if pinned is not None else ""),
-             f"cold start {_num(v.get('cold_start_s'))} s (" + (f"median of {v['cold_starts']} measured"
-                                                                 if v.get("cold_starts") else "the config's prior, "
-                                                                 "none measured yet") + ")"]
+             f"cold start {_num(v.get('cold_start_s'))} s placed → ready"
+             + (f" (the config's prior: {_num(prior)} s)" if (prior := (v.get("settings") or {}).get("cold_start_s"))
+                is not None and prior != v.get("cold_start_s") else "")
+             + f"; woke from zero {v.get('cold_starts', 0)} times"]
     inputs = v.get("inputs") or {}
     known = [k for k, _ in _INPUTS if k in inputs]
     if inputs:

@@ -172,7 +172,7 @@ def cmd_jobs(api: Any, ns: argparse.Namespace) -> None:
                 for j in jobs]
         return table(rows, ["JOB", "KIND", "MODEL", "REVISION", "STATE", "CREATED", "STEP", "DETAIL"])
 
-    emit(ns, api.call("GET", "/jobs", params={"model": ns.model, "limit": ns.limit}), render)
+    emit(ns, api.call("GET", "/jobs", params={"model": ns.model, "kind": ns.kind, "limit": ns.limit}), render)
 
 
 def cmd_suites(api: Any, ns: argparse.Namespace) -> None:
@@ -250,6 +250,8 @@ def register(add: Callable[..., argparse.ArgumentParser]) -> None:
                                "or one job")
     sp.add_argument("job", nargs="?", metavar="JOB", help="one job's id: its steps and (an eval's) result")
     sp.add_argument("--model", help="only this model's jobs")
+    sp.add_argument("--kind", metavar="KIND[,KIND]", help="only jobs of these kinds: update, eval, promote, rollback, "
+                                                          "scale (an autoscaler's changes of a count)")
     sp.add_argument("--limit", type=int, default=20, metavar="N", help="at most N, newest first (default: 20)")
     sp = add("suites", cmd_suites, "eval suites: list, show NAME, put [NAME] FILE, delete NAME",
              "put stores FILE under the name the file gives (`name = ...`), else the file's stem; a NAME given "

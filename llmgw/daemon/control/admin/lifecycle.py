@@ -11,6 +11,7 @@ from typing import Any
 
 from llmgw.admin.lifecycle_schema import SuiteView
 from llmgw.config import ConfigError
+from llmgw.lifecycle.jobs import JOB_KINDS
 from llmgw.lifecycle.revisions import LifecycleError
 from llmgw.lifecycle.suites import Suite
 from llmgw.inputs.echo import echo
@@ -56,10 +57,23 @@ async def get_revisions(app: Any, call: Any) -> Any:
     return app.control.lifecycle.evals.revisions_view(call.params["name"])
 
 
+def _kinds(text: str | None) -> frozenset[str] | None:
+    """`?kind=update,eval`: the kinds asked for (None: all); an unknown one is a 400 naming `kind`."""
+    if text is None:
+        return None
+    kinds = frozenset(k.strip() for k in text.split(",") if k.strip())
+    unknown = sorted(kinds - set(JOB_KINDS))
+    if unknown or not kinds:
+        raise BodyProblems([("kind", f"unknown job kind {echo(', '.join(unknown))}; the kinds are "
+                                     f"{', '.join(JOB_KINDS)}" if unknown else "no kind named")], code="invalid_query")
+    return kinds
+
+
 async def list_jobs(app: Any, call: Any) -> Any:
     lc = app.control.lifecycle
-    model = call.query["model"]
-    jobs = [j for j in reversed(lc.jobs.values()) if model is None or j.model == model]
+    model, kinds = call.query["model"], _kinds(call.query["kind"])
+    jobs = [j for j in reversed(lc.jobs.values())
+            if (model is None or j.model == model) and (kinds is None or j.kind in kinds)]
     return [lc.evals.job_view(j, result=False) for j in jobs[:call.query["limit"]]]
 
 
@@ -83,11 +97,12 @@ async def get_suite(app: Any, call: Any) -> Any:
 
 
 class BodyProblems(Exception):
-    """Problems with the body, each (field, message): a 400 listing them."""
+    """Problems with the body (or, `code` invalid_query, a query parameter), each (field, message):
+    a 400 listing them."""
 
-    def __init__(self, problems: list[tuple[str, str]]) -> None:
+    def __init__(self, problems: list[tuple[str, str]], code: str = "invalid_body") -> None:
         super().__init__("; ".join(f"{f}: {m}" for f, m in problems))
-        self.problems = problems
+        self.problems, self.code = problems, code
 
 
 async def put_suite(app: Any, call: Any) -> Any:

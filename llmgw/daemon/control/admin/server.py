@@ -154,7 +154,7 @@ class AdminApp:
             except LifecycleError as e:
                 raise AdminFail(e.status, str(e)) from None
             except BodyProblems as e:
-                raise invalid([Problem(f, m) for f, m in e.problems], "invalid_body") from None
+                raise invalid([Problem(f, m) for f, m in e.problems], e.code) from None
             except ConfigError as e:
                 raise invalid([Problem(p.key, p.message) for p in e.problems], "invalid_body") from None
             except NotLeader as e:
