@@ -129,7 +129,7 @@ def test_concurrency_is_in_flight_plus_queued_over_the_target() -> None:
     feed(a, 0, 60, ready=2, inflight=8, queued=2)
     d = a.decide(59.0, current=2)
     assert (d.raw, d.desired, d.mode, d.inputs["concurrency"]) == (3, 3, "stable", 10.0)
-    assert "concurrency 10 / target 4" in d.rule and d.reason == "concurrency 10 against target 4: 2 → 3"
+    assert "concurrency 10 / target 4" in d.rule and d.reason == "concurrency 10 against target 4"
     assert a.history[-1] is d and a.last is d and d.direction == "up"
     assert set(d.inputs) == set(INPUT_KEYS) and set(a.decide(500.0, 3).inputs) == set(INPUT_KEYS)
 
@@ -156,6 +156,22 @@ def test_a_rising_trend_scales_ahead_by_the_cold_start() -> None:
         b.observe(Sample(float(t), 2, 0, inflight=60 - t))
     d = b.decide(59.0, current=8)
     assert d.inputs["concurrency_predicted"] == d.inputs["concurrency"] and d.raw == math.ceil(d.inputs["concurrency"] / 4)
+
+
+def test_a_lone_request_into_an_idle_model_predicts_no_crowd() -> None:
+    # what a follower's cold start looked like at the leader: one request, a steep slope over a short
+    # window, a cold start of 30 s (none measured yet): the projection is capped at one growth step
+    a = Autoscaler(Rule(min=0, max=4, target=4.0, cold_start_s=30, idle_to_zero_s=600), now=7.0)
+    for t in range(7, 12):  # a leader a few seconds old: a short window
+        a.observe(Sample(float(t), 0, 0))
+    a.observe(Sample(12.0, 0, 0, queued=1, cold_waiting=1, arrivals=1))
+    d = a.decide(12.0, current=0)
+    assert d.desired == 1 and d.mode == "cold"
+    a.observe(Sample(13.0, 0, 1, queued=1, cold_waiting=1, arrivals=1))
+    d = a.decide(13.0, current=1)
+    assert d.inputs["slope_per_s"] > 0
+    assert d.inputs["concurrency_predicted"] <= 2 * 1  # max(C_p, C now) × max_scale_up_rate
+    assert d.desired == 1, d
 
 
 def test_kv_usage_is_the_cache_in_use_over_the_target() -> None:

@@ -45,7 +45,6 @@ def test_a_cold_start_asked_at_a_follower_is_served_there(cluster: Cluster) -> N
     r = c.chat(follower, "m")  # waits at the follower; its load reaches the leader through the store
     assert r.status_code == 200, r.text
     v = c.get(leader, "/api/v1/models/m/autoscale")
-    import json; print(json.dumps(v, indent=1))
     assert count_in_force(c, leader) == 1, v
     wait_for(lambda: count_in_force(c, follower) == 1, 10)  # the follower reads the count in force
     v = c.get(leader, "/api/v1/models/m/autoscale")

@@ -52,6 +52,16 @@ class FakeRouter:
         self.spent.append((dict(spent), as_of))
 
 
+class NoAutoscaling:
+    """The plane's autoscaler as usage_sync sees it: no autoscaled model, nothing to share."""
+
+    def demand(self) -> dict[str, float]:
+        return {}
+
+    def others_read(self, stored: Any, me: str, live: Any) -> None:
+        pass
+
+
 class FakePlane:
     def __init__(self, store: Store, *, api_keys: tuple[str, ...] = (), lead: bool = True) -> None:
         keys = ", ".join(f'"{k}"' for k in api_keys)
@@ -64,6 +74,7 @@ class FakePlane:
         self._lead = lead
         self.clock = [1_767_225_600.0 + 10 * 3600]  # 2026-01-01T10:00Z
         self.tenants = TenantsManager(self, wall=lambda: self.clock[0])
+        self.autoscaling = NoAutoscaling()
 
     def leading(self) -> bool:
         return self._lead

@@ -15,6 +15,9 @@ The rule (the contract; docs/autoscaling.md repeats it)
   (scale ahead of a load still rising, by the time a replica takes to start: the median of the last 5
   measured placed → ready times, else ``cold_start_s``); else C_pred = C_w. The min: a step up that
   has levelled off is the load it reached (C_p), not a ramp to extrapolate for the whole window.
+  C_pred is at most max(C_p, C now) × max_scale_up_rate: a trend is trusted for one step of growth,
+  so a lone request into an idle model (a slope of one over a few seconds, times a cold start of
+  tens of seconds) predicts no crowd.
 - Recommendation (raw), by metric:
 
   * ``concurrency``: ceil(max(C_w, C_pred) / target).
@@ -280,7 +283,10 @@ class Autoscaler:
         c_p = mean([concurrency(s) for s in panic_w]) or 0.0
         trend = slope([(s.t, concurrency(s)) for s in window])
         recent = slope([(s.t, concurrency(s)) for s in panic_w])
-        c_pred = c_p + max(0.0, min(trend, recent)) * cs if trend > 0 else c_w
+        if trend > 0:  # extrapolated over a cold start, for one step of growth at most
+            c_pred = min(c_p + max(0.0, min(trend, recent)) * cs, max(c_p, concurrency(last)) * r.max_scale_up_rate)
+        else:
+            c_pred = c_w
         level = max(c_w, c_pred)
         settled = (self._ready_since + panic_s) if self._ready_since is not None else -math.inf
         span = [s for s in window if s.t >= settled]
@@ -349,7 +355,7 @@ class Autoscaler:
             reason = self._pin_reason(current, pinned)
         elif desired != current and not reason:
             reason = (f"{'panic: ' if mode == 'panic' else ''}{r.metric} {_fmt(figure)} against target "
-                      f"{r.target:g}: {current} → {desired}")
+                      f"{r.target:g}")
         delay_note = f"; delays: up {r.up_delay_s:g}s, down {r.down_delay_s:g}s"
         rule_text = (f"{text}{delay_note}" + (f"; predicted concurrency {c_pred:.3g} from a trend of "
                                               f"{trend:+.3g}/s over a {cs:.3g}s cold start" if trend > 0 else ""))
@@ -402,7 +408,7 @@ class Autoscaler:
 
     @staticmethod
     def _pin_reason(current: int, pinned: int | None) -> str:
-        return f"pinned at {pinned} (llmgw ctl scale): {current} → {pinned}" if pinned is not None and pinned != current else ""
+        return f"pinned at {pinned} (llmgw ctl scale)" if pinned is not None and pinned != current else ""
 
     def _finish(self, d: Decision) -> Decision:
         self._arrived = False
