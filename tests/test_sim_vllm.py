@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -336,3 +338,22 @@ def test_sim_fleet_starts_and_stops_every_replica() -> None:
 def test_embeddings_only_on_a_pooling_model(vllm_sim: SimProc) -> None:
     r = httpx.post(f"{vllm_sim.url}/v1/embeddings", json={"model": "sim-model", "input": "x"})
     assert r.status_code == 400 and "does not support Embeddings API" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_start_up_then_load_delay_the_engine(sim_factory: Any, engine: str) -> None:
+    """A cold start is the process starting (nothing bound) and then the model loading: the ready
+    line (vLLM: bound and serving; llama.cpp: listening, 503 while loading) comes after the first."""
+    args = (["sim-model", "--port", "0"] if engine == "vllm" else ["--engine", "llamacpp", "-m", "tiny.gguf", "--port", "0"])
+    t0 = time.monotonic()
+    s = sim_factory([*args, "--host", "127.0.0.1", "--sim-zero-cost", "--sim-start-seconds", "0.4",
+                     "--sim-load-seconds", "0.3"])
+    waited = time.monotonic() - t0
+    assert waited >= (0.7 if engine == "vllm" else 0.4)
+    wait_for(lambda: httpx.get(f"{s.url}/health").status_code == 200)
+
+
+def test_start_seconds_must_be_seconds() -> None:
+    out = subprocess.run([sys.executable, "-m", "llmgw", "sim", "sim-model", "--sim-start-seconds", "-1"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "--sim-start-seconds" in out.stderr and "≥ 0" in out.stderr

@@ -34,6 +34,7 @@ class SimOptions:
     lora_require_path: bool
     lora_load_ms: float
     hash_seed: str | None = None  # hash KV blocks as if PYTHONHASHSEED were this (a misconfigured engine)
+    start_seconds: float = 0.0  # process start-up before anything is bound (imports, CUDA init)
 
 
 def add_sim_flags(p: argparse.ArgumentParser) -> None:
@@ -49,7 +50,9 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sim-output-len", type=int, default=64,
                    help="mean natural output length in tokens (where the model emits EOS; default 64)")
     g.add_argument("--sim-seed", type=int, default=0, help="seed of the simulated model's output")
-    g.add_argument("--sim-load-seconds", type=float, default=0.0,
+    g.add_argument("--sim-start-seconds", type=_seconds, default=0.0,
+                   help="process start-up before the engine binds anything: imports, CUDA init (default 0)")
+    g.add_argument("--sim-load-seconds", type=_seconds, default=0.0,
                    help="model load time before the engine serves (default 0)")
     g.add_argument("--sim-vllm-version", default="0.33.0",
                    help="vLLM version to impersonate: wire formats, metric names, LoRA keys (default 0.33.0)")
@@ -78,7 +81,18 @@ def sim_options(ns: argparse.Namespace) -> SimOptions:
         lora_require_path=ns.sim_lora_require_path,
         lora_load_ms=0.0 if zero else ns.sim_lora_load_ms,
         hash_seed=ns.sim_hash_seed,
+        start_seconds=ns.sim_start_seconds,
     )
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds ≥ 0, got {text}")
+    return v
 
 
 def _positive_int(text: str) -> int:

@@ -371,6 +371,8 @@ class LlamaSim:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        if self.opts.start_seconds > 0:
+            await trio.sleep(self.opts.start_seconds)  # the process starting: nothing listens yet
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             # llama-server listens at once and answers 503 "Loading model" until the model is in.

@@ -446,6 +446,8 @@ class VllmSim:
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         from llmgw.daemon.sim.kv_publisher import KVEventPublisher
 
+        if self.opts.start_seconds > 0:
+            await trio.sleep(self.opts.start_seconds)  # the process starting: nothing bound yet
         async with trio.open_nursery() as nursery:
             if self.kv_cfg["enable_kv_cache_events"] and self.kv_cfg["publisher"] == "zmq":
                 self.publisher = KVEventPublisher(
