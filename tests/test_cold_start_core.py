@@ -9,6 +9,7 @@ import random
 import pytest
 
 from llmgw.config import parse_config
+from llmgw.route.adapters import Load
 from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.cache_stats import CacheStats
@@ -103,3 +104,27 @@ def test_the_eval_runners_requests_are_not_arrivals() -> None:
     c.plan("chat", BODY, "a", strategy=None, session=None, now=0.0, internal=True)
     c.plan("chat", BODY, "b", strategy=None, session=None, now=0.0)
     assert c.autoscale_load()["m"]["arrivals"] == 1
+
+
+def test_an_adapters_request_is_its_models_load_and_waits_for_its_cold_start() -> None:
+    cfg_text = CFG.replace('engine = "vllm"\n[models.deploy]\nsimulate = true\n[models.autoscale]',
+                           'engine = "vllm"\nmax_loaded_adapters = 2\n[models.deploy]\nsimulate = true\n'
+                           '[models.autoscale]', 1).replace(
+        '[[models]]\nname = "plain"', '[[models.adapters]]\nname = "sql"\nsource = "/adapters/sql"\n'
+                                     '[[models]]\nname = "plain"')
+    cfg = parse_config(cfg_text)
+    c = RouterCore(cfg, ReplicaTable(cfg), cache_stats=CacheStats(), wall=lambda: 0.0, rng=random.Random(0))
+    p = c.plan("chat", BODY.replace(b'"m"', b'"sql"'), "a", strategy=None, session=None, now=0.0)
+    t = c.next(p, 0.0, 0.0)
+    assert isinstance(t, Ticket) and p.cold and t.deadline == 30.0  # at zero: the adapter waits like its model
+    load = c.autoscale_load()
+    assert (load["m"]["arrivals"], load["m"]["cold_waiting"]) == (1, 1) and "sql" not in load
+    _, woken = c.add_replica(cfg.models[0], "m/r1", "http://127.0.0.1:9", pool="default", weight=1.0)
+    assert woken == [t]
+    ld = c.next(p, 1.0, 0.0)  # on demand: loaded onto the replica that came, once it is there
+    assert isinstance(ld, Load) and ld.replica == "m/r1" and ld.adapter == "sql"
+    c.adapters.load_done(ld, 2.0, None)
+    c.adapters.waited(p, 2.0)
+    a = c.next(p, 2.0, 0.0)
+    assert isinstance(a, Attempt) and a.replica.id == "m/r1"
+    assert c.autoscale_load()["m"]["inflight"] == 1  # in flight on the base model's replica: its load

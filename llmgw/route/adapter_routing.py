@@ -1,7 +1,10 @@
 """LoRA adapters on demand, as the router's core sees them (vLLM replicas of a model whose
 ``[[models.adapters]]`` declare the adapter; static adapters are never loaded or unloaded here).
 
-Before admission, a request for such an adapter is looked at here (:meth:`AdapterRouting.step`):
+Before admission, a request for such an adapter is looked at here (:meth:`AdapterRouting.step`)
+— once its model has a replica: at zero (an autoscaled model scaled to zero, or all starting) it
+waits for a cold start first, like any of the model's requests, and is looked at here when the
+first replica comes (the adapter is loaded there):
 
 * a replica holds it and is not saturated (admission's own measure): nothing to do, the request
   is routed to the holders (the ``serves`` filter keeps them);
@@ -172,8 +175,9 @@ class AdapterRouting:
         q = core.wait.queue(entry)
         woken: Ticket | None = None
         if plan.ticket is not None:
-            if not plan.adapter_wait:
+            if not plan.adapter_wait and not plan.cold:
                 return None  # the model's own admission wait: the core goes on with it
+            # its own load's wait, or a cold start's (the first replica came: load it there)
             if plan.ticket in q:
                 return plan.ticket
             woken, plan.ticket, plan.adapter_wait = plan.ticket, None, False

@@ -199,6 +199,10 @@ class RouterCore:
             if ask is not None:
                 return ask
         entry = plan.entry
+        if plan.ticket is None and not plan.admitted and self.wait.cold(entry):
+            # no replica yet (scaled to zero, or starting): wait for one — an adapter's request too,
+            # before its load is planned (there is nowhere to load it yet)
+            return self._enqueue(plan, now, cold=True)
         if entry.on_demand(plan.info.adapter):
             step = self.adapters.step(plan, now)
             if step is not None:
@@ -210,8 +214,6 @@ class RouterCore:
             plan.admitted = True
             self.wait.let_through(plan, t)  # type: ignore[arg-type]  # t is plan.ticket: not None here
         elif not plan.admitted:
-            if self.wait.cold(entry):  # no replica yet (scaled to zero, or starting): wait for one
-                return self._enqueue(plan, now, cold=True)
             if self.wait.queue(entry).admit_now(lambda: self.wait.saturated(entry, now)):
                 plan.admitted = True
             else:
