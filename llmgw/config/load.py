@@ -9,8 +9,8 @@ sections are small functions registered with ``@_cross_check``.  A new section i
 dataclass plus a field on its parent: no new validation code.
 
 Where things live: :mod:`llmgw.config.fields` (``opt`` and the value checks),
-:mod:`llmgw.config.schema` (the section dataclasses and the cross-section checks), here the
-errors, the walker and the API (``parse_config``, ``load_config``, ``dump_config``,
+:mod:`llmgw.config.schema` (the section dataclasses), :mod:`llmgw.config.cross_checks` (the
+checks across sections), here the errors, the walker and the API (``parse_config``, ``load_config``, ``dump_config``,
 ``model_from_dict`` ...). Import them all from ``llmgw.config``, the package's face.
 
 Pure module: no I/O besides ``load_config`` reading the file, no sockets, no trio.
@@ -32,11 +32,10 @@ import tomli_w
 from llmgw.config.fields import _KNOWN_STRATEGIES, _suggest
 from llmgw.config.locate import KeyPath, TomlLocator
 from llmgw.config.names import PRESET_NAMES
-from llmgw.config.schema import (
-    _CROSS_CHECKS, Config, ModelConfig, PoolConfig, _adapter_sources, _metric_pairs, _pool_references,
-    autoscale_settings,
-    multi_node_engine,
+from llmgw.config.cross_checks import (
+    _CROSS_CHECKS, _adapter_sources, _metric_pairs, _pool_references, autoscale_settings, multi_node_engine,
 )
+from llmgw.config.schema import Config, ModelConfig, PoolConfig
 from llmgw.config.starter import STARTER_TEXT
 from llmgw.inputs.nesting import TooDeep, toml_loads
 
