@@ -8,15 +8,16 @@ in time with the trace. Two traces, open loop (Poisson arrivals, seeded):
   λ(t) = low + (peak − low) · ((1 − cos 2πt/T) / 2)², whose mean is low + 0.375 (peak − low);
 * **bursty**: a low base load with bursts of `--burst-rate` lasting `--burst-seconds` at random gaps.
 
-Each trace is replayed against three fleets: **autoscaled** (`[models.autoscale]`, concurrency
-target per replica, min 1), **fixed at the average** and **fixed at the peak** (count = ceil(rate ×
-service time / target), the same per-replica target the autoscaler aims at). For each: the share of
-requests whose time to first token is within `--slo-ms` (a failed request misses it), TTFT
-percentiles, and replica-seconds (every replica placed and not yet stopped, sampled from the admin
-API: a starting or draining replica holds its GPU too). The issue's goal: ≥ 95 % attainment at
-≤ 60 % of the peak fleet's replica-seconds.
+Each trace is replayed against fresh fleets: **autoscaled** (`[models.autoscale]`, concurrency
+target per replica, min 1), **floor** (the same, never below the average fleet: a warm floor for
+bursts), **fixed at the average** and **fixed at the peak** (count = ceil(rate × service time /
+target), the service time measured unloaded, the same per-replica target the autoscaler aims at).
+For each: the share of requests whose time to first token is within `--slo-ms` (a failed request
+misses it), TTFT percentiles, and replica-seconds (every replica placed and not yet stopped,
+sampled from the admin API: a starting or draining replica holds its GPU too). The issue's goal:
+≥ 95 % attainment at ≤ 60 % of the peak fleet's replica-seconds.
 
-    .venv/bin/python bench/bench_autoscale.py                  # both traces, ~20 min on 2 cores
+    .venv/bin/python bench/bench_autoscale.py                  # both traces, four fleets each: ~30 min
     .venv/bin/python bench/bench_autoscale.py --traces day --day-seconds 120
 """
 
@@ -86,7 +87,7 @@ def toml(v: Any) -> str:
     return json.dumps(v) if not isinstance(v, bool) else ("true" if v else "false")
 
 
-def write_config(tmp: Path, a: argparse.Namespace, count: int, autoscale: bool, port: int) -> Path:
+def write_config(tmp: Path, a: argparse.Namespace, count: int, autoscale_min: int | None, port: int) -> Path:
     lines = ["[server]", 'host = "127.0.0.1"', "[router]", "scrape_interval_s = 0.5",
              "[control]", f'listen = "127.0.0.1:{port}"', f"join_token = {toml(TOKEN)}",
              f"store = {toml(str(tmp / 'router.db'))}", "autoscale_interval_s = 1.0",
@@ -94,8 +95,8 @@ def write_config(tmp: Path, a: argparse.Namespace, count: int, autoscale: bool, 
              "[[models]]", 'name = "m"', 'engine = "vllm"',
              "[models.deploy]", f"count = {count}", "simulate = true", "health_timeout_s = 120.0",
              "args = [" + ", ".join(toml(x) for x in engine_args(a)) + "]"]
-    if autoscale:
-        lines += ["[models.autoscale]", "min = 1", f"max = {a.max_replicas}", 'metric = "concurrency"',
+    if autoscale_min is not None:
+        lines += ["[models.autoscale]", f"min = {autoscale_min}", f"max = {a.max_replicas}", 'metric = "concurrency"',
                   f"target = {a.target}", f"window_s = {a.window_s}", f"panic_window_s = {a.panic_window_s}",
                   f"down_delay_s = {a.down_delay_s}", f"cold_start_s = {a.start_seconds + a.load_seconds + 1:g}"]
     path = tmp / "router.toml"
@@ -114,11 +115,11 @@ def free_port() -> int:
 
 
 class Fleet:
-    def __init__(self, a: argparse.Namespace, count: int, autoscale: bool) -> None:
+    def __init__(self, a: argparse.Namespace, count: int, autoscale_min: int | None) -> None:
         self.tmpdir = tempfile.TemporaryDirectory(prefix="bench-autoscale-")
         tmp = Path(self.tmpdir.name)
         port = free_port()
-        cfg = write_config(tmp, a, count, autoscale, port)
+        cfg = write_config(tmp, a, count, autoscale_min, port)
         self.procs: list[subprocess.Popen[bytes]] = []
         rp, info = spawn([sys.executable, "-m", "llmgw", "daemon", "--role", "router", "--config", str(cfg),
                           "--port", "0", "--log-level", "warning"])
@@ -217,7 +218,7 @@ async def replay(f: Fleet, arrivals: list[float], a: argparse.Namespace, *, samp
 def calibrate(a: argparse.Namespace) -> float:
     """A request's time in the system unloaded (the router's view of it: what concurrency counts),
     the median of 20 one at a time on one replica: the fixed fleets are sized by it."""
-    f = Fleet(a, 1, False)
+    f = Fleet(a, 1, None)
     try:
         async def go() -> float:
             took = []
@@ -232,11 +233,12 @@ def calibrate(a: argparse.Namespace) -> float:
         f.close()
 
 
-def run_fleet(a: argparse.Namespace, arrivals: list[float], count: int, autoscale: bool) -> dict[str, Any]:
-    f = Fleet(a, count, autoscale)
+def run_fleet(a: argparse.Namespace, arrivals: list[float], count: int, autoscale_min: int | None) -> dict[str, Any]:
+    """Replay the arrivals against a fresh fleet: autoscaled from ``autoscale_min`` (None: fixed at ``count``)."""
+    f = Fleet(a, count, autoscale_min)
     try:
         out = trio.run(replay, f, arrivals, a)
-        if autoscale:
+        if autoscale_min is not None:
             v = f.admin.get("/api/v1/models/m/autoscale").json()
             moves = Counter("up" if h["desired"] > h["current"] else "down" for h in v.get("history", []))
             out["scale_ups"], out["scale_downs"] = moves.get("up", 0), moves.get("down", 0)
@@ -272,7 +274,8 @@ def main() -> None:
     ap.add_argument("--panic-window-s", type=float, default=4.0)
     ap.add_argument("--down-delay-s", type=float, default=15.0)
     ap.add_argument("--max-replicas", type=int, default=10)
-    ap.add_argument("--fleets", default="autoscaled,average,peak")
+    ap.add_argument("--fleets", default="autoscaled,floor,average,peak",
+                    help="which fleets, in order: autoscaled, floor, average, peak")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--verbose", action="store_true", help="print the autoscaler's decisions (stderr)")
     a = ap.parse_args()
@@ -301,23 +304,26 @@ def main() -> None:
         rows: dict[str, Any] = {"trace": trace, "requests": len(arrivals), "mean_rate": avg_rate, **extra}
         for fleet in [x.strip() for x in a.fleets.split(",") if x.strip()]:
             if fleet == "autoscaled":
-                r = run_fleet(a, arrivals, 1, True)
+                r = run_fleet(a, arrivals, 1, 1)
+            elif fleet == "floor":  # autoscaled, never below the average fleet: a warm floor for bursts
+                r = run_fleet(a, arrivals, counts["average"], counts["average"])
             elif fleet in counts:
-                r = run_fleet(a, arrivals, counts[fleet], False)
+                r = run_fleet(a, arrivals, counts[fleet], None)
                 r["count"] = counts[fleet]
             else:
-                raise SystemExit(f"--fleets: unknown fleet {fleet!r} (autoscaled, average, peak)")
+                raise SystemExit(f"--fleets: unknown fleet {fleet!r} (autoscaled, floor, average, peak)")
             rows[fleet] = r
             print(f"  {fleet:10} SLO {r['slo_attainment'] * 100:5.1f}%  TTFT p50/p90/p99 {r['ttft_p50_ms']:.0f}/"
                   f"{r['ttft_p90_ms']:.0f}/{r['ttft_p99_ms']:.0f} ms  replica-s {r['replica_seconds']:.0f}  "
                   f"max {r['max_placed']}  errors {r['errors'] or 0}"
                   + (f"  ups {r['scale_ups']} downs {r['scale_downs']} cold start {r['cold_start_s']:.1f}s"
-                     if fleet == "autoscaled" and r.get("cold_start_s") else ""), flush=True)
-        if "autoscaled" in rows and "peak" in rows:
-            share = rows["autoscaled"]["replica_seconds"] / rows["peak"]["replica_seconds"]
-            rows["autoscaled_vs_peak_replica_seconds"] = share
-            print(f"  autoscaled: {rows['autoscaled']['slo_attainment'] * 100:.1f}% within {a.slo_ms:g} ms at "
-                  f"{share * 100:.0f}% of the peak fleet's replica-seconds (goal: ≥ 95% at ≤ 60%)", flush=True)
+                     if r.get("cold_start_s") else ""), flush=True)
+        for name in ("autoscaled", "floor"):
+            if name in rows and "peak" in rows:
+                share = rows[name]["replica_seconds"] / rows["peak"]["replica_seconds"]
+                rows[name]["vs_peak_replica_seconds"] = share
+                print(f"  {name}: {rows[name]['slo_attainment'] * 100:.1f}% within {a.slo_ms:g} ms at "
+                      f"{share * 100:.0f}% of the peak fleet's replica-seconds (goal: ≥ 95% at ≤ 60%)", flush=True)
         results[trace] = rows
     print(json.dumps(results, indent=1, default=float))
 

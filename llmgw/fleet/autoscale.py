@@ -11,10 +11,14 @@ The rule (the contract; docs/autoscaling.md repeats it)
 - Concurrency C = inflight + queued (cold waiters included). C_w: its mean over ``window_s``; C_p:
   over ``panic_window_s`` (at most window_s). Means are over the samples (the shell takes one a round).
 - Trend: the least-squares slope of C over the window. When it is > 0 the predicted
-  C_pred = C_p + max(0, min(slope, slope_p)) × cold_start_s, slope_p the slope over the panic window
-  (scale ahead of a load still rising, by the time a replica takes to start: the median of the last 5
-  measured placed → ready times, else ``cold_start_s``); else C_pred = C_w. The min: a step up that
-  has levelled off is the load it reached (C_p), not a ramp to extrapolate for the whole window.
+  C_pred = L + max(0, min(slope, slope_p)) × cold_start_s — scale ahead of a load still rising, by
+  the time a replica takes to start (the median of the last 5 measured placed → ready times, else
+  ``cold_start_s``); else C_pred = C_w. slope_p is the slope over the panic window: a step up that
+  has levelled off is the load it reached, not a ramp to extrapolate for the whole window.
+  L = min(C_p, the least-squares line of C over the window read now): on a ramp the line is where
+  the load is and C_p just behind it; on a noisy plateau the line is the window's mean, so a few
+  seconds' swell of random arrivals (C_p) is not projected — with the down delay keeping the
+  highest recent count, that would ratchet the count up to the noise's peaks.
   C_pred is at most max(C_p, C now) × max_scale_up_rate: a trend is trusted for one step of growth,
   so a lone request into an idle model (a slope of one over a few seconds, times a cold start of
   tens of seconds) predicts no crowd.
@@ -75,7 +79,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from statistics import median
 
-from llmgw.fleet.autoscale_load import (TTFT_BUCKETS, RouterLoad, Sample, arrival_rate, concurrency, mean,
+from llmgw.fleet.autoscale_load import (TTFT_BUCKETS, RouterLoad, Sample, arrival_rate, concurrency, line_at, mean,
                                         merge, quantile, slope, ttft_counts)
 from llmgw.fleet.autoscale_rule import METRICS, MODES, Decision, Rule
 
@@ -281,10 +285,12 @@ class Autoscaler:
         panic_w = [s for s in window if s.t > now - panic_s] or [last]
         c_w = mean([concurrency(s) for s in window]) or 0.0
         c_p = mean([concurrency(s) for s in panic_w]) or 0.0
-        trend = slope([(s.t, concurrency(s)) for s in window])
+        points = [(s.t, concurrency(s)) for s in window]
+        trend = slope(points)
         recent = slope([(s.t, concurrency(s)) for s in panic_w])
         if trend > 0:  # extrapolated over a cold start, for one step of growth at most
-            c_pred = min(c_p + max(0.0, min(trend, recent)) * cs, max(c_p, concurrency(last)) * r.max_scale_up_rate)
+            base = min(c_p, line_at(points, now) or 0.0)  # the level now, not the panic window's noise
+            c_pred = min(base + max(0.0, min(trend, recent)) * cs, max(c_p, concurrency(last)) * r.max_scale_up_rate)
         else:
             c_pred = c_w
         level = max(c_w, c_pred)

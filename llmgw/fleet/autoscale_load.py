@@ -139,6 +139,17 @@ def slope(points: Sequence[tuple[float, float]]) -> float:
     return sum((t - mt) * (y - my) for t, y in points) / var
 
 
+def line_at(points: Sequence[tuple[float, float]], at: float) -> float | None:
+    """The least-squares line of y over t, read at ``at`` (None without points): the level now of a
+    noisy series, smoothed over all of it."""
+    if not points:
+        return None
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    my = sum(y for _, y in points) / n
+    return my + slope(points) * (at - mt)
+
+
 def _steps(samples: Sequence[Sample], get: Callable[[Sample], float]) -> float:
     """A counter's growth over the samples, step by step; a step back (a restart) counts as 0."""
     return sum(max(0.0, get(b) - get(a)) for a, b in zip(samples, samples[1:]))
