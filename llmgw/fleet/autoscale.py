@@ -24,7 +24,11 @@ The rule (the contract; docs/autoscaling.md repeats it)
   tens of seconds) predicts no crowd.
 - Recommendation (raw), by metric:
 
-  * ``concurrency``: ceil(max(C_w, C_pred) / target).
+  * ``concurrency``: ceil(max(C_w, C_pred) / target). While replicas are starting, this (and the
+    panic rule's) is at most max(current, ceil(current × λ_p / λ_ask)): λ_p the arrival rate over
+    the panic window, λ_ask the same when the count last rose. A backlog that grows while capacity
+    is on its way is not new load (it would ask for the max, and the replicas would come when the
+    backlog is nearly gone); more arrivals are.
   * ``kv_usage``: ceil(KV_w / target), KV_w the mean over the window of ready × kv_usage (the KV cache in
     use, in replicas; taken sample by sample so that a window across a scale-up reads right). No KV
     figure: hold (0 when C is 0).
@@ -116,6 +120,7 @@ class Autoscaler:
         self._panic_at: float | None = None  # the last time the panic rule asked for panic
         self._cap: float | None = None  # learned concurrency per replica (queue, ttft_p90)
         self._breach_ask: int | None = None  # what the last breach asked before replicas were starting
+        self._ask_rate: float | None = None  # arrivals/s (panic window) when the count last rose
         self._cold: deque[float] = deque(maxlen=COLD_STARTS)
         self.history: deque[Decision] = deque(maxlen=HISTORY)
         self.last: Decision | None = None  # the latest decision, changed or not
@@ -304,6 +309,17 @@ class Autoscaler:
         if ready == 0 and demand_now:
             raw = max(raw, 1)
         raw_p, _, _ = self._recommend(panic_w, panic_span, c_p, ready, current, starting, learn=False)
+        lam_p = arrival_rate(panic_w)
+        waiting_note = ""
+        if starting == 0:
+            self._ask_rate = None
+        elif r.metric == "concurrency" and current > 0 and self._ask_rate and lam_p is not None:
+            # capacity is on its way: a backlog growing meanwhile is not new load; more arrivals are
+            bound = max(current, _ceil(current * lam_p / self._ask_rate))
+            if raw > bound or (raw_p or 0) > bound:
+                raw, raw_p = min(raw, bound), (min(raw_p, bound) if raw_p is not None else None)
+                waiting_note = (f"{starting} starting: at most {bound} until they are ready (arrivals "
+                                f"{lam_p:.3g}/s, {self._ask_rate:.3g}/s when the count last rose)")
         if raw_p is not None and raw_p >= r.panic_threshold * max(ready, 1) and raw_p > 0:
             self._panic_at = now
         panic = self._panic_at is not None and now - self._panic_at < r.window_s
@@ -312,7 +328,7 @@ class Autoscaler:
         horizon = max(r.up_delay_s, r.down_delay_s)
         while len(self._raws) > 1 and self._raws[1][0] <= now - horizon:
             self._raws.popleft()  # the first kept is the one in force at now - horizon
-        limited: list[str] = []
+        limited: list[str] = [waiting_note] if waiting_note else []
         desired = self._delayed(now, current, raw, limited)
         mode = "stable"
         if panic:
@@ -375,6 +391,8 @@ class Autoscaler:
             "capacity_per_replica": r.target if r.metric == "concurrency" else self._cap,
             "idle_s": idle_s, "raw_panic": None if raw_p is None else float(raw_p),
         }
+        if pinned is None and desired > current and lam_p:
+            self._ask_rate = lam_p
         return self._finish(Decision(t=now, current=current, ready=ready, starting=starting, desired=desired,
                                      raw=raw, mode=mode, rule=rule_text, inputs=inputs,
                                      limited_by=tuple(limited), reason=reason))
