@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -252,6 +253,10 @@ def run_fleet(a: argparse.Namespace, arrivals: list[float], count: int, autoscal
         f.close()
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--traces", default="day,bursty", help="day, bursty or both (default)")
@@ -279,6 +284,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--verbose", action="store_true", help="print the autoscaler's decisions (stderr)")
     a = ap.parse_args()
+    # stopped by a signal: unwind, so every fleet's finally stops the processes it started
+    signal.signal(signal.SIGTERM, _interrupted)
 
     service_s = calibrate(a)
     print(f"service time (one replica, one request at a time, median of 20): {service_s * 1000:.0f} ms", flush=True)

@@ -25,10 +25,11 @@ The rule (the contract; docs/autoscaling.md repeats it)
 - Recommendation (raw), by metric:
 
   * ``concurrency``: ceil(max(C_w, C_pred) / target). While replicas are starting, this (and the
-    panic rule's) is at most max(current, ceil(current × λ_p / λ_ask)): λ_p the arrival rate over
-    the panic window, λ_ask the same when the count last rose. A backlog that grows while capacity
-    is on its way is not new load (it would ask for the max, and the replicas would come when the
-    backlog is nearly gone); more arrivals are.
+    panic rule's) is at most max(current, ceil(N_0 × λ_p / λ_0)): λ_p the arrival rate over the
+    panic window, (N_0, λ_0) the count and that rate when the count began to rise (kept until no
+    replica is starting: re-anchored at each rise, the noise of λ_p would ratchet it). A backlog
+    that grows while capacity is on its way is not new load (it would ask for the max, and the
+    replicas would come when the backlog is nearly gone); more arrivals are.
   * ``kv_usage``: ceil(KV_w / target), KV_w the mean over the window of ready × kv_usage (the KV cache in
     use, in replicas; taken sample by sample so that a window across a scale-up reads right). No KV
     figure: hold (0 when C is 0).
@@ -120,7 +121,7 @@ class Autoscaler:
         self._panic_at: float | None = None  # the last time the panic rule asked for panic
         self._cap: float | None = None  # learned concurrency per replica (queue, ttft_p90)
         self._breach_ask: int | None = None  # what the last breach asked before replicas were starting
-        self._ask_rate: float | None = None  # arrivals/s (panic window) when the count last rose
+        self._rise: tuple[int, float] | None = None  # (count, arrivals/s) when the count began to rise
         self._cold: deque[float] = deque(maxlen=COLD_STARTS)
         self.history: deque[Decision] = deque(maxlen=HISTORY)
         self.last: Decision | None = None  # the latest decision, changed or not
@@ -312,14 +313,15 @@ class Autoscaler:
         lam_p = arrival_rate(panic_w)
         waiting_note = ""
         if starting == 0:
-            self._ask_rate = None
-        elif r.metric == "concurrency" and current > 0 and self._ask_rate and lam_p is not None:
+            self._rise = None
+        elif r.metric == "concurrency" and current > 0 and self._rise is not None and lam_p is not None:
             # capacity is on its way: a backlog growing meanwhile is not new load; more arrivals are
-            bound = max(current, _ceil(current * lam_p / self._ask_rate))
+            n0, lam0 = self._rise
+            bound = max(current, _ceil(n0 * lam_p / lam0))
             if raw > bound or (raw_p or 0) > bound:
                 raw, raw_p = min(raw, bound), (min(raw_p, bound) if raw_p is not None else None)
-                waiting_note = (f"{starting} starting: at most {bound} until they are ready (arrivals "
-                                f"{lam_p:.3g}/s, {self._ask_rate:.3g}/s when the count last rose)")
+                waiting_note = (f"{starting} starting: at most {bound} until they are ready ({n0} at "
+                                f"{lam0:.3g} arrivals/s when the count began to rise, {lam_p:.3g}/s now)")
         if raw_p is not None and raw_p >= r.panic_threshold * max(ready, 1) and raw_p > 0:
             self._panic_at = now
         panic = self._panic_at is not None and now - self._panic_at < r.window_s
@@ -391,8 +393,8 @@ class Autoscaler:
             "capacity_per_replica": r.target if r.metric == "concurrency" else self._cap,
             "idle_s": idle_s, "raw_panic": None if raw_p is None else float(raw_p),
         }
-        if pinned is None and desired > current and lam_p:
-            self._ask_rate = lam_p
+        if pinned is None and desired > current and lam_p and self._rise is None:
+            self._rise = (desired, lam_p)  # the rise's anchor, kept until what it placed is ready
         return self._finish(Decision(t=now, current=current, ready=ready, starting=starting, desired=desired,
                                      raw=raw, mode=mode, rule=rule_text, inputs=inputs,
                                      limited_by=tuple(limited), reason=reason))
