@@ -24,12 +24,7 @@ The rule (the contract; docs/autoscaling.md repeats it)
   tens of seconds) predicts no crowd.
 - Recommendation (raw), by metric:
 
-  * ``concurrency``: ceil(max(C_w, C_pred) / target). While replicas are starting, this (and the
-    panic rule's) is at most max(current, ceil(N_0 × λ_p / λ_0)): λ_p the arrival rate over the
-    panic window, (N_0, λ_0) the count and that rate when the count began to rise (kept until no
-    replica is starting: re-anchored at each rise, the noise of λ_p would ratchet it). A backlog
-    that grows while capacity is on its way is not new load (it would ask for the max, and the
-    replicas would come when the backlog is nearly gone); more arrivals are.
+  * ``concurrency``: ceil(max(C_w, C_pred) / target).
   * ``kv_usage``: ceil(KV_w / target), KV_w the mean over the window of ready × kv_usage (the KV cache in
     use, in replicas; taken sample by sample so that a window across a scale-up reads right). No KV
     figure: hold (0 when C is 0).
@@ -121,7 +116,6 @@ class Autoscaler:
         self._panic_at: float | None = None  # the last time the panic rule asked for panic
         self._cap: float | None = None  # learned concurrency per replica (queue, ttft_p90)
         self._breach_ask: int | None = None  # what the last breach asked before replicas were starting
-        self._rise: tuple[int, float] | None = None  # (count, arrivals/s) when the count began to rise
         self._cold: deque[float] = deque(maxlen=COLD_STARTS)
         self.history: deque[Decision] = deque(maxlen=HISTORY)
         self.last: Decision | None = None  # the latest decision, changed or not
@@ -310,18 +304,6 @@ class Autoscaler:
         if ready == 0 and demand_now:
             raw = max(raw, 1)
         raw_p, _, _ = self._recommend(panic_w, panic_span, c_p, ready, current, starting, learn=False)
-        lam_p = arrival_rate(panic_w)
-        waiting_note = ""
-        if starting == 0:
-            self._rise = None
-        elif r.metric == "concurrency" and current > 0 and self._rise is not None and lam_p is not None:
-            # capacity is on its way: a backlog growing meanwhile is not new load; more arrivals are
-            n0, lam0 = self._rise
-            bound = max(current, _ceil(n0 * lam_p / lam0))
-            if raw > bound or (raw_p or 0) > bound:
-                raw, raw_p = min(raw, bound), (min(raw_p, bound) if raw_p is not None else None)
-                waiting_note = (f"{starting} starting: at most {bound} until they are ready ({n0} at "
-                                f"{lam0:.3g} arrivals/s when the count began to rise, {lam_p:.3g}/s now)")
         if raw_p is not None and raw_p >= r.panic_threshold * max(ready, 1) and raw_p > 0:
             self._panic_at = now
         panic = self._panic_at is not None and now - self._panic_at < r.window_s
@@ -330,7 +312,7 @@ class Autoscaler:
         horizon = max(r.up_delay_s, r.down_delay_s)
         while len(self._raws) > 1 and self._raws[1][0] <= now - horizon:
             self._raws.popleft()  # the first kept is the one in force at now - horizon
-        limited: list[str] = [waiting_note] if waiting_note else []
+        limited: list[str] = []
         desired = self._delayed(now, current, raw, limited)
         mode = "stable"
         if panic:
@@ -393,8 +375,6 @@ class Autoscaler:
             "capacity_per_replica": r.target if r.metric == "concurrency" else self._cap,
             "idle_s": idle_s, "raw_panic": None if raw_p is None else float(raw_p),
         }
-        if pinned is None and desired > current and lam_p and self._rise is None:
-            self._rise = (desired, lam_p)  # the rise's anchor, kept until what it placed is ready
         return self._finish(Decision(t=now, current=current, ready=ready, starting=starting, desired=desired,
                                      raw=raw, mode=mode, rule=rule_text, inputs=inputs,
                                      limited_by=tuple(limited), reason=reason))
