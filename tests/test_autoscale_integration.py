@@ -237,3 +237,21 @@ def test_slo_metrics_scale_up_under_load(make_fleet: Any, metric: str) -> None: 
     finally:
         load.finish()
     assert not load.failed, load.failed[:5]
+
+
+def test_an_adapters_request_wakes_its_model_from_zero_and_is_served(make_fleet: Any) -> None:  # noqa: F811
+    m = scaled_model(count=0, min=0, idle_to_zero_s=60.0, cold_start_wait_s=60.0,
+                     args=["--sim-zero-cost", "--sim-load-seconds", "0.5"])
+    m["max_loaded_adapters"] = 2
+    m["adapters"] = [{"name": "m-sql", "source": "/l/sql"}]  # loaded on demand
+    f = make_fleet([m])
+    f.start_agent("a")
+    wait_for(lambda: f.nodes().get("a", {}).get("state") == "ready", 30)
+    assert not f.replicas("m")
+    assert f.router is not None
+    r = httpx.post(f"{f.router.url}/v1/completions", timeout=60,
+                   json={"model": "m-sql", "prompt": "hi", "max_tokens": 2})  # waits, then loads there
+    assert r.status_code == 200, r.text
+    assert counter(f, "llmgw_cold_starts_total") == 1.0 and counter(f, "llmgw_cold_start_waits_total") == 1.0
+    engine = f.ready("m")[0]["url"]
+    assert "m-sql" in {x["id"] for x in httpx.get(f"{engine}/v1/models", timeout=5).json()["data"]}

@@ -43,8 +43,16 @@ def test_after_the_engine_evicts_a_prompt_tier_2_stops_voting_while_tier_1_still
         assert r.status_code == 200, r.text
         return f.get(f"/api/v1/decisions/{rid}")["decisions"][-1]
 
-    # the prompt's blocks reach the index (the agent's SUB may join after the first events)
-    wait_for(lambda: chat(prompt, "warm") and any(v > 0 for v in index_blocks(f).values()), 30)
+    # both engines' events reach the index before the prompt is sent (the agent's SUB may join after
+    # the first events): a probe of their own, sent to each engine directly, until the index has it.
+    # Else a prompt sent again while its events were lost could land on both replicas, two holders.
+    for k, (rid, url) in enumerate(urls.items()):
+        probe = {"model": "m", "messages": [{"role": "user", "content": _words(f"probe{k}-", 20)}], "max_tokens": 1}
+        wait_for(lambda: httpx.post(f"{url}/v1/chat/completions", json=probe, timeout=10).status_code == 200  # noqa: B023
+                 and index_blocks(f).get(rid, 0) > 0, 30)  # noqa: B023
+    seen = index_blocks(f)
+    first = chat(prompt, "warm")["chosen"]  # the prompt, once through the router
+    wait_for(lambda: index_blocks(f).get(first, 0) > seen.get(first, 0), 10)
     d = chat(prompt, "held")
     holder = d["chosen"]
     assert re.search(rf"tier 2: (\d+)/\1 blocks on {re.escape(holder)}", d["note"]), d["note"]
