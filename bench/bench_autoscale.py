@@ -172,19 +172,10 @@ async def replay(f: Fleet, arrivals: list[float], a: argparse.Namespace, *, samp
                 status["connect_error"] += 1
                 return
             try:
-                t0 = time.perf_counter()
-                await c.stream.send_all(req)
-                head_end = await c._until(b"\r\n\r\n")
-                code = int(bytes(c.buf[9:12]))
-                del c.buf[: head_end + 4]
+                code, _, first = await c.stream_events(req)
                 status[code] += 1
-                if code != 200:
-                    return
-                while b"data: " not in c.buf:
-                    await c._more()
-                lat.values.append(time.perf_counter() - t0)
-                while b"data: [DONE]" not in c.buf:
-                    await c._more()
+                if first is not None:
+                    lat.values.append(first)
             except (ConnectionError, trio.BrokenResourceError, ValueError):
                 status["cut_short"] += 1
             finally:

@@ -165,23 +165,13 @@ async def replay(port: int, plan: list[tuple[float, str, str]], max_tokens: int)
                 status["connect_error"] += 1
                 return
             try:
-                t0 = time.perf_counter()
-                await c.stream.send_all(build_request("POST", "/v1/completions", body))
-                end = await c._until(b"\r\n\r\n")
-                head = bytes(c.buf[:end]).decode("latin-1").lower()
-                del c.buf[: end + 4]
-                code = int(head[9:12])
+                code, head, first = await c.stream_events(build_request("POST", "/v1/completions", body))
                 status[code] += 1
                 for line in head.split("\r\n"):
                     if line.startswith("x-llmgw-endpoint:"):
                         per[line.split(":", 1)[1].strip()] += 1
-                if code != 200:
-                    return
-                while b"data: " not in c.buf:
-                    await c._more()
-                lat.values.append(time.perf_counter() - t0)
-                while b"data: [DONE]" not in c.buf:
-                    await c._more()
+                if first is not None:
+                    lat.values.append(first)
             except ConnectionError:
                 status["cut_short"] += 1
             finally:

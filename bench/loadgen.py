@@ -76,6 +76,23 @@ class Conn:
         del self.buf[:length]
         return status, body, first_byte
 
+    async def stream_events(self, raw: bytes) -> tuple[int, str, float | None]:
+        """Send a streaming request and read its SSE answer to `data: [DONE]` (the connection is
+        then spent: chunk framing is not parsed). Returns (status, the head in lower case, the
+        seconds from sending to the first `data:` event — None unless the status is 200)."""
+        t0 = time.perf_counter()
+        await self.stream.send_all(raw)
+        end = await self._until(b"\r\n\r\n")
+        head = bytes(self.buf[:end]).decode("latin-1").lower()
+        del self.buf[: end + 4]
+        status = int(head[9:12])
+        if status != 200:
+            return status, head, None
+        await self._until(b"data: ")
+        first = time.perf_counter() - t0
+        await self._until(b"data: [DONE]")
+        return status, head, first
+
     async def aclose(self) -> None:
         await self.stream.aclose()
 
