@@ -218,7 +218,7 @@ def test_many_errors_all_reported_with_file_key_line():
         ("llmgw.toml", "models[1].engine", 19, "missing required key"),
         ("llmgw.toml", "models[1].name", 20, "duplicate name 'llama' (first in models[0])"),
         ("llmgw.toml", "models[1].strategy", 21,
-         "expected one of 'chat', 'batch', 'long-context', 'load-balance'; got 'longcontext' (did you mean 'long-context'?)"),
+         "expected one of 'chat', 'batch', 'long-context', 'load-balance', 'prefill', 'decode'; got 'longcontext' (did you mean 'long-context'?)"),
         ("llmgw.toml", "models[1].replicas[0].url", 24, "not an http(s) URL: 'ftp://x'"),
         ("llmgw.toml", "models[1].replicas[0].weight", 25, "must be a finite number > 0, got 0.0"),
         ("llmgw.toml", "models[1].replicas[1].url", 27, "missing required key"),

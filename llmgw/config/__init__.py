@@ -16,15 +16,15 @@ from llmgw.config.load import (
 )
 from llmgw.config.schema import (
     DEFAULT_POOL, ENGINES, AdapterConfig, AdminConfig, AgentConfig, BreakerConfig, Config, ControlConfig,
-    DeployConfig, FacilityConfig, GpuConfig, LifecycleConfig, MetricNames, ModelConfig, PoolConfig, PrefixRoutingConfig,
-    ReplicaConfig, RestartConfig, RouterConfig, ScorerWeights, ServerConfig, SimConfig, SpreadConfig,
+    DeployConfig, FacilityConfig, GpuConfig, LifecycleConfig, MetricNames, ModelConfig, PdConfig, PoolConfig,
+    PrefixRoutingConfig, ROLES, ReplicaConfig, RoleGroupConfig, RestartConfig, RouterConfig, ScorerWeights, ServerConfig, SimConfig, SpreadConfig,
     StrategyConfig,
 )
 
 __all__ = [
     "DEFAULT_POOL", "ENGINES", "AdapterConfig", "AdminConfig", "AgentConfig", "BreakerConfig", "Config",
     "ConfigError", "ConfigProblem", "ControlConfig", "DeployConfig", "FacilityConfig", "GpuConfig", "LifecycleConfig", "MetricNames",
-    "ModelConfig", "PoolConfig", "PrefixRoutingConfig", "ReplicaConfig", "RestartConfig", "RouterConfig",
+    "ModelConfig", "PdConfig", "PoolConfig", "PrefixRoutingConfig", "ROLES", "ReplicaConfig", "RoleGroupConfig", "RestartConfig", "RouterConfig",
     "ScorerWeights", "ServerConfig", "SimConfig", "SpreadConfig", "StrategyConfig",
     "default_config",
     "dump_config", "header_name", "host_port", "http_url", "in_range", "init_config_text", "key_value",

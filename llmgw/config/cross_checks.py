@@ -202,3 +202,28 @@ def llamacpp_adapter_problem(source: str) -> str | None:
     if any(ord(c) < 32 or ord(c) == 127 for c in source):
         return f"{source!r} has a control character"
     return None
+
+
+@_cross_check("models")
+def disaggregation(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
+    """Prefill/decode groups (docs/disaggregation.md): a vLLM model's, with [models.pd] to route
+    them; a disaggregated model needs somewhere to decode; its groups' counts are not autoscaled."""
+    for i, m in enumerate(cfg.models):
+        d = m.deploy
+        roles = {r.role for r in m.replicas} | ({g.role for g in d.roles} if d is not None else set())
+        split = bool(roles - {"both"})
+        if split and m.engine != "vllm":
+            yield ("models", i, "engine"), f"prefill/decode roles need engine = \"vllm\" ({m.engine} has no KV transfer)"
+        if split and m.pd is None:
+            yield ("models", i), "replicas with a prefill or decode role need a [models.pd] section to route them"
+        if m.pd is not None and m.engine != "vllm":
+            yield ("models", i, "pd"), f"needs engine = \"vllm\" ({m.engine} has no KV transfer)"
+        if d is not None and d.roles:
+            if m.autoscale is not None:
+                yield ("models", i, "autoscale"), "not with [[models.deploy.roles]]: prefill and decode groups keep their counts"
+            if d.nodes > 1:
+                yield ("models", i, "deploy", "roles"), "not with multi-node replicas (nodes > 1)"
+            if "decode" not in roles and not any(r.role == "both" for r in m.replicas):
+                yield ("models", i, "deploy", "roles"), "a decode group is needed: prefill replicas only prefill"
+        if m.pd is not None and m.pd.keep_within is not None and (d is None or not d.roles):
+            yield ("models", i, "pd", "keep_within"), "places [[models.deploy.roles]] groups: this model has none"

@@ -18,7 +18,7 @@ __all__ = ["CANDIDATE_SUFFIX", "SCORER_NAMES", "PICKER_NAMES", "PRESET_NAMES", "
 
 SCORER_NAMES = ("load", "queue", "kv", "inflight", "weight", "session", "prefix", "kv_cache")
 PICKER_NAMES = ("max-score", "power-of-two", "softmax", "round-robin")
-PRESET_NAMES = ("chat", "batch", "long-context", "load-balance")
+PRESET_NAMES = ("chat", "batch", "long-context", "load-balance", "prefill", "decode")
 
 DEFAULT_PICKER = "max-score"  # a strategy that names no picker
 

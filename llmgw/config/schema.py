@@ -24,6 +24,7 @@ from llmgw.config.names import DEFAULT_PICKER, PICKER_NAMES, SCORER_NAMES
 
 ENGINES = ("vllm", "llamacpp")
 DEFAULT_POOL = "default"
+ROLES = ("both", "prefill", "decode")  # a replica's part in prefill/decode disaggregation (docs/disaggregation.md)
 
 
 # ---------------------------------------------------------------------------------- sections
@@ -258,6 +259,17 @@ class ReplicaConfig:
     weight: float = opt(1.0, check=positive)
     # vLLM only: the engine publishes KV cache events (loopback, agent-owned) for tier-2 routing
     kv_events: bool = opt(False)
+    role: str = opt("both", check=one_of(*ROLES))  # prefill / decode: a part of a disaggregated model ([models.pd])
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleGroupConfig:
+    """[[models.deploy.roles]]: one group of a disaggregated model's replicas (docs/disaggregation.md):
+    its role, how many, and what its engines get beyond the profile's args and env."""
+    role: str = opt(check=one_of("prefill", "decode"))
+    count: int = opt(1, check=in_range(0))
+    args: tuple[str, ...] = opt(())  # after the profile's args (e.g. --kv-transfer-config with the role)
+    env: tuple[str, ...] = opt((), items=key_value)  # after the profile's env
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -300,6 +312,23 @@ class DeployConfig:
     watts: int = opt(0, check=in_range(0, 100_000))  # declared draw of one replica, for power budgets
     nodes: int = opt(1, check=replica_nodes)  # nodes per replica: one engine process on each
     keep_within: str | None = opt(None, check=facility_level)  # a multi-node replica's nodes in one domain
+    # prefill/decode groups instead of `count` alike replicas (then count is unused): docs/disaggregation.md
+    roles: tuple[RoleGroupConfig, ...] = opt((), unique="role")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PdConfig:
+    """[models.pd]: prefill/decode disaggregation — a request's prefill on a prefill replica, its
+    decode on a decode replica, the KV blocks moved between them by the engines' KV connector."""
+    # prompts estimated shorter than this skip the prefill step: a decode replica prefills them
+    # itself (disaggregation must never make a short chat slower; docs/disaggregation.md "Measured")
+    min_prompt_tokens: int = opt(256, check=in_range(0))
+    prefill_strategy: str = opt("prefill", check=known_strategy)  # the prefiller's decision
+    decode_strategy: str = opt("decode", check=known_strategy)  # the decoder's decision
+    prefill_timeout_s: float = opt(60.0, check=positive)  # the prefill step at most; then the decoder prefills
+    # all of the model's prefill and decode replicas within one domain of this level (the transfer
+    # network's reach); unset: anywhere
+    keep_within: str | None = opt(None, check=facility_level)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -334,6 +363,7 @@ class ModelConfig:
     max_lora_rank: int = opt(16, check=in_range(1, 1024))  # vLLM --max-lora-rank
     lifecycle: LifecycleConfig | None = opt(None)  # a config-file candidate's way to live
     autoscale: AutoscaleConfig | None = opt(None)  # the deploy count follows load (docs/autoscaling.md)
+    pd: PdConfig | None = opt(None)  # prefill/decode disaggregation (docs/disaggregation.md)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -60,7 +60,7 @@ class Strategy:
                            {k: w / total for k, w in self.weights.items() if w > 0})
 
 
-_CHAT, _BATCH, _LONG_CONTEXT, _LOAD_BALANCE = PRESET_NAMES  # one preset per name in names.PRESET_NAMES
+_CHAT, _BATCH, _LONG_CONTEXT, _LOAD_BALANCE, _PREFILL, _DECODE = PRESET_NAMES  # one preset per name in names.PRESET_NAMES
 
 PRESETS: dict[str, Strategy] = {
     s.name: s for s in (
@@ -81,6 +81,13 @@ PRESETS: dict[str, Strategy] = {
         # No affinity at all: where a request starts soonest.
         Strategy(_LOAD_BALANCE, {"load": 0.40, "queue": 0.20, "kv": 0.20, "inflight": 0.10,
                                  "weight": 0.10}),
+        # Disaggregated models ([models.pd], docs/disaggregation.md): the prefiller's decision —
+        # where the prompt's blocks are cached (a hit is prefill not done), then the shortest
+        # prefill queue; its KV holds a prompt only until the decoder has pulled it.
+        Strategy(_PREFILL, {"kv_cache": 0.55, "prefix": 0.45, "queue": 0.35, "load": 0.15, "kv": 0.05}),
+        # ... and the decoder's: KV headroom (every stream's blocks live there until it ends) and
+        # decode load; no affinity — its blocks come from the prefiller.
+        Strategy(_DECODE, {"kv": 0.45, "load": 0.35, "inflight": 0.20}),
     )
 }
 
