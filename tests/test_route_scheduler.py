@@ -436,7 +436,7 @@ def test_round_robin_cycles_per_key():
 # --------------------------------------------------------------------------- strategies
 
 def test_presets_are_normalised_and_valid():
-    assert set(PRESETS) == {"chat", "batch", "long-context", "load-balance"}
+    assert set(PRESETS) == {"chat", "batch", "long-context", "load-balance", "prefill", "decode"}
     for s in PRESETS.values():
         assert math.isclose(sum(s.weights.values()), 1.0)
         assert set(s.weights) <= set(SCORERS) and s.picker in PICKERS
@@ -450,6 +450,10 @@ def test_presets_are_normalised_and_valid():
     assert not {"prefix", "session"} & set(PRESETS["load-balance"].weights)
     lc = PRESETS["long-context"].weights
     assert lc["kv"] == max(lc.values())
+    # disaggregation: the prefiller by cache affinity, the decoder by KV headroom with no affinity
+    assert PRESETS["prefill"].weights["kv_cache"] == max(PRESETS["prefill"].weights.values())
+    dec = PRESETS["decode"].weights
+    assert dec["kv"] == max(dec.values()) and not {"prefix", "kv_cache", "session"} & set(dec)
 
 
 def test_resolve_overrides_and_errors():

@@ -554,18 +554,18 @@ class RouterCore:
 
     # -- replicas coming and going -------------------------------------------------------------------
     def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
-                    node: str | None = None) -> tuple[Replica, list[Ticket]]:
+                    node: str | None = None, role: str = "both") -> tuple[Replica, list[Ticket]]:
         """Place (or keep) a replica; the tickets that may proceed now that it is there."""
         table = self.table
         table.add_model(m)
         rep = table.replicas.get(rid)
-        if rep is not None and rep.view.url == url.rstrip("/"):
+        if rep is not None and rep.view.url == url.rstrip("/") and rep.view.role == role:
             was_draining, rep.draining = rep.draining, False
             # kept instead of drained: its room is back, every waiter may try
             return rep, self.capacity_freed(m.name, everyone=True) if was_draining else []
         if rep is not None:  # restarted elsewhere on the node: a fresh replica, fresh state
             self.remove_replica(rid)
-        rep = table.add_replica(m, rid, url, pool, weight)
+        rep = table.add_replica(m, rid, url, pool, weight, role)
         rep.node = node
         self.caps.set_cap(rid, rep.view.max_inflight)
         self.adapters.add_replica(rep)

@@ -134,13 +134,14 @@ class ReplicaTable:
                            cold_wait_s=cold_wait_of(m))
         self.models[m.name] = entry
         for i, r in enumerate(m.replicas):
-            self.add_replica(m, f"{m.name}/{i}", r.url, r.pool, r.weight)
+            self.add_replica(m, f"{m.name}/{i}", r.url, r.pool, r.weight, r.role)
         return entry
 
-    def add_replica(self, m: ModelConfig, rid: str, url: str, pool: str, weight: float) -> Replica:
+    def add_replica(self, m: ModelConfig, rid: str, url: str, pool: str, weight: float,
+                    role: str = "both") -> Replica:
         view = EndpointView(id=rid, model=m.name, url=url.rstrip("/"), engine=m.engine, pool=pool,
                             pool_priority=self.pool_priority.get(pool, 0), weight=weight,
-                            max_inflight=self.pool_cap.get(pool))
+                            max_inflight=self.pool_cap.get(pool), role=role)
         rep = Replica(view, Breaker(self.breaker_cfg), m.metrics)
         self.replicas[rid] = rep
         self.models[m.name].replicas.append(rep)

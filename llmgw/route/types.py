@@ -44,6 +44,7 @@ class EndpointView:
     engine: str = "vllm"  # "vllm" | "llamacpp"
     pool: str = "default"
     pool_priority: int = 0  # lower = preferred
+    role: str = "both"  # prefill/decode disaggregation: "prefill", "decode" or "both" (route/pd.py)
     weight: float = 1.0
     adapters: frozenset[str] = frozenset()  # LoRA adapters it can serve now
     # breaker: "closed" | "open" | "half_open"; `available` is what the breaker allows right now

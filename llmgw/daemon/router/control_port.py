@@ -51,10 +51,10 @@ class RouterPort(Protocol):
         """Drop model `name` if it has no replica left (nothing otherwise, or if it is unknown)."""
 
     def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
-                    node: str | None = None) -> None:
+                    node: str | None = None, role: str = "both") -> None:
         """Route `m`'s requests to replica `rid` at `url` too; a draining one takes requests again.
         A replica `rid` known at another url is replaced by a fresh one (fresh breaker, fresh
-        metrics)."""
+        metrics). `role`: its part in prefill/decode disaggregation ("both", "prefill", "decode")."""
 
     def withdraw_replica(self, rid: str) -> None:
         """Out of routing now (nothing if unknown)."""
@@ -177,8 +177,8 @@ class RouterAdapter:
             self._router.registry.remove_model(name)
 
     def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
-                    node: str | None = None) -> None:
-        self._router.add_replica(m, rid, url, pool=pool, weight=weight, node=node)
+                    node: str | None = None, role: str = "both") -> None:
+        self._router.add_replica(m, rid, url, pool=pool, weight=weight, node=node, role=role)
 
     def withdraw_replica(self, rid: str) -> None:
         self._router.remove_replica(rid)

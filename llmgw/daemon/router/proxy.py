@@ -196,8 +196,8 @@ class Router:
 
     # -- replicas placed and withdrawn by the control plane ------------------------------------
     def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
-                    node: str | None = None) -> Replica:
-        rep, wake = self.core.add_replica(m, rid, url, pool=pool, weight=weight, node=node)
+                    node: str | None = None, role: str = "both") -> Replica:
+        rep, wake = self.core.add_replica(m, rid, url, pool=pool, weight=weight, node=node, role=role)
         self._wake(wake)
         return rep
 
