@@ -311,6 +311,8 @@ class DecisionView:
     band: str | None = prop("its priority band in admission (batch, low, normal, high, critical)", None)
     share: float | None = prop("its tenant's share of the band when admission let it through: its weight over the "
                                "weights of the tenants waiting (1.0 when it did not wait)", None)
+    phase: str = prop("a disaggregated model's split request: which step this decision chose for — prefill "
+                      "(among the prefill replicas) or decode; empty otherwise", "")
 
 
 @dataclass(slots=True)

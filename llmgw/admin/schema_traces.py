@@ -15,7 +15,8 @@ __all__ = ["AttemptTraceView", "PhaseView", "TraceSummary", "TraceView", "trace_
 
 @dataclass(slots=True)
 class PhaseView:
-    name: str = prop("prepare, queued, decide, connect, head, first_byte, body (a job names its own steps)")
+    name: str = prop("prepare, queued, decide, connect, head, first_byte, body; a split request's prefill, "
+                     "transfer, decode (a job names its own steps)")
     attempt: int = prop("the attempt it belongs to (1, 2, ...); 0: none")
     start_ms: float = prop("from the trace's start")
     duration_ms: float | None = prop("null: the phase is still running")
@@ -41,6 +42,8 @@ class AttemptTraceView:
     bytes_in: int = prop("response body bytes relayed to the client")
     span_id: str = prop("the attempt's W3C span id (16 hex digits): the parent span the engine was sent in its "
                         "traceparent")
+    phase: str = prop("a disaggregated model's split request: prefill (on a prefiller) or decode (with its KV); "
+                      "empty otherwise", "")
 
 
 @dataclass(slots=True)

@@ -37,7 +37,8 @@ PREFILL_S_PER_1K_TOKENS = 1.0
 
 class Attempt:
     __slots__ = ("alarm", "body", "bytes_in", "caps", "connected_at", "decision", "ended", "first_byte_timeout",
-                 "head_at", "permit", "record", "replica", "sent_at", "started", "trace_headers", "waiters", "_token")
+                 "head_at", "permit", "phase", "record", "replica", "sent_at", "started", "trace_headers", "waiters",
+                 "_token")
 
     def __init__(self, replica: Replica, caps: ConcurrencyCaps, permit: Permit, decision: Decision,
                  started: float) -> None:
@@ -54,6 +55,7 @@ class Attempt:
         self.alarm: bool | None = None  # the prefix zero-hit alarm changed to this (None: unchanged)
         self.first_byte_timeout: float | None = None  # seconds; None: the configured ceiling
         self.body: bytes | None = None  # what to send; None: the client's body as it came
+        self.phase = ""  # prefill/decode disaggregation: "prefill" (the shell reads the answer), "decode"
         self.waiters = False  # set as it ends: requests of its model still wait (their room may lag)
         # Set by the shell for the trace (plain slots, no call into the core): when the request
         # went out, when the connection was there, when the response head came, body bytes relayed.

@@ -24,6 +24,13 @@ The shell asks three things, and the answers carry everything it then does:
    back exactly once, the request is counted where it ended, and the answer is the waiting
    tickets that may now proceed (``attempt.waiters``: some still wait).
 
+A disaggregated model's long prompt (``[models.pd]``, :mod:`.pd`, :mod:`.pd_step`) first gets an
+Attempt whose ``phase`` is ``"prefill"``: its own decision among the prefill replicas, a
+prefill-only body. The shell reads its whole answer and reports with ``prefilled(plan, attempt,
+now, failure, status=, data=)`` instead of ``finish``; the next ``next`` decides the decoder, whose
+attempt (``phase`` ``"decode"``) carries the prefiller's ``kv_transfer_params`` and ends with
+``finish`` like any. A prefill that fails in any way falls back to the decoder prefilling.
+
 Besides a request's steps the shell only tells the core what happened (replicas placed and
 withdrawn, scrapes, adapters listed, requests it answered itself: ``answered``) and reads what it
 exports, by the methods below — never through the core's members.
@@ -61,6 +68,8 @@ from .lora_body import request_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
 from .prefix_share import PrefixOutbox, PrefixShare
 from .openai_req import ApiError
+from .pd import PdStats, role_views
+from .pd_step import PdSteps
 from .plan import Plan
 from .planner import Planner
 from .prefix_capacity import Capacity, PrefixConfig
@@ -127,6 +136,8 @@ class RouterCore:
                                                              backoff_max_s=rc.adapter_backoff_max_s))
         for rep in table.all_replicas():
             self.adapters.add_replica(rep)
+        self.pd_stats = PdStats(wall)
+        self.pd = PdSteps(self, self.pd_stats)  # prefill/decode disaggregation's steps (pd_step.py)
 
     # -- 1. the request ------------------------------------------------------------------------
     def plan(self, kind: str, body: bytes, rid: str, *, strategy: str | None, session: str | None,
@@ -142,6 +153,8 @@ class RouterCore:
                                  revision=revision, internal=internal, traceparent=traceparent,
                                  tracestate=tracestate, tenant=tenant)
         plan.tier2 = self.tier2.wants(plan)
+        if plan.entry.pd is not None:
+            self.pd.planned(plan)  # split (a prefill step first) or not
         if not internal:
             self.load.arrived(plan.model)
         return plan
@@ -218,6 +231,10 @@ class RouterCore:
                 plan.admitted = True
             else:
                 return self._enqueue(plan, now)
+        if plan.pd == "prefill":  # a disaggregated model's long prompt: its prefill first (pd_step.py)
+            pre = self.pd.prefill(plan, now, wall)
+            if pre is not None:
+                return pre
         table = self.table
         sched = self.sched
         info = plan.info
@@ -226,13 +243,17 @@ class RouterCore:
             last = trace.attempts[-1] if trace.attempts else None
             trace.mark("decide", now, note="" if last is None or last.outcome == "ok" else
                        f"retry after attempt {last.n}: {last.outcome}: {last.error}")
-        while plan.attempts < self.rc.max_attempts:
+        while plan.attempts < self.rc.max_attempts + plan.prefills:
             views = table.views(entry, now)
+            if plan.pd:  # disaggregated: decode and both replicas (a prefiller only prefills)
+                views = role_views(views, "decode")
             tried = plan.tried
             if tried:
                 views = [v for v in views if v.id not in tried]
             d = sched.decide(info, views, plan.strategy, now=now, wall=wall, rng=self.rng, commit=False)
             d.tenant, d.band, d.share = self.wait.admission_of(plan)
+            if plan.kv_params is not None:
+                d.phase = "decode"
             self.decisions.append(d)
             self.counters.decision(d)
             if trace is not None:
@@ -280,6 +301,8 @@ class RouterCore:
                                          trace.decisions - 1, now, new_span_id(self.ids))
                 trace.attempts.append(a.record)
                 a.trace_headers = upstream_headers(trace, a.record)
+            if plan.kv_params is not None:
+                self.pd.decode_body(plan, a)  # the prefiller's kv_transfer_params ride along
             plan.retry_5xx = plan.suspect is None and plan.attempts < self.rc.max_attempts
             return a
         self._settle(plan, now, count=True)
@@ -417,6 +440,8 @@ class RouterCore:
         (only while ``plan.retry_5xx``), else the relayed answer's status. Idempotent."""
         if attempt.ended:
             return []
+        if attempt.phase:
+            self.pd.decode_ended(plan, attempt, failure, first_byte_at)
         if attempt.record is not None and plan.trace is not None:
             plan.trace.attempt_ended(attempt.record, attempt.sent_at, attempt.connected_at, attempt.head_at,
                                      first_byte_at, now, status, "ok" if failure is None else failure.value,
@@ -468,6 +493,14 @@ class RouterCore:
             # recovered: every request waiting (e.g. for a probe slot) may try again now
             return self.capacity_freed(rep.view.model, everyone=True)
         return self.capacity_freed(rep.view.model, now)
+
+    def prefilled(self, plan: Plan, attempt: Attempt, now: float, failure: FailureKind | None, *,
+                  status: int | None, data: bytes = b"", detail: str = "") -> list[Ticket]:
+        """A prefill attempt (``attempt.phase == "prefill"``) ended: ``failure`` None with the
+        prefiller's ``status`` and whole answer ``data``, else how the exchange failed
+        (``CLIENT_CANCEL``: the client left — the request ends, counted). Then ask ``next`` for the
+        decode attempt (:meth:`.pd_step.PdSteps.prefilled`)."""
+        return self.pd.prefilled(plan, attempt, now, failure, status=status, data=data, detail=detail)
 
     # -- what the shell counts and reads besides a request's steps -------------------------------
     def answered(self, outcome: str, status: int) -> None:

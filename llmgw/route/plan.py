@@ -53,6 +53,13 @@ class Plan:
     tenant: TenantTag | None = None  # who sent it (admission's band and share); None: the anonymous tenant
     share: float = 1.0  # its tenant's share of its band when it was let through (1.0: it did not wait)
     cold: bool = False  # it waits (or waited) for a cold start: its model had no replica (WaitRoom.cold)
+    # prefill/decode disaggregation (pd.py, pd_step.py): the step to come — "prefill", "decode"
+    # (to a decode or both replica), "" (the model is not disaggregated)
+    pd: str = ""
+    kv_params: dict[str, Any] | None = None  # the prefiller's kv_transfer_params, for the decoder
+    prefilled_on: str = ""  # the prefiller that holds them
+    pd_blocks: int = 0  # ... how many blocks
+    prefills: int = 0  # prefill attempts made (1 at most: its failure falls back to the decoder)
 
     @property
     def model(self) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmgw.config import AdapterConfig, Config, ModelConfig
+from llmgw.config import AdapterConfig, Config, ModelConfig, PdConfig
 
 from .breaker import Breaker, BreakerConfig
 from .contract import DrainRate, ScrapeResult
@@ -70,6 +70,7 @@ class ModelEntry:
     # [models.autoscale]: with no replica (scaled to zero, or all still starting) a request waits this
     # long for one instead of a 503 (llmgw.route.waiting.WaitRoom.cold); None: not autoscaled
     cold_wait_s: float | None = None
+    pd: PdConfig | None = None  # [models.pd]: its requests' prefill and decode on replicas by role (pd.py)
 
     def serves_listed(self, adapter: str) -> bool:
         """May requests for ``adapter``, which an engine lists, be routed here? A model that
@@ -120,6 +121,7 @@ class ReplicaTable:
             old = self.models[m.name]
             old.engine, old.strategy, old.wanted = m.engine, m.strategy, wanted_replicas(m)
             old.cold_wait_s = cold_wait_of(m)
+            old.pd = m.pd
             declared = {a.name: a for a in m.adapters}
             old.max_loaded_adapters = m.max_loaded_adapters
             old.withdrawn = (old.withdrawn | (old.declared.keys() - declared.keys())) - declared.keys()
@@ -131,7 +133,7 @@ class ReplicaTable:
             return old
         entry = ModelEntry(m.name, m.engine, m.strategy, [], wanted=wanted_replicas(m),
                            declared={a.name: a for a in m.adapters}, max_loaded_adapters=m.max_loaded_adapters,
-                           cold_wait_s=cold_wait_of(m))
+                           cold_wait_s=cold_wait_of(m), pd=m.pd)
         self.models[m.name] = entry
         for i, r in enumerate(m.replicas):
             self.add_replica(m, f"{m.name}/{i}", r.url, r.pool, r.weight, r.role)

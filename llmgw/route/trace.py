@@ -16,6 +16,11 @@ A request's phases, in order (``attempt`` says which try a phase belongs to; 0: 
 ``first_byte`` the head is in; the first body byte is awaited (prefill, on a stream)
 ``body``       the body is relayed to the client, up to its last byte
 
+A disaggregated model's split request (:mod:`.pd`) has ``prefill`` (its prefill attempt, on a
+prefiller, whole) before its decode attempt's ``decide``; that attempt's first byte and body
+phases (after ``connect``) are ``transfer`` (the request is sent; the decoder pulls the prompt's
+KV blocks and makes its first token) and ``decode`` (the body).
+
 Each attempt also gets an :class:`AttemptRecord`: replica, node, revision, the decision's index,
 its times, status, how it ended and — when another attempt followed — why it was retried.
 
@@ -54,7 +59,7 @@ class AttemptRecord:
     """One try on one replica. Times are monotonic seconds (None: not reached)."""
 
     __slots__ = ("bytes_in", "connected_at", "decision", "ended_at", "error", "first_byte_at", "head_at", "n",
-                 "node", "outcome", "replica", "retried", "revision", "sent_at", "span_id", "status")
+                 "node", "outcome", "phase", "replica", "retried", "revision", "sent_at", "span_id", "status")
 
     def __init__(self, n: int, replica: str, node: str | None, revision: str, decision: int, sent_at: float,
                  span_id: str = "") -> None:
@@ -70,6 +75,7 @@ class AttemptRecord:
         self.error = ""  # why it failed, in words a client may read (never an address)
         self.retried = False  # another attempt followed this one
         self.bytes_in = 0  # response body bytes relayed to the client
+        self.phase = ""  # disaggregation: "prefill" (its answer read by the router) or "decode"; "": neither
 
 
 class Trace:
@@ -132,17 +138,29 @@ class Trace:
                       head_at: float | None, first_byte_at: float | None, now: float, status: int | None,
                       outcome: str, error: str, bytes_in: int) -> None:
         """Attempt ``r`` ended at ``now``: its phases (connect, head, first byte, body) from the
-        times the shell saw, and its record. ``sent_at`` None: when it was decided."""
+        times the shell saw, and its record. ``sent_at`` None: when it was decided. A prefill
+        attempt (``r.phase``) is one phase, ``prefill``; a decode attempt with the prefiller's KV
+        has ``transfer`` (from the sent request to its first byte: the decoder pulls the blocks,
+        then makes its first token) and ``decode`` in place of head, first byte and body."""
         n = r.n
         if sent_at is not None:
             r.sent_at = sent_at
-        self.mark("connect", r.sent_at, n)
-        if connected_at is not None:
-            self.mark("head", connected_at, n)
-        if head_at is not None:
-            self.mark("first_byte", head_at, n)
-        if first_byte_at is not None:
-            self.mark("body", first_byte_at, n)
+        if r.phase == "prefill":
+            self.mark("prefill", r.sent_at, n, note=f"on {r.replica}")
+        elif r.phase == "decode":  # the head may wait for the first token: one phase up to it
+            self.mark("connect", r.sent_at, n)
+            if connected_at is not None:
+                self.mark("transfer", connected_at, n)
+            if first_byte_at is not None:
+                self.mark("decode", first_byte_at, n)
+        else:
+            self.mark("connect", r.sent_at, n)
+            if connected_at is not None:
+                self.mark("head", connected_at, n)
+            if head_at is not None:
+                self.mark("first_byte", head_at, n)
+            if first_byte_at is not None:
+                self.mark("body", first_byte_at, n)
         r.connected_at, r.head_at, r.first_byte_at = connected_at, head_at, first_byte_at
         r.ended_at, r.status, r.bytes_in = now, status, bytes_in
         r.outcome, r.error = outcome, error[:MAX_NOTE]
@@ -197,7 +215,7 @@ def _attempt_dict(a: AttemptRecord, t0: float) -> dict[str, Any]:
             "sent_ms": _ms(a.sent_at - t0), "connected_ms": _off(a.connected_at, t0), "head_ms": _off(a.head_at, t0),
             "first_byte_ms": _off(a.first_byte_at, t0), "ended_ms": _off(a.ended_at, t0), "status": a.status,
             "outcome": a.outcome or "in_flight", "error": a.error, "retried": a.retried, "bytes_in": a.bytes_in,
-            "span_id": a.span_id}
+            "span_id": a.span_id, "phase": a.phase}
 
 
 class TraceRing:

@@ -143,6 +143,8 @@ class Decision:
     tenant: str | None = None
     band: str | None = None
     share: float | None = None
+    # prefill/decode disaggregation: which step's decision ("prefill" / "decode"); "": not split
+    phase: str = ""
     # What stateful scorers noted while scoring, for their observe() hook; the scheduler's
     # commit() hands it to them once and clears it (never kept in the decision ring).
     pending: list[tuple[Any, Any]] | None = None
@@ -157,5 +159,5 @@ class Decision:
             "dropped": [{"filter": d.filter, "endpoint": d.endpoint_id, "reason": d.reason}
                         for d in self.dropped],
             "decided_at": self.decided_at, "decide_us": self.decide_us, "note": self.note,
-            "tenant": self.tenant, "band": self.band, "share": self.share,
+            "tenant": self.tenant, "band": self.band, "share": self.share, "phase": self.phase,
         }

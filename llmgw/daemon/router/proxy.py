@@ -48,6 +48,7 @@ from llmgw.daemon.router.registry import Registry, Replica
 from llmgw.daemon.router.model_list import ModelList
 from llmgw.daemon.router.tenancy import Admitted, Tenancy, TenantMetrics
 from llmgw.daemon.router.tokenize import Tier2Metrics, Tokenizer
+from llmgw.daemon.router.pd_call import prefill
 from llmgw.daemon.router.otel_export import TraceExportMetrics, make_exporter, trace_sink
 from llmgw.daemon.router.trace_log import TraceLog
 from llmgw.http1.sinks import BodyAborted, BodySink
@@ -309,6 +310,10 @@ class Router:
             while True:
                 step = core.next(plan, trio.current_time(), time.time())  # raises the final ApiError
                 if type(step) is Attempt:
+                    if step.phase == "prefill":  # a disaggregated model's prefill step (pd_call.py)
+                        await prefill(core, self.pool, self.cfg.router, plan, step, req.target, headers,
+                                      _failure_of, self._wake)
+                        continue
                     if step.alarm is not None:
                         _log_alarm(step.alarm)
                     if plan.info.kv_hashes:

@@ -1,0 +1,178 @@
+"""The prefill step of a disaggregated model's request (:mod:`.pd` has the rules and wire forms),
+run by the core (:mod:`.dispatch`) — pure, like it.
+
+1. ``planned(plan)`` once the request is planned: split (``plan.pd = "prefill"``) or not
+   (``"decode"``: a decode or ``both`` replica prefills it itself), and why not, counted.
+2. ``prefill(plan, now, wall)`` in the core's ``next`` once the request is admitted: the
+   prefiller's own decision (its strategy, among ``prefill`` replicas: filter → score → pick, kept
+   in the decision ring with ``phase = "prefill"``) and its attempt, whose ``phase`` is
+   ``"prefill"`` — the shell sends it, reads the whole answer and reports with ``prefilled``. None
+   when no prefiller can take it now: the request goes on to its decoder, which prefills.
+3. ``prefilled(plan, attempt, now, failure, status, data)`` when the prefill attempt ended: its
+   permits back (the breaker counts a connect error, a timeout or a 5xx as for any attempt), the
+   answer's ``kv_transfer_params`` kept for the decoder — or the fallback's reason — and the next
+   ``next`` decides the decoder (the ``decode`` strategy, among ``decode`` and ``both`` replicas).
+4. ``decode_body`` / ``decode_failed`` for the decode attempt: the params ride in its body; an
+   attempt that failed after it was sent may have pulled the blocks (the prefiller frees them), so
+   a retry elsewhere drops them and that decoder prefills."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .admission import Ticket
+from .attempt import Attempt
+from .breaker import FailureKind, Permit
+from .pd import PdStats, decode_body, prefill_body, read_prefill_answer, role_views
+from .plan import Plan
+from .trace import AttemptRecord, upstream_headers
+from .traceparent import new_span_id
+
+# The router's core (dispatch.RouterCore): typed loosely, since dispatch imports this module (no
+# import cycle, not even for type checking: tests/test_import_contract.py).
+RouterCore = Any
+
+__all__ = ["PdSteps"]
+
+_FAILURE_REASON = {FailureKind.CONNECT: "connect", FailureKind.TIMEOUT: "timeout"}
+
+
+class PdSteps:
+    def __init__(self, core: RouterCore, stats: PdStats) -> None:
+        self.core = core
+        self.stats = stats
+
+    # -- 1. planned -------------------------------------------------------------------------------
+    def planned(self, plan: Plan) -> None:
+        pd = plan.entry.pd
+        if pd is None:
+            return
+        info = plan.info
+        if info.adapter is not None:
+            why = "adapter"  # a prefiller would need the adapter too
+        elif info.prompt_tokens_estimate < pd.min_prompt_tokens or plan.body is None:
+            why = "short"
+        else:
+            plan.pd = "prefill"
+            return
+        plan.pd = "decode"
+        self.stats.path(plan.model, why)
+
+    # -- 2. the prefill attempt -------------------------------------------------------------------
+    def prefill(self, plan: Plan, now: float, wall: float) -> Attempt | None:
+        core = self.core
+        entry = plan.entry
+        pd = entry.pd
+        assert pd is not None and plan.body is not None
+        plan.pd = "decode"  # whatever happens here, the decoder is next
+        info = plan.info
+        trace = plan.trace
+        if trace is not None:
+            trace.mark("decide", now, note="prefill")
+        views = role_views(core.table.views(entry, now), "prefill")
+        strategy = core.planner.strategy(entry, pd.prefill_strategy)
+        d = core.sched.decide(info, views, strategy, now=now, wall=wall, rng=core.rng, commit=False)
+        d.phase = "prefill"
+        d.tenant, d.band, d.share = core.wait.admission_of(plan)
+        core.decisions.append(d)
+        core.counters.decision(d)
+        if trace is not None:
+            trace.decisions += 1
+        chosen = d.chosen
+        core.sched.commit(d, info, now)
+        if chosen is None:
+            return self._skip(plan, now, "no prefiller can take it now" + (f" ({d.note})" if d.note else ""))
+        if not core.caps.try_reserve(chosen):
+            return self._skip(plan, now, f"{chosen} is at its concurrency cap")
+        rep = core.table.replicas[chosen]
+        permit = rep.breaker.allow(now, force=d.fallback)
+        if permit is Permit.DENY:
+            core.caps.release(chosen)
+            return self._skip(plan, now, f"the breaker of {chosen} is open")
+        core._after_commit(d, entry, now)  # the prefiller caches the prompt: tier 1 learns it there
+        plan.attempts += 1
+        plan.prefills += 1
+        a = Attempt(rep, core.caps, permit, d, plan.started)
+        a.phase = "prefill"
+        a.body = prefill_body(plan.body)
+        a.first_byte_timeout = pd.prefill_timeout_s
+        if trace is not None:
+            a.record = AttemptRecord(plan.attempts, chosen, rep.node, trace.revision, trace.decisions - 1, now,
+                                     new_span_id(core.ids))
+            a.record.phase = "prefill"
+            trace.attempts.append(a.record)
+            a.trace_headers = upstream_headers(trace, a.record)
+        self.stats.path(plan.model, "split")
+        # the decoder: its own strategy (KV headroom, decode load), not the client's affinity one
+        plan.strategy = core.planner.strategy(entry, pd.decode_strategy)
+        return a
+
+    def _skip(self, plan: Plan, now: float, why: str) -> None:
+        self.stats.path(plan.model, "no_prefiller")
+        self.stats.fallback(plan.model, "no_prefiller")
+        if plan.trace is not None:
+            plan.trace.mark("decide", now, note=f"{why}: the decoder prefills")
+        return None
+
+    # -- 3. its end -------------------------------------------------------------------------------
+    def prefilled(self, plan: Plan, a: Attempt, now: float, failure: FailureKind | None, *,
+                  status: int | None, data: bytes = b"", detail: str = "") -> list[Ticket]:
+        """``failure``: how the exchange failed (None: an answer came, ``status`` and its body
+        ``data``); ``FailureKind.CLIENT_CANCEL``: the client left — the request ends here, counted."""
+        core = self.core
+        if a.ended:
+            return []
+        rep = a.replica
+        model = plan.model
+        cancelled = failure is FailureKind.CLIENT_CANCEL
+        if failure is None:
+            params, why, blocks = read_prefill_answer(status, data)
+            verdict: FailureKind | None = FailureKind.HTTP_5XX if status is not None and status >= 500 else None
+        else:
+            params, why, blocks = None, _FAILURE_REASON.get(failure, "engine_error"), 0
+            verdict = failure
+        if a.record is not None and plan.trace is not None:
+            outcome = "ok" if params is not None else (failure.value if failure is not None else why)
+            note = detail or (f"answered {status}" if status not in (None, 200) else "")
+            plan.trace.attempt_ended(a.record, a.sent_at, a.connected_at, a.head_at, None, now, status,
+                                     outcome, note, 0)
+        a.end(now, verdict)
+        if verdict is not None and not cancelled:
+            core.counters.upstream_error(rep.id, verdict.value)
+        if a.sent_at is not None:
+            self.stats.observe(self.stats.prefill, model, now - a.sent_at)
+        if cancelled:
+            core._done(plan, "client_cancelled", 499, None, None, now)
+        elif params is not None:
+            plan.kv_params, plan.prefilled_on, plan.pd_blocks = params, rep.id, blocks
+            self.stats.handed(model, blocks)
+        else:
+            self.stats.fallback(model, why)
+            if plan.trace is not None:
+                plan.trace.mark("decide", now, note=f"the prefill on {rep.id} gave no KV to pull ({why}"
+                                                    f"{': ' + detail if detail else ''}): the decoder prefills")
+        return core.capacity_freed(model, now)
+
+    # -- 4. the decode attempt --------------------------------------------------------------------
+    def decode_body(self, plan: Plan, a: Attempt) -> None:
+        """The decode attempt's body carries the prefiller's params (when there are any)."""
+        if plan.kv_params is None or plan.body is None:
+            return
+        a.body = decode_body(plan.body, plan.kv_params)
+        a.phase = "decode"
+        if a.record is not None:
+            a.record.phase = "decode"
+
+    def decode_ended(self, plan: Plan, a: Attempt, failure: FailureKind | None, first_byte_at: float | None) -> None:
+        """A decode attempt with the prefiller's params ended: its time to the first byte (the
+        transfer and the first token) observed; a failure after it was sent drops the params for
+        a retry (the blocks may be pulled and freed already) — that decoder prefills."""
+        if a.phase != "decode":
+            return
+        if first_byte_at is not None and a.sent_at is not None:
+            self.stats.observe(self.stats.transfer, plan.model, first_byte_at - a.sent_at)
+        if failure is not None and failure is not FailureKind.CONNECT and failure is not FailureKind.CLIENT_CANCEL \
+                and plan.kv_params is not None:
+            plan.kv_params = None
+            self.stats.fallback(plan.model, "decode_retry")
+
