@@ -167,3 +167,14 @@ def test_the_prefill_answer_reader() -> None:
     assert read_prefill_answer(200, answer({"do_remote_prefill": False}))[1] == "no_params"
     assert read_prefill_answer(503, b"")[1] == "engine_error"
     assert read_prefill_answer(200, b"[1]")[1] == "no_params"
+
+
+def test_a_clients_own_kv_transfer_params_are_refused_for_a_disaggregated_model() -> None:
+    import pytest
+    from llmgw.route.openai_req import ApiError
+    c = core()
+    with pytest.raises(ApiError) as e:
+        c.plan("chat", body("hi", kv_transfer_params={"do_remote_prefill": True, "remote_host": "10.0.0.9"}), "k",
+               strategy=None, session=None, now=0.0)
+    assert e.value.status == 400 and e.value.param == "kv_transfer_params" and e.value.counted
+    assert c.counters.requests[("m", "rejected", 400)][0] == 1

@@ -122,6 +122,8 @@ def explain(d: Mapping[str, Any], tz: tzinfo | None = None) -> Rationale:
              ("chosen", _str(chosen, "none")), ("strategy", _str(d.get("strategy"))),
              ("picker", _str(d.get("picker"))), ("decided", fmt_time(d.get("decided_at"), tz)),
              ("took", fmt_us(d.get("decide_us"))), ("note", _str(d.get("note")))]
+    if d.get("phase"):  # a disaggregated model's split request: the prefiller's or the decoder's decision
+        facts.insert(1, ("step", _str(d.get("phase"))))
     if isinstance(d.get("tenant"), str):  # admission: who sent it, its band and share (routers since issue 24)
         share = d.get("share")
         facts += [("tenant", _str(d.get("tenant"))),

@@ -154,7 +154,12 @@ class RouterCore:
                                  tracestate=tracestate, tenant=tenant)
         plan.tier2 = self.tier2.wants(plan)
         if plan.entry.pd is not None:
-            self.pd.planned(plan)  # split (a prefill step first) or not
+            try:
+                self.pd.planned(plan)  # split (a prefill step first) or not
+            except ApiError as e:  # a client's own kv_transfer_params
+                self._done(plan, "rejected", e.status, None, None, now)
+                e.counted = True
+                raise
         if not internal:
             self.load.arrived(plan.model)
         return plan

@@ -23,6 +23,7 @@ from typing import Any
 from .admission import Ticket
 from .attempt import Attempt
 from .breaker import FailureKind, Permit
+from .openai_req import ApiError
 from .pd import PdStats, decode_body, prefill_body, read_prefill_answer, role_views
 from .plan import Plan
 from .trace import AttemptRecord, upstream_headers
@@ -47,6 +48,11 @@ class PdSteps:
         pd = plan.entry.pd
         if pd is None:
             return
+        if plan.body is not None and "kv_transfer_params" in plan.body:
+            # where the KV comes from is the router's to say: a client's params would have a
+            # decoder pull from any host it names (vLLM passes them to its KV connector as they are)
+            raise ApiError(400, "kv_transfer_params is set by the router for this model (prefill/decode "
+                           "disaggregation); leave it out of the request.", param="kv_transfer_params")
         info = plan.info
         if info.adapter is not None:
             why = "adapter"  # a prefiller would need the adapter too

@@ -49,6 +49,7 @@ from llmgw.daemon.router.model_list import ModelList
 from llmgw.daemon.router.tenancy import Admitted, Tenancy, TenantMetrics
 from llmgw.daemon.router.tokenize import Tier2Metrics, Tokenizer
 from llmgw.daemon.router.pd_call import prefill
+from llmgw.daemon.router.pd_metrics import PdMetrics
 from llmgw.daemon.router.otel_export import TraceExportMetrics, make_exporter, trace_sink
 from llmgw.daemon.router.trace_log import TraceLog
 from llmgw.http1.sinks import BodyAborted, BodySink
@@ -143,6 +144,7 @@ class Router:
         self.tier2_metrics = Tier2DecisionMetrics(self.core.kv_stats(), time.time())
         self.metrics.registry.register(self.tier2_metrics)
         self.core.watch_tier2(self.tier2_metrics.observe_tokenize)
+        self.metrics.registry.register(PdMetrics(self.core))
         # Tier 2's index of what each engine holds: the router's own, fed by the control plane
         # through RouterPort (kv_events, kv_forget ...); its parity task runs beside the router's.
         self.kv = RouterKvIndex()
