@@ -20,13 +20,7 @@ from llmgw.daemon.net.httpserver import Request, Response, serve_tcp
 from llmgw.daemon.sim.runner import EngineRunner
 from llmgw.daemon.sim.vllm_responses import ResponseWriter, embed
 from llmgw.kv import events as kvev
-from llmgw.kv.hashing import (
-    HashContext,
-    LoRA,
-    VllmVersion,
-    event_hash,
-    to_event_extra_keys,
-)
+from llmgw.kv.hashing import HashContext, LoRA, VllmVersion
 from llmgw.sim import vllm_surface as vs
 from llmgw.sim.args import (
     ArgError,
@@ -34,11 +28,11 @@ from llmgw.sim.args import (
     parse_lora_modules,
     sim_options,
 )
-from llmgw.sim.blockpool import Cleared, PoolEvent, Removed, Stored
 from llmgw.sim.engine import EngineConfig, EngineCore, LoraRef, SimRequest
 from llmgw.sim.openai_params import GenParams, ParamError, parse_gen_params
 from llmgw.sim.textstream import TextStream
 from llmgw.sim.tokenizer import ChatTemplateError, Tokenizer, render_chat
+from llmgw.sim.vllm_events import bind_hasher, event_extra, kv_event
 from llmgw.sim.vllm_metrics import VllmMetrics
 
 log = logging.getLogger("llmgw.sim.vllm")
@@ -127,28 +121,12 @@ class VllmSim:
         self.bound_port: int | None = None
 
     # -- KV events -------------------------------------------------------------------------
-    def _event(self, ev: PoolEvent) -> kvev.KVEvent:
-        conv = self.int_hashes
-        v = self.version
-        group = 0 if v >= (0, 20) else None
-        if isinstance(ev, Stored):
-            return kvev.BlockStored(
-                block_hashes=[event_hash(h, conv) for h in ev.hashes],
-                parent_block_hash=event_hash(ev.parent, conv) if ev.parent is not None else None,
-                token_ids=list(ev.token_ids), block_size=ev.block_size, lora_id=ev.lora_id, medium="GPU",
-                lora_name=ev.lora_name if v >= (0, 14) else None,
-                extra_keys=list(ev.extra_keys) if v >= (0, 17) else None, group_idx=group,
-                kv_cache_spec_kind="full_attention" if v >= (0, 22) else None)
-        if isinstance(ev, Removed):
-            return kvev.BlockRemoved(block_hashes=[event_hash(ev.block_hash, conv)], medium="GPU", group_idx=group)
-        assert isinstance(ev, Cleared)
-        return kvev.AllBlocksCleared()
-
     def _publish(self, now: float) -> None:
         events = self.core.take_kv_events()
         if not events or self.publisher is None:
             return
-        batch = kvev.EventBatch(ts=time.time(), events=[self._event(e) for e in events], data_parallel_rank=0)
+        batch = kvev.EventBatch(ts=time.time(), events=[kv_event(e, self.version, self.int_hashes) for e in events],
+                                data_parallel_rank=0)
         self.publisher.publish(kvev.encode_batch(batch, self.version))
 
     # -- HTTP ------------------------------------------------------------------------------
@@ -424,7 +402,7 @@ class VllmSim:
                     stop_token_ids=params.stop_token_ids, min_tokens=params.min_tokens, lora=lora,
                     cache_salt=params.cache_salt,
                     seed=None if params.seed is None and params.n == 1 else (params.seed or 0) + i,
-                    hasher=_bind_hasher(bh, self.block_size), lora_event_extra=_event_extra(bh, self.version))
+                    hasher=bind_hasher(bh, self.block_size), lora_event_extra=event_extra(bh, self.version))
                 r.hashes = bh.block_hashes
                 r.index = pi * params.n + i  # type: ignore[attr-defined]
                 reqs.append(r)
@@ -464,18 +442,6 @@ class VllmSim:
             log.info("simulated vLLM %s serving %s on %s:%s", self.version, self.served[0], self.host,
                      self.bound_port)
             task_status.started(self.bound_port)
-
-
-def _bind_hasher(bh: Any, block_size: int) -> Any:
-    def extend(tokens: Any, hashes: list[bytes], n_blocks: int) -> None:
-        want = n_blocks * block_size
-        if bh.num_tokens < want:
-            bh.extend(tokens[bh.num_tokens:want])
-    return extend
-
-
-def _event_extra(bh: Any, version: VllmVersion) -> Any:
-    return lambda i: to_event_extra_keys(bh.extra_keys[i], version)
 
 
 def build(argv: list[str], env: Mapping[str, str] | None = None) -> VllmSim:
