@@ -122,7 +122,7 @@ def test_pins_hold_blocks_until_read_or_expired() -> None:
         pins.read("a", [a[0], 999])  # not this request's blocks: nothing freed
     assert pool.num_free == 4
     got = pins.read("a", a)
-    assert got is not None and got.block_ids == [] and got.num_tokens == 40 and pool.num_free == 7
+    assert got is not None and got.block_ids == a and got.num_tokens == 40 and pool.num_free == 7
     assert pins.read("a") is None  # read once
     assert pins.expire(11.9) == [] and pool.num_free == 7
     assert [p.req_id for p in pins.expire(12.0)] == ["b"] and pool.num_free == 9

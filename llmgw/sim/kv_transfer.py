@@ -176,13 +176,10 @@ def prefill_answer_params(block_ids: Sequence[int], engine_id: str, request_id: 
 @dataclass(slots=True)
 class Pinned:
     req_id: str
-    blocks: ReqBlocks
+    blocks: ReqBlocks  # emptied when freed
+    block_ids: list[int]
     num_tokens: int  # tokens whose KV the blocks hold (the prompt, for a max_tokens=1 prefill)
     deadline: float
-
-    @property
-    def block_ids(self) -> list[int]:
-        return [b.block_id for b in self.blocks.blocks]
 
 
 class KvPins:
@@ -200,11 +197,11 @@ class KvPins:
 
     @property
     def num_blocks(self) -> int:
-        return sum(len(p.blocks.blocks) for p in self._pins.values())
+        return sum(len(p.block_ids) for p in self._pins.values())
 
     def pin(self, req_id: str, blocks: ReqBlocks, num_tokens: int, deadline: float) -> list[int]:
-        p = self._pins[req_id] = Pinned(req_id, blocks, num_tokens, deadline)
-        return p.block_ids
+        p = self._pins[req_id] = Pinned(req_id, blocks, [b.block_id for b in blocks.blocks], num_tokens, deadline)
+        return list(p.block_ids)
 
     def get(self, req_id: str) -> Pinned | None:
         return self._pins.get(req_id)
