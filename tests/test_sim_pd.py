@@ -107,8 +107,9 @@ def test_two_legs_completions_then_chat_stream(pd: tuple[SimProc, SimProc]) -> N
     pre = _prefill_leg(p.url, "/v1/chat/completions", chat, rid).json()
     assert pre["choices"][0]["finish_reason"] == "length" and list(pre["kv_transfer_params"]) == ANSWER_KEYS
     n_chat = pre["usage"]["prompt_tokens"]
-    with httpx.stream("POST", f"{d.url}/v1/chat/completions", json=dict(chat, kv_transfer_params=pre["kv_transfer_params"]),
-                      headers={"X-Request-Id": rid}, timeout=30) as r:
+    leg = dict(chat, kv_transfer_params=pre["kv_transfer_params"])
+    with httpx.stream("POST", f"{d.url}/v1/chat/completions", json=leg, headers={"X-Request-Id": rid},
+                      timeout=30) as r:
         assert r.status_code == 200
         events = [e for e in r.read().decode().split("\n\n") if e]
     assert events[-1] == "data: [DONE]"

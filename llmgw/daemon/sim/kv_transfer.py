@@ -54,7 +54,8 @@ def pin_timeout(flag: float | None, env: Mapping[str, str]) -> float:
         return DEFAULT_ABORT_TIMEOUT_S
 
 
-def request_kv_params(body: Mapping[str, Any], shell: KvTransferShell | None) -> tuple[str | None, RemotePrefill | None]:
+def request_kv_params(body: Mapping[str, Any],
+                      shell: KvTransferShell | None) -> tuple[str | None, RemotePrefill | None]:
     """What a request's kv_transfer_params ask of this engine: ("decode", None) keep the blocks for
     a remote decode, ("prefill", where) pull them first, or nothing — always nothing without a
     modeled connector, as vLLM without one ignores the field."""
