@@ -19,8 +19,8 @@ from llmgw.sim.vllm_metrics import VllmMetrics
 def fake_core(running: int = 3, waiting: int = 2, kv: float = 0.25, queries: int = 1000, hits: int = 400,
               loras: tuple[set[str], set[str]] = (set(), set())) -> Any:
     return SimpleNamespace(num_running=running, num_waiting=waiting, kv_usage=lambda: kv, prefix_queries=queries,
-                           prefix_hits=hits, num_preemptions=0, running_loras=lambda: loras[0],
-                           waiting_loras=lambda: loras[1])
+                           prefix_hits=hits, ext_queries=0, ext_hits=0, num_preemptions=0,
+                           running_loras=lambda: loras[0], waiting_loras=lambda: loras[1])
 
 
 def vllm_body(version: tuple[int, ...] = (0, 12, 0), *, engine: str = "0", success: dict[str, int] | None = None,

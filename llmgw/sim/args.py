@@ -35,6 +35,8 @@ class SimOptions:
     lora_load_ms: float
     hash_seed: str | None = None  # hash KV blocks as if PYTHONHASHSEED were this (a misconfigured engine)
     start_seconds: float = 0.0  # process start-up before anything is bound (imports, CUDA init)
+    kv_transfer_timeout_s: float | None = None  # vllm P/D: a prefill's kept blocks freed after (None: env/480)
+    transfer_ms_per_block: float = 0.5  # vllm P/D: the modeled time of a decoder's pull, per block
 
 
 def add_sim_flags(p: argparse.ArgumentParser) -> None:
@@ -82,6 +84,8 @@ def sim_options(ns: argparse.Namespace) -> SimOptions:
         lora_load_ms=0.0 if zero else ns.sim_lora_load_ms,
         hash_seed=ns.sim_hash_seed,
         start_seconds=ns.sim_start_seconds,
+        kv_transfer_timeout_s=getattr(ns, "sim_kv_transfer_timeout_s", None),
+        transfer_ms_per_block=0.0 if zero else getattr(ns, "sim_transfer_ms_per_block", 0.5),
     )
 
 
@@ -124,6 +128,9 @@ def build_vllm_parser(prog: str = "llmgw sim --engine vllm") -> argparse.Argumen
                    choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"],
                    help="how KV blocks are hashed, as KV events carry them (default: sha256)")
     p.add_argument("--kv-events-config", default=None, help="KVEventsConfig as JSON")
+    p.add_argument("--kv-transfer-config", default=None,
+                   help='KVTransferConfig as JSON: prefill/decode disaggregation, e.g. '
+                        '{"kv_connector":"NixlConnector","kv_role":"kv_both"} (also the dotted form)')
     p.add_argument("--enable-lora", "--no-enable-lora", "--disable-lora", dest="enable_lora",
                    action=_BoolPair, nargs=0, default=False, help="serve LoRA adapters (default: off)")
     p.add_argument("--max-loras", type=_positive_int, default=1, help="adapters in one batch at most (default: 1)")
@@ -165,7 +172,23 @@ def build_vllm_parser(prog: str = "llmgw sim --engine vllm") -> argparse.Argumen
                             help="ignored")
     add_sim_flags(p)
     add_sim_kv_drop_flags(p)
+    g = p.add_argument_group("simulated KV transfer (llmgw sim --engine vllm with --kv-transfer-config)")
+    g.add_argument("--sim-kv-transfer-timeout-s", type=_seconds, default=None, metavar="S",
+                   help="a prefill's blocks kept for a decoder are freed after S seconds unread (default: "
+                        "VLLM_NIXL_ABORT_REQUEST_TIMEOUT, else 480)")
+    g.add_argument("--sim-transfer-ms-per-block", type=_ms, default=0.5, metavar="MS",
+                   help="modeled time of a decoder's KV pull per block (default 0.5 ms)")
     return p
+
+
+def _ms(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds, got {text!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of milliseconds ≥ 0, got {text}")
+    return v
 
 
 def _seq_list(text: str) -> frozenset[int]:
@@ -223,12 +246,18 @@ def parse_kv_events_config(text: str | None, dotted: dict[str, str], version: tu
 
 def split_dotted_kv_events(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     """Pull `--kv-events-config.FIELD VALUE` pairs out of argv (vLLM's dotted form)."""
+    return split_dotted(argv, "--kv-events-config")
+
+
+def split_dotted(argv: list[str], flag: str) -> tuple[list[str], dict[str, str]]:
+    """Pull `FLAG.FIELD VALUE` (or `FLAG.FIELD=VALUE`) pairs out of argv (vLLM's dotted form)."""
     rest: list[str] = []
     dotted: dict[str, str] = {}
     it = iter(argv)
+    prefix = flag + "."
     for a in it:
-        if a.startswith("--kv-events-config."):
-            key, _, val = a[len("--kv-events-config."):].partition("=")
+        if a.startswith(prefix):
+            key, _, val = a[len(prefix):].partition("=")
             if not _:
                 val = next(it, "")
             dotted[key.replace("-", "_")] = val

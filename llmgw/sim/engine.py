@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from llmgw.sim.blockpool import BlockPool, PoolEvent, ReqBlocks
+from llmgw.sim.kv_transfer import DEFAULT_ABORT_TIMEOUT_S, KvPins, Pinned, remote_prefill_computed
 from llmgw.sim.textstream import TextStream
 from llmgw.sim.tokenizer import OUTPUT_WORDS, Tokenizer
 
@@ -47,6 +48,8 @@ class EngineConfig:
     decode_s_per_seq: float = 0.0
     default_output_len: int = 64  # where the simulated model "emits EOS" unless ignore_eos
     seed: int = 0
+    kv_connector: bool = False  # a KV connector is configured: count external prefix-cache stats
+    kv_pin_timeout: float = DEFAULT_ABORT_TIMEOUT_S  # a prefill's kept blocks are freed after this
 
 
 class Hasher(Protocol):
@@ -76,6 +79,10 @@ class SimRequest:
     seed: int | None = None
     hasher: Hasher | None = None
     lora_event_extra: Callable[[int], object] | None = None  # event extra_keys for block i
+    # P/D (llmgw.sim.kv_transfer): keep the blocks for a remote decode if it finishes by length;
+    # or the number of blocks loaded from a prefiller before this request was added
+    remote_decode: bool = False
+    remote_blocks: int = 0
     # engine state
     output: list[int] = field(default_factory=list)
     num_computed: int = 0
@@ -89,6 +96,7 @@ class SimRequest:
     finished: bool = False
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    kv_block_ids: list[int] | None = None  # the blocks kept for a remote decode, when they were
     _rng: random.Random | None = None
     _natural_len: int = 0
 
@@ -138,6 +146,9 @@ class EngineCore:
         self.num_preemptions = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.ext_queries = 0  # vllm:external_prefix_cache_queries/hits (tokens), with a KV connector
+        self.ext_hits = 0
+        self.kv_pins = KvPins(self.pool.free)
         self.deferred_lora = 0  # waiting requests held back by max_loras in the last step
         self._words = [self.tok.encode(w)[0] for w in OUTPUT_WORDS]
 
@@ -189,6 +200,19 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset()
 
+    # -- P/D -------------------------------------------------------------------------------
+    def local_hit_blocks(self, req: SimRequest) -> int:
+        """Blocks of the request's prompt this engine's prefix cache holds now (a decoder pulls the rest)."""
+        max_hit = (req.num_tokens - 1) // self.cfg.block_size
+        self._extend_hashes(req, min(max_hit, req.num_tokens // self.cfg.block_size))
+        return len(self.pool.lookup(req.hashes, max_hit))
+
+    def read_pinned(self, req_id: str, block_ids: list[int] | None = None) -> Pinned | None:
+        return self.kv_pins.read(req_id, block_ids)
+
+    def expire_pinned(self, now: float) -> list[Pinned]:
+        return self.kv_pins.expire(now)
+
     # -- the step --------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan | None:
         cfg = self.cfg
@@ -225,15 +249,22 @@ class EngineCore:
             max_hit = (req.num_tokens - 1) // cfg.block_size
             self._extend_hashes(req, min(max_hit, req.num_tokens // cfg.block_size))
             hit = self.pool.lookup(req.hashes, max_hit)
-            num_computed = len(hit) * cfg.block_size
+            num_computed = num_local = len(hit) * cfg.block_size
+            external = 0
+            if req.remote_blocks and req.num_preemptions == 0:
+                num_computed, external = remote_prefill_computed(len(req.prompt), num_local, req.remote_blocks,
+                                                                 cfg.block_size)
             num_new = min(req.num_tokens - num_computed, budget)
             if not self._admit(req, hit, num_computed, num_new):
                 break
             self.waiting.popleft()
             if req.num_preemptions == 0:
                 self.prefix_queries += req.num_tokens
-                self.prefix_hits += num_computed
-                req.num_cached_prompt_tokens = num_computed
+                self.prefix_hits += num_local
+                req.num_cached_prompt_tokens = num_computed  # local and loaded, as vLLM's num_cached_tokens
+                if cfg.kv_connector:
+                    self.ext_queries += req.num_tokens
+                    self.ext_hits += external
             if req.first_scheduled is None:
                 req.first_scheduled = now
                 if self.sink:
@@ -355,7 +386,12 @@ class EngineCore:
                 self.waiting.remove(req)
             except ValueError:
                 pass
-        self.pool.free(req.blocks)
+        if reason == "length" and req.remote_decode and req.blocks.blocks:
+            # a prefill for a remote decode: its blocks stay held until a decoder reads them
+            blocks, req.blocks = req.blocks, ReqBlocks()
+            req.kv_block_ids = self.kv_pins.pin(req.req_id, blocks, req.num_computed, now + self.cfg.kv_pin_timeout)
+        else:
+            self.pool.free(req.blocks)
         self._by_id.pop(req.req_id, None)
         if self.sink:
             self.sink.request_finished(req, now)

@@ -108,6 +108,11 @@ class VllmMetrics(Collector):
                       core.prefix_queries)
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
                       core.prefix_hits)
+        if self.version >= (0, 12):  # the KV connector's cache; zero without --kv-transfer-config
+            yield counter("vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector "
+                          "cross-instance cache sharing, in terms of number of queried tokens.", core.ext_queries)
+            yield counter("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector "
+                          "cross-instance cache sharing, in terms of number of cached tokens.", core.ext_hits)
         if self.old_names:
             yield gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", usage)
             yield counter("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of tokens.",

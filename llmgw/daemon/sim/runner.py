@@ -46,6 +46,10 @@ class EngineRunner:
         if self.core.abort(req_id, trio.current_time()):
             self._wake.set()  # freed blocks may let a waiting request in
 
+    def wake(self) -> None:
+        """Something outside a step changed what fits (blocks a decoder read or a timeout freed)."""
+        self._wake.set()
+
     async def run(self) -> None:
         core = self.core
         while True:

@@ -17,16 +17,11 @@ from typing import Any
 import trio
 
 from llmgw.daemon.net.httpserver import Request, Response, serve_tcp
+from llmgw.daemon.sim.kv_transfer import KvTransferShell, pin_timeout, request_kv_params
 from llmgw.daemon.sim.runner import EngineRunner
 from llmgw.daemon.sim.vllm_responses import ResponseWriter, embed
 from llmgw.kv import events as kvev
-from llmgw.kv.hashing import (
-    HashContext,
-    LoRA,
-    VllmVersion,
-    event_hash,
-    to_event_extra_keys,
-)
+from llmgw.kv.hashing import HashContext, LoRA, VllmVersion
 from llmgw.sim import vllm_surface as vs
 from llmgw.sim.args import (
     ArgError,
@@ -34,11 +29,12 @@ from llmgw.sim.args import (
     parse_lora_modules,
     sim_options,
 )
-from llmgw.sim.blockpool import Cleared, PoolEvent, Removed, Stored
 from llmgw.sim.engine import EngineConfig, EngineCore, LoraRef, SimRequest
+from llmgw.sim.kv_transfer import parse_kv_transfer_config
 from llmgw.sim.openai_params import GenParams, ParamError, parse_gen_params
 from llmgw.sim.textstream import TextStream
 from llmgw.sim.tokenizer import ChatTemplateError, Tokenizer, render_chat
+from llmgw.sim.vllm_events import bind_hasher, event_extra, kv_event
 from llmgw.sim.vllm_metrics import VllmMetrics
 
 log = logging.getLogger("llmgw.sim.vllm")
@@ -78,6 +74,7 @@ class VllmSim:
                 f"To serve at least one request with the model's max seq len ({self.max_model_len}), "
                 f"{-(-self.max_model_len // self.block_size) + 1} KV blocks are needed, but --sim-kv-blocks "
                 f"gives {kv_blocks}. Increase --sim-kv-blocks or decrease --max-model-len.")
+        kvt = parse_kv_transfer_config(ns.kv_transfer_config, getattr(ns, "kv_transfer_dotted", {}), self.version)
         try:
             seed = opts.hash_seed if opts.hash_seed is not None else env.get("PYTHONHASHSEED")
             self.hash_ctx = HashContext.create(self.version, ns.prefix_caching_hash_algo, self.block_size, seed)
@@ -99,7 +96,8 @@ class VllmSim:
             max_num_batched_tokens=max(ns.max_num_batched_tokens, 1), max_model_len=self.max_model_len,
             max_loras=ns.max_loras, prefix_caching=ns.enable_prefix_caching,
             prefill_s_per_token=opts.prefill_ms_per_token / 1e3, decode_s_per_step=opts.decode_ms_per_token / 1e3,
-            decode_s_per_seq=opts.decode_ms_per_seq / 1e3, default_output_len=opts.output_len, seed=opts.seed)
+            decode_s_per_seq=opts.decode_ms_per_seq / 1e3, default_output_len=opts.output_len, seed=opts.seed,
+            kv_connector=kvt is not None, kv_pin_timeout=pin_timeout(opts.kv_transfer_timeout_s, env))
         self.tok = Tokenizer()
         self.core = EngineCore(cfg, self.tok)
         cache_info = {"block_size": str(self.block_size), "num_gpu_blocks": str(kv_blocks),
@@ -118,8 +116,16 @@ class VllmSim:
         self.publisher: Any = None
         # <= 0.11 builds the batch in schedule(), 0.12+ after the step (vllm-wire.md §1.2).
         late = self.version >= (0, 12)
-        self.runner = EngineRunner(self.core, on_step=self._publish if late else None,
-                                   on_schedule=None if late else self._publish)
+        self.runner = EngineRunner(self.core, on_step=self._after_step, on_schedule=None if late else self._publish)
+        # P/D as NixlConnector (docs/simulator.md); other connectors are accepted without effect
+        self.kvt: KvTransferShell | None = None
+        if kvt is not None and kvt.modeled:
+            self.kvt = KvTransferShell(kvt, self.core, self.runner, self.metrics, self.version,
+                                       ms_per_block=opts.transfer_ms_per_block, seed=opts.seed,
+                                       side_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST"))
+        elif kvt is not None:
+            log.warning("--kv-transfer-config: the simulator models NixlConnector only; %s has no effect",
+                        kvt.kv_connector)
         self.server_load = 0
         # the W3C trace headers of the last requests (GET /sim/trace_headers, dev mode: the tests' view)
         self.trace_headers: deque[dict[str, str | None]] = deque(maxlen=64)
@@ -127,28 +133,18 @@ class VllmSim:
         self.bound_port: int | None = None
 
     # -- KV events -------------------------------------------------------------------------
-    def _event(self, ev: PoolEvent) -> kvev.KVEvent:
-        conv = self.int_hashes
-        v = self.version
-        group = 0 if v >= (0, 20) else None
-        if isinstance(ev, Stored):
-            return kvev.BlockStored(
-                block_hashes=[event_hash(h, conv) for h in ev.hashes],
-                parent_block_hash=event_hash(ev.parent, conv) if ev.parent is not None else None,
-                token_ids=list(ev.token_ids), block_size=ev.block_size, lora_id=ev.lora_id, medium="GPU",
-                lora_name=ev.lora_name if v >= (0, 14) else None,
-                extra_keys=list(ev.extra_keys) if v >= (0, 17) else None, group_idx=group,
-                kv_cache_spec_kind="full_attention" if v >= (0, 22) else None)
-        if isinstance(ev, Removed):
-            return kvev.BlockRemoved(block_hashes=[event_hash(ev.block_hash, conv)], medium="GPU", group_idx=group)
-        assert isinstance(ev, Cleared)
-        return kvev.AllBlocksCleared()
+    def _after_step(self, now: float) -> None:
+        if self.version >= (0, 12):
+            self._publish(now)
+        if self.kvt is not None:
+            self.kvt.after_step()
 
     def _publish(self, now: float) -> None:
         events = self.core.take_kv_events()
         if not events or self.publisher is None:
             return
-        batch = kvev.EventBatch(ts=time.time(), events=[self._event(e) for e in events], data_parallel_rank=0)
+        batch = kvev.EventBatch(ts=time.time(), events=[kv_event(e, self.version, self.int_hashes) for e in events],
+                                data_parallel_rank=0)
         self.publisher.publish(kvev.encode_batch(batch, self.version))
 
     # -- HTTP ------------------------------------------------------------------------------
@@ -190,6 +186,8 @@ class VllmSim:
             r["/sim/trace_headers"] = (("GET",), self._trace_headers)
         if self.version >= (0, 31):
             r["/kv_event_sources"] = (("GET",), self._kv_sources)
+        if self.kvt is not None:
+            r.update(self.kvt.routes())
         return r
 
     async def _health(self, req: Request) -> Response:
@@ -406,6 +404,7 @@ class VllmSim:
     async def _generate(self, body: dict[str, Any], params: GenParams, prompts: list[list[int]],
                         lora: LoraRef | None, *, chat: bool) -> Response:
         max_tokens = [self._check_len(len(p), params) for p in prompts]
+        pd, remote = request_kv_params(body, self.kvt)
         if lora is not None:
             await self._lora_ready(lora.name)
         model = body.get("model") or self.served[0]
@@ -424,10 +423,14 @@ class VllmSim:
                     stop_token_ids=params.stop_token_ids, min_tokens=params.min_tokens, lora=lora,
                     cache_salt=params.cache_salt,
                     seed=None if params.seed is None and params.n == 1 else (params.seed or 0) + i,
-                    hasher=_bind_hasher(bh, self.block_size), lora_event_extra=_event_extra(bh, self.version))
+                    hasher=bind_hasher(bh, self.block_size), lora_event_extra=event_extra(bh, self.version))
                 r.hashes = bh.block_hashes
                 r.index = pi * params.n + i  # type: ignore[attr-defined]
+                r.remote_decode = pd == "decode"
                 reqs.append(r)
+        if remote is not None and self.kvt is not None and not await self.kvt.pull(reqs, remote):
+            if self.kvt.cfg.kv_load_failure_policy == "fail":
+                return self.kvt.failed_answer(params.stream)
         self.server_load += 1
         for r in reqs:
             self.runner.submit(r, send)
@@ -440,6 +443,8 @@ class VllmSim:
             body_out = await gen.collect()
         finally:
             gen.abort_rest()
+        if pd == "decode" and self.kvt is not None:
+            body_out["kv_transfer_params"] = self.kvt.answer_params(reqs[0])
         return Response(200, list(_JSON), vs.dumps(body_out))
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -459,28 +464,22 @@ class VllmSim:
             if self.opts.load_seconds > 0:
                 await trio.sleep(self.opts.load_seconds)  # vLLM answers nothing while the model loads
             nursery.start_soon(self.runner.run)
+            if self.kvt is not None:
+                await nursery.start(self.kvt.run)
             self.ready = True
             self.bound_port = await nursery.start(serve_tcp, self.handle, self.host, self.port)
+            if self.kvt is not None:
+                self.kvt.bound(self.host, self.bound_port)
             log.info("simulated vLLM %s serving %s on %s:%s", self.version, self.served[0], self.host,
                      self.bound_port)
             task_status.started(self.bound_port)
 
 
-def _bind_hasher(bh: Any, block_size: int) -> Any:
-    def extend(tokens: Any, hashes: list[bytes], n_blocks: int) -> None:
-        want = n_blocks * block_size
-        if bh.num_tokens < want:
-            bh.extend(tokens[bh.num_tokens:want])
-    return extend
-
-
-def _event_extra(bh: Any, version: VllmVersion) -> Any:
-    return lambda i: to_event_extra_keys(bh.extra_keys[i], version)
-
-
 def build(argv: list[str], env: Mapping[str, str] | None = None) -> VllmSim:
-    from llmgw.sim.args import build_vllm_parser, split_dotted_kv_events
+    from llmgw.sim.args import build_vllm_parser, split_dotted
 
-    rest, dotted = split_dotted_kv_events(argv)
+    rest, dotted = split_dotted(argv, "--kv-events-config")
+    rest, ns_kvt = split_dotted(rest, "--kv-transfer-config")
     ns = build_vllm_parser().parse_args(rest)
+    ns.kv_transfer_dotted = ns_kvt
     return VllmSim(ns, dotted, os.environ if env is None else env)
