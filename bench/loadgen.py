@@ -93,6 +93,36 @@ class Conn:
         await self._until(b"data: [DONE]")
         return status, head, first
 
+    async def stream_times(self, raw: bytes) -> tuple[int, str, list[float]]:
+        """Like stream_events, with the arrival of every ``data:`` event but ``[DONE]``: (status,
+        the head in lower case, seconds from sending to each event — empty unless 200). Events
+        that arrive in one read share its time."""
+        t0 = time.perf_counter()
+        await self.stream.send_all(raw)
+        end = await self._until(b"\r\n\r\n")
+        head = bytes(self.buf[:end]).decode("latin-1").lower()
+        del self.buf[: end + 4]
+        status = int(head[9:12])
+        times: list[float] = []
+        if status != 200:
+            return status, head, times
+        seen = 0  # where the next event is looked for in buf
+        done = b"data: [DONE]"
+        while True:
+            now = time.perf_counter() - t0
+            while (i := self.buf.find(b"data: ", seen)) >= 0:
+                rest = bytes(self.buf[i:i + len(done)])
+                if rest == done:
+                    return status, head, times
+                if done.startswith(rest):  # perhaps [DONE], cut by the read: wait for more
+                    seen = i
+                    break
+                times.append(now)
+                seen = i + 6
+            else:
+                seen = max(seen, len(self.buf) - 5)
+            await self._more()
+
     async def aclose(self) -> None:
         await self.stream.aclose()
 

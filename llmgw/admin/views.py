@@ -63,7 +63,8 @@ def decision_view(d: Decision) -> DecisionView:
         weights=d.weights,
         candidates=[CandidateView(c.endpoint_id, c.scores, c.total, list(c.flags)) for c in d.candidates],
         n_candidates=d.n_candidates, dropped=[DropView(x.filter, x.endpoint_id, x.reason) for x in d.dropped],
-        decided_at=d.decided_at, decide_us=d.decide_us, note=d.note, tenant=d.tenant, band=d.band, share=d.share)
+        decided_at=d.decided_at, decide_us=d.decide_us, note=d.note, tenant=d.tenant, band=d.band, share=d.share,
+        phase=d.phase)
 
 
 def _counts(c: dict[str, Any]) -> dict[str, Any]:

@@ -300,7 +300,7 @@ class RouterCore:
             a.alarm, self._alarm_news = self._alarm_news, None
             a.first_byte_timeout = first_byte_timeout(self.rc, plan, rep)
             if trace is not None:
-                if trace.attempts:
+                if trace.attempts and trace.attempts[-1].phase != "prefill":  # a prefill step is not a try
                     trace.attempts[-1].retried = True
                 a.record = AttemptRecord(plan.attempts, chosen, rep.node, trace.revision,
                                          trace.decisions - 1, now, new_span_id(self.ids))

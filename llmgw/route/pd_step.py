@@ -91,7 +91,9 @@ class PdSteps:
         if not core.caps.try_reserve(chosen):
             return self._skip(plan, now, f"{chosen} is at its concurrency cap")
         rep = core.table.replicas[chosen]
-        permit = rep.breaker.allow(now, force=d.fallback)
+        # every prefiller's breaker open (d.fallback): no early probe with a client's request — the
+        # decoder prefills it, and the breaker lets its probe through when its cooldown ends
+        permit = rep.breaker.allow(now)
         if permit is Permit.DENY:
             core.caps.release(chosen)
             return self._skip(plan, now, f"the breaker of {chosen} is open")
