@@ -102,6 +102,21 @@ def test_short_prompts_and_adapter_requests_are_not_split() -> None:
     assert c.decisions[-1].strategy == "chat"  # the model's own: the decoder prefills, affinity counts
 
 
+def test_batched_requests_and_embeddings_are_not_split() -> None:
+    c = core()
+    p = c.plan("chat", body(LONG, n=2), "b", strategy=None, session=None, now=0.0)
+    assert p.pd == "decode" and c.pd_stats.paths[("m", "batched")][0] == 1
+    p = c.plan("completions", json.dumps({"model": "m", "prompt": [LONG, LONG]}).encode(), "c", strategy=None,
+               session=None, now=0.0)
+    assert p.pd == "decode" and c.pd_stats.paths[("m", "batched")][0] == 2
+    p = c.plan("completions", json.dumps({"model": "m", "prompt": [1, 2, 3] * 200}).encode(), "t", strategy=None,
+               session=None, now=0.0)  # token ids: one prompt
+    assert p.pd in ("prefill", "decode")
+    p = c.plan("embeddings", json.dumps({"model": "m", "input": LONG}).encode(), "e", strategy=None,
+               session=None, now=0.0)
+    assert p.pd == "decode" and c.pd_stats.paths[("m", "not_generation")][0] == 1
+
+
 def test_every_prefill_failure_falls_back_to_the_decoder_prefilling() -> None:
     for failure, status, data, reason in [
         (FailureKind.CONNECT, None, b"", "connect"),

@@ -218,6 +218,9 @@ def disaggregation(cfg: Config) -> Iterator[tuple[KeyPath, str]]:
             yield ("models", i), "replicas with a prefill or decode role need a [models.pd] section to route them"
         if m.pd is not None and m.engine != "vllm":
             yield ("models", i, "pd"), f"needs engine = \"vllm\" ({m.engine} has no KV transfer)"
+        elif m.pd is not None and "prefill" not in roles:
+            yield (("models", i, "pd"), "no replica prefills: give some a prefill role (a static replica's role, or a "
+                   "[[models.deploy.roles]] group)")
         if d is not None and d.roles:
             if m.autoscale is not None:
                 yield ("models", i, "autoscale"), "not with [[models.deploy.roles]]: prefill and decode groups keep their counts"

@@ -155,7 +155,7 @@ class RouterCore:
         plan.tier2 = self.tier2.wants(plan)
         if plan.entry.pd is not None:
             try:
-                self.pd.planned(plan)  # split (a prefill step first) or not
+                self.pd.planned(plan, kind)  # split (a prefill step first) or not
             except ApiError as e:  # a client's own kv_transfer_params
                 self._done(plan, "rejected", e.status, None, None, now)
                 e.counted = True

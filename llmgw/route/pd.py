@@ -100,7 +100,7 @@ class PdStats:
     """What disaggregation counts, per model: requests by path, fallbacks by reason, the prefill
     step's time and the decoder's time to its first byte after a transfer."""
 
-    PATHS = ("split", "short", "adapter", "no_prefiller")
+    PATHS = ("split", "short", "adapter", "batched", "not_generation", "no_prefiller")
     FALLBACKS = ("no_prefiller", "connect", "timeout", "engine_error", "bad_answer", "no_params",
                  "decode_retry")
 

@@ -38,13 +38,20 @@ __all__ = ["PdSteps"]
 _FAILURE_REASON = {FailureKind.CONNECT: "connect", FailureKind.TIMEOUT: "timeout"}
 
 
+def _batched(body: dict[str, object]) -> bool:
+    n = body.get("n")
+    prompt = body.get("prompt")
+    return (isinstance(n, int) and n > 1) or (isinstance(prompt, list) and len(prompt) > 1
+                                               and not all(isinstance(x, int) for x in prompt))
+
+
 class PdSteps:
     def __init__(self, core: RouterCore, stats: PdStats) -> None:
         self.core = core
         self.stats = stats
 
     # -- 1. planned -------------------------------------------------------------------------------
-    def planned(self, plan: Plan) -> None:
+    def planned(self, plan: Plan, kind: str) -> None:
         pd = plan.entry.pd
         if pd is None:
             return
@@ -54,9 +61,14 @@ class PdSteps:
             raise ApiError(400, "kv_transfer_params is set by the router for this model (prefill/decode "
                            "disaggregation); leave it out of the request.", param="kv_transfer_params")
         info = plan.info
-        if info.adapter is not None:
+        body = plan.body
+        if kind not in ("chat", "completions") or body is None:
+            why = "not_generation"  # embeddings: one pass, nothing to decode
+        elif info.adapter is not None:
             why = "adapter"  # a prefiller would need the adapter too
-        elif info.prompt_tokens_estimate < pd.min_prompt_tokens or plan.body is None:
+        elif _batched(body):
+            why = "batched"  # several sequences (n > 1) or prompts: one transfer per request is what vLLM's proxy does
+        elif info.prompt_tokens_estimate < pd.min_prompt_tokens:
             why = "short"
         else:
             plan.pd = "prefill"

@@ -3,7 +3,8 @@
 
 * ``llmgw_pd_requests_total{model,path}`` — a disaggregated model's requests by path: ``split``
   (a prefill step was sent), or not split and why: ``short`` (under ``min_prompt_tokens``),
-  ``adapter`` (a LoRA request), ``no_prefiller`` (none could take it then);
+  ``adapter`` (a LoRA request), ``batched`` (``n`` > 1 or several prompts), ``not_generation``
+  (embeddings), ``no_prefiller`` (none could take it then);
 * ``llmgw_pd_fallbacks_total{model,reason}`` — the decoder prefilled where a split was meant:
   ``no_prefiller``, ``connect``, ``timeout``, ``engine_error``, ``bad_answer``, ``no_params`` (the
   prefiller gave nothing to pull, e.g. its one token was EOS), ``decode_retry`` (a decode attempt
@@ -36,7 +37,7 @@ class PdMetrics(Collector):
     def collect(self) -> Iterable[Metric]:
         st = self.core.pd_stats
         yield _counter_family("llmgw_pd_requests", "A disaggregated model's requests: split (prefill step sent) "
-                              "or why not (short, adapter, no_prefiller).", ["model", "path"], st.paths)
+                              "or why not (short, adapter, batched, not_generation, no_prefiller).", ["model", "path"], st.paths)
         yield _counter_family("llmgw_pd_fallbacks", "Split requests whose decoder prefilled instead, by reason.",
                               ["model", "reason"], st.fallbacks)
         yield _hist_family("llmgw_pd_prefill_seconds", "The prefill step: sent to the prefiller's answer.",
