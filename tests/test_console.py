@@ -354,3 +354,10 @@ def test_daemon_cli_and_pure_console_modules_do_not_import_textual() -> None:
             "assert not bad, bad[:5]\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_split_requests_decisions_say_their_step() -> None:
+    from llmgw.tui.rows import _note
+    assert _note({"phase": "prefill", "note": ""}) == "prefill step"
+    assert _note({"phase": "decode", "note": "retry after attempt 2"}) == "decode step; retry after attempt 2"
+    assert _note({"note": "x"}) == "x" and _note({"phase": "", "note": ""}) == ""

@@ -303,9 +303,16 @@ def decision_rows(state: ConsoleState, text: str = "", tz: tzinfo | None = None)
         rows.append(Row(str(e.seq), (
             fmt_time(d.get("decided_at"), tz), _short(rid, REQUEST_ID_WIDTH), _str(d.get("model"), "?"),
             _str(chosen, "none"), _str(d.get("strategy")), _str(d.get("picker")), str(max(n, len(cands))),
-            str(len(as_list(d.get("dropped")))), fmt_us(d.get("decide_us")), _str(d.get("note"), ""),
+            str(len(as_list(d.get("dropped")))), fmt_us(d.get("decide_us")), _note(d),
         ), "good" if isinstance(chosen, str) and chosen else "bad", rid))
     return _filtered(rows, text)
+
+
+def _note(d: Mapping[str, Any]) -> str:
+    """The decision's note; a split request's decision says its step first (prefill / decode)."""
+    note = _str(d.get("note"), "")
+    phase = d.get("phase")
+    return f"{phase} step{'; ' + note if note else ''}" if isinstance(phase, str) and phase else note
 
 
 def decisions_caption(shown: int, matching: int, kept: int, text: str) -> str:
