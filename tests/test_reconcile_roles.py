@@ -275,3 +275,52 @@ def test_a_model_without_roles_is_as_before() -> None:
     plan = reconcile({"m": model(1, 1)}, nodes, asg.values(), new_id=new, now_wall=3)
     assert {why for _, why in plan.drain} == {"model m's profile changed"} and roles(plan.create) == \
         {"prefill": 1, "decode": 1}
+
+
+def test_keep_within_a_whole_domain_held_with_drain_moves_the_whole_model_together() -> None:
+    nodes, asg, new = fleet(3, 2), {}, ids()
+    m = model(1, 2, keep_within="rack")
+    apply(reconcile({"m": m}, nodes, [], new_id=new, now_wall=0), asg)
+    ready_all(asg)
+    home = rack(nodes, next(iter(asg.values())))
+    fac = Facility(holds={f"rack={home}": Hold(drain=True)})
+    plan = reconcile({"m": m}, nodes, asg.values(), new_id=new, now_wall=1, facility=fac)
+    assert roles(plan.create) == {"prefill": 1, "decode": 2} and not plan.drain  # surge first
+    assert len({rack(nodes, a) for a in plan.create}) == 1 and rack(nodes, plan.create[0]) != home
+    apply(plan, asg)
+    ready_all(asg)
+    plan = reconcile({"m": m}, nodes, asg.values(), new_id=new, now_wall=2, facility=fac)
+    apply(plan, asg)
+    assert not plan.create and len(plan.drain) == 3 and len({rack(nodes, a) for a in asg.values()}) == 1
+
+
+def test_the_model_view_counts_each_role_and_the_static_endpoints_with_one() -> None:
+    from llmgw.daemon.control.plane.views import model_views
+
+    cfg = parse_config(f"""
+[[models]]
+name = "m"
+engine = "vllm"
+[models.pd]
+[[models.replicas]]
+url = "http://127.0.0.1:9"
+role = "prefill"
+[models.deploy]
+simulate = true
+[[models.deploy.roles]]
+role = "prefill"
+count = 1
+args = ["--kv-transfer-config", '{PRODUCER}']
+[[models.deploy.roles]]
+role = "decode"
+count = 2
+""")
+    dep = deploy_of(cfg.models[0])
+    assert dep is not None
+    asg = [Assignment(f"m/{i}", "m", "a", u.spec_for(f"m/{i}", ()), dep.demand)
+           for i, u in enumerate((dep.units[0], dep.units[1], dep.units[1]))]
+    asg[0].report = asg[1].report = EngineReport("m/x", "m", "ready")
+    [view] = model_views({"m": cfg.models[0]}, {}, asg, {})
+    assert (view.desired_replicas, view.replicas, view.ready) == (3, 3, 2)
+    assert [(g.role, g.ready, g.replicas, g.desired, g.static) for g in view.groups] == \
+        [("prefill", 1, 1, 1, 1), ("decode", 1, 2, 2, 0)]
