@@ -160,13 +160,15 @@ class Placer:
                 self.not_ready[n.name] = n.state
         self.placed_on: dict[str, list[str]] = {}  # model -> the node of each of its replicas
         self.unit_on: dict[tuple[str, str], list[str]] = {}  # (model, role) -> the node of each of the group's
-        for node, model, d, gpus, *role in placed:
+        for pl in placed:
+            node, model, d, gpus = pl[0], pl[1], pl[2], pl[3]
             b = self.bins.get(node) or self.others.get(node)
             if b is None:
                 continue
-            if role and role[0]:
-                b.per_unit[(model, role[0])] += 1
-                self.unit_on.setdefault((model, role[0]), []).append(node)
+            if len(pl) > 4 and pl[4]:  # type: ignore[misc]
+                role: str = pl[4]  # type: ignore[misc]
+                b.per_unit[(model, role)] += 1
+                self.unit_on.setdefault((model, role), []).append(node)
             for i in gpus:
                 b.free_gpus.pop(i, None)
             if d.memory_mb and b.memory_free is not None:

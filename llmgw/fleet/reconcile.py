@@ -91,7 +91,9 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
             plan.warnings += placer_[0].warnings
         return placer_[0]
 
-    by_unit: dict[tuple[str, str], list[Assignment]] = {}
+    # (model, role) -> its running replicas; a replica of no group under its model's name alone (no
+    # tuple made for each of a steady round's replicas)
+    by_unit: dict[str | tuple[str, str], list[Assignment]] = {}
     busy: set[str] = set()  # models with a replica draining: not rebalanced this round
     for a in live:
         if a.spec.is_worker:
@@ -105,7 +107,7 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
         elif not m.matches(a):
             plan.drain.append((a.replica, _mismatch(m, a)))
         else:
-            by_unit.setdefault((a.model, a.spec.role), []).append(a)
+            by_unit.setdefault((a.model, a.spec.role) if a.spec.role else a.model, []).append(a)
     draining = _draining_nodes(nodes, fac.holds)
     grouped = workers_of(live) if draining and any(a.spec.group is not None for a in live) else {}
     for name in sorted(models):
@@ -114,7 +116,7 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
         for u in m.units:
             evict: list[tuple[Assignment, str]] = []
             keep: list[Assignment] = []
-            for a in by_unit.get((name, u.role), ()):
+            for a in by_unit.get((name, u.role) if u.role else name, ()):
                 dom = draining.get(a.node) if draining else None
                 if draining and not dom and a.replica in grouped:  # a worker's node in the held domain
                     dom = next((draining[w.node] for w in grouped[a.replica] if w.node in draining), None)
@@ -152,8 +154,8 @@ def reconcile(models: dict[str, ModelDeploy], nodes: dict[str, Node], assignment
             plan.unplaceable[name] = "; ".join(whys)
     if fac.rebalance and fac.max_moves > 0:
         by_model: dict[str, list[Assignment]] = {}
-        for (model, _), running in by_unit.items():
-            by_model.setdefault(model, []).extend(running)
+        for key, running in by_unit.items():
+            by_model.setdefault(key if isinstance(key, str) else key[0], []).extend(running)
         rebalance(plan, placer, models, nodes, by_model, busy, fac, new_id, now_wall)
     if any(a.spec.group is not None for a in live):  # a draining head takes its workers along
         parts = workers_of(live)
@@ -190,6 +192,6 @@ def _create(plan: Plan, p: Placer, m: ModelDeploy, u: DeployUnit, n: int, new_id
     for node, gpus in spots:
         rid = new_id(m.name)
         a = Assignment(rid, m.name, node, u.spec_for(rid, gpus), m.demand, created_at=now_wall)
-        a._match = (a.spec, u.template, m.demand, a.demand, True)  # made from the template: it matches
+        a._match = (a.spec, m, a.demand, True)  # made from its unit's template: it matches
         plan.create.append(a)
     return why, home

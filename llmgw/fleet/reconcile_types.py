@@ -84,19 +84,17 @@ class ModelDeploy:
     def matches(self, a: Assignment) -> bool:
         # Compared as the spec with its per-replica fields blanked against its own unit's template
         # (a group replica against its group's); the answer is cached on the assignment while its
-        # spec, the template and the demand are the same objects (a steady round compares every
-        # assignment).
-        u = self.unit(a.spec.role)
-        if u is None:
-            return False  # its group is gone (or the model's groups came or went)
-        t = u.template
+        # spec, its demand and this deploy (frozen: its templates with it) are the same objects (a
+        # steady round compares every assignment).
         m = a._match
-        if m is not None and m[0] is a.spec and m[1] is t and m[2] is self.demand and m[3] is a.demand:
-            return bool(m[4])
+        if m is not None and m[0] is a.spec and m[1] is self and m[2] is a.demand:
+            return bool(m[3])
+        u = self.unit(a.spec.role)
         g = a.spec.group
-        ok = (a.demand == self.demand and (g.size if g is not None else 1) == max(1, self.policy.nodes)
-              and replace(a.spec, replica="", gpu_indices=(), generation=0, group=None) == t)
-        a._match = (a.spec, t, self.demand, a.demand, ok)
+        ok = (u is not None  # None: its group is gone (or the model's groups came or went)
+              and a.demand == self.demand and (g.size if g is not None else 1) == max(1, self.policy.nodes)
+              and replace(a.spec, replica="", gpu_indices=(), generation=0, group=None) == u.template)
+        a._match = (a.spec, self, a.demand, ok)
         return ok
 
 
