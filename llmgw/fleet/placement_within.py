@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from llmgw.fleet.domains import LEVELS
-from llmgw.fleet.placement import _WHY, Demand, Placer
+from llmgw.fleet.placement import _WHY, Demand, Placer, _Bin
 
 __all__ = ["home_domain", "home_in", "place_within", "within_refusal"]
 
@@ -77,7 +77,7 @@ def _head(d: Demand, missing: int) -> str:
     return f"{missing} replica{'s' if missing > 1 else ''} cannot be placed (each needs {d.describe()})"
 
 
-def _verdicts(p: Placer, model: str, d: Demand, bins: list) -> str:  # type: ignore[type-arg]
+def _verdicts(p: Placer, model: str, d: Demand, bins: list[_Bin]) -> str:
     pol = p.policy(model)
     counts = Counter(p.misfit(b, d, pol) or "spread" for b in bins)
     return "; ".join(f"{c} {_WHY[r]}" for r, c in sorted(counts.items(), key=lambda rc: (-rc[1], rc[0])))
@@ -88,9 +88,10 @@ def _full(p: Placer, model: str, d: Demand, missing: int, level: str, i: int, ho
     away = sum(1 for b in p.others.values() if b.domains[i] == home)
     parts = [x for x in (_verdicts(p, model, d, mine), f"{away} not ready" if away else "") if x]
     nodes = len(mine) + away
-    return (f"{_head(d, missing)}: keep_within {level}: {home} has no room: of its {nodes} "
-            f"node{'s' if nodes != 1 else ''}, " + "; ".join(parts) if parts else
-            f"{_head(d, missing)}: keep_within {level}: {home} has no room: none of its nodes is ready")
+    head = f"{_head(d, missing)}: keep_within {level}: {home} has no room"
+    if not parts:
+        return f"{head}: none of its nodes is ready"
+    return f"{head}: of its {nodes} node{'s' if nodes != 1 else ''}, " + "; ".join(parts)
 
 
 def _nowhere(p: Placer, model: str, d: Demand, missing: int, level: str, i: int) -> str:
