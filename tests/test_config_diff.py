@@ -120,3 +120,25 @@ def test_on_demand_vllm_adapters_apply_but_static_ones_make_a_candidate() -> Non
     assert actions(plan_for(two, live=model(one))) == [("models.m", "adapters", "apply")]
     static = two + "static = true\n"
     assert actions(plan_for(static, live=model(one))) == [("models.m", "adapters", "candidate")]
+
+
+PD = BASE + """[models.pd]
+[[models.deploy.roles]]
+role = "prefill"
+count = 1
+args = ["--p"]
+[[models.deploy.roles]]
+role = "decode"
+count = 2
+args = ["--d"]
+"""
+
+
+def test_a_prefill_or_decode_groups_count_applies_and_its_args_make_a_candidate() -> None:
+    live = model(PD)
+    p = plan_for(PD.replace("count = 2\nargs = [\"--d\"]", "count = 3\nargs = [\"--d\"]"), live=live)
+    assert actions(p) == [("models.m", "deploy.roles", "apply")]
+    assert [g.count for g in p.models["m"].live.deploy.roles] == [1, 3] and p.models["m"].candidate is None
+    p = plan_for(PD.replace('["--d"]', '["--e"]').replace("count = 1\n", "count = 2\n"), live=live)
+    assert actions(p) == [("models.m", "deploy.roles", "candidate")]
+    assert p.models["m"].candidate.deploy.roles[1].args == ("--e",)

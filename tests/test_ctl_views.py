@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmgw.admin_client.printable import printable
-from llmgw.cli.ctl.views import model_text, status_text, store_line, value_text
+from llmgw.cli.ctl.views import groups_text, model_text, status_text, store_line, value_text
 
 STATUS: dict[str, Any] = {
     "version": "0.1.0", "router_id": "51cb1d44d4d5", "nodes": {"ready": 2, "lost": 1}, "assignments": 3,
@@ -196,3 +196,13 @@ def test_kv_rows_and_summary() -> None:
     assert "ALARM:" in text and "PYTHONHASHSEED" in text
     assert kv_summary_lines({"enabled": False})[0].startswith("tier 2 index: none")
     assert kv_rows({"replicas": [None, {"parity": "x"}]})  # odd answers do not crash it
+
+
+def test_a_disaggregated_models_roles_read_ready_over_desired() -> None:
+    view = {"name": "m", "ready": 2, "desired_replicas": 3,
+            "groups": [{"role": "prefill", "desired": 1, "replicas": 1, "ready": 1, "static": 0},
+                       {"role": "decode", "desired": 2, "replicas": 2, "ready": 1, "static": 1},
+                       {"role": "decode\x1b[2J", "desired": 0, "replicas": 0, "ready": 0, "static": 2}]}
+    assert groups_text(view) == "prefill 1/1, decode 1/2 + 1 static, decode\\x1b[2J 2 static"
+    assert lines(model_text({"name": "m"}, view))["roles"] == groups_text(view)
+    assert groups_text({"name": "m"}) == "" and "roles" not in lines(model_text({"name": "m"}, {"ready": 1}))

@@ -61,6 +61,7 @@ __all__ = [
     "ReplicaCache",
     "ReplicaView",
     "RequestDecisions",
+    "RoleGroupView",
     "ScaleBody",
     "ScaleDecisionView",
     "ScrapedMetrics",
@@ -165,17 +166,31 @@ ModelDefinition = Annotated[dict[str, Any], Shape(
 
 
 @dataclass(slots=True)
+class RoleGroupView:
+    """One prefill/decode role of a disaggregated model: its deploy group and static endpoints."""
+    role: str = prop("prefill or decode")
+    desired: int = prop("the group's count ([[models.deploy.roles]]); 0 for a role only static endpoints have")
+    replicas: int = prop("placed replicas of the group meant to run")
+    ready: int = prop("of those, how many are ready")
+    static: int = prop("static endpoints ([[models.replicas]]) with this role", 0)
+
+
+@dataclass(slots=True)
 class ModelView:
     name: str
     engine: str = prop("vllm or llamacpp")
     source: str = prop("config (the config file owns it), api, or adopted (rebuilt from an engine's spec by "
                        "`llmgw daemon --adopt`; an edit makes it api)")
-    desired_replicas: int | None = prop("the deploy profile's count; null: static replicas only")
+    desired_replicas: int | None = prop("the deploy profile's count (with prefill/decode groups: their sum); null: "
+                                        "static replicas only")
     replicas: int = prop("placed replicas meant to run")
     ready: int = prop("of those, how many are ready")
     static_replicas: int = prop("endpoints listed in the definition")
     unplaceable: str | None = prop("why the placer cannot place the missing replicas, if it cannot")
     definition: ModelDefinition = prop("the whole definition in force")
+    groups: list[RoleGroupView] = prop("a disaggregated model's prefill and decode roles, each with its desired and "
+                                       "ready count (deploy groups first, in the definition's order); empty for a "
+                                       "model without roles", factory=list)
 
 
 @dataclass(slots=True)
@@ -218,6 +233,8 @@ class ReplicaView:
     routable: bool = prop("in the router's scheduler and taking new requests")
     inflight: int = prop("requests the router has on it now")
     created_at: float = prop("Unix time")
+    role: str = prop("its part in prefill/decode disaggregation, as it is routed: prefill, decode (a group of "
+                     "[[models.deploy.roles]]) or both", "both")
 
 
 @dataclass(slots=True)
@@ -274,6 +291,7 @@ class EndpointStatus:
     draining: bool
     wall: float = prop("Unix time of this snapshot")
     scrape: ScrapedMetrics | None = prop("the last scrape; null before the first")
+    role: str = prop("prefill, decode or both: its part in prefill/decode disaggregation", "both")
 
 
 # -- decisions --------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ class HoldBody:
 class PlacementCandidate:
     node: str
     verdict: str = prop("chosen, fits (ranks lower), held, selector, gpus, gpu_memory, memory, power, spread, "
-                        "not_ready or lost")
+                        "keep_within (outside the one domain a disaggregated model is kept in), not_ready or lost")
     detail: str = prop("the rule's figures, or the ranking: the model's replicas in each domain")
     domains: list[str]
 

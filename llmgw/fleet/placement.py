@@ -10,6 +10,13 @@ the domain with the fewest replicas of any model), then fewest of the model on t
 least-loaded node, then the name (so placement is deterministic). GPUs are taken best-fit: the
 smallest free ones that are large enough, so large GPUs stay free for large models.
 
+A disaggregated model's prefill and decode groups (a `unit` of `place`) are the model to every rule
+(a hard spread rule counts all its replicas); the soft spread ranks by the fewest of the *group*
+first, then of the model, so each group spreads over the domains on its own — a lost rack does not
+take all of one role — and the groups sit apart where there is room. A placement may be confined to
+some nodes (`only`): keep_within (placement_within.py) keeps a model inside one domain that way,
+without it being part of what a replica demands (a stored assignment never mismatches over it).
+
 A tree of domains with a lazy heap at each level keeps placing many replicas cheap
 (placement_tree.py). Multi-node replicas (``Policy.nodes > 1``) are placed all-or-nothing inside
 one domain of ``keep_within`` (placement_group.py); a placement's explanation is
@@ -19,13 +26,13 @@ placement_explain.py.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmgw.fleet.domains import LEVELS, node_domains
 from llmgw.fleet.nodes import Node
-from llmgw.fleet.placement_tree import DomainTree, Skeleton
+from llmgw.fleet.placement_tree import DomainTree, Skeleton, UnitTree
 from llmgw.fleet.power import NodePower, node_power, replica_watts
 from llmgw.fleet.spread import DEFAULT_SPREAD, MinCount, SpreadRule
 
@@ -72,6 +79,7 @@ class Policy:
     watts: int = 0  # declared draw of one replica (on each of its nodes)
     nodes: int = 1  # nodes per replica
     keep_within: str = ""  # a level of LEVELS: all of a multi-node replica's nodes in one domain of it
+    all_within: str = ""  # a level of LEVELS: all of the model's replicas in one domain of it ([models.pd] keep_within)
 
 
 DEFAULT_POLICY = Policy()
@@ -81,6 +89,10 @@ RULES = ("held", "selector", "gpus", "gpu_memory", "memory", "power", "spread")
 _WHY = {"held": "are in a held domain", "selector": "lack the selector labels", "gpus": "have too few free GPUs",
         "gpu_memory": "have too few free GPUs with enough memory", "memory": "have too little free memory",
         "power": "would take a domain past its power budget", "spread": "would break a hard spread rule"}
+
+
+# A replica already placed: (node, model, demand, gpu indices[, role of its prefill/decode group]).
+Placed = tuple[str, str, Demand, tuple[int, ...]] | tuple[str, str, Demand, tuple[int, ...], str]
 
 
 @dataclass
@@ -96,6 +108,7 @@ class _Bin:
     max_over: float = 0.0  # the most one of its GPUs adds under load
     replicas_w: float = 0.0  # what the replicas placed on it add to its draw
     per_model: Counter[str] = field(default_factory=Counter)
+    per_unit: Counter[tuple[str, str]] = field(default_factory=Counter)  # (model, role): a group's replicas
     total: int = 0
 
     @property
@@ -116,11 +129,11 @@ class Placer:
     """Capacity, holds and power of the nodes for one reconciliation round; `place` consumes it."""
 
     def __init__(self, nodes: Iterable[Node],
-                 placed: Iterable[tuple[str, str, Demand, tuple[int, ...]]] = (), *,
-                 holds: dict[str, str] | None = None, budgets: dict[str, float] | None = None,
+                 placed: Iterable[Placed] = (), *, holds: dict[str, str] | None = None, budgets: dict[str, float] | None = None,
                  policies: dict[str, Policy] | None = None) -> None:
-        """nodes: all known nodes; placed: (node, model, demand, gpu indices) already there;
-        holds: held domain -> reason; budgets: domain -> watts; policies: model -> Policy."""
+        """nodes: all known nodes; placed: (node, model, demand, gpu indices[, role]) already there
+        (role: its prefill/decode group, "" or left out for none); holds: held domain -> reason;
+        budgets: domain -> watts; policies: model -> Policy."""
         self.holds = dict(holds or {})
         self.budgets = dict(budgets or {})
         self.policies = policies or {}
@@ -146,10 +159,16 @@ class Placer:
                 self.others[n.name] = b
                 self.not_ready[n.name] = n.state
         self.placed_on: dict[str, list[str]] = {}  # model -> the node of each of its replicas
-        for node, model, d, gpus in placed:
+        self.unit_on: dict[tuple[str, str], list[str]] = {}  # (model, role) -> the node of each of the group's
+        for pl in placed:
+            node, model, d, gpus = pl[0], pl[1], pl[2], pl[3]
             b = self.bins.get(node) or self.others.get(node)
             if b is None:
                 continue
+            if len(pl) > 4 and pl[4]:  # type: ignore[misc]
+                role: str = pl[4]  # type: ignore[misc]
+                b.per_unit[(model, role)] += 1
+                self.unit_on.setdefault((model, role), []).append(node)
             for i in gpus:
                 b.free_gpus.pop(i, None)
             if d.memory_mb and b.memory_free is not None:
@@ -167,6 +186,7 @@ class Placer:
                     self.draw[dom] += w
                     self.load[dom] += b.total
         self._counts: dict[str, list[Counter[str]]] = {}  # model -> per level: domain -> replicas
+        self._unit_counts: dict[tuple[str, str], list[Counter[str]]] = {}  # the same per (model, role)
         self._fits: dict[tuple[Demand, int], list[_Bin]] = {}
         # per fits list (the object kept, so that its id is not reused): its skeleton, its domains
         self._skeletons: dict[tuple[int, tuple[int, ...]], tuple[list[_Bin], Skeleton]] = {}
@@ -181,6 +201,20 @@ class Placer:
         if c is None:
             c = self._counts[model] = [Counter() for _ in LEVELS]
             for node in self.placed_on.get(model, ()):
+                b = self.bins.get(node) or self.others.get(node)
+                if b is not None:
+                    for i, dom in enumerate(b.domains):
+                        if dom:
+                            c[i][dom] += 1
+        return c
+
+    def unit_counts(self, model: str, role: str) -> list[Counter[str]]:
+        """A group's replicas per domain, one Counter per level of LEVELS."""
+        key = (model, role)
+        c = self._unit_counts.get(key)
+        if c is None:
+            c = self._unit_counts[key] = [Counter() for _ in LEVELS]
+            for node in self.unit_on.get(key, ()):
                 b = self.bins.get(node) or self.others.get(node)
                 if b is not None:
                     for i, dom in enumerate(b.domains):
@@ -263,7 +297,7 @@ class Placer:
         return out
 
     # -- placing --------------------------------------------------------------------------------
-    def take(self, b: _Bin, d: Demand, model: str, pol: Policy) -> tuple[int, ...]:
+    def take(self, b: _Bin, d: Demand, model: str, pol: Policy, unit: str = "") -> tuple[int, ...]:
         gpus = b.gpus_for(d) or ()
         for i in gpus:
             del b.free_gpus[i]
@@ -281,16 +315,30 @@ class Placer:
         b.per_model[model] += 1
         b.total += 1
         self.placed_on.setdefault(model, []).append(b.name)
+        if unit:
+            ucounts = self.unit_counts(model, unit)
+            for i, dom in enumerate(b.domains):
+                if dom:
+                    ucounts[i][dom] += 1
+            b.per_unit[(model, unit)] += 1
+            self.unit_on.setdefault((model, unit), []).append(b.name)
         return gpus
 
-    def place(self, model: str, d: Demand, n: int) -> tuple[list[tuple[str, tuple[int, ...]]], str | None]:
-        """Up to n single-node placements as (node, gpu indices); and why not all, when not all fit."""
+    def place(self, model: str, d: Demand, n: int, *, unit: str = "", only: Callable[[_Bin], bool] | None = None
+              ) -> tuple[list[tuple[str, tuple[int, ...]]], str | None]:
+        """Up to n single-node placements as (node, gpu indices); and why not all, when not all fit.
+        `unit`: the prefill/decode group they are of ("": none); `only`: the nodes they may go to
+        (None: any; the why of what did not fit is then over every node: its caller says better)."""
         pol = self.policy(model)
         counts = self.counts(model)
         hard = [r for r in pol.spread if r.hard]
         fits = self.eligible(d, pol)
+        if only is not None:
+            fits = [b for b in fits if only(b)]
         mins = self.mins(model, fits, pol) if hard else {}
-        tree = DomainTree(self.skeleton(fits, pol), counts, self.load, model)
+        skel = self.skeleton(fits, pol)
+        tree = (UnitTree(skel, counts, self.load, model, self.unit_counts(model, unit), (model, unit)) if unit
+                else DomainTree(skel, counts, self.load, model))
         out: list[tuple[str, tuple[int, ...]]] = []
         deferred: list[str] = []  # refused by a hard spread rule for now: the minimum may rise
         while len(out) < n:
@@ -299,7 +347,8 @@ class Placer:
                 if not deferred:
                     break
                 # Domains may have filled up since the minimum was taken: take it again, retry.
-                fresh = self.mins(model, self.eligible(d, pol, fresh=True), pol)
+                again = self.eligible(d, pol, fresh=True)
+                fresh = self.mins(model, again if only is None else [b for b in again if only(b)], pol)
                 if all(fresh[i].min == mins[i].min for i in fresh):
                     break
                 mins = fresh
@@ -316,7 +365,7 @@ class Placer:
                 deferred.append(b.name)
                 continue
             old = [counts[i][b.domains[i]] for i in mins]
-            out.append((b.name, self.take(b, d, model, pol)))
+            out.append((b.name, self.take(b, d, model, pol, unit)))
             for i, c in zip(list(mins), old, strict=True):
                 mins[i].bump(b.domains[i], c)
             if self.misfit(b, d, pol) is not None:
@@ -327,12 +376,14 @@ class Placer:
                 deferred = []
         return out, (None if len(out) == n else self.why_not(model, d, n - len(out)))
 
-    def choose(self, model: str, d: Demand) -> str | None:
+    def choose(self, model: str, d: Demand, only: Callable[[_Bin], bool] | None = None) -> str | None:
         """Where the next replica would go, taking nothing (the explanation's "chosen")."""
         pol = self.policy(model)
         counts = self.counts(model)
         hard = [r for r in pol.spread if r.hard]
         fits = self.eligible(d, pol, fresh=True)
+        if only is not None:
+            fits = [b for b in fits if only(b)]
         mins = self.mins(model, fits, pol) if hard else {}
         tree = DomainTree(self.skeleton(fits, pol), counts, self.load, model)
         while (best := tree.best()) is not None:

@@ -5,7 +5,9 @@ its node is the one *chosen*; for a model that cannot place a replica, the same 
 the next one. Each other node is either a candidate that *fits* but ranks lower (the ranking is the
 spread key: the model's replicas in each of the node's domains, outermost level first, then on the
 node, then the node's load) or refused by the first rule that fails: held, selector, gpus,
-gpu_memory, memory, power, spread — or not ready / lost.
+gpu_memory, memory, power, spread — or not ready / lost. A disaggregated model kept inside one
+domain ([models.pd] keep_within, placement_within.py) refuses the nodes outside its domain (or
+without a label at the level) as ``keep_within``, after every other rule.
 
 That table is *now*'s: the control plane also keeps the table as it stood when each replica was
 placed (:func:`at_placement`, docs/placement.md), so a rejection that has since gone (a hold
@@ -18,7 +20,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmgw.fleet.domains import LEVELS
 from llmgw.fleet.placement import Demand, Placer, _Bin
+from llmgw.fleet.placement_within import home_in, within_refusal
 
 __all__ = ["AT_PLACEMENT_ROWS", "AtPlacement", "Candidate", "Explanation", "at_placement", "explain"]
 
@@ -29,7 +33,7 @@ AT_PLACEMENT_ROWS = 20  # candidates kept in a placement-time record; its counts
 @dataclass(frozen=True)
 class Candidate:
     node: str
-    verdict: str  # "chosen" | "fits" | a rule of placement.RULES | "not_ready" | "lost"
+    verdict: str  # "chosen" | "fits" | a rule of placement.RULES | "keep_within" | "not_ready" | "lost"
     detail: str
     domains: tuple[str, ...] = ()
 
@@ -111,10 +115,19 @@ def explain(p: Placer, model: str, d: Demand, *, replica: str | None = None, nod
     levels = sorted({r.index for r in pol.spread})
     hard = [r for r in pol.spread if r.hard]
     rows: list[tuple[tuple[Any, ...], Candidate]] = []
-    fits = [b for b in p.bins.values() if p.misfit(b, d, pol) is None]
+    level = pol.all_within if pol.all_within in LEVELS else ""
+    home = home_in(p, model, level) if level else None
+
+    def away(b: _Bin) -> str | None:  # keep_within's refusal of `b`, if any
+        return within_refusal(b.domains, level, home) if level else None
+
+    fits = [b for b in p.bins.values() if p.misfit(b, d, pol) is None and away(b) is None]
     mins = p.mins(model, fits, pol)
     for b in p.bins.values():
         rule = p.misfit(b, d, pol)
+        if rule is None and (out := away(b)) is not None:
+            rows.append(((1, "keep_within", b.name), Candidate(b.name, "keep_within", out, b.domains)))
+            continue
         if rule is None and hard:
             ref = p.spread_refusal(b, counts, mins, hard)
             if ref is not None:
@@ -145,13 +158,16 @@ def explain(p: Placer, model: str, d: Demand, *, replica: str | None = None, nod
             cands = [c for c in cands if c.node != node]
         else:
             why = f"placed on {node}, which is no longer known"
-    elif (nxt := p.choose(model, d)) is not None:
+    elif (nxt := p.choose(model, d, (lambda b: away(b) is None) if level else None)) is not None:
         first = next(c for c in cands if c.node == nxt)
         cands.remove(first)
         chosen = Candidate(first.node, "chosen", first.detail, first.domains)
         why = f"the next replica would go to {first.node}: fewest {first.detail}"
     else:
         why = p.why_not(model, d, 1)
+        if level and any(c.verdict == "keep_within" for c in cands):
+            why += (f" (keep_within {level}: " + (f"{home} has no room" if home else f"no node labelled with a {level} "
+                                                                                  "fits") + ")")
     verdicts = Counter(c.verdict for c in cands)
     if chosen is not None:
         verdicts["chosen"] += 1

@@ -8,6 +8,9 @@ level keeps a heap of its children, built when first read. Keys only grow while 
 and loads go up, a node that fills up leaves), so a heap's top is re-checked and re-sifted when
 stale ("lazy"). A branch with nothing left is dropped from its parent's heap; a node that comes
 back (deferred by a hard spread rule, then let) is pushed again along its path.
+
+A prefill/decode group's replica (UnitTree) ranks by the fewest of its group first, then of the
+model, then the load: each group spreads on its own, and apart from the other where it can.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["DomainTree", "Skeleton"]
+__all__ = ["DomainTree", "Skeleton", "UnitTree"]
 
 Key = tuple[Any, ...]
 
@@ -120,3 +123,26 @@ class DomainTree:
             k = self._entry(lv, child)
             if k is not None:
                 heapq.heappush(h, (k, child))
+
+
+class UnitTree(DomainTree):
+    """A DomainTree for one group of a disaggregated model: `unit_counts` are the group's replicas
+    per domain, per level (they only grow while placing, as the model's do), `unit` its key in a
+    node's ``per_unit``."""
+
+    def __init__(self, skel: Skeleton, counts: list[Counter[str]], load: Counter[str], model: str,
+                 unit_counts: list[Counter[str]], unit: tuple[str, str]) -> None:
+        super().__init__(skel, counts, load, model)
+        self.unit_counts = unit_counts
+        self.unit = unit
+
+    def _entry(self, lv: _Level, name: str) -> Key | None:
+        if lv.dom_index is None:
+            if name in self.gone:
+                return None
+            b = lv.children[name]
+            return (b.per_unit[self.unit], b.per_model[self.model], b.total, name)
+        if not name:
+            return (0, 0, 0, name)
+        i = lv.dom_index
+        return (self.unit_counts[i][name], self.counts[i][name], self.load[name], name)

@@ -86,6 +86,10 @@ class EngineSpec:
     kv_events: bool = False  # vLLM publishes KV cache events (the agent picks the endpoints)
     lora: LoraLaunch | None = None  # the model declares LoRA adapters
     group: GroupLaunch | None = None  # a part of a multi-node replica
+    # a disaggregated model's group ([[models.deploy.roles]]): "prefill" or "decode"; "" outside one.
+    # The agent runs it as any engine (the group's args carry the engine's KV-transfer flags); the
+    # router routes it with this role.
+    role: str = ""
 
     @property
     def is_worker(self) -> bool:
@@ -106,7 +110,8 @@ class EngineSpec:
                 # only when on: the spec_hash of every engine without it stays as it was (no restarts)
                 **({"kv_events": True} if self.kv_events else {}),
                 **({"lora": self.lora.to_wire()} if self.lora is not None else {}),
-                **({"group": self.group.to_wire()} if self.group is not None else {})}
+                **({"group": self.group.to_wire()} if self.group is not None else {}),
+                **({"role": self.role} if self.role else {})}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> EngineSpec:
@@ -117,7 +122,8 @@ class EngineSpec:
                    health_timeout_s=float(d.get("health_timeout_s", 600.0)),
                    generation=int(d.get("generation", 0)), kv_events=bool(d.get("kv_events", False)),
                    lora=LoraLaunch.from_wire(d["lora"]) if isinstance(d.get("lora"), dict) else None,
-                   group=GroupLaunch.from_wire(d["group"]) if isinstance(d.get("group"), dict) else None)
+                   group=GroupLaunch.from_wire(d["group"]) if isinstance(d.get("group"), dict) else None,
+                   role=str(d.get("role", "")))
 
 
 @dataclass

@@ -39,6 +39,7 @@ MAX_KV_COUNT = 1 << 32  # one counter's increment in one message
 MAX_LORA_ADAPTERS = 1024  # adapters an engine spec loads at start
 MAX_LORA_TEXT = 4096  # an adapter's name or source, in chars
 MAX_GROUP_NODES = 64  # nodes of one multi-node replica
+MAX_ROLE = 32  # an engine spec's prefill/decode role ("prefill", "decode"; a newer router may say more)
 MAX_PEER = MAX_NAME + 8  # a worker's address, host:port
 MAX_ROUTERS = 64  # routers one welcome or `routers` message lists
 MAX_PEM = 16 << 10  # a router's CA certificate (PEM) in a routers list, in chars
@@ -188,7 +189,8 @@ def _spec(v: Any, path: str) -> EngineSpec:
         gpu_indices=_field(d, path, "gpu_indices", _tuple_of(_int), ()),
         health_timeout_s=_field(d, path, "health_timeout_s", _positive, 600.0),
         generation=_field(d, path, "generation", _int, 0), kv_events=_field(d, path, "kv_events", _bool, False),
-        lora=_field(d, path, "lora", _opt(_lora), None), group=_field(d, path, "group", _opt(_group), None))
+        lora=_field(d, path, "lora", _opt(_lora), None), group=_field(d, path, "group", _opt(_group), None),
+        role=_field(d, path, "role", _bounded_str(MAX_ROLE), ""))
 
 
 def _peer(v: Any, path: str) -> str:

@@ -4,7 +4,8 @@ does with each difference. Pure: the shell (daemon/control/plane/config_reload.p
 Every difference gets one of three actions (docs/configuration.md, "Reloading the config file"):
 
 - **apply** — at once, restarting no engine: a model's `strategy`, `pools`, `lifecycle`, `autoscale`, its deploy
-  `count` (scale), `spread` and `watts` (placement policy), adapters whose change launches no engine
+  `count` (scale), `spread` and `watts` (placement policy), the counts of its prefill/decode groups
+  (`deploy.roles` changed in nothing else: each group scales), adapters whose change launches no engine
   differently (vLLM on-demand adapters); `[[strategies]]`; `[facility]` (budgets, rebalancing);
   models added to or removed from the file. Also any change of a model nothing serves yet (no
   replica placed): there is nothing to check a candidate against.
@@ -141,6 +142,14 @@ def _with_count(m: ModelConfig, count: int) -> ModelConfig:
     return m if m.deploy is None or m.deploy.count == count else replace(m, deploy=replace(m.deploy, count=count))
 
 
+def _counts_only(old: Any, new: Any) -> bool:
+    """Two `deploy.roles` lists (plain) that differ in nothing but their groups' counts."""
+    if not isinstance(old, list) or not isinstance(new, list) or len(old) != len(new):
+        return False
+    return all(isinstance(a, dict) and isinstance(b, dict) and {**a, "count": 0} == {**b, "count": 0}
+               for a, b in zip(old, new, strict=True))
+
+
 def _hot_merge(live: ModelConfig, file: ModelConfig, adapters_hot: bool) -> ModelConfig:
     """`live` with the file's hot keys."""
     out = replace(live, strategy=file.strategy, pools=file.pools, lifecycle=file.lifecycle)
@@ -150,6 +159,8 @@ def _hot_merge(live: ModelConfig, file: ModelConfig, adapters_hot: bool) -> Mode
     if out.deploy is not None and file.deploy is not None:
         out = replace(out, deploy=replace(out.deploy, count=file.deploy.count, spread=file.deploy.spread,
                                           watts=file.deploy.watts))
+        if [replace(g, count=0) for g in out.deploy.roles] == [replace(g, count=0) for g in file.deploy.roles]:
+            out = replace(out, deploy=replace(out.deploy, roles=file.deploy.roles))  # the groups' counts
     return out
 
 
@@ -207,6 +218,9 @@ def diff_models(file_models: tuple[ModelConfig, ...], live: Mapping[str, ModelCo
                 rows.append(Change(sec, key, "apply", old, new, MODEL_HOT[top]))
             elif top == "deploy" and not static_change and key.split(".")[1] in DEPLOY_HOT:
                 rows.append(Change(sec, key, "apply", old, new, DEPLOY_HOT[key.split(".")[1]]))
+            elif key == "deploy.roles" and not static_change and _counts_only(old, new):
+                rows.append(Change(sec, key, "apply", old, new, "a group's count: replicas of that group are placed "
+                                                                "or drained"))
             elif top in _ADAPTER_KEYS and adapters_hot:
                 rows.append(Change(sec, key, "apply", old, new, "loaded on demand: no engine restarts"))
             elif top in MODEL_RESTART or static_change:

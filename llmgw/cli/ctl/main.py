@@ -28,7 +28,7 @@ from llmgw.cli.ctl.lifecycle import MODEL_ACTIONS, add_model_options, model_acti
 from llmgw.cli.ctl.output import CtlError, age, emit, table
 from llmgw.cli.ctl.routing import register as register_routing
 from llmgw.cli.ctl.tenants import register as register_tenants
-from llmgw.cli.ctl.views import model_text, routers_text, status_text, store_line
+from llmgw.cli.ctl.views import groups_text, model_text, routers_text, status_text, store_line
 from llmgw.fleet.domains import expand_key, label_clash
 
 __all__ = ["CtlError", "main", "store_line"]
@@ -263,8 +263,9 @@ def cmd_models(api: Admin, ns: argparse.Namespace) -> None:
 
     def render(models: list[dict[str, Any]]) -> str:
         rows = [[m["name"], m.get("engine"), m.get("source"),
-                 f"{m.get('ready', 0)}/{m['desired_replicas']}" if m.get("desired_replicas") is not None
-                 else f"{m.get('static_replicas', 0)} static",
+                 (f"{m.get('ready', 0)}/{m['desired_replicas']}" if m.get("desired_replicas") is not None
+                  else f"{m.get('static_replicas', 0)} static")
+                 + (f" ({groups})" if (groups := groups_text(m)) else ""),  # prefill 1/1, decode 2/2
                  len((m.get("definition") or {}).get("adapters") or ()) or "",  # LoRA adapters declared
                  m.get("unplaceable") or ""] for m in models]
         return table(rows, ["MODEL", "ENGINE", "SOURCE", "READY", "ADAPTERS", "PROBLEM"])
@@ -274,10 +275,13 @@ def cmd_models(api: Admin, ns: argparse.Namespace) -> None:
 
 def cmd_replicas(api: Admin, ns: argparse.Namespace) -> None:
     def render(reps: list[dict[str, Any]]) -> str:
+        roles = any(r.get("role", "both") != "both" for r in reps)  # a disaggregated model's: the ROLE column
         rows = [[r["replica"], r["node"], r["state"] + ("" if r.get("desired") == "run" else f" ({r['desired']})"),
+                 *([r.get("role", "both")] if roles else []),
                  r.get("url"), r.get("pid"), r.get("restarts", 0), r.get("gpus"), r.get("inflight", 0),
                  r.get("detail", "")] for r in reps]
-        return table(rows, ["REPLICA", "NODE", "STATE", "URL", "PID", "RESTARTS", "GPUS", "INFLIGHT", "DETAIL"])
+        return table(rows, ["REPLICA", "NODE", "STATE", *(["ROLE"] if roles else []), "URL", "PID", "RESTARTS", "GPUS",
+                            "INFLIGHT", "DETAIL"])
 
     emit(ns, api.call("GET", "/replicas", params={"model": ns.model, "node": ns.node}), render)
 

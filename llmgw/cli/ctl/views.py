@@ -11,8 +11,8 @@ from typing import Any
 
 from llmgw.admin_client.printable import printable
 
-__all__ = ["ADAPTER_HEADERS", "KEY_WIDTH", "adapter_rows", "adapters_footer", "model_text", "status_text", "store_line",
-           "value_text"]
+__all__ = ["ADAPTER_HEADERS", "KEY_WIDTH", "adapter_rows", "adapters_footer", "groups_text", "model_text",
+           "status_text", "store_line", "value_text"]
 
 KEY_WIDTH = 20  # the key column; "partition suspected" is the longest status key
 NONE = "none"
@@ -174,6 +174,22 @@ def _flat(prefix: str, v: Any) -> Iterator[tuple[str, str]]:
         yield prefix, value_text(v)
 
 
+def groups_text(view: Mapping[str, Any]) -> str:
+    """A disaggregated model's roles, ready/desired each: ``prefill 1/1, decode 2/2`` (a role of
+    static endpoints only: ``prefill 2 static``); "" for a model without roles."""
+    out = []
+    for g in view.get("groups") or ():
+        if not isinstance(g, Mapping):
+            continue
+        role = printable(str(g.get("role", "?")))
+        static = f"{g.get('static')} static" if g.get("static") else ""
+        if g.get("desired") or not static:
+            out.append(f"{role} {g.get('ready', 0)}/{g.get('desired', 0)}" + (f" + {static}" if static else ""))
+        else:
+            out.append(f"{role} {static}")
+    return ", ".join(out)
+
+
 def model_text(definition: Mapping[str, Any], view: Mapping[str, Any] | None = None) -> str:
     """`GET /models/{name}` (the definition) with, when given, the model's row of `GET /models`
     (readiness and why replicas cannot be placed) above it."""
@@ -182,6 +198,8 @@ def model_text(definition: Mapping[str, Any], view: Mapping[str, Any] | None = N
         out.append(_line("source", value_text(view.get("source"))))
         if view.get("desired_replicas") is not None:
             out.append(_line("ready", f"{view.get('ready', 0)}/{view['desired_replicas']} replicas"))
+        if groups := groups_text(view):
+            out.append(_line("roles", groups))
         if view.get("static_replicas"):
             out.append(_line("static endpoints", value_text(view["static_replicas"])))
         if view.get("unplaceable"):

@@ -282,7 +282,7 @@ class RouterAdapter:
                 running=row["running"], waiting=row["waiting"], kv_usage=row["kv_usage"], stale=row["stale"],
                 scrape_age_s=row["scrape_age_s"], scrape_error=row["scrape_error"], drain_rate=row["drain_rate"],
                 breaker=breaker_view(row["breaker"]), adapters=row["adapters"], node=row["node"],
-                draining=row["draining"], wall=row["wall"],
+                draining=row["draining"], wall=row["wall"], role=row["role"],
                 scrape=scraped_metrics_view(rep.last_scrape if rep is not None else None)))
         return out
 

@@ -258,6 +258,6 @@ class Registry(ReplicaTable):
                         "stale": v.stale, "scrape_age_s": None if v.scraped_at is None else now - v.scraped_at,
                         "scrape_error": r.scrape_error, "drain_rate": v.drain_rate,
                         "breaker": r.breaker.snapshot(), "adapters": sorted(v.adapters),
-                        "node": r.node, "draining": r.draining,
+                        "node": r.node, "draining": r.draining, "role": v.role,
                         "wall": time.time()})
         return out

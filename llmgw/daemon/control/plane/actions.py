@@ -75,6 +75,9 @@ class OperatorActions:
             raise KeyError(name)
         if m.deploy is None:
             raise ModelError(f"model {name} has no [models.deploy] profile: its replicas are static")
+        if m.deploy.roles:
+            raise ModelError(f"model {name} has prefill/decode groups ([[models.deploy.roles]]): each group's count "
+                             "is in its definition (`llmgw ctl models update`); scaling a group is not supported yet")
         if m.autoscale is not None:  # the autoscaler's: pinned at `count` until released
             p.autoscaling.pin(name, count)
             return m

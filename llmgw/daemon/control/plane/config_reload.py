@@ -39,7 +39,9 @@ def engines_differ(a: ModelConfig, b: ModelConfig) -> bool:
     da, db = deploy_of(a), deploy_of(b)
     if da is None or db is None:
         return (da is None) != (db is None)
+    # a disaggregated model's groups: each group's template (its count is a scale)
     return (da.template != db.template or da.demand != db.demand
+            or [(u.role, u.template) for u in da.roles] != [(u.role, u.template) for u in db.roles]
             or max(1, da.policy.nodes) != max(1, db.policy.nodes) or da.policy.keep_within != db.policy.keep_within)
 
 

@@ -118,7 +118,8 @@ class FacilityControl:
     # -- views -------------------------------------------------------------------------------------
     def placer(self, nodes: Iterable[Node], assignments: Iterable[Assignment],
                deploys: Mapping[str, ModelDeploy]) -> Placer:
-        return Placer(nodes, ((a.node, a.model, a.demand, a.spec.gpu_indices) for a in assignments),
+        return Placer(nodes, ((a.node, a.model, a.demand, a.spec.gpu_indices, a.spec.role)
+                              for a in assignments),
                       holds={d: h.reason for d, (h, _) in self.holds.items()}, budgets=self.budgets,
                       policies={n: m.policy for n, m in deploys.items()})
 

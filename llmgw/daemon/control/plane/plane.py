@@ -355,7 +355,7 @@ class ControlPlane(Leading):
         if a.desired == "run":
             d = m.deploy or DeployConfig()  # type: ignore[union-attr]
             self.router.add_replica(m, a.replica, r.url, pool=d.pool, weight=d.weight,  # type: ignore[arg-type]
-                                    node=a.node)
+                                    node=a.node, role=a.spec.role or "both")  # a prefill/decode group's role
         else:
             self.router.drain_replica(a.replica)
 

@@ -203,6 +203,12 @@ def adopt(plane: AdoptHost, node: str, report: EngineReport) -> bool:
                     MAX_PER_NODE)
         return False
     m = plane.models.get(spec.model)
+    if spec.role and (m is None or plane.sources.get(spec.model) == "adopted"):
+        # a prefill/decode group's engine: one engine's spec cannot tell the model's groups
+        log.warning("node %s: engine %s not adopted: it is a %s replica of model %s, which neither the config "
+                    "nor the store defines (define the model with its groups, then adopt)", node, report.replica,
+                    spec.role, spec.model)
+        return False
     if m is None or plane.sources.get(spec.model) == "adopted":
         count = 1 + sum(1 for a in plane.assignments.values() if a.model == spec.model and a.desired == "run")
         rebuilt = adopted_model(spec, count, plane.cfg.pools)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from llmgw.admin.schema import ModelView, NodeView, ReplicaView
+from llmgw.admin.schema import ModelView, NodeView, ReplicaView, RoleGroupView
 from llmgw.admin.views import node_facts_view
 from llmgw.config import ModelConfig, model_to_dict
 from llmgw.daemon.router.control_port import RouterPort
@@ -69,7 +69,7 @@ def replica_views(assignments: Iterable[Assignment], router: RouterPort) -> list
             log_tail=list(r.log_tail) if r else [], adopted=r.adopted if r else False,
             gpus=list(a.spec.gpu_indices), generation=a.spec.generation, reason=a.reason,
             routable=st is not None and st.routable,
-            inflight=st.inflight if st else 0, created_at=a.created_at,
+            inflight=st.inflight if st else 0, created_at=a.created_at, role=a.spec.role or "both",
         ))
     return out
 
@@ -85,15 +85,28 @@ def model_views(models: Mapping[str, ModelConfig], sources: Mapping[str, str], a
     out = []
     for name in sorted(models):
         m = models[name]
-        mine = by_model.get(name, [])
+        mine = [a for a in by_model.get(name, []) if a.desired == "run"]
+        # a multi-node replica is ready when its whole group is
+        ready = [a for a in mine if a.engine_state == "ready"
+                 and (a.spec.group is None or group_ready(a, workers.get(a.replica, [])))]
+        roles = m.deploy.roles if m.deploy else ()
         out.append(ModelView(
             name=name, engine=m.engine, source=sources.get(name, "api"),
-            desired_replicas=m.deploy.count if m.deploy else None,
-            replicas=len([a for a in mine if a.desired == "run"]),
-            # a multi-node replica is ready when its whole group is
-            ready=len([a for a in mine if a.engine_state == "ready" and a.desired == "run"
-                       and (a.spec.group is None or group_ready(a, workers.get(a.replica, [])))]),
+            desired_replicas=(sum(g.count for g in roles) if roles else m.deploy.count) if m.deploy else None,
+            replicas=len(mine), ready=len(ready),
             static_replicas=len(m.replicas), unplaceable=unplaceable.get(name),
-            definition=model_to_dict(m),
+            definition=model_to_dict(m), groups=_role_groups(m, mine, ready),
         ))
+    return out
+
+
+def _role_groups(m: ModelConfig, mine: list[Assignment], ready: list[Assignment]) -> list[RoleGroupView]:
+    """A disaggregated model's roles: its deploy groups (in the definition's order), then the roles
+    only static endpoints have; none for a model whose replicas all do both."""
+    static = {r.role: sum(1 for x in m.replicas if x.role == r.role) for r in m.replicas if r.role != "both"}
+    groups = m.deploy.roles if m.deploy else ()
+    out = [RoleGroupView(role=g.role, desired=g.count, replicas=sum(1 for a in mine if a.spec.role == g.role),
+                         ready=sum(1 for a in ready if a.spec.role == g.role), static=static.pop(g.role, 0))
+           for g in groups]
+    out += [RoleGroupView(role=role, desired=0, replicas=0, ready=0, static=n) for role, n in sorted(static.items())]
     return out

@@ -1,0 +1,68 @@
+"""A disaggregated model's prefill and decode groups over real processes: a router daemon, agents
+labelled with racks, simulated engines. The groups come up with their own args, inside one rack
+([models.pd] keep_within), are routed with their roles, and `llmgw ctl models` shows each group's
+ready count.
+
+The simulator on this branch does not take vLLM's --kv-transfer-config yet, so each group's args
+here are a flag it does take (--seed), different per group: what is checked is that a group's
+engines are launched with the profile's args and then their group's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .test_facility_integration import ctl, make_fleet  # noqa: F401 — the fixture
+from .test_sim_vllm import wait_for
+
+MODEL = {
+    "name": "m", "engine": "vllm",
+    "pd": {"keep_within": "rack"},
+    "deploy": {"simulate": True, "health_timeout_s": 20.0, "args": ["--max-num-seqs", "64"],
+               "roles": [{"role": "prefill", "count": 1, "args": ["--seed", "11"]},
+                         {"role": "decode", "count": 1, "args": ["--seed", "22"], "env": ["PD_ROLE=decode"]}]},
+}
+
+
+def test_prefill_and_decode_groups_come_up_in_one_rack_and_are_routed_with_their_roles(
+        make_fleet: Any, tmp_path: Path) -> None:
+    f = make_fleet([MODEL])
+    for node, rack in (("a", "r1"), ("b", "r1"), ("c", "r2"), ("d", "r2")):
+        f.start_agent(node, labels={"llmgw.io/rack": rack})
+
+    def groups() -> dict[str, tuple[int, int, int]]:
+        [view] = [m for m in f.get("/api/v1/models") if m["name"] == "m"]
+        return {g["role"]: (g["ready"], g["replicas"], g["desired"]) for g in view["groups"]}
+
+    wait_for(lambda: groups() == {"prefill": (1, 1, 1), "decode": (1, 1, 1)}, 40)
+    [view] = [m for m in f.get("/api/v1/models") if m["name"] == "m"]
+    assert (view["desired_replicas"], view["ready"], view["unplaceable"]) == (2, 2, None)
+    reps = f.replicas("m")
+    assert sorted(r["role"] for r in reps) == ["decode", "prefill"]
+    assert len({f.rack_of(r["node"]) for r in reps}) == 1  # keep_within rack
+    # routed with their roles: the router's endpoints say so
+    wait_for(lambda: sorted(e["role"] for e in f.get("/api/v1/endpoints") if e["model"] == "m")
+             == ["decode", "prefill"], 20)
+    # each group's engines were launched with the profile's args, then the group's
+    launched = {}
+    for rec in tmp_path.glob("agent-*/engines/*.json"):
+        d = json.loads(rec.read_text())
+        launched[d["spec"]["role"]] = (d["cmd"], dict(d["spec"]["env"]))
+    cmd, env = launched["prefill"]
+    assert cmd[cmd.index("--max-num-seqs") + 1] == "64" and cmd[cmd.index("--seed") + 1] == "11"
+    assert "PD_ROLE" not in env
+    cmd, env = launched["decode"]
+    assert cmd[cmd.index("--seed") + 1] == "22" and env["PD_ROLE"] == "decode"
+    # what an operator sees
+    out = ctl(f, "models")
+    assert out.returncode == 0, out.stderr
+    [row] = [line for line in out.stdout.splitlines() if line.startswith("m ")]
+    assert "2/2 (prefill 1/1, decode 1/1)" in row
+    out = ctl(f, "models", "m")
+    assert out.returncode == 0 and "prefill 1/1, decode 1/1" in out.stdout, out.stderr
+    out = ctl(f, "replicas")
+    assert out.returncode == 0 and out.stdout.splitlines()[0].split()[:4] == ["REPLICA", "NODE", "STATE", "ROLE"]
+    # a group's count is its definition's: `ctl scale` says how to change it
+    out = ctl(f, "scale", "m", "3")
+    assert out.returncode != 0 and "prefill/decode groups" in out.stderr
