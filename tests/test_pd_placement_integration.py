@@ -1,11 +1,8 @@
 """A disaggregated model's prefill and decode groups over real processes: a router daemon, agents
 labelled with racks, simulated engines. The groups come up with their own args, inside one rack
 ([models.pd] keep_within), are routed with their roles, and `llmgw ctl models` shows each group's
-ready count.
-
-The simulator on this branch does not take vLLM's --kv-transfer-config yet, so each group's args
-here are a flag it does take (--seed), different per group: what is checked is that a group's
-engines are launched with the profile's args and then their group's."""
+ready count. A long prompt is then prefilled on the placed prefiller and decoded on the placed
+decoder: the whole path, from the config's groups to one answer."""
 
 from __future__ import annotations
 
@@ -13,13 +10,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from .test_facility_integration import ctl, make_fleet  # noqa: F401 — the fixture
 from .test_sim_vllm import wait_for
 
+KV = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"})
 MODEL = {
     "name": "m", "engine": "vllm",
-    "pd": {"keep_within": "rack"},
-    "deploy": {"simulate": True, "health_timeout_s": 20.0, "args": ["--max-num-seqs", "64"],
+    "pd": {"keep_within": "rack", "min_prompt_tokens": 64},
+    "deploy": {"simulate": True, "health_timeout_s": 20.0, "args": ["--max-num-seqs", "64", "--kv-transfer-config", KV],
                "roles": [{"role": "prefill", "count": 1, "args": ["--seed", "11"]},
                          {"role": "decode", "count": 1, "args": ["--seed", "22"], "env": ["PD_ROLE=decode"]}]},
 }
@@ -54,6 +54,16 @@ def test_prefill_and_decode_groups_come_up_in_one_rack_and_are_routed_with_their
     assert "PD_ROLE" not in env
     cmd, env = launched["decode"]
     assert cmd[cmd.index("--seed") + 1] == "22" and env["PD_ROLE"] == "decode"
+    # a long prompt: prefilled on the prefiller, decoded on the decoder, one answer
+    rid_of = {r["role"]: r["replica"] for r in reps}
+    r = httpx.post(f"{f.router.url}/v1/chat/completions", timeout=30, headers={"x-request-id": "placed-pd"},
+                   json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "long prompt " * 200}]})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    assert r.headers["x-llmgw-endpoint"] == rid_of["decode"]
+    decisions = f.get("/api/v1/decisions/placed-pd")
+    decisions = decisions.get("decisions", decisions) if isinstance(decisions, dict) else decisions
+    assert [(d["phase"], d["chosen"]) for d in decisions] == [("prefill", rid_of["prefill"]),
+                                                               ("decode", rid_of["decode"])]
     # what an operator sees
     out = ctl(f, "models")
     assert out.returncode == 0, out.stderr
