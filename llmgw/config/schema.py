@@ -315,6 +315,11 @@ class DeployConfig:
     # prefill/decode groups instead of `count` alike replicas (then count is unused): docs/disaggregation.md
     roles: tuple[RoleGroupConfig, ...] = opt((), unique="role")
 
+    @property
+    def replicas(self) -> int:
+        """The replicas the profile asks for: its groups' counts, or its count."""
+        return sum(g.count for g in self.roles) if self.roles else self.count
+
 
 @dataclass(frozen=True, kw_only=True)
 class PdConfig:

@@ -93,7 +93,7 @@ def wanted_replicas(m: ModelConfig) -> int:
     autoscaled model's: its minimum, so one scaled to zero is not waited for)."""
     if m.deploy is None:
         return len(m.replicas)
-    return len(m.replicas) + (m.autoscale.min if m.autoscale is not None else m.deploy.count)
+    return len(m.replicas) + (m.autoscale.min if m.autoscale is not None else m.deploy.replicas)
 
 
 def cold_wait_of(m: ModelConfig) -> float | None:

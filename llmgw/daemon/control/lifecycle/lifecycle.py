@@ -293,7 +293,7 @@ class Lifecycle:
                             ready_timeout_s=ready_timeout_s, then_promote=then_promote or bool(restored_from),
                             change=change or {}, **extra)
         job.step("placing candidate replicas", job.created_at,
-                 f"{cm.deploy.count} replicas of {rev.id}{f' (restored from {restored_from})' if restored_from else ''}"
+                 f"{cm.deploy.replicas} replicas of {rev.id}{f' (restored from {restored_from})' if restored_from else ''}"
                  f" beside live {revs.live_id}")
         self._save_job(job)
         self._install(name, rev)

@@ -89,10 +89,9 @@ def model_views(models: Mapping[str, ModelConfig], sources: Mapping[str, str], a
         # a multi-node replica is ready when its whole group is
         ready = [a for a in mine if a.engine_state == "ready"
                  and (a.spec.group is None or group_ready(a, workers.get(a.replica, [])))]
-        roles = m.deploy.roles if m.deploy else ()
         out.append(ModelView(
             name=name, engine=m.engine, source=sources.get(name, "api"),
-            desired_replicas=(sum(g.count for g in roles) if roles else m.deploy.count) if m.deploy else None,
+            desired_replicas=m.deploy.replicas if m.deploy else None,
             replicas=len(mine), ready=len(ready),
             static_replicas=len(m.replicas), unplaceable=unplaceable.get(name),
             definition=model_to_dict(m), groups=_role_groups(m, mine, ready),
