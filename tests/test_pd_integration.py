@@ -197,3 +197,28 @@ def test_a_clients_own_kv_transfer_params_are_refused(procs: list[Any], tmp_path
     r = httpx.post(f"{d.url}/v1/completions", json={"model": "m", "prompt": "x", "kv_transfer_params": {
         "do_remote_prefill": True, "remote_host": "10.1.2.3", "remote_port": 5600}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "kv_transfer_params"
+
+
+def test_a_tenants_split_requests_are_billed_once_for_the_decoders_answer(procs: list[Any],  # noqa: F811
+                                                                         tmp_path: Path) -> None:
+    """Tenants × disaggregation: the prefill step's one token is never billed; a streamed split
+    request the router asks usage for (its tap) still carries the prefiller's params."""
+    p = sim(procs)
+    dec = sim(procs)
+    d = pd_router(procs, tmp_path, [p], [dec])
+    admin = httpx.Client(transport=httpx.HTTPTransport(uds=str(tmp_path / "admin" / "admin.sock")),
+                         base_url="http://admin/api/v1")
+    with admin as a:
+        assert a.post("/tenants", json={"name": "team-a", "models": ["m"]}).status_code == 201
+        r = a.post("/tenants/team-a/keys", json={"name": "ci"})
+        auth = {"authorization": f"Bearer {r.json()['key']}"}
+        body = {"model": "m", "messages": [{"role": "user", "content": LONG}], "max_tokens": 4, "ignore_eos": True}
+        assert httpx.post(f"{d.url}/v1/chat/completions", json=body, headers=auth).status_code == 200
+        r = httpx.post(f"{d.url}/v1/chat/completions", json={**body, "stream": True}, headers=auth)
+        assert r.status_code == 200 and "[DONE]" in r.text and '"usage"' not in r.text  # the tap's, stripped
+        (row,) = a.get("/usage", params={"tenant": "team-a", "by": "key"}).json()["rows"]
+        assert row["requests"] == 2 and row["completion_tokens"] == 8 and row["errors"] == 0
+    # both were split: the prefiller's blocks were read twice, by the decoder (the router's /metrics
+    # now wants an operator's key)
+    assert metric(p.url, "llmgw_sim_kv_transfer_reads_total") == 2
+    assert metric(dec.url, "llmgw_sim_kv_transfer_failures_total") == 0
