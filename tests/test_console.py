@@ -361,3 +361,14 @@ def test_a_split_requests_decisions_say_their_step() -> None:
     assert _note({"phase": "prefill", "note": ""}) == "prefill step"
     assert _note({"phase": "decode", "note": "retry after attempt 2"}) == "decode step; retry after attempt 2"
     assert _note({"note": "x"}) == "x" and _note({"phase": "", "note": ""}) == ""
+
+
+def test_the_models_view_shows_a_disaggregated_models_groups() -> None:
+    from llmgw.tui.rows import model_rows
+    from llmgw.tui.state import ConsoleState
+    st = ConsoleState()
+    st.models = [{"name": "m", "engine": "vllm", "source": "file", "replicas": 3, "ready": 3, "desired_replicas": 3,
+                  "static_replicas": 0, "groups": [{"role": "prefill", "desired": 1, "replicas": 1, "ready": 1},
+                                                   {"role": "decode", "desired": 2, "replicas": 2, "ready": 2}]}]
+    (row,) = model_rows(st)
+    assert "3 (prefill 1/1, decode 2/2)" in row.cells

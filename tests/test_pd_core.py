@@ -193,3 +193,10 @@ def test_a_clients_own_kv_transfer_params_are_refused_for_a_disaggregated_model(
                strategy=None, session=None, now=0.0)
     assert e.value.status == 400 and e.value.param == "kv_transfer_params" and e.value.counted
     assert c.counters.requests[("m", "rejected", 400)][0] == 1
+
+
+def test_the_prefill_and_decode_queues_are_the_engines_waiting_by_role() -> None:
+    c = core()
+    for rid, w in (("m/0", 3.0), ("m/1", 1.0), ("m/2", None)):
+        c.table.replicas[rid].view.waiting = w
+    assert c.pd_queues() == {("m", "prefill"): 3.0, ("m", "decode"): 1.0}

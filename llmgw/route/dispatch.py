@@ -68,7 +68,7 @@ from .lora_body import request_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
 from .prefix_share import PrefixOutbox, PrefixShare
 from .openai_req import ApiError
-from .pd import PdStats, role_views
+from .pd import PdStats, role_queues, role_views
 from .pd_step import PdSteps
 from .plan import Plan
 from .planner import Planner
@@ -581,6 +581,14 @@ class RouterCore:
 
     def queue_displaced(self) -> dict[str, int]:
         return self.wait.displaced_by_band()
+
+    def pd_counts(self) -> PdStats:
+        """Disaggregation's counters (:class:`.pd.PdStats`), read by its metrics."""
+        return self.pd_stats
+
+    def pd_queues(self) -> dict[tuple[str, str], float]:
+        """(model, role) -> the engines' waiting requests over a disaggregated model's prefill and decode replicas."""
+        return role_queues(list(self.table.models.values()))
 
     def autoscale_load(self) -> dict[str, dict[str, Any]]:
         """Per model, this router's load for the autoscaler (:mod:`.load_report`)."""

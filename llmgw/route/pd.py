@@ -37,7 +37,7 @@ import msgspec
 from .counters import Hist
 from .types import EndpointView
 
-__all__ = ["PREFILL_PARAMS", "PdStats", "PD_BUCKETS", "decode_body", "prefill_body",
+__all__ = ["PREFILL_PARAMS", "PdStats", "role_queues", "PD_BUCKETS", "decode_body", "prefill_body",
            "read_prefill_answer", "role_views"]
 
 # What vLLM's proxy sends a prefiller: "decode elsewhere; nothing to pull here".
@@ -134,3 +134,17 @@ class PdStats:
             h = table[(model,)] = Hist(len(PD_BUCKETS), self._wall())
         h.counts[bisect_left(PD_BUCKETS, seconds)] += 1
         h.sum += seconds
+
+
+def role_queues(models: Iterable[Any]) -> dict[tuple[str, str], float]:
+    """(model, "prefill" | "decode") -> the engines' waiting requests over the disaggregated
+    models' replicas of that role, at their last scrape (``both`` replicas count as decode)."""
+    out: dict[tuple[str, str], float] = {}
+    for entry in models:
+        if entry.pd is None:
+            continue
+        out[(entry.name, "prefill")] = out[(entry.name, "decode")] = 0.0
+        for r in entry.replicas:
+            key = (entry.name, "prefill" if r.view.role == "prefill" else "decode")
+            out[key] += r.view.waiting or 0.0
+    return out

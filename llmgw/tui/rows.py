@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import tzinfo
 from typing import Any
 
+from llmgw.admin_client.groups import groups_text
 from llmgw.admin_client.rationale import DASH, explain, fmt_time, fmt_us
 from llmgw.tui.autoscale_rows import autoscale_cell
 from llmgw.tui.state import ConsoleState, Link, as_dict, as_list
@@ -215,7 +216,8 @@ def model_rows(state: ConsoleState, text: str = "") -> list[Row]:
         tone = "bad" if why else ("good" if placed and ready == placed else ("warn" if placed else ""))
         rows.append(Row(name, (
             name, _str(m.get("engine"), "?"), _str(m.get("source"), "?"), f"{ready}/{placed}",
-            DASH if desired is None else str(desired), autoscale_cell(state.autoscale.get(name)),
+            DASH if desired is None else str(desired) + (f" ({g})" if (g := groups_text(m)) else ""),
+            autoscale_cell(state.autoscale.get(name)),
             str(m.get("static_replicas", 0)), why or DASH,
         ), tone))
     return _filtered(rows, text)

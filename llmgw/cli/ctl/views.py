@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from llmgw.admin_client.groups import groups_text
 from llmgw.admin_client.printable import printable
 
 __all__ = ["ADAPTER_HEADERS", "KEY_WIDTH", "adapter_rows", "adapters_footer", "groups_text", "model_text",
@@ -172,22 +173,6 @@ def _flat(prefix: str, v: Any) -> Iterator[tuple[str, str]]:
         yield prefix, repr(v)
     else:
         yield prefix, value_text(v)
-
-
-def groups_text(view: Mapping[str, Any]) -> str:
-    """A disaggregated model's roles, ready/desired each: ``prefill 1/1, decode 2/2`` (a role of
-    static endpoints only: ``prefill 2 static``); "" for a model without roles."""
-    out = []
-    for g in view.get("groups") or ():
-        if not isinstance(g, Mapping):
-            continue
-        role = printable(str(g.get("role", "?")))
-        static = f"{g.get('static')} static" if g.get("static") else ""
-        if g.get("desired") or not static:
-            out.append(f"{role} {g.get('ready', 0)}/{g.get('desired', 0)}" + (f" + {static}" if static else ""))
-        else:
-            out.append(f"{role} {static}")
-    return ", ".join(out)
 
 
 def model_text(definition: Mapping[str, Any], view: Mapping[str, Any] | None = None) -> str:

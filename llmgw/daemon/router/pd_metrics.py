@@ -35,9 +35,10 @@ class PdMetrics(Collector):
         self.core = core
 
     def collect(self) -> Iterable[Metric]:
-        st = self.core.pd_stats
+        st = self.core.pd_counts()
         yield _counter_family("llmgw_pd_requests", "A disaggregated model's requests: split (prefill step sent) "
-                              "or why not (short, adapter, batched, not_generation, no_prefiller).", ["model", "path"], st.paths)
+                              "or why not (short, adapter, batched, not_generation, no_prefiller).", ["model", "path"],
+                              st.paths)
         yield _counter_family("llmgw_pd_fallbacks", "Split requests whose decoder prefilled instead, by reason.",
                               ["model", "reason"], st.fallbacks)
         yield _hist_family("llmgw_pd_prefill_seconds", "The prefill step: sent to the prefiller's answer.",
@@ -49,13 +50,6 @@ class PdMetrics(Collector):
                               "remote_block_ids).", ["model"], st.blocks)
         q = GaugeMetricFamily("llmgw_pd_queue", "Engine waiting requests over a disaggregated model's replicas "
                               "of each role, at their last scrape.", labels=["model", "role"])
-        for name, entry in list(self.core.table.models.items()):
-            if entry.pd is None:
-                continue
-            by_role = {"prefill": 0.0, "decode": 0.0}
-            for r in entry.replicas:
-                key = "prefill" if r.view.role == "prefill" else "decode"
-                by_role[key] += r.view.waiting or 0.0
-            for role, n in by_role.items():
-                q.add_metric([name, role], n)
+        for (name, role), n in self.core.pd_queues().items():
+            q.add_metric([name, role], n)
         yield q
