@@ -199,13 +199,7 @@ class Placer:
         """The model's replicas per domain, one Counter per level of LEVELS."""
         c = self._counts.get(model)
         if c is None:
-            c = self._counts[model] = [Counter() for _ in LEVELS]
-            for node in self.placed_on.get(model, ()):
-                b = self.bins.get(node) or self.others.get(node)
-                if b is not None:
-                    for i, dom in enumerate(b.domains):
-                        if dom:
-                            c[i][dom] += 1
+            c = self._counts[model] = self._per_domain(self.placed_on.get(model, ()))
         return c
 
     def unit_counts(self, model: str, role: str) -> list[Counter[str]]:
@@ -213,13 +207,18 @@ class Placer:
         key = (model, role)
         c = self._unit_counts.get(key)
         if c is None:
-            c = self._unit_counts[key] = [Counter() for _ in LEVELS]
-            for node in self.unit_on.get(key, ()):
-                b = self.bins.get(node) or self.others.get(node)
-                if b is not None:
-                    for i, dom in enumerate(b.domains):
-                        if dom:
-                            c[i][dom] += 1
+            c = self._unit_counts[key] = self._per_domain(self.unit_on.get(key, ()))
+        return c
+
+    def _per_domain(self, nodes: Iterable[str]) -> list[Counter[str]]:
+        """Replicas on ``nodes`` (one entry per replica) per domain, one Counter per level."""
+        c: list[Counter[str]] = [Counter() for _ in LEVELS]
+        for node in nodes:
+            b = self.bins.get(node) or self.others.get(node)
+            if b is not None:
+                for i, dom in enumerate(b.domains):
+                    if dom:
+                        c[i][dom] += 1
         return c
 
     # -- the rules ------------------------------------------------------------------------------

@@ -90,12 +90,16 @@ def sim_options(ns: argparse.Namespace) -> SimOptions:
 
 
 def _seconds(text: str) -> float:
+    return _finite(text, "seconds")
+
+
+def _finite(text: str, unit: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be a number of {unit}, got {text!r}") from None
     if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds ≥ 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a finite number of {unit} ≥ 0, got {text}")
     return v
 
 
@@ -182,13 +186,7 @@ def build_vllm_parser(prog: str = "llmgw sim --engine vllm") -> argparse.Argumen
 
 
 def _ms(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of milliseconds, got {text!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of milliseconds ≥ 0, got {text}")
-    return v
+    return _finite(text, "milliseconds")
 
 
 def _seq_list(text: str) -> frozenset[int]:
