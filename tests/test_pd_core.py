@@ -200,3 +200,13 @@ def test_the_prefill_and_decode_queues_are_the_engines_waiting_by_role() -> None
     for rid, w in (("m/0", 3.0), ("m/1", 1.0), ("m/2", None)):
         c.table.replicas[rid].view.waiting = w
     assert c.pd_queues() == {("m", "prefill"): 3.0, ("m", "decode"): 1.0}
+
+
+def test_a_disaggregated_model_is_ready_only_with_a_decoder() -> None:
+    from llmgw.route.readiness import readiness
+    c = core()
+    assert readiness(c.table).ready
+    for rid in ("m/1", "m/2"):
+        c.table.replicas[rid].draining = True
+    r = readiness(c.table)  # only the prefiller is left: nothing can answer a request
+    assert not r.ready and r.models[0].serving == 0

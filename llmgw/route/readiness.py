@@ -70,7 +70,8 @@ class Readiness:
 
 
 def _can_serve(rep: Replica) -> bool:
-    return not rep.draining and rep.breaker.state != OPEN
+    # a prefill replica only prefills (route/pd.py): a model with no decode replica serves nothing
+    return not rep.draining and rep.breaker.state != OPEN and rep.view.role != "prefill"
 
 
 def _of(entry: ModelEntry) -> ModelReadiness:
