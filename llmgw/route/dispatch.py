@@ -31,6 +31,9 @@ now, failure, status=, data=)`` instead of ``finish``; the next ``next`` decides
 attempt (``phase`` ``"decode"``) carries the prefiller's ``kv_transfer_params`` and ends with
 ``finish`` like any. A prefill that fails in any way falls back to the decoder prefilling.
 
+RouterCore's admission half (waiting, giving up a place, waking waiters) is
+:mod:`.dispatch_admission`, what the metrics exporter reads :mod:`.dispatch_reads`.
+
 Besides a request's steps the shell only tells the core what happened (replicas placed and
 withdrawn, scrapes, adapters listed, requests it answered itself: ``answered``) and reads what it
 exports, by the methods below — never through the core's members.
@@ -48,7 +51,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from llmgw.config import Config, ModelConfig
@@ -56,7 +59,7 @@ from llmgw.config import Config, ModelConfig
 from .adapter_port import AdapterPort
 from .adapter_routing import AdapterRouting
 from .adapters import AdapterSettings, Load
-from .admission import ConcurrencyCaps, Ticket, suggest_retry_after
+from .admission import ConcurrencyCaps, Ticket
 from .attempt import Attempt, first_byte_timeout
 from .breaker import NO_SLOT, FailureKind, Permit
 from .cache_stats import CacheStats
@@ -67,8 +70,10 @@ from .load_report import LoadReport
 from .lora_body import request_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
 from .prefix_share import PrefixOutbox, PrefixShare
+from .dispatch_admission import Admission
+from .dispatch_reads import ExporterReads
 from .openai_req import ApiError
-from .pd import PdStats, role_queues, role_views
+from .pd import PdStats, role_views
 from .pd_step import PdSteps
 from .plan import Plan
 from .planner import Planner
@@ -86,7 +91,7 @@ KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/
 _ALARM_EVERY = 64  # decisions between two looks at the prefix zero-hit alarm
 
 
-class RouterCore:
+class RouterCore(Admission, ExporterReads):
     def __init__(self, cfg: Config, table: ReplicaTable, *, cache_stats: CacheStats,
                  wall: Callable[[], float], rng: random.Random, clock: Callable[[], float] | None = None,
                  ids: Callable[[int], int] | None = None) -> None:
@@ -361,81 +366,6 @@ class RouterCore:
         if trace.end(now, outcome, code) and self.on_trace_end is not None:
             self.on_trace_end(trace)
 
-    # -- admission -------------------------------------------------------------------------------
-    def _enqueue(self, plan: Plan, now: float, *, cold: bool = False) -> Ticket:
-        """`plan` waits: for room (``queue_timeout_s``), or (`cold`) for its model's first replica
-        (``[models.autoscale] cold_start_wait_s``; counted in the load report's cold waits)."""
-        if plan.trace is not None and plan.trace.last_phase != "queued":
-            plan.trace.mark("queued", now)
-        q = self.wait.queue(plan.entry)
-        plan.cold = cold
-        wait_s = plan.entry.cold_wait_s if cold and plan.entry.cold_wait_s is not None else self.rc.queue_timeout_s
-        t = self.wait.enqueue(q, plan, now + wait_s, now)
-        if t is None:
-            raise self._reject(plan, now, "queue_full", "All replicas are saturated and the wait queue is full.")
-        if cold:
-            self.load.cold_wait(plan.model)
-        plan.ticket = t
-        return t
-
-    def displaced(self) -> list[Ticket]:
-        """The waiters displaced from a full queue since the last call: the shell wakes them (each
-        then gets its 429 from ``next``). Ask after every ``next`` that answered a Ticket."""
-        return self.wait.displaced()
-
-    def turn_passed(self, plan: Plan, now: float) -> list[Ticket]:
-        """The request stops waiting (its client left, its deadline passed) just as it was let
-        through: the room it was woken for passes to the next waiter, or that waiter would wait
-        on for a wake that was spent. Call before :meth:`left_queue`."""
-        return self.wait.turn_passed(plan, now)
-
-    def left_queue(self, plan: Plan, now: float, *, timed_out: bool) -> None:
-        """A waiting request stops waiting without being let through: its client went away, or
-        (``timed_out``) its deadline passed — then the 429 it gets is raised here."""
-        t, plan.ticket = plan.ticket, None
-        if t is not None:
-            self.wait.queue(plan.entry).cancel(t)
-        self._settle(plan, now, count=timed_out)
-        if timed_out:
-            if plan.cold:
-                raise self._cold_timeout(plan, now)
-            if plan.adapter_wait:
-                raise self._reject(plan, now, "adapter_no_room", f"{plan.wait_reason}; try again later.")
-            raise self._reject(plan, now, "queue_timeout", "All replicas stayed saturated; try again later.")
-        if t is not None:  # the client left while it waited: counted where it ended
-            self._done(plan, "client_cancelled", 499, None, None, now)
-
-    def _reject(self, plan: Plan, now: float, reason: str, message: str) -> ApiError:
-        q = self.wait.queue(plan.entry)
-        drain = sum(r.view.drain_rate or 0.0 for r in plan.entry.replicas) or None
-        self.counters.rejected(plan.model, reason)
-        self._done(plan, "rejected", 429, None, None, now)
-        e = ApiError(429, message, type_="rate_limit", code="saturated",
-                     headers=[("retry-after", str(suggest_retry_after(len(q), drain)))])
-        e.counted = True
-        return e
-
-    def _cold_timeout(self, plan: Plan, now: float) -> ApiError:
-        """A request waited its model's whole cold_start_wait_s and no replica became ready: 503."""
-        wait_s = plan.entry.cold_wait_s or 0.0
-        self.counters.rejected(plan.model, "cold_start_timeout")
-        self._done(plan, "rejected", 503, None, None, now)
-        e = ApiError(503, f"Model {echo(plan.model, quote='`')} is starting (a cold start): no replica became ready "
-                     f"within {wait_s:g}s. Try again later.", type_="service_unavailable", code="cold_start",
-                     headers=[("retry-after", str(max(1, round(wait_s / 4))))])
-        e.counted = True
-        return e
-
-    def capacity_freed(self, model: str, now: float | None = None, *, everyone: bool = False) -> list[Ticket]:
-        """Tickets that may proceed now that a request on ``model`` ended (or a replica came, or
-        a breaker closed: ``everyone``): :meth:`.waiting.WaitRoom.freed`."""
-        return self.wait.freed(model, now, everyone=everyone)
-
-    def scraped(self, rep: Replica, now: float) -> list[Ticket]:
-        """A scrape of ``rep`` ended (read or failed): the tickets that may proceed if the model
-        now has room (:meth:`.waiting.WaitRoom.scraped`)."""
-        return self.wait.scraped(rep, now)
-
     # -- 3. the end of an attempt -------------------------------------------------------------------
     def finish(self, plan: Plan, attempt: Attempt, now: float, failure: FailureKind | None, *,
                first_byte_at: float | None, status: int | None, detail: str = "") -> list[Ticket]:
@@ -559,44 +489,6 @@ class RouterCore:
     def tier2_state(self) -> Tier2:
         """Tier 2's step: its outcomes, cache and hashing counts (for its metrics)."""
         return self.tier2
-
-    # -- what the exporter reads (llmgw.daemon.router.metrics.MetricsSource) ----------------------
-    def all_replicas(self) -> Iterable[Replica]:
-        return self.table.all_replicas()
-
-    def is_stale(self, rep: Replica, now: float) -> bool:
-        return self.table.is_stale(rep, now)
-
-    def prefix_metrics(self) -> dict[str, Any]:
-        return self.prefix.metrics()
-
-    def zero_hit_alarm(self, now: float) -> bool:
-        return self.prefix.zero_hit_alarm(now)
-
-    def queue_lengths(self) -> dict[str, int]:
-        return self.wait.lengths()
-
-    def queue_by_band(self) -> dict[tuple[str, str], int]:
-        return self.wait.by_band()
-
-    def queue_displaced(self) -> dict[str, int]:
-        return self.wait.displaced_by_band()
-
-    def pd_counts(self) -> PdStats:
-        """Disaggregation's counters (:class:`.pd.PdStats`), read by its metrics."""
-        return self.pd_stats
-
-    def pd_queues(self) -> dict[tuple[str, str], float]:
-        """(model, role) -> the engines' waiting requests over a disaggregated model's prefill and decode replicas."""
-        return role_queues(list(self.table.models.values()))
-
-    def autoscale_load(self) -> dict[str, dict[str, Any]]:
-        """Per model, this router's load for the autoscaler (:mod:`.load_report`)."""
-        return self.load.report()
-
-    def queue_by_tenant(self) -> dict[str, dict[str, float]]:
-        """Tenant -> {waiting, cost, share} in the wait queues now (the admin API's TenantView)."""
-        return self.wait.by_tenant()
 
     # -- replicas coming and going -------------------------------------------------------------------
     def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,
