@@ -189,6 +189,7 @@ def test_a_decoder_that_cannot_pull_fails_and_the_retry_prefills(procs: list[Any
     tr = ctl(tmp_path, "trace", "lost")
     assert [a["phase"] for a in tr["attempts"]] == ["prefill", "decode", ""]
     assert tr["attempts"][1]["status"] == 500 and tr["attempts"][2]["outcome"] == "ok"
+    assert "its decoder prefills" in tr["attempts"][1]["error"]
     assert sum(metric(x.url, "vllm:nixl_num_failed_transfers_total") for x in decoders) == 1
 
 
@@ -222,3 +223,36 @@ def test_a_tenants_split_requests_are_billed_once_for_the_decoders_answer(procs:
     # now wants an operator's key)
     assert metric(p.url, "llmgw_sim_kv_transfer_reads_total") == 2
     assert metric(dec.url, "llmgw_sim_kv_transfer_failures_total") == 0
+
+
+def test_a_slow_prefiller_times_out_and_one_without_a_connector_gives_no_params(procs: list[Any],  # noqa: F811
+                                                                                tmp_path: Path) -> None:
+    """The two fallbacks an answer decides: no answer within prefill_timeout_s, and an answer without
+    kv_transfer_params (a "prefill" replica started without a KV connector)."""
+    slow = start_sim(["--engine", "vllm", "m", "--host", "127.0.0.1", "--port", "0", "--sim-prefill-ms-per-token", "50",
+                      "--kv-transfer-config", json.dumps(KV)])  # a long prompt's prefill: seconds
+    procs.append(slow)
+    plain = start_sim(["--engine", "vllm", "m", "--host", "127.0.0.1", "--port", "0", "--sim-zero-cost"])
+    procs.append(plain)
+    dec = sim(procs)
+    body = {"model": "m", "messages": [{"role": "user", "content": LONG}], "max_tokens": 3}
+    for prefiller, reason in ((slow, "timeout"), (plain, "no_params")):
+        tmp = tmp_path / reason
+        tmp.mkdir()
+        lines = ["[server]", 'host = "127.0.0.1"', "[router]", "scrape_interval_s = 0.2",
+                 "[control]", f"store = {json.dumps(str(tmp / 'router.db'))}",
+                 "[admin]", f"socket = {json.dumps(str(tmp / 'admin' / 'admin.sock'))}",
+                 "[[models]]", 'name = "m"', 'engine = "vllm"', "[models.pd]", "min_prompt_tokens = 64",
+                 "prefill_timeout_s = 0.3"]
+        for url, role in ((prefiller.url, "prefill"), (dec.url, "decode")):
+            lines += ["[[models.replicas]]", f'url = "{url}"', f'role = "{role}"']
+        (tmp / "llmgw.toml").write_text("\n".join(lines) + "\n")
+        d = Daemon(tmp / "llmgw.toml")
+        procs.append(d)
+        wait_for(lambda: httpx.get(f"{d.url}/ready").status_code == 200, 20)
+        r = httpx.post(f"{d.url}/v1/chat/completions", json=body, timeout=30, headers={"x-request-id": reason})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, reason
+        tr = ctl(tmp, "trace", reason)
+        assert router_metric(d, "llmgw_pd_fallbacks_total", model="m", reason=reason) == 1, reason
+        assert any(f"gave no KV to pull ({reason}" in ph["note"] for ph in tr["phases"]), tr["phases"]
+        assert router_metric(d, "llmgw_pd_transferred_blocks_total", model="m") == 0

@@ -376,7 +376,7 @@ class RouterCore(Admission, ExporterReads):
         if attempt.ended:
             return []
         if attempt.phase:
-            self.pd.decode_ended(plan, attempt, failure, first_byte_at)
+            detail += self.pd.decode_ended(plan, attempt, failure, first_byte_at)
         if attempt.record is not None and plan.trace is not None:
             plan.trace.attempt_ended(attempt.record, attempt.sent_at, attempt.connected_at, attempt.head_at,
                                      first_byte_at, now, status, "ok" if failure is None else failure.value,

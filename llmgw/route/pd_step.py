@@ -183,16 +183,19 @@ class PdSteps:
         if a.record is not None:
             a.record.phase = "decode"
 
-    def decode_ended(self, plan: Plan, a: Attempt, failure: FailureKind | None, first_byte_at: float | None) -> None:
+    def decode_ended(self, plan: Plan, a: Attempt, failure: FailureKind | None, first_byte_at: float | None) -> str:
         """A decode attempt with the prefiller's params ended: its time to the first byte (the
         transfer and the first token) observed; a failure after it was sent drops the params for
-        a retry (the blocks may be pulled and freed already) — that decoder prefills."""
+        a retry (the blocks may be pulled and freed already) — that decoder prefills. Returns what
+        the attempt's error in the trace should add ("" for nothing)."""
         if a.phase != "decode":
-            return
+            return ""
         if first_byte_at is not None and a.sent_at is not None:
             self.stats.observe(self.stats.transfer, plan.model, first_byte_at - a.sent_at)
         if failure is not None and failure is not FailureKind.CONNECT and failure is not FailureKind.CLIENT_CANCEL \
                 and plan.kv_params is not None:
             plan.kv_params = None
             self.stats.fallback(plan.model, "decode_retry")
+            return " (a retry goes without the prefiller's KV: its decoder prefills)"
+        return ""
 
