@@ -97,8 +97,8 @@ class PdSteps:
         if trace is not None:
             trace.decisions += 1
         chosen = d.chosen
-        core.sched.commit(d, info, now)
         if chosen is None:
+            core.sched.commit(d, info, now)
             return self._skip(plan, now, "no prefiller can take it now" + (f" ({d.note})" if d.note else ""))
         if not core.caps.try_reserve(chosen):
             return self._skip(plan, now, f"{chosen} is at its concurrency cap")
@@ -109,6 +109,7 @@ class PdSteps:
         if permit is Permit.DENY:
             core.caps.release(chosen)
             return self._skip(plan, now, f"the breaker of {chosen} is open")
+        core.sched.commit(d, info, now)  # only a pick that goes out: stateful scorers learn it
         core._after_commit(d, entry, now)  # the prefiller caches the prompt: tier 1 learns it there
         plan.attempts += 1
         plan.prefills += 1
