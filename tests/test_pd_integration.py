@@ -117,19 +117,21 @@ def test_every_prefill_failure_falls_back_to_the_decoder_prefilling(procs: list[
     p = sim(procs)
     dec = sim(procs)
     d = pd_router(procs, tmp_path, [p], [dec])
-    body = {"model": "m", "messages": [{"role": "user", "content": LONG}], "max_tokens": 4}
+    def body(i: int) -> dict[str, Any]:  # each its own prompt: a decoder that prefilled one has it cached
+        return {"model": "m", "messages": [{"role": "user", "content": f"Report {i}. {LONG}"}], "max_tokens": 4}
+
     # the prefiller is gone: a connect error — the decoder prefills, the client gets its answer
     p.stop()
     for i in range(2):
-        r = httpx.post(f"{d.url}/v1/chat/completions", json=body, headers={"x-request-id": f"down-{i}"})
+        r = httpx.post(f"{d.url}/v1/chat/completions", json=body(i), headers={"x-request-id": f"down-{i}"})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     assert router_metric(d, "llmgw_pd_fallbacks_total", model="m", reason="connect") >= 1
     tr = ctl(tmp_path, "trace", "down-0")
     assert any("the decoder prefills" in ph["note"] for ph in tr["phases"]), tr["phases"]
     assert tr["outcome"] == "ok"
     # its breaker opens after failure_threshold of them: then no prefiller can take it at all
-    for i in range(3):
-        assert httpx.post(f"{d.url}/v1/chat/completions", json=body).status_code == 200
+    for i in range(2, 5):
+        assert httpx.post(f"{d.url}/v1/chat/completions", json=body(i)).status_code == 200
     assert router_metric(d, "llmgw_pd_fallbacks_total", model="m", reason="no_prefiller") >= 1
     assert metric(dec.url, "llmgw_sim_kv_transfer_blocks_total") == 0
 
@@ -215,7 +217,8 @@ def test_a_tenants_split_requests_are_billed_once_for_the_decoders_answer(procs:
         auth = {"authorization": f"Bearer {r.json()['key']}"}
         body = {"model": "m", "messages": [{"role": "user", "content": LONG}], "max_tokens": 4, "ignore_eos": True}
         assert httpx.post(f"{d.url}/v1/chat/completions", json=body, headers=auth).status_code == 200
-        r = httpx.post(f"{d.url}/v1/chat/completions", json={**body, "stream": True}, headers=auth)
+        again = {**body, "stream": True, "messages": [{"role": "user", "content": "Again. " + LONG}]}  # not cached
+        r = httpx.post(f"{d.url}/v1/chat/completions", json=again, headers=auth)
         assert r.status_code == 200 and "[DONE]" in r.text and '"usage"' not in r.text  # the tap's, stripped
         (row,) = a.get("/usage", params={"tenant": "team-a", "by": "key"}).json()["rows"]
         assert row["requests"] == 2 and row["completion_tokens"] == 8 and row["errors"] == 0
@@ -256,3 +259,53 @@ def test_a_slow_prefiller_times_out_and_one_without_a_connector_gives_no_params(
         assert router_metric(d, "llmgw_pd_fallbacks_total", model="m", reason=reason) == 1, reason
         assert any(f"gave no KV to pull ({reason}" in ph["note"] for ph in tr["phases"]), tr["phases"]
         assert router_metric(d, "llmgw_pd_transferred_blocks_total", model="m") == 0
+
+
+def test_a_next_turn_cached_on_its_decoder_goes_there_unsplit(procs: list[Any], tmp_path: Path) -> None:  # noqa: F811
+    """The threshold reads what the decoder would compute: a conversation's next turn, its history
+    cached on the decoder that served the last one, is not prefilled again elsewhere."""
+    p = sim(procs)
+    decoders = [sim(procs), sim(procs)]
+    d = pd_router(procs, tmp_path, [p], decoders)
+    first = [{"role": "user", "content": LONG}]
+    r = httpx.post(f"{d.url}/v1/chat/completions", json={"model": "m", "max_tokens": 4, "messages": first})
+    assert r.status_code == 200
+    holder = r.headers["x-llmgw-endpoint"]
+    said = r.json()["choices"][0]["message"]["content"]
+    dec = decoders[int(holder.split("/")[1]) - 1]
+    hits = metric(dec.url, "vllm:prefix_cache_hits_total")
+    turn = [*first, {"role": "assistant", "content": said}, {"role": "user", "content": "And the harbours?"}]
+    r = httpx.post(f"{d.url}/v1/chat/completions", json={"model": "m", "max_tokens": 4, "messages": turn},
+                   headers={"x-request-id": "turn-2"})
+    assert r.status_code == 200 and r.headers["x-llmgw-endpoint"] == holder
+    assert router_metric(d, "llmgw_pd_requests_total", model="m", path="cached") == 1
+    assert router_metric(d, "llmgw_pd_requests_total", model="m", path="split") == 1
+    assert metric(p.url, "llmgw_sim_kv_transfer_reads_total") == 1  # the first turn's only
+    assert metric(dec.url, "vllm:prefix_cache_hits_total") > hits  # the pulled blocks served the turn
+    (one,) = ctl(tmp_path, "explain", "turn-2")["decisions"]
+    assert one["chosen"] == holder and "cached on " + holder in one["note"]
+
+
+def test_an_unreachable_prefiller_is_replaced_by_another(procs: list[Any], tmp_path: Path) -> None:  # noqa: F811
+    gone = sim(procs)
+    live = sim(procs)
+    dec = sim(procs)
+    d = pd_router(procs, tmp_path, [gone, live], [dec])
+    gone.stop()
+    retried = ""
+    for i in range(20):  # until a request's prefiller of choice is the one that is gone
+        rid = f"r-{i}"
+        r = httpx.post(f"{d.url}/v1/chat/completions", headers={"x-request-id": rid}, json={
+            "model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": f"Report {i}. {LONG}"}]})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        if [a["phase"] for a in ctl(tmp_path, "trace", rid)["attempts"]] == ["prefill", "prefill", "decode"]:
+            retried = rid
+            break
+    assert retried, "the gone prefiller was never chosen"
+    tr = ctl(tmp_path, "trace", retried)
+    assert tr["attempts"][0]["replica"] == "m/0" and tr["attempts"][0]["outcome"] == "connect"
+    assert tr["attempts"][1]["replica"] == "m/1" and tr["outcome"] == "ok"
+    assert any("another prefiller" in ph["note"] for ph in tr["phases"]), tr["phases"]
+    # every request was split: none fell back to its decoder prefilling
+    assert router_metric(d, "llmgw_pd_fallbacks_total", model="m") == 0
+    assert metric(live.url, "llmgw_sim_kv_transfer_reads_total") == i + 1

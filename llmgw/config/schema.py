@@ -328,6 +328,10 @@ class PdConfig:
     # prompts estimated shorter than this skip the prefill step: a decode replica prefills them
     # itself (disaggregation must never make a short chat slower; docs/disaggregation.md "Measured")
     min_prompt_tokens: int = opt(256, check=in_range(0))
+    # ... and so does a prompt with less than min_prompt_tokens left to compute on the decoder it
+    # is decided to, which holds the rest cached (a conversation's next turn): false counts the
+    # whole prompt, split whatever the decoders hold
+    skip_cached: bool = opt(True)
     prefill_strategy: str = opt("prefill", check=known_strategy)  # the prefiller's decision
     decode_strategy: str = opt("decode", check=known_strategy)  # the decoder's decision
     prefill_timeout_s: float = opt(60.0, check=positive)  # the prefill step at most; then the decoder prefills

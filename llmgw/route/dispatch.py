@@ -29,7 +29,8 @@ Attempt whose ``phase`` is ``"prefill"``: its own decision among the prefill rep
 prefill-only body. The shell reads its whole answer and reports with ``prefilled(plan, attempt,
 now, failure, status=, data=)`` instead of ``finish``; the next ``next`` decides the decoder, whose
 attempt (``phase`` ``"decode"``) carries the prefiller's ``kv_transfer_params`` and ends with
-``finish`` like any. A prefill that fails in any way falls back to the decoder prefilling.
+``finish`` like any. A prefiller that cannot be reached is replaced by another; a prefill that
+fails in any other way falls back to the decoder prefilling.
 
 RouterCore's admission half (waiting, giving up a place, waking waiters) is
 :mod:`.dispatch_admission`, what the metrics exporter reads :mod:`.dispatch_reads`.
@@ -254,13 +255,15 @@ class RouterCore(Admission, ExporterReads):
             trace.mark("decide", now, note="" if last is None or last.outcome == "ok" else
                        f"retry after attempt {last.n}: {last.outcome}: {last.error}")
         while plan.attempts < self.rc.max_attempts + plan.prefills:
-            views = table.views(entry, now)
-            if plan.pd:  # disaggregated: decode and both replicas (a prefiller only prefills)
-                views = role_views(views, "decode")
             tried = plan.tried
-            if tried:
-                views = [v for v in views if v.id not in tried]
-            d = sched.decide(info, views, plan.strategy, now=now, wall=wall, rng=self.rng, commit=False)
+            d, plan.predecided = plan.predecided, None  # the prefill step's cache check decided it (pd_step.py)
+            if d is None:
+                views = table.views(entry, now)
+                if plan.pd:  # disaggregated: decode and both replicas (a prefiller only prefills)
+                    views = role_views(views, "decode")
+                if tried:
+                    views = [v for v in views if v.id not in tried]
+                d = sched.decide(info, views, plan.strategy, now=now, wall=wall, rng=self.rng, commit=False)
             d.tenant, d.band, d.share = self.wait.admission_of(plan)
             if plan.kv_params is not None:
                 d.phase = "decode"

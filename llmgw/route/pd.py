@@ -4,9 +4,10 @@ wire forms; :mod:`.dispatch` runs the steps.
 A model with ``[models.pd]`` has replicas by role: ``prefill`` ones compute a prompt's KV and hold
 it for a decoder to pull, ``decode`` ones generate, ``both`` do either. A request is **split** —
 its prefill on a prefiller, then its whole request on a decoder with the prefiller's
-``kv_transfer_params`` — when its prompt is long enough (``min_prompt_tokens``: a short prompt's
-prefill costs less than the extra round trip), it asks for no LoRA adapter (a prefiller would need
-the adapter too), and a prefiller can take it now. Otherwise it goes straight to a decode (or
+``kv_transfer_params`` — when the prompt its decoder would compute is long enough
+(``min_prompt_tokens``: a short prefill costs less than the extra round trip; a prompt mostly
+cached on the decoder it goes to is short there), it asks for no LoRA adapter (a prefiller would
+need the adapter too), and a prefiller can take it now. Otherwise it goes straight to a decode (or
 ``both``) replica, which prefills it itself; the reason is counted (``path``).
 
 The wire forms are vLLM's own proxy's (``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``,
@@ -20,8 +21,9 @@ recorded with their source and versions in docs/vllm-pd-wire.md):
   there is nothing to pull and the decoder prefills;
 * the decode request is the client's body as it came, plus that ``kv_transfer_params``.
 
-Every failure of the prefill step — no prefiller free, a connect error, a timeout, a 5xx, an
-answer without usable params — falls back to the decoder prefilling itself: the client never sees
+A prefiller that cannot be reached is replaced by another (nothing was sent). Every other failure
+of the prefill step — no prefiller free, no other to try, a timeout, a 5xx, an answer without
+usable params — falls back to the decoder prefilling itself: the client never sees
 a prefill failure, only the slower path, and the trace and ``llmgw_pd_fallbacks_total`` say why.
 A decoder that cannot pull the blocks recomputes them (vLLM's ``kv_load_failure_policy`` =
 recompute, its default). Pure."""
@@ -100,7 +102,7 @@ class PdStats:
     """What disaggregation counts, per model: requests by path, fallbacks by reason, the prefill
     step's time and the decoder's time to its first byte after a transfer."""
 
-    PATHS = ("split", "short", "adapter", "batched", "not_generation", "no_prefiller")
+    PATHS = ("split", "short", "cached", "adapter", "batched", "not_generation", "no_prefiller")
     FALLBACKS = ("no_prefiller", "connect", "timeout", "engine_error", "bad_answer", "no_params",
                  "decode_retry")
 

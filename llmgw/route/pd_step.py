@@ -3,15 +3,20 @@ run by the core (:mod:`.dispatch`) — pure, like it.
 
 1. ``planned(plan)`` once the request is planned: split (``plan.pd = "prefill"``) or not
    (``"decode"``: a decode or ``both`` replica prefills it itself), and why not, counted.
-2. ``prefill(plan, now, wall)`` in the core's ``next`` once the request is admitted: the
-   prefiller's own decision (its strategy, among ``prefill`` replicas: filter → score → pick, kept
-   in the decision ring with ``phase = "prefill"``) and its attempt, whose ``phase`` is
-   ``"prefill"`` — the shell sends it, reads the whole answer and reports with ``prefilled``. None
-   when no prefiller can take it now: the request goes on to its decoder, which prefills.
+2. ``prefill(plan, now, wall)`` in the core's ``next`` once the request is admitted: first the
+   cache check — a decode candidate holding all but less than ``min_prompt_tokens`` of the prompt
+   is decided with the model's strategy and, if picked, takes the request unsplit (``cached``,
+   ``plan.predecided``); else the prefiller's own decision (its strategy, among ``prefill``
+   replicas: filter → score → pick, kept in the decision ring with ``phase = "prefill"``) and its
+   attempt, whose ``phase`` is ``"prefill"`` — the shell sends it, reads the whole answer and
+   reports with ``prefilled``. None when no prefiller can take it now: the request goes on to
+   its decoder, which prefills.
 3. ``prefilled(plan, attempt, now, failure, status, data)`` when the prefill attempt ended: its
    permits back (the breaker counts a connect error, a timeout or a 5xx as for any attempt), the
    answer's ``kv_transfer_params`` kept for the decoder — or the fallback's reason — and the next
    ``next`` decides the decoder (the ``decode`` strategy, among ``decode`` and ``both`` replicas).
+   A prefiller that could not be reached (nothing was sent) is not a fallback yet: the next
+   ``next`` asks another prefiller, if one is there, within ``max_attempts`` prefills.
 4. ``decode_body`` / ``decode_failed`` for the decode attempt: the params ride in its body; an
    attempt that failed after it was sent may have pulled the blocks (the prefiller frees them), so
    a retry elsewhere drops them and that decoder prefills."""
@@ -26,8 +31,10 @@ from .breaker import FailureKind, Permit
 from .openai_req import ApiError
 from .pd import PdStats, decode_body, prefill_body, read_prefill_answer, role_views
 from .plan import Plan
+from .prefix_capacity import BYTES_PER_TOKEN
 from .trace import AttemptRecord, upstream_headers
 from .traceparent import new_span_id
+from .types import EndpointView
 
 # The router's core (dispatch.RouterCore): typed loosely, since dispatch imports this module (no
 # import cycle, not even for type checking: tests/test_import_contract.py).
@@ -85,9 +92,15 @@ class PdSteps:
         plan.pd = "decode"  # whatever happens here, the decoder is next
         info = plan.info
         trace = plan.trace
+        views = core.table.views(entry, now)
+        tried = plan.tried
+        if plan.prefills == 0 and pd.skip_cached and self._cached(plan, role_views(views, "decode"), now, wall):
+            return None  # most of the prompt is cached on the decoder it goes to: that one prefills the rest
         if trace is not None:
-            trace.mark("decide", now, note="prefill")
-        views = role_views(core.table.views(entry, now), "prefill")
+            trace.mark("decide", now, note="prefill" if not plan.prefills else "prefill again")
+        views = role_views(views, "prefill")
+        if tried:  # a prefiller that could not be reached is not asked again
+            views = [v for v in views if v.id not in tried]
         strategy = core.planner.strategy(entry, pd.prefill_strategy)
         d = core.sched.decide(info, views, strategy, now=now, wall=wall, rng=core.rng, commit=False)
         d.phase = "prefill"
@@ -128,6 +141,48 @@ class PdSteps:
         plan.strategy = core.planner.strategy(entry, pd.decode_strategy)
         return a
 
+    def _cached(self, plan: Plan, views: list[EndpointView], now: float, wall: float) -> bool:
+        """The threshold reads the prompt the decoder would compute, as llm-d's P/D decider does:
+        when a decode candidate holds enough of the prompt that the rest is under
+        ``min_prompt_tokens`` (tier 2's blocks where its engine publishes them, else tier 1's
+        belief), the decoder is decided now, with the model's own (cache-aware) strategy — and if
+        the one it picks holds that much, the request goes there unsplit (path ``cached``) and the
+        decode loop takes this decision (``plan.predecided``). If load sends it to a replica
+        without the prompt, the split goes on. Nothing is decided when no candidate holds enough."""
+        core = self.core
+        info = plan.info
+        pd = plan.entry.pd
+        assert pd is not None
+        enough = info.prompt_tokens_estimate - pd.min_prompt_tokens  # more than this cached: the rest is short
+        held = core.kv_cache.held(info, now) or {}
+        total = max(info.kv_blocks, len(info.kv_hashes or ()))
+        believed = core.prefix.held_bytes(info, now)
+
+        def cached(rid: str) -> tuple[int, str]:
+            if rid in held and total:  # the engine's own word
+                return info.prompt_tokens_estimate * min(held[rid], total) // total, "tier 2"
+            return int(believed.get(rid, 0) / BYTES_PER_TOKEN), "tier 1"
+
+        if not any(cached(v.id)[0] > enough for v in views if v.id not in plan.tried):
+            return False
+        if plan.tried:
+            views = [v for v in views if v.id not in plan.tried]
+        d = core.sched.decide(info, views, plan.strategy, now=now, wall=wall, rng=core.rng, commit=False)
+        if d.chosen is None:
+            return False
+        tokens, tier = cached(d.chosen)
+        if tokens <= enough:
+            return False
+        rest = info.prompt_tokens_estimate - tokens
+        why = (f"~{tokens} of ~{info.prompt_tokens_estimate} prompt tokens cached on {d.chosen} ({tier}): "
+               f"~{rest} to compute, under min_prompt_tokens {pd.min_prompt_tokens}: not split")
+        d.note = f"{d.note}; {why}" if d.note else why
+        plan.predecided = d
+        self.stats.path(plan.model, "cached")
+        if plan.trace is not None:
+            plan.trace.mark("decide", now, note=why)
+        return True
+
     def _skip(self, plan: Plan, now: float, why: str) -> None:
         self.stats.path(plan.model, "no_prefiller")
         self.stats.fallback(plan.model, "no_prefiller")
@@ -167,12 +222,26 @@ class PdSteps:
         elif params is not None:
             plan.kv_params, plan.prefilled_on, plan.pd_blocks = params, rep.id, blocks
             self.stats.handed(model, blocks)
+        elif failure is FailureKind.CONNECT and self._another_prefiller(plan, rep.id, now):
+            plan.pd = "prefill"  # nothing was sent: another prefiller is asked, as a decode attempt would be retried
+            if plan.trace is not None:
+                plan.trace.mark("decide", now, note=f"the prefill on {rep.id} failed ({why}"
+                                                    f"{': ' + detail if detail else ''}): another prefiller")
         else:
             self.stats.fallback(model, why)
             if plan.trace is not None:
                 plan.trace.mark("decide", now, note=f"the prefill on {rep.id} gave no KV to pull ({why}"
                                                     f"{': ' + detail if detail else ''}): the decoder prefills")
         return core.capacity_freed(model, now)
+
+    def _another_prefiller(self, plan: Plan, failed: str, now: float) -> bool:
+        """After a prefiller could not be reached: is another one there to ask (not tried, its
+        breaker letting requests through), within the router's ``max_attempts`` prefills?"""
+        plan.tried.add(failed)
+        if plan.prefills >= self.core.rc.max_attempts:
+            return False
+        return any(v.available and v.id not in plan.tried
+                   for v in role_views(self.core.table.views(plan.entry, now), "prefill"))
 
     # -- 4. the decode attempt --------------------------------------------------------------------
     def decode_body(self, plan: Plan, a: Attempt) -> None:

@@ -13,7 +13,7 @@ from .breaker import FailureKind
 from .replicas import ModelEntry, Replica
 from .strategies import Strategy
 from .trace import Trace
-from .types import RequestInfo, TenantTag
+from .types import Decision, RequestInfo, TenantTag
 
 __all__ = ["Plan"]
 
@@ -59,7 +59,10 @@ class Plan:
     kv_params: dict[str, Any] | None = None  # the prefiller's kv_transfer_params, for the decoder
     prefilled_on: str = ""  # the prefiller that holds them
     pd_blocks: int = 0  # ... how many blocks
-    prefills: int = 0  # prefill attempts made (1 at most: its failure falls back to the decoder)
+    prefills: int = 0  # prefill attempts made (a connect failure tries another prefiller; any other falls back)
+    # the decoder's decision made with the prefill step's cache check (pd_step.py): the decode
+    # loop takes it as its first decision instead of deciding again
+    predecided: Decision | None = None
 
     @property
     def model(self) -> str:

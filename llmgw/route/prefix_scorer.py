@@ -210,6 +210,15 @@ class PrefixRouting:
     def set_capacity(self, replica: str, capacity: Capacity) -> None:
         self.index.set_capacity(replica, capacity)
 
+    def held_bytes(self, req: RequestInfo, now: float) -> dict[str, int]:
+        """Replica -> the bytes of ``req``'s head the router sent it (at least ``min_match_bytes``):
+        tier 1's belief of what each engine has cached of the prompt. Read-only."""
+        if not req.head:
+            return {}
+        m = self.index.match(self.partition(req, req.cache_salt), req.head, now,
+                             min_bytes=self.config.min_match_bytes)
+        return {r: mb for r, (mb, _c) in m.holders.items()}
+
     def remove_replica(self, replica: str) -> None:
         self.index.remove_replica(replica)
 

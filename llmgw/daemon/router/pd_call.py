@@ -1,8 +1,8 @@
 """The prefill step's exchange (docs/disaggregation.md): the shell's half of
 :mod:`llmgw.route.pd_step`. The core gave an Attempt whose ``phase`` is ``"prefill"`` and whose
 body is the prefill-only form; this sends it to the prefiller, reads its whole (small) answer and
-reports it with ``RouterCore.prefilled`` — every failure included, which the core turns into the
-decoder prefilling itself. The client sees nothing of this step but its time."""
+reports it with ``RouterCore.prefilled`` — every failure included, which the core turns into
+another prefiller's attempt (nothing was sent) or the decoder prefilling itself. The client sees nothing of this step but its time."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ async def prefill(core: RouterCore, pool: UpstreamPool, rc: RouterConfig, plan: 
     except UpstreamError as e:
         failure = failure_of(e)
         detail = f"timed out ({e.phase})" if isinstance(e, UpstreamTimeout) else e.public
-        log.warning("prefill on %s failed: %s (%s); the decoder prefills", rep.id, e, e.url or rep.view.url,
+        log.warning("prefill on %s failed: %s (%s)", rep.id, e, e.url or rep.view.url,
                     extra={"request_id": plan.info.request_id, "model": plan.model, "endpoint": rep.id})
     except BaseException:  # the client left: the request ends here
         wake(core.prefilled(plan, a, trio.current_time(), FailureKind.CLIENT_CANCEL, status=None))
@@ -53,7 +53,8 @@ async def prefill(core: RouterCore, pool: UpstreamPool, rc: RouterConfig, plan: 
     now = trio.current_time()
     wake(core.prefilled(plan, a, now, failure, status=status, data=data, detail=detail))
     if log.isEnabledFor(logging.INFO):  # the access log: one line per attempt, this one too
-        log.info("prefill %s", "ok" if plan.kv_params is not None else "gave no KV: the decoder prefills",
+        log.info("prefill %s", "ok" if plan.kv_params is not None else
+                 "failed: another prefiller" if plan.pd == "prefill" else "gave no KV: the decoder prefills",
                  extra={"request_id": plan.info.request_id, "model": plan.model, "endpoint": rep.id,
                         "status": status, "outcome": "ok" if failure is None else failure.value,
                         "latency_ms": round((now - a.sent_at) * 1e3, 2)})

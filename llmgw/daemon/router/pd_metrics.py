@@ -3,6 +3,7 @@
 
 * ``llmgw_pd_requests_total{model,path}`` — a disaggregated model's requests by path: ``split``
   (a prefill step was sent), or not split and why: ``short`` (under ``min_prompt_tokens``),
+  ``cached`` (under it what its decoder would compute: the rest is cached there),
   ``adapter`` (a LoRA request), ``batched`` (``n`` > 1 or several prompts), ``not_generation``
   (embeddings), ``no_prefiller`` (none could take it then);
 * ``llmgw_pd_fallbacks_total{model,reason}`` — the decoder prefilled where a split was meant:
