@@ -13,18 +13,13 @@ response unfinished (no last chunk), after an in-band error event on a stream.""
 
 from __future__ import annotations
 
-import functools
-import hmac
 import json
 import logging
 import random
-import re
 import secrets
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
-from urllib.parse import quote
 
 import trio
 
@@ -32,8 +27,6 @@ from llmgw.config import Config, ModelConfig
 from llmgw.daemon.net.fd_limit import RESERVE, connection_cap, nofile_limit
 from llmgw.daemon.net.httpserver import Request, Response, ServerOptions, ServerStats
 from llmgw.daemon.net.upstream import (
-    UpstreamClosed,
-    UpstreamConnectError,
     UpstreamError,
     UpstreamPool,
     UpstreamProtocolError,
@@ -49,6 +42,19 @@ from llmgw.daemon.router.model_list import ModelList
 from llmgw.daemon.router.tenancy import Admitted, Tenancy, TenantMetrics
 from llmgw.daemon.router.tokenize import Tier2Metrics, Tokenizer
 from llmgw.daemon.router.pd_call import prefill
+from llmgw.daemon.router.proxy_wire import (
+    JSON,
+    AdapterMissing,
+    consteq,
+    content_type,
+    error_response,
+    failure_of,
+    header_value,
+    id_bits,
+    request_id,
+    server_error_body,
+    tracestate,
+)
 from llmgw.daemon.router.pd_metrics import PdMetrics
 from llmgw.daemon.router.otel_export import TraceExportMetrics, make_exporter, trace_sink
 from llmgw.daemon.router.trace_log import TraceLog
@@ -62,7 +68,7 @@ from llmgw.route.plan import Plan
 from llmgw.route.planner import STRATEGY_HEADER
 from llmgw.route.tier2 import Tokenize
 from llmgw.inputs.echo import echo
-from llmgw.route.openai_req import ApiError, error_body
+from llmgw.route.openai_req import ApiError
 from llmgw.route.prefix_scorer import PrefixRouting
 from llmgw.route.readiness import readiness
 from llmgw.route.types import Decision
@@ -75,61 +81,13 @@ __all__ = ["INTERNAL_HEADER", "REVISION_HEADER", "STRATEGY_HEADER", "Router"]
 REVISION_HEADER = "x-llmgw-revision"  # "candidate": to the model's candidate revision
 INTERNAL_HEADER = "x-llmgw-internal"  # with the router's internal token
 
-_JSON = "application/json"
-# Request ids: 32 random hex digits like uuid4().hex at a sixth of its cost (no getrandom()
-# syscall and UUID object a request); not a secret, only unique in practice.
-_rid_bits = random.Random().getrandbits
-# A client's request id is echoed in the answer, sent to the engine, logged and kept in the
-# decision ring: visible ASCII, at most 128 characters, or the router makes its own.
-_CLIENT_RID = re.compile(r"[\x21-\x7e]{1,128}")
-# An engine's Content-Type goes to the client only as a valid header value (visible ASCII with
-# inner spaces, bounded); anything else is replaced by what the answer must be.
-_CONTENT_TYPE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
-_MAX_CONTENT_TYPE = 256
-
-
-# What the HTTP server answers itself, before the router's handler: OpenAI's envelope, with a
-# string code (or null) like every error the router makes.
-_SERVER_CODES = {400: "invalid_request", 408: "request_timeout", 413: "request_too_large",
-                 431: "headers_too_large", 503: "server_busy"}
-
-
-def _server_error_body(status: int, message: str, err_type: str) -> dict[str, Any]:
-    return error_body(message, err_type, None, _SERVER_CODES.get(status))
-
-
-def _error(e: ApiError, rid: str, rid_header: str) -> Response:
-    headers = [("content-type", _JSON), (rid_header, rid), *e.headers]
-    return Response(e.status, headers, json.dumps(e.body()).encode())
-
-
-class _AdapterMissing(UpstreamError):
-    """A replica answered 404 for an adapter the router's book says it holds (its engine
-    restarted on the same URL): not the engine's fault (the breaker does not count it); the
-    request is tried again (AdapterRouting.missing)."""
-
-    public = "answered 404: it no longer holds the adapter (its engine restarted?)"
-
-
-def _failure_of(e: UpstreamError) -> FailureKind:
-    if isinstance(e, _AdapterMissing):
-        return FailureKind.CLIENT_4XX
-    if isinstance(e, UpstreamConnectError):
-        return FailureKind.CONNECT
-    if isinstance(e, UpstreamTimeout):
-        return FailureKind.TIMEOUT
-    if isinstance(e, UpstreamClosed):
-        return FailureKind.RESET
-    return FailureKind.HTTP_5XX
-
-
 class Router:
     def __init__(self, cfg: Config, pool: UpstreamPool, *, seed: int | None = None) -> None:
         self.cfg = cfg
         self.pool = pool
         self.registry = Registry(cfg)
         self.core = RouterCore(cfg, self.registry, cache_stats=self.registry.cache_stats, wall=time.time,
-                               rng=random.Random(seed), clock=time.perf_counter, ids=_rid_bits)
+                               rng=random.Random(seed), clock=time.perf_counter, ids=id_bits)
         self.registry.on_capacity = self.core.capacity_known
         self.registry.on_adapters = self._adapters_listed
         self.registry.on_scraped = lambda rep: self._wake(self.core.scraped(rep, trio.current_time()))
@@ -153,7 +111,7 @@ class Router:
         # finished traces to a JSONL file, when [router.traces] file is set (its task: main.py)
         self.trace_log = TraceLog(cfg.router.traces) if cfg.router.traces.file else None
         # ... and as OpenTelemetry spans over OTLP, when [router.traces] otlp_endpoint is set (its task: main.py)
-        self.otlp = make_exporter(cfg.router.traces, _rid_bits)
+        self.otlp = make_exporter(cfg.router.traces, id_bits)
         self.core.on_trace_end = trace_sink(self.trace_log, self.otlp)
         self.metrics.registry.register(TraceExportMetrics(self.core.traceparent_invalid, self.otlp))
         # who sends each request, what it may use, and what it used (docs/tenants.md): the book
@@ -190,7 +148,7 @@ class Router:
         log.info("OpenAI endpoint: at most %d connections (file descriptor limit %d)", cap, nofile)
         return {"max_body_bytes": s.max_body_bytes, "max_connections": cap,
                 "first_request_timeout": s.first_request_timeout_s, "stats": self.http_stats,
-                "error_body": _server_error_body, "on_rejected": self._server_rejected}
+                "error_body": server_error_body, "on_rejected": self._server_rejected}
 
     def _server_rejected(self, status: int) -> None:
         """The HTTP server answered a request itself (413 body too large, 431, 400 malformed,
@@ -218,13 +176,11 @@ class Router:
 
     # -- HTTP entry ---------------------------------------------------------------------------
     async def handle(self, req: Request) -> Response:
-        rid = req.header(self.rid_header)
-        if rid is None or _CLIENT_RID.fullmatch(rid) is None:
-            rid = f"{_rid_bits(128):032x}"
+        rid = request_id(req.header(self.rid_header))
         path = req.path
         try:
             if path == "/health":
-                return Response(200, [("content-type", _JSON)], b'{"status":"ok"}')
+                return Response(200, [("content-type", JSON)], b'{"status":"ok"}')
             if path == "/ready":  # like /health, open to load balancers and orchestrators
                 return self._ready(req)
             principal = self._authorize(req)  # /metrics too: it names every model and replica
@@ -239,7 +195,7 @@ class Router:
                     raise ApiError(405, f"Method {echo(req.method, quote='')} not allowed on {echo(path, quote='')}")
                 listed = ModelList(self.registry, self.tenancy, principal)
                 body = listed.all() if path == "/v1/models" else listed.one(path[11:])
-                resp = Response(200, [("content-type", _JSON), (self.rid_header, rid)], body)
+                resp = Response(200, [("content-type", JSON), (self.rid_header, rid)], body)
                 self.core.answered("ok", 200)
                 return resp
             kind = KINDS.get(path)
@@ -254,7 +210,7 @@ class Router:
             # model "-" (a name the client made up must not become a series).
             if not e.counted and path != "/metrics":
                 self.core.answered("rejected", e.status)
-            return _error(e, rid, self.rid_header)
+            return error_response(e, rid, self.rid_header)
         except Exception as e:  # a bug: the server answers 500 and logs it; the request still counts
             if path != "/metrics" and not getattr(e, "llmgw_counted", False):
                 self.core.answered("failed", 500)
@@ -271,13 +227,13 @@ class Router:
                 body = {"status": body["status"]}  # a tenant's key: the models are the operator's business
         except ApiError:
             body = {"status": body["status"]}
-        return Response(200 if r.ready else 503, [("content-type", _JSON)], json.dumps(body).encode())
+        return Response(200 if r.ready else 503, [("content-type", JSON)], json.dumps(body).encode())
 
     def _authorize(self, req: Request) -> Principal | None:
         """Who sent `req` (401 when its key is missing, unknown, revoked or expired); None for
         llmgw's own eval runner (its internal token: no tenant, no quota, not counted as use)."""
         token = req.header(INTERNAL_HEADER)
-        if token is not None and _consteq(token, self.internal_token):
+        if token is not None and consteq(token, self.internal_token):
             return None
         return self.tenancy.authenticate(req.header("authorization"))
 
@@ -286,7 +242,7 @@ class Router:
         core = self.core
         revision = req.header(REVISION_HEADER)
         token = req.header(INTERNAL_HEADER)
-        internal = token is not None and _consteq(token, self.internal_token)
+        internal = token is not None and consteq(token, self.internal_token)
         if revision is not None and (revision not in ("candidate", "live") or not internal):
             raise ApiError(403, f"The {REVISION_HEADER} header is for llmgw's own eval runner.",
                            param=REVISION_HEADER, code="forbidden")
@@ -297,7 +253,7 @@ class Router:
         plan = core.plan(kind, req.body, rid, strategy=req.header(STRATEGY_HEADER),
                          session=req.header("x-session-id"), now=trio.current_time(), revision=revision,
                          internal=internal, traceparent=traceparent,
-                         tracestate=None if traceparent is None else _tracestate(req), tenant=tag)
+                         tracestate=None if traceparent is None else tracestate(req), tenant=tag)
         adm: Admitted | None = None
         if principal is not None:
             try:
@@ -314,7 +270,7 @@ class Router:
                 if type(step) is Attempt:
                     if step.phase == "prefill":  # a disaggregated model's prefill step (pd_call.py)
                         await prefill(core, self.pool, self.cfg.router, plan, step, req.target, headers,
-                                      _failure_of, self._wake)
+                                      failure_of, self._wake)
                         continue
                     if step.alarm is not None:
                         _log_alarm(step.alarm)
@@ -400,7 +356,7 @@ class Router:
             resp.close()  # the engine lost the adapter: loaded again (or another holder), never the client's 404
             log.info("replica %s answered 404 for adapter %s, which it held: its engine restarted? Trying again",
                      rep.id, plan.info.adapter, extra={"endpoint": rep.id, "request_id": plan.info.request_id})
-            self._finish(plan, a, _AdapterMissing(f"{rep.id} answered 404 for adapter {plan.info.adapter}",
+            self._finish(plan, a, AdapterMissing(f"{rep.id} answered 404 for adapter {plan.info.adapter}",
                                                   url=rep.view.url), None, 404, resp)
             return None
         if resp.status >= 500 and plan.retry_5xx:  # else it is relayed: the engine's own error
@@ -409,8 +365,8 @@ class Router:
             e.public = f"answered {resp.status}"
             self._finish(plan, a, e, None, resp.status, resp)
             return None
-        out_headers = [("content-type", _content_type(resp, plan.stream)), (self.rid_header, rid),
-                       ("x-llmgw-endpoint", _header_value(rep.view.id))]
+        out_headers = [("content-type", content_type(resp, plan.stream)), (self.rid_header, rid),
+                       ("x-llmgw-endpoint", header_value(rep.view.id))]
         if resp.status == 200 and plan.stream:
             out_headers.append(("cache-control", "no-cache"))
         if adm is not None:
@@ -466,7 +422,7 @@ class Router:
         elif outcome is None:
             failure, detail = FailureKind.CLIENT_CANCEL, ""
         else:
-            failure = _failure_of(outcome)  # type: ignore[arg-type]
+            failure = failure_of(outcome)  # type: ignore[arg-type]
             detail = outcome.phase if isinstance(outcome, UpstreamTimeout) else \
                 f"replica {a.replica.view.id}: {outcome.public}"  # type: ignore[union-attr]
         self._wake(self.core.finish(plan, a, now, failure, first_byte_at=first, status=status, detail=detail))
@@ -484,29 +440,6 @@ class Router:
                             "status": status, "outcome": word,
                             "ttft_ms": None if first is None else round((first - plan.started) * 1e3, 2),
                             "latency_ms": round((now - plan.started) * 1e3, 2)})
-
-
-def _content_type(resp: UpstreamResponse, stream: bool) -> str:
-    """The engine's Content-Type if it is a valid header value, else what the answer must be."""
-    ct = resp.header("content-type")
-    if ct is not None and len(ct) <= _MAX_CONTENT_TYPE and _CONTENT_TYPE.fullmatch(ct) is not None:
-        return ct
-    if ct is not None:
-        log.debug("replaced an invalid content-type from %s: %r", resp.url, ct[:_MAX_CONTENT_TYPE])
-    return "text/event-stream" if stream and resp.status == 200 else _JSON
-
-
-@functools.lru_cache(maxsize=4096)
-def _header_value(text: str) -> str:
-    """A replica id as a header value: as it is when it can be one (nearly always), else
-    percent-encoded (a model name may be any text)."""
-    return text if _CONTENT_TYPE.fullmatch(text) is not None else quote(text, safe="/")
-
-
-def _tracestate(req: Request) -> str | None:
-    """The client's tracestate: several such header lines are one list (RFC 9110's combining)."""
-    values = [v for k, v in req.headers if k == "tracestate"]
-    return ",".join(values) if values else None
 
 
 def _end_trace(plan: Plan, outcome: str, status: int) -> None:
@@ -545,7 +478,3 @@ class _Relay:
             self.resp.close()
             self.router.tenancy.end(self.adm, self.resp.status, broken=True)
             self.router._finish(self.plan, self.attempt, None, None, self.resp.status, self.resp)
-
-
-def _consteq(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode(), b.encode())
