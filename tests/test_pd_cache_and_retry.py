@@ -10,27 +10,12 @@ from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
 from llmgw.route.dispatch import RouterCore
 
-from tests.test_pd_core import LONG, PARAMS, answer, core
+from tests.test_pd_core import CFG, LONG, PARAMS, answer, core
 
-TWO_PREFILLERS = """
-[[models]]
-name = "m"
-engine = "vllm"
-[models.pd]
-min_prompt_tokens = 50
-[[models.replicas]]
-url = "http://127.0.0.1:9001"
-role = "prefill"
-[[models.replicas]]
+TWO_PREFILLERS = CFG + """[[models.replicas]]
 url = "http://127.0.0.1:9004"
 role = "prefill"
-[[models.replicas]]
-url = "http://127.0.0.1:9002"
-role = "decode"
-[[models.replicas]]
-url = "http://127.0.0.1:9003"
-role = "decode"
-"""
+"""  # m/0 and m/3 prefill, m/1 and m/2 decode
 
 
 def chat(*turns: str) -> bytes:
@@ -153,7 +138,6 @@ def test_the_engines_own_blocks_say_what_is_cached_where_they_are_published() ->
 
 
 def test_skip_cached_false_counts_the_whole_prompt() -> None:
-    from tests.test_pd_core import CFG
     c = core(CFG.replace("min_prompt_tokens = 50", "min_prompt_tokens = 50\nskip_cached = false"))
     split_turn(c, "t1", LONG)
     p = c.plan("chat", chat(LONG, "an answer", "more"), "t2", strategy=None, session=None, now=1.0)
