@@ -40,7 +40,6 @@ def test_a_long_prompt_is_hashed_lazily_then_whole_once_held(fleet_factory: Any)
         return any(v > 0 for v in index_blocks(f).values())
 
     wait_for(filled, 30)
-    holder = max(index_blocks(f).items(), key=lambda kv: kv[1])[0]
     r = httpx.post(f"{f.router.url}/v1/chat/completions", json=body, timeout=10,
                    headers={"x-request-id": "lazy-probe"})
     assert r.status_code == 200, r.text
@@ -48,7 +47,11 @@ def test_a_long_prompt_is_hashed_lazily_then_whole_once_held(fleet_factory: Any)
     m = re.search(r"tier 2: (\d+)/(\d+) blocks on (\S+)", d["note"])
     assert m is not None, d["note"]
     blocks = int(m.group(2))
-    assert blocks == 16 + skipped and m.group(1) == m.group(2) and m.group(3) == holder == d["chosen"]
+    assert blocks == 16 + skipped and m.group(1) == m.group(2)
+    # the repeats may have reached both replicas before the first one's events did: then both hold
+    # it whole, the note names one, and the pick between them is the load's
+    whole = {rid for rid, n in index_blocks(f).items() if n >= blocks}
+    assert m.group(3) in whole and d["chosen"] in whole, (m.group(3), d["chosen"], index_blocks(f))
     text = httpx.get(f"{f.router.url}/metrics", timeout=5).text
     assert _metric(text, 'llmgw_kv_tokenize_total{outcome="ok"}') == 1.0  # tokenized once
     assert _metric(text, 'llmgw_kv_hash_blocks_total{how="hashed"}') == blocks  # each block hashed once
