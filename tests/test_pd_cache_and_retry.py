@@ -97,6 +97,8 @@ def test_an_unreachable_prefiller_is_replaced_by_another() -> None:
     assert [x["phase"] for x in tr["attempts"]] == ["prefill", "prefill", "decode"]
     assert tr["outcome"] == "ok"
     assert c.table.replicas[first].breaker.snapshot()["failures_total"] == 1
+    assert c.pd_stats.paths == {("m", "split"): c.pd_stats.paths[("m", "split")]}
+    assert c.pd_stats.paths[("m", "split")][0] == 1  # one request, split once
 
 
 def test_with_no_other_prefiller_to_ask_the_decoder_prefills() -> None:
@@ -110,6 +112,7 @@ def test_with_no_other_prefiller_to_ask_the_decoder_prefills() -> None:
     d = c.next(p, 0.01, 0.0)
     assert isinstance(d, Attempt) and d.phase == "" and d.replica.view.role == "decode"
     assert c.pd_stats.fallbacks[("m", "connect")][0] == 1  # once, for the request
+    assert c.pd_stats.paths[("m", "split")][0] == 1 and ("m", "no_prefiller") not in c.pd_stats.paths
     # a timeout is not retried on another prefiller: it may still be working; the decoder prefills
     p = c.plan("chat", chat("z " * 400), "s", strategy=None, session=None, now=1.0)
     a = c.next(p, 1.0, 0.0)

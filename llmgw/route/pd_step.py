@@ -136,7 +136,8 @@ class PdSteps:
             a.record.phase = "prefill"
             trace.attempts.append(a.record)
             a.trace_headers = upstream_headers(trace, a.record)
-        self.stats.path(plan.model, "split")
+        if plan.prefills == 1:  # a request is split once, however many prefillers it takes
+            self.stats.path(plan.model, "split")
         # the decoder: its own strategy (KV headroom, decode load), not the client's affinity one
         plan.strategy = core.planner.strategy(entry, pd.decode_strategy)
         return a
@@ -184,8 +185,11 @@ class PdSteps:
         return True
 
     def _skip(self, plan: Plan, now: float, why: str) -> None:
-        self.stats.path(plan.model, "no_prefiller")
-        self.stats.fallback(plan.model, "no_prefiller")
+        if plan.prefills:  # asked again after a connect error: split already, and that error is why not
+            self.stats.fallback(plan.model, "connect")
+        else:
+            self.stats.path(plan.model, "no_prefiller")
+            self.stats.fallback(plan.model, "no_prefiller")
         if plan.trace is not None:
             plan.trace.mark("decide", now, note=f"{why}: the decoder prefills")
         return None
