@@ -13,6 +13,7 @@ import trio
 
 from llmgw.config import RouterConfig
 from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
+from llmgw.daemon.router.proxy_wire import failure_of
 from llmgw.route.admission import Ticket
 from llmgw.route.attempt import Attempt
 from llmgw.route.breaker import FailureKind
@@ -26,8 +27,7 @@ log = logging.getLogger("llmgw.router")
 
 
 async def prefill(core: RouterCore, pool: UpstreamPool, rc: RouterConfig, plan: Plan, a: Attempt, target: str,
-                  headers: Sequence[tuple[str, str]], failure_of: Callable[[UpstreamError], FailureKind],
-                  wake: Callable[[Iterable[Ticket]], None]) -> None:
+                  headers: Sequence[tuple[str, str]], wake: Callable[[Iterable[Ticket]], None]) -> None:
     """Send the prefill attempt ``a`` and report its end to the core (the decode step follows)."""
     rep = a.replica
     a.sent_at = trio.current_time()

@@ -269,8 +269,7 @@ class Router:
                 step = core.next(plan, trio.current_time(), time.time())  # raises the final ApiError
                 if type(step) is Attempt:
                     if step.phase == "prefill":  # a disaggregated model's prefill step (pd_call.py)
-                        await prefill(core, self.pool, self.cfg.router, plan, step, req.target, headers,
-                                      failure_of, self._wake)
+                        await prefill(core, self.pool, self.cfg.router, plan, step, req.target, headers, self._wake)
                         continue
                     if step.alarm is not None:
                         _log_alarm(step.alarm)
