@@ -56,7 +56,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import Conn, Latencies, build_request  # noqa: E402
-from procs import spawn, stop  # noqa: E402
+from procs import spawn, start_router, stop  # noqa: E402
 
 WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud "
          "forest ember quartz falcon harbor lantern meadow summit canyon glacier orchard").split()
@@ -120,15 +120,7 @@ def start_fleet(a: argparse.Namespace, policy: str, procs: list[subprocess.Popen
     lines += [f'[[models.replicas]]\nurl = "{u}"' for u in urls]
     if policy == "llmgw":
         lines += [f'[[models.adapters]]\nname = "{n}"\nsource = "/adapters/{n}"' for n in names]
-    # The router's store and admin socket in the run's own directory, not the user's state directory.
-    lines += ["[control]", f"store = {json.dumps(str(tmp / 'router.db'))}",
-              "[admin]", f"socket = {json.dumps(str(tmp / 'admin' / 'admin.sock'))}"]
-    cfg = tmp / f"{policy}.toml"
-    cfg.write_text("\n".join(lines) + "\n")
-    rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(cfg), "--port", "0",
-                       "--log-level", "warning"])
-    procs.append(rp)
-    router = rinfo["url"]
+    router = start_router(lines, tmp, policy, procs)
     # Ready when the router lists every adapter as served by some replica (naive: learned from the
     # replicas' /v1/models) and the base model answers.
     deadline = time.monotonic() + 30

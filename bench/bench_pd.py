@@ -54,7 +54,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import Conn, build_request  # noqa: E402
-from procs import spawn, stop  # noqa: E402
+from procs import spawn, start_router, stop  # noqa: E402
 
 WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud "
          "forest ember quartz falcon harbor lantern meadow summit canyon glacier orchard").split()
@@ -102,14 +102,7 @@ def start_fleet(a: argparse.Namespace, fleet: str, procs: list[subprocess.Popen[
         p, info = spawn(cmd)
         procs.append(p)
         lines += ["[[models.replicas]]", f'url = "{info["url"]}"'] + ([f'role = "{role}"'] if role != "both" else [])
-    lines += ["[control]", f"store = {json.dumps(str(tmp / 'router.db'))}",
-              "[admin]", f"socket = {json.dumps(str(tmp / 'admin' / 'admin.sock'))}"]
-    cfg = tmp / f"{fleet}.toml"
-    cfg.write_text("\n".join(lines) + "\n")
-    rp, rinfo = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(cfg), "--port", "0",
-                       "--log-level", "warning"])
-    procs.append(rp)
-    router = rinfo["url"]
+    router = start_router(lines, tmp, fleet, procs)
     deadline = time.monotonic() + 30
     while True:
         try:

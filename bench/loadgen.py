@@ -76,16 +76,20 @@ class Conn:
         del self.buf[:length]
         return status, body, first_byte
 
+    async def _send_head(self, raw: bytes) -> tuple[int, str]:
+        """Send a request, read its answer's head: (status, the head in lower case)."""
+        await self.stream.send_all(raw)
+        end = await self._until(b"\r\n\r\n")
+        head = bytes(self.buf[:end]).decode("latin-1").lower()
+        del self.buf[: end + 4]
+        return int(head[9:12]), head
+
     async def stream_events(self, raw: bytes) -> tuple[int, str, float | None]:
         """Send a streaming request and read its SSE answer to `data: [DONE]` (the connection is
         then spent: chunk framing is not parsed). Returns (status, the head in lower case, the
         seconds from sending to the first `data:` event — None unless the status is 200)."""
         t0 = time.perf_counter()
-        await self.stream.send_all(raw)
-        end = await self._until(b"\r\n\r\n")
-        head = bytes(self.buf[:end]).decode("latin-1").lower()
-        del self.buf[: end + 4]
-        status = int(head[9:12])
+        status, head = await self._send_head(raw)
         if status != 200:
             return status, head, None
         await self._until(b"data: ")
@@ -98,11 +102,7 @@ class Conn:
         the head in lower case, seconds from sending to each event — empty unless 200). Events
         that arrive in one read share its time."""
         t0 = time.perf_counter()
-        await self.stream.send_all(raw)
-        end = await self._until(b"\r\n\r\n")
-        head = bytes(self.buf[:end]).decode("latin-1").lower()
-        del self.buf[: end + 4]
-        status = int(head[9:12])
+        status, head = await self._send_head(raw)
         times: list[float] = []
         if status != 200:
             return status, head, times

@@ -7,6 +7,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
+from pathlib import Path
 
 
 def spawn(cmd: list[str], *, env: dict[str, str] | None = None,
@@ -31,3 +33,17 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def start_router(lines: list[str], tmp: Path, name: str, procs: list[subprocess.Popen[bytes]]) -> str:
+    """An llmgw router on config ``lines`` (its store and admin socket in ``tmp``, the run's own
+    directory, not the user's state directory), written to ``tmp/<name>.toml``; returns its URL.
+    The process is appended to ``procs`` (the caller stops them)."""
+    lines = [*lines, "[control]", f"store = {json.dumps(str(tmp / 'router.db'))}",
+             "[admin]", f"socket = {json.dumps(str(tmp / 'admin' / 'admin.sock'))}"]
+    cfg = tmp / f"{name}.toml"
+    cfg.write_text("\n".join(lines) + "\n")
+    proc, info = spawn([sys.executable, "-m", "llmgw", "daemon", "--config", str(cfg), "--port", "0",
+                        "--log-level", "warning"])
+    procs.append(proc)
+    return info["url"]
