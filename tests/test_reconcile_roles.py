@@ -4,10 +4,8 @@ budgets like any replica, and kept inside one domain with [models.pd] keep_withi
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from dataclasses import replace
-from typing import Any
 
 from llmgw.config import parse_config
 from llmgw.daemon.control.model_deploy import deploy_of
@@ -16,6 +14,8 @@ from llmgw.fleet.placement import Placer
 from llmgw.fleet.placement_explain import explain
 from llmgw.fleet.reconcile import Assignment, Facility, Hold, ModelDeploy, reconcile
 from llmgw.fleet.types import EngineReport, EngineSpec, GpuInfo, NodeFacts
+
+from tests.test_facility_placement import apply, ids, ready_all
 
 PRODUCER = '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}'
 CONSUMER = '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}'
@@ -63,25 +63,6 @@ def node(name: str, *, gpus: int = 2, **facility: str) -> Node:
 def fleet(racks: int, per_rack: int, gpus: int = 2) -> dict[str, Node]:
     return {f"n{r}-{k}": node(f"n{r}-{k}", gpus=gpus, rack=f"r{r}", pdu=f"p{r}-{k}")
             for r in range(racks) for k in range(per_rack)}
-
-
-def ids() -> Any:
-    c = itertools.count()
-    return lambda m: f"{m}/{next(c)}"
-
-
-def apply(plan: Any, asg: dict[str, Assignment]) -> None:
-    for a in plan.create:
-        asg[a.replica] = a
-    for rid, _ in plan.drain:
-        asg.pop(rid)  # drained and stopped, for the test's purpose
-    for rid, why in plan.moving:
-        asg[rid].moving = why
-
-
-def ready_all(asg: dict[str, Assignment]) -> None:
-    for a in asg.values():
-        a.report = EngineReport(a.replica, a.model, "ready")
 
 
 def roles(asg: dict[str, Assignment] | list[Assignment]) -> Counter[str]:
