@@ -193,6 +193,7 @@ def test_side_channel_and_params_without_a_connector(sim_factory: Any) -> None:
     read = f"{p.url}/_sim/kv_transfer/read"
     assert httpx.post(read, json={"remote_request_id": "nope"}).status_code == 404
     assert httpx.post(read, content=b"{bad").status_code == 400
+    assert httpx.post(read, content=b"[" * 100_000).status_code == 400  # too deep: refused, not a traceback
     params = _prefill_leg(p.url, "/v1/completions", {"model": "sim-model", "prompt": PROMPT}, "r").json()[
         "kv_transfer_params"]
     wrong = httpx.post(read, json={"remote_request_id": params["remote_request_id"], "remote_block_ids": [99999]})

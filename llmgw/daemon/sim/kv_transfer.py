@@ -20,6 +20,7 @@ import trio
 from llmgw.daemon.net.httpserver import Request, Response
 from llmgw.daemon.net.upstream import UpstreamError, UpstreamPool
 from llmgw.daemon.sim.runner import EngineRunner
+from llmgw.inputs.nesting import json_loads
 from llmgw.sim import vllm_surface as vs
 from llmgw.sim.engine import EngineCore, SimRequest
 from llmgw.sim.kv_transfer import (
@@ -109,7 +110,7 @@ class KvTransferShell:
 
     async def _read(self, req: Request) -> Response:
         try:
-            obj = json.loads(req.body or b"null")
+            obj = json_loads(req.body or b"null")  # depth-bounded: a deep body is a 400, not a RecursionError
             rid, block_ids = parse_read_body(obj)
         except (ValueError, UnicodeDecodeError) as e:
             return Response(400, list(_JSON), vs.dumps({"detail": str(e)}))

@@ -20,6 +20,7 @@ from llmgw.daemon.net.httpserver import Request, Response, serve_tcp
 from llmgw.daemon.sim.kv_transfer import KvTransferShell, pin_timeout, request_kv_params
 from llmgw.daemon.sim.runner import EngineRunner
 from llmgw.daemon.sim.vllm_responses import ResponseWriter, embed
+from llmgw.inputs.nesting import json_loads
 from llmgw.kv import events as kvev
 from llmgw.kv.hashing import HashContext, LoRA, VllmVersion
 from llmgw.sim import vllm_surface as vs
@@ -228,8 +229,8 @@ class VllmSim:
 
     def _body(self, req: Request) -> dict[str, Any]:
         try:
-            body = json.loads(req.body or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            body = json_loads(req.body or b"null")  # depth-bounded (TooDeep is a ValueError)
+        except (ValueError, UnicodeDecodeError) as e:
             raise vs.VllmError(400, f"JSON decode error: {e}") from None
         if not isinstance(body, dict):
             raise vs.VllmError(400, "Input should be a valid dictionary or object to extract fields from")
