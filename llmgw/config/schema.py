@@ -327,7 +327,7 @@ class PdConfig:
     decode on a decode replica, the KV blocks moved between them by the engines' KV connector."""
     # prompts estimated shorter than this skip the prefill step: a decode replica prefills them
     # itself (disaggregation must never make a short chat slower; docs/disaggregation.md "Measured")
-    min_prompt_tokens: int = opt(256, check=in_range(0))
+    min_prompt_tokens: int = opt(1024, check=in_range(0))
     # ... and so does a prompt with less than min_prompt_tokens left to compute on the decoder it
     # is decided to, which holds the rest cached (a conversation's next turn): false counts the
     # whole prompt, split whatever the decoders hold
