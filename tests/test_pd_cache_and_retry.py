@@ -146,3 +146,17 @@ def test_skip_cached_false_counts_the_whole_prompt() -> None:
     p = c.plan("chat", chat(LONG, "an answer", "more"), "t2", strategy=None, session=None, now=1.0)
     a = c.next(p, 1.0, 0.0)
     assert isinstance(a, Attempt) and a.phase == "prefill" and ("m", "cached") not in c.pd_stats.paths
+
+
+def test_routing_as_one_a_turn_served_through_another_router_is_seen_cached() -> None:
+    """Several routers × the cache check: tier 1's inserts are shared (routing as one), so the
+    router that gets a conversation's next turn knows which decoder the other one sent the last to."""
+    a, b = core(), core()
+    share_a, share_b = a.prefix_share(), b.prefix_share()
+    holder = split_turn(a, "t1", LONG).replica.id
+    for ins in share_a.take():
+        share_b.apply(ins, 0.5)
+    p = b.plan("chat", chat(LONG, "an answer", "more"), "t2", strategy=None, session=None, now=1.0)
+    d = b.next(p, 1.0, 0.0)
+    assert isinstance(d, Attempt) and d.phase == "" and d.replica.id == holder
+    assert b.pd_stats.paths[("m", "cached")][0] == 1
