@@ -11,11 +11,9 @@ import pytest
 
 from llmgw.tui.client import AdminRefused, Backoff, DaemonUnreachable, follow
 from llmgw.tui.labels import parse_label_edit
+from llmgw.tui.cache_rows import cache_model_rows, cache_replica_rows, cache_total_lines
 from llmgw.tui.rows import (
     banner_text,
-    cache_model_rows,
-    cache_replica_rows,
-    cache_total_lines,
     decision_rows,
     decisions_caption,
     fmt_age,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
-from llmgw.tui.rows import (
+from llmgw.tui.cache_rows import (
     CACHE_MODEL_COLUMNS,
     CACHE_REPLICA_COLUMNS,
     cache_model_rows,
