@@ -66,7 +66,7 @@ from .breaker import NO_SLOT, FailureKind, Permit
 from .cache_stats import CacheStats
 from .counters import RouterCounters
 from llmgw.inputs.echo import echo
-from .kv_scorer import KvCacheScorer, KvDecisionStats
+from .kv_scorer import KvCacheScorer
 from .load_report import LoadReport
 from .lora_body import request_body
 from .prefix_scorer import PrefixRouting, PrefixScorerConfig
@@ -169,10 +169,6 @@ class RouterCore(Admission, ExporterReads):
         if not internal:
             self.load.arrived(plan.model)
         return plan
-
-    def traceparent_invalid(self) -> dict[str, int]:
-        """Clients' malformed traceparent headers (ignored), by reason (:mod:`.traceparent`)."""
-        return self.planner.traceparent_invalid
 
     def set_strategies(self, configs: Any) -> None:
         """A reloaded config's [[strategies]] (StrategyConfig), in force from the next request."""
@@ -458,14 +454,6 @@ class RouterCore(Admission, ExporterReads):
             plan.counted = True
             self.counters.request_done(plan.model, "failed", 500, None, None)
 
-    def request_counts(self, model: str) -> tuple[int, int, float, int]:
-        """`model`'s client requests so far (RouterCounters.client_counts)."""
-        return self.counters.client_counts(model)
-
-    def counts(self) -> RouterCounters:
-        """The counters, to read at scrape time (the metrics exporter's; it never writes them)."""
-        return self.counters
-
     def model_changed(self, model: str) -> None:
         """`model` was redefined: its adapters or max_loaded_adapters may differ."""
         self.adapters.model_changed(model)
@@ -484,14 +472,6 @@ class RouterCore(Admission, ExporterReads):
             self._share = PrefixShare(outbox, self.prefix.apply_peer,
                                       lambda rid: r.view.model if (r := reps.get(rid)) is not None else None)
         return self._share
-
-    def kv_stats(self) -> KvDecisionStats:
-        """Tier 2's decisions so far (the kv_cache scorer's)."""
-        return self.kv_cache.stats
-
-    def tier2_state(self) -> Tier2:
-        """Tier 2's step: its outcomes, cache and hashing counts (for its metrics)."""
-        return self.tier2
 
     # -- replicas coming and going -------------------------------------------------------------------
     def add_replica(self, m: ModelConfig, rid: str, url: str, *, pool: str, weight: float,

@@ -1,5 +1,6 @@
 """What the metrics exporter (``llmgw.daemon.router.metrics.MetricsSource`` and the other
-collectors) reads of the router's core, by methods — never through its members.
+collectors) and the shell read of the router's core — counters, tier 2's state, queues —, by
+methods, never through its members.
 :class:`~.dispatch.RouterCore` is made of it. Pure, as the core."""
 
 from __future__ import annotations
@@ -7,8 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .counters import RouterCounters
+from .kv_scorer import KvDecisionStats
 from .pd import PdStats, role_queues
 from .replicas import Replica
+from .tier2 import Tier2
 
 __all__ = ["ExporterReads"]
 
@@ -20,6 +24,30 @@ class ExporterReads:
     wait: Any  # waiting.WaitRoom
     load: Any  # load_report.LoadReport
     pd_stats: PdStats
+    counters: RouterCounters
+    planner: Any  # planner.Planner
+    kv_cache: Any  # kv_scorer.KvCacheScorer
+    tier2: Tier2
+
+    def counts(self) -> RouterCounters:
+        """The counters, to read at scrape time (the metrics exporter's; it never writes them)."""
+        return self.counters
+
+    def request_counts(self, model: str) -> tuple[int, int, float, int]:
+        """`model`'s client requests so far (RouterCounters.client_counts)."""
+        return self.counters.client_counts(model)
+
+    def traceparent_invalid(self) -> dict[str, int]:
+        """Clients' malformed traceparent headers (ignored), by reason (:mod:`.traceparent`)."""
+        return self.planner.traceparent_invalid
+
+    def kv_stats(self) -> KvDecisionStats:
+        """Tier 2's decisions so far (the kv_cache scorer's)."""
+        return self.kv_cache.stats
+
+    def tier2_state(self) -> Tier2:
+        """Tier 2's step: its outcomes, cache and hashing counts (for its metrics)."""
+        return self.tier2
 
     def all_replicas(self) -> Iterable[Replica]:
         return self.table.all_replicas()
