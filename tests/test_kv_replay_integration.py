@@ -157,3 +157,25 @@ def test_a_returning_agent_and_a_restarted_router_get_full_copies(fleet_factory:
     f.start_router()
     wait_for(lambda: {r: index_blocks(f).get(r) for r in rids} == truth, 15)
     assert metric(f, "llmgw_kv_index_resets_total") == 2  # one full copy per replica, nothing else
+
+
+def test_a_health_flap_keeps_the_replicas_index(fleet_factory: Any) -> None:  # noqa: F811
+    """An engine that misses its health checks for a while (a long GC pause, a starved host) is
+    withdrawn from routing while it is unhealthy, but its agent goes on following its KV events: the
+    router keeps its index, and when it is ready again the index still equals the engine's blocks
+    (the agent sends only changes: an index dropped on withdrawal would stay blind to every block the
+    engine stored before)."""
+    f = fleet_factory([sim_model(count=1, kv_events=True)])
+    rid = one_replica(f)
+    chat(f, 0)
+    wait_for(lambda: index_blocks(f).get(rid, 0) > 0 and index_blocks(f)[rid] == engine_blocks(f, rid), 10)
+    held = index_blocks(f)[rid]
+    pid = f.ready("m")[0]["pid"]
+    os.kill(pid, signal.SIGSTOP)  # its /health stops answering; the process, its cache and its PUB stay
+    try:
+        wait_for(lambda: [r["state"] for r in f.replicas("m")] == ["unhealthy"], 30)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: [r["pid"] for r in f.ready("m")] == [pid], 30)  # ready again, the same engine
+    assert index_blocks(f).get(rid) == held == engine_blocks(f, rid)
+    assert metric(f, "llmgw_kv_index_resets_total") == 1  # only the new engine's first message

@@ -8,14 +8,17 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["ENGINE_STATES", "RUNNING_STATES", "EngineReport", "EngineSpec", "EngineState", "GpuInfo", "GroupLaunch",
-           "LoraLaunch", "NodeFacts", "RouterAddr"]
+__all__ = ["ENGINE_STATES", "KV_FOLLOWED_STATES", "RUNNING_STATES", "EngineReport", "EngineSpec", "EngineState",
+           "GpuInfo", "GroupLaunch", "LoraLaunch", "NodeFacts", "RouterAddr"]
 
 EngineState = Literal["starting", "ready", "unhealthy", "crashed", "failed", "crashloop", "stopping", "stopped"]
 ENGINE_STATES: tuple[str, ...] = ("starting", "ready", "unhealthy", "crashed", "failed", "crashloop",
                                   "stopping", "stopped")
 # States in which the engine process exists (and holds its GPUs and port).
 RUNNING_STATES = frozenset({"starting", "ready", "unhealthy", "stopping"})
+# States in which an agent follows an engine's KV events, so the router keeps its replica's tier-2
+# index (an unhealthy engine is withdrawn from routing but still holds, and reports, its blocks).
+KV_FOLLOWED_STATES = frozenset({"starting", "ready", "unhealthy"})
 
 
 def _port_or_none(v: Any) -> int | None:

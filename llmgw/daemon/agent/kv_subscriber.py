@@ -46,7 +46,7 @@ import zmq
 
 from llmgw.daemon.agent.kv_replay import APPLIED, FULL, HOLE, fetch_replay
 from llmgw.daemon.net.zmqio import AsyncSocket
-from llmgw.fleet.types import EngineReport
+from llmgw.fleet.types import KV_FOLLOWED_STATES, EngineReport
 from llmgw.fleet.wire import KvEvents
 from llmgw.kv.events import (
     EventBatch,
@@ -132,7 +132,7 @@ class KvSubscribers:
             self._follow(report)
 
     def _follow(self, r: EngineReport) -> None:
-        want = r.kv_endpoint is not None and r.pid is not None and r.state in ("starting", "ready", "unhealthy")
+        want = r.kv_endpoint is not None and r.pid is not None and r.state in KV_FOLLOWED_STATES
         sub = self._subs.get(r.replica)
         carried: Counter[str] = Counter()
         if sub is not None and (not want or (sub.endpoint, sub.pid, sub.replay_endpoint)

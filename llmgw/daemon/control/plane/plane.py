@@ -56,7 +56,7 @@ from llmgw.daemon.router.control_port import RouterPort
 from llmgw.fleet.engine_cmd import ray_group
 from llmgw.fleet.nodes import Node, NodeRegistry, NodeTimeouts, Transition
 from llmgw.fleet.reconcile import Assignment, ModelDeploy, reconcile
-from llmgw.fleet.types import EngineReport, EngineSpec
+from llmgw.fleet.types import KV_FOLLOWED_STATES, EngineReport, EngineSpec
 from llmgw.config.names import CANDIDATE_SUFFIX
 from llmgw.fleet.wire import FEATURE_GROUPS, Hello, KvEvents, Skipped
 from llmgw.lifecycle.config_diff import ScaleOverride
@@ -350,7 +350,10 @@ class ControlPlane(Leading):
                     and (a.spec.group is None or routable_group(self, a)))
         if not routable:
             self.router.withdraw_replica(a.replica)
-            self.router.kv_forget(a.replica)
+            if r is None or r.state not in KV_FOLLOWED_STATES:
+                # its agent no longer follows its KV events; one that does (an unhealthy engine, a
+                # group waiting for a worker) sends only changes: its index is kept for its return
+                self.router.kv_forget(a.replica)
             return
         if a.desired == "run":
             d = m.deploy or DeployConfig()  # type: ignore[union-attr]
