@@ -373,6 +373,27 @@ async def test_dropped_batches_leave_a_gap_and_stay_replayable_unless_lost(ctx, 
     dealer.close(0)
 
 
+@pytest.mark.anyio
+async def test_delayed_batches_arrive_in_order_no_sooner_than_the_delay(ctx, ipc):
+    """--sim-kv-events-delay-ms: every batch reaches the PUB socket that long after publish()."""
+    pub = KVEventPublisher(ipc("pub"), context=ctx, delay_s=0.2)
+    sub = sub_socket(ctx, pub.endpoint)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pub.run)
+        first = await join_sub(pub, sub)
+        t0 = trio.current_time()
+        want = [b"a", b"b", b"c"]
+        for payload in want:
+            pub.publish(payload)
+        got = await recv_contiguous(sub, first, want)  # in order, trailing probes skipped
+        assert [f[2] for f in got] == want
+        assert trio.current_time() - t0 >= 0.2
+        nursery.cancel_scope.cancel()
+    sub.close(0)
+    with pytest.raises(ValueError):
+        KVEventPublisher(ipc("pub2"), context=ctx, delay_s=-1.0)
+
+
 # -- lifecycle ------------------------------------------------------------------------------------
 
 

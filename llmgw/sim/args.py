@@ -210,6 +210,9 @@ def add_sim_kv_drop_flags(p: argparse.ArgumentParser) -> None:
                    help="do not send the KV event batches with these sequence numbers on the PUB socket")
     g.add_argument("--sim-kv-drop-lost", action="store_true",
                    help="the dropped batches are missing from the replay buffer too (a replay cannot cover them)")
+    g.add_argument("--sim-kv-events-delay-ms", type=_ms, default=0.0, metavar="MS",
+                   help="send each KV event batch on the PUB socket MS after it was made (a slow event path: "
+                        "the router's index lags the engine's cache by that much); default 0")
 
 
 KV_EVENTS_DEFAULTS: dict[str, Any] = {

@@ -21,6 +21,7 @@ already have to handle because PUB drops at its high-water mark.
 Faults on demand (tests): ``drop_every=N`` / ``drop_seqs`` keep those batches off the PUB socket (a
 subscriber sees a gap) while they stay in the replay buffer, so a replay covers them; with
 ``drop_lost=True`` they are missing from the buffer too, so a replay cannot (the subscriber must reset).
+``delay_s`` sends each batch that long after :meth:`publish` (a slow event path: consumers lag the cache).
 """
 
 from __future__ import annotations
@@ -113,9 +114,13 @@ class KVEventPublisher:
         drop_every: int | None = None,
         drop_seqs: frozenset[int] = frozenset(),
         drop_lost: bool = False,
+        delay_s: float = 0.0,
     ) -> None:
         if drop_every is not None and drop_every < 1:
             raise ValueError("drop_every must be >= 1")
+        if not delay_s >= 0:
+            raise ValueError("delay_s must be >= 0")
+        self.delay_s = delay_s
         self.drop_every = drop_every
         self.drop_seqs = frozenset(drop_seqs)
         self.drop_lost = drop_lost
@@ -130,7 +135,7 @@ class KVEventPublisher:
         self.sent = 0  #: batches handed to the PUB socket
         # vLLM uses queue.Queue(maxsize=...), where <= 0 means unbounded.
         size = max_queue_size if max_queue_size > 0 else math.inf
-        self._send_ch, self._recv_ch = trio.open_memory_channel[tuple[int, bytes]](size)
+        self._send_ch, self._recv_ch = trio.open_memory_channel[tuple[int, bytes, float]](size)
         self._closing = False
         self._closed = False
         self._started = False
@@ -183,7 +188,7 @@ class KVEventPublisher:
         seq = self._next_seq
         self._next_seq += 1
         try:
-            self._send_ch.send_nowait((seq, payload))
+            self._send_ch.send_nowait((seq, payload, trio.current_time() + self.delay_s if self.delay_s else 0.0))
         except trio.WouldBlock:
             self.dropped += 1
             if self.dropped & (self.dropped - 1) == 0:  # 1, 2, 4, 8, ...: don't flood the log
@@ -264,7 +269,9 @@ class KVEventPublisher:
         assert self._pub is not None
         pub, topic, buffer = self._pub, self._topic, self._buffer
         try:
-            async for seq, payload in self._recv_ch:
+            async for seq, payload, due in self._recv_ch:
+                if due:  # --sim-kv-events-delay-ms: sent that long after it was made (in order)
+                    await trio.sleep_until(due)
                 if self._skip(seq):
                     self.skipped += 1
                     if not self.drop_lost:

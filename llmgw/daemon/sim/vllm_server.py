@@ -110,10 +110,12 @@ class VllmSim:
                                    lora_enabled=self.enable_lora, max_loras=ns.max_loras, cache_info=cache_info)
         self.core.sink = self.metrics
         self.kv_cfg = parse_kv_events_config(ns.kv_events_config, dotted, self.version)
-        # --sim-kv-drop-*: batches kept off the PUB socket so tests can make sequence gaps
+        # --sim-kv-drop-*: batches kept off the PUB socket so tests can make sequence gaps;
+        # --sim-kv-events-delay-ms: each batch sent that late (the index lags the cache)
         self.kv_faults = {"drop_every": getattr(ns, "sim_kv_drop_every", None),
                           "drop_seqs": getattr(ns, "sim_kv_drop_seqs", frozenset()),
-                          "drop_lost": getattr(ns, "sim_kv_drop_lost", False)}
+                          "drop_lost": getattr(ns, "sim_kv_drop_lost", False),
+                          "delay_s": getattr(ns, "sim_kv_events_delay_ms", 0.0) / 1000.0}
         self.publisher: Any = None
         # <= 0.11 builds the batch in schedule(), 0.12+ after the step (vllm-wire.md §1.2).
         late = self.version >= (0, 12)
