@@ -8,6 +8,7 @@ router core wires them."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from llmgw.route.kv_scorer import KvCacheScorer
 from llmgw.route.prefix_scorer import PrefixRouting
@@ -106,3 +107,42 @@ def test_tier_1_keeps_its_belief_where_the_engine_says_nothing_trustworthy() -> 
                          PRESETS["chat"], now=1.0, wall=1.0, rng=random.Random(1))
         assert d.chosen == "m/0" and "set aside" not in d.note and prefix.set_aside == 0, d.note
         assert {c.endpoint_id: c.scores["prefix"] for c in d.candidates}["m/0"] > 0.9
+
+
+def test_a_burst_of_one_new_prompt_follows_its_first_request_while_its_events_are_due() -> None:
+    """The events' lag: the first request of a new prompt went to X, whose engine's events about it
+    are not in yet. X's silence then says nothing — while the request runs there and a settle time
+    after it ended — so the repeats follow it instead of being placed by load; after that, or once
+    the index showed X holding it, silence is a clear or an eviction and sets tier 1's belief aside."""
+    held = {"m/0": 0, "m/1": 0, "m/2": 0}  # every engine publishes events; none has reported this prompt
+    prefix = PrefixRouting()
+    kv = KvCacheScorer(lambda h: held)
+    prefix.defer, prefix.deny = kv.verdict, kv.denied  # as llmgw.route.dispatch.RouterCore wires them
+    sched = Scheduler(scorers={**prefix.scorers(), "kv_cache": kv})
+    n = iter(range(100))
+
+    def ask(now: float, *, end: float | None = None) -> Any:
+        req = RequestInfo(f"r{next(n)}", "m", "m", head=HEAD, kv_hashes=tuple(range(70)))
+        d = sched.decide(req, _eps(), PRESETS["chat"], now=now, wall=now, rng=random.Random(1))
+        if end is not None:
+            kv.ended(d.chosen, req, end)  # as the router core's finish does
+        return d
+
+    x = ask(0.0, end=0.2).chosen  # a cold prompt, placed by load
+    running = ask(0.1)  # while the first runs: tier 1's belief stands
+    assert running.chosen == x and "set aside" not in running.note, running.note
+    kv.ended(x, RequestInfo("r1", "m", "m", head=HEAD, kv_hashes=tuple(range(70))), 0.3)
+    d = ask(2.0, end=2.1)  # within the settle time (2 s) after the last end
+    assert d.chosen == x and "set aside" not in d.note and kv.awaited == 2, d.note
+    d = ask(4.2)  # due since 4.1 and still silent: the engine dropped it
+    assert f"tier 1 set aside on {x}" in d.note, d.note
+    assert prefix.set_aside == 1
+
+    # once the index showed the holder, a later silence counts at once
+    held[x] = 70
+    y = ask(10.0, end=10.1)
+    assert y.chosen == x and f"tier 2: 70/70 blocks on {x}" in y.note, y.note
+    held[x] = 0  # cleared (reset_prefix_cache) straight after
+    d = ask(10.2)
+    assert f"tier 1 set aside on {x}" in d.note, d.note
+    assert len(kv.sends) <= 2  # bounded: settled pairs leave

@@ -381,6 +381,7 @@ class RouterCore(Admission, ExporterReads):
                                      first_byte_at, now, status, "ok" if failure is None else failure.value,
                                      detail, attempt.bytes_in)
         rep = attempt.replica
+        self.kv_cache.ended(rep.id, plan.info, now)  # its blocks' events are due by a settle time from now
         if plan.info.adapter is not None:
             self.adapters.release(rep.id, plan.info.adapter, now)
         was_closed = rep.breaker.state == "closed"

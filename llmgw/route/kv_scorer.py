@@ -13,7 +13,10 @@ holds at least the first block, tier 1 votes tier 2's shares instead of its own 
 (:meth:`KvCacheScorer.verdict`, wired to ``PrefixRouting.defer``): the engines' report beats the
 router's guess, and the affinity keeps both tiers' weight. Where none does, tier 1's guess does
 not count for a candidate whose engine publishes events and holds none of the prompt
-(:meth:`KvCacheScorer.denied`, wired to ``PrefixRouting.deny``). Either way the decision's
+(:meth:`KvCacheScorer.denied`, wired to ``PrefixRouting.deny``) — unless the router sent that
+replica this first block so lately that its events may still be on their way (:class:`RecentSends`:
+while the request runs and ``events_lag_s`` after it ends), so a burst of one new prefix follows
+its first request instead of spreading over the fleet in the events' lag. Either way the decision's
 note says which tier decided and why (``observe``).
 
 What it counts (:class:`KvDecisionStats`, exact: one count per committed decision of a kv_events
@@ -25,6 +28,7 @@ decisions each tier made.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +36,8 @@ from typing import Any
 from .scorers import ScoreContext, Scores
 from .types import RequestInfo
 
-__all__ = ["KvCacheScorer", "KvDecisionStats", "LeadingBlocks", "OUTCOMES", "MATCHED_BUCKETS", "fallback_reason"]
+__all__ = ["KvCacheScorer", "KvDecisionStats", "LeadingBlocks", "OUTCOMES", "MATCHED_BUCKETS", "RecentSends",
+           "fallback_reason"]
 
 # hashes -> {replica id: leading blocks held}
 LeadingBlocks = Callable[[Sequence[int]], Mapping[Any, int]]
@@ -49,6 +54,12 @@ _TOKENIZE_OUTCOMES = {"timeout": "timeout", "no_replica": "no_replica", "version
                       "error": "tokenize_failed", "garbage": "tokenize_failed"}
 MATCHED_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 MAX_REPLICAS = 4096  # per-replica tier counts kept (the oldest leave first)
+# After a request ends, how long the KV events of the blocks it stored may take to reach the index
+# (the engine publishes them as it computes; the agent flushes every 0.1 s; measured ~100–300 ms,
+# docs/prefix-routing.md): the parity check's settle time.
+EVENTS_LAG_S = 2.0
+MAX_SENDS = 65_536  # (replica, first block) pairs remembered; the oldest leave first
+MAX_RUNNING_S = 300.0  # a send whose end never came counts as running no longer than this
 
 
 def fallback_reason(note: str, tokenize_outcome: str = "") -> str:
@@ -82,14 +93,69 @@ class KvDecisionStats:
     by_replica: dict[str, list[int]] = field(default_factory=dict)  # chosen -> [tier 1, tier 2] decisions
 
 
+class RecentSends:
+    """Which replica the router sent which first block it did not hold, until that engine's KV events
+    about it may be in: while a request with it runs there, and ``lag_s`` after the last one ended —
+    or until the index shows it holding the block (:meth:`confirmed`). Bounded (``MAX_SENDS`` pairs,
+    the least recently sent leave first)."""
+
+    def __init__(self, lag_s: float = EVENTS_LAG_S) -> None:
+        self.lag_s = lag_s
+        self._d: OrderedDict[tuple[str, int], list[float]] = OrderedDict()  # -> [running, last sent, until]
+
+    def sent(self, replica: str, first: int, now: float) -> None:
+        key = (replica, first)
+        e = self._d.get(key)
+        if e is None:
+            if len(self._d) >= MAX_SENDS:
+                self._d.popitem(last=False)
+            self._d[key] = [1, now, 0.0]
+        else:
+            e[0] += 1
+            e[1] = now
+            self._d.move_to_end(key)
+
+    def confirmed(self, held: Mapping[Any, int], first: int) -> None:
+        """The index shows these replicas holding the first block: their events are in, nothing to
+        wait for (a clear or an eviction after this counts at once)."""
+        d = self._d
+        if d:
+            for rid, n in held.items():
+                if n > 0:
+                    d.pop((rid, first), None)
+
+    def ended(self, replica: str, first: int, now: float) -> None:
+        e = self._d.get((replica, first))
+        if e is not None:
+            e[0] = max(0, e[0] - 1)
+            e[2] = now + self.lag_s
+
+    def pending(self, replica: str, first: int, now: float) -> bool:
+        """Whether the engine's events for this first block may still be on their way."""
+        e = self._d.get((replica, first))
+        if e is None:
+            return False
+        if (e[0] > 0 and now - e[1] < MAX_RUNNING_S) or now < e[2]:
+            return True
+        if e[0] <= 0:
+            del self._d[(replica, first)]  # settled: nothing left to wait for
+        return False
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
 class KvCacheScorer:
     """Stateless apart from ``lookup`` (set once the index exists; None = no index), ``alarmed``
-    (replica id -> is its parity alarm on: its engine hashes differently) and its counts."""
+    (replica id -> is its parity alarm on: its engine hashes differently), its counts and its
+    recent sends (``sends``: :meth:`observe` records them, :meth:`ended` settles them)."""
 
     def __init__(self, lookup: LeadingBlocks | None = None, alarmed: Callable[[str], bool] | None = None) -> None:
         self.lookup = lookup
         self.alarmed = alarmed
         self.stats = KvDecisionStats()
+        self.sends = RecentSends()
+        self.awaited = 0  # candidates whose tier-1 belief stood because their events may be on their way
         self._memo: tuple[RequestInfo, float, Mapping[Any, int]] | None = None
 
     def held(self, req: RequestInfo, now: float) -> Mapping[Any, int] | None:
@@ -102,6 +168,8 @@ class KvCacheScorer:
             return memo[2]
         held = self.lookup(hashes)
         self._memo = (req, now, held)
+        if held:
+            self.sends.confirmed(held, hashes[0])
         return held
 
     def verdict(self, req: RequestInfo, endpoints: Sequence[Any], now: float) -> dict[int, float] | None:
@@ -126,8 +194,21 @@ class KvCacheScorer:
         if not held:
             return []
         alarmed = self.alarmed
-        return [i for i, e in enumerate(endpoints)
-                if held.get(e.id) == 0 and not (alarmed is not None and alarmed(e.id))]
+        out = [i for i, e in enumerate(endpoints)
+               if held.get(e.id) == 0 and not (alarmed is not None and alarmed(e.id))]
+        if out and req.kv_hashes:
+            # sent there so lately that its events may not be in yet: its silence says nothing
+            first, sends = req.kv_hashes[0], self.sends
+            kept = {i for i in out if sends.pending(endpoints[i].id, first, now)}
+            if kept:
+                self.awaited += len(kept)
+                out = [i for i in out if i not in kept]
+        return out
+
+    def ended(self, replica: str, req: RequestInfo, now: float) -> None:
+        """A request :meth:`observe` saw sent to ``replica`` ended there (the router core's finish)."""
+        if req.kv_hashes:
+            self.sends.ended(replica, req.kv_hashes[0], now)
 
     def __call__(self, ctx: ScoreContext) -> Scores:
         req = ctx.req
@@ -167,13 +248,16 @@ class KvCacheScorer:
         return Scores(vals)
 
     def observe(self, decision: Any, req: RequestInfo, kept: Any, now: float) -> None:
+        chosen = decision.chosen
+        held = kept[2] if kept else None
+        if req.kv_hashes and chosen is not None and not (held or {}).get(chosen):
+            self.sends.sent(chosen, req.kv_hashes[0], now)  # its first block's events are yet to come
         if not kept:
             return
         outcome, text, held = kept
         decision.note = f"{decision.note}; {text}" if decision.note else text
         st = self.stats
         st.outcomes[outcome] += 1
-        chosen = decision.chosen
         if held is not None:
             n = min(held.get(chosen, 0), _total(req)) if chosen is not None else 0
             st.matched[bisect_left(MATCHED_BUCKETS, n)] += 1

@@ -217,6 +217,7 @@ class PdSteps:
             plan.trace.attempt_ended(a.record, a.sent_at, a.connected_at, a.head_at, None, now, status,
                                      outcome, note, 0)
         a.end(now, verdict)
+        core.kv_cache.ended(rep.id, plan.info, now)
         if verdict is not None and not cancelled:
             core.counters.upstream_error(rep.id, verdict.value)
         if a.sent_at is not None:
