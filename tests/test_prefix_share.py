@@ -84,6 +84,41 @@ def test_a_turn_on_another_router_finds_the_replica_the_first_chose() -> None:
     assert share_b.counts()["applied"] == 8
 
 
+def test_a_burst_through_several_routers_follows_the_first_while_its_events_are_due() -> None:
+    """Routing as one × tier 2's events' lag: router a sends a new prompt to X; its repeat reaches
+    router b before X's KV events reach b's index. a's insert carries the prompt's first block, so
+    b knows X's events about it are due: X's silence sets nothing aside, the repeat follows the
+    first. Without it (a peer that predates the field) b places the repeat by load."""
+    held = {"m/0": 0, "m/1": 0, "m/2": 0}  # every engine publishes events; none has reported this prompt
+
+    def send(c: RouterCore, rid: str, now: float) -> Decision:
+        plan = c.plan("chat", turn(0, 1), rid, strategy=None, session=None, now=now)
+        plan.info.kv_hashes, plan.info.kv_blocks = tuple(range(1000, 1020)), 20  # as tier 2's step sets them
+        a = c.next(plan, now, 0.0)
+        assert isinstance(a, Attempt)
+        c.finish(plan, a, now + 0.01, None, first_byte_at=now + 0.005, status=200)
+        return a.decision
+
+    for carried in (True, False):
+        a, b = core(1), core(2)
+        for c in (a, b):
+            c.kv_cache.lookup = lambda hashes: held
+            c.kv_cache.alarmed = lambda replica: False
+        share_a, share_b = a.prefix_share(), b.prefix_share()
+        first = send(a, "a", 0.0)
+        [ins] = share_a.take()
+        assert ins.first_block == 1000
+        share_b.apply(ins if carried else ins._replace(first_block=None), 0.05)
+        second = send(b, "b", 0.1)
+        if carried:
+            assert second.chosen == first.chosen and "set aside" not in second.note, second.note
+            assert b.kv_cache.awaited == 1
+            later = send(b, "b2", 5.0)  # due since 2.11 and still silent: the engine dropped it
+            assert f"tier 1 set aside on {first.chosen}" in later.note, later.note
+        else:
+            assert f"tier 1 set aside on {first.chosen}" in second.note, second.note
+
+
 def test_without_the_peer_insert_the_second_router_sees_a_cold_head() -> None:
     a, b = core(1), core(2)
     a.prefix_share()
@@ -158,6 +193,9 @@ def test_a_message_round_trips() -> None:
     batch = [PrefixInsert("m", None, "salt", "m/0", b"abc" * 30, 3), PrefixInsert("m", "sql", None, "m/1", b"\x00\xff", 1)]
     frame = encode(KEY, "router-a", 12345, 7, batch)
     assert decode(KEY, frame) == FeedMessage("router-a", 12345, 7, batch)
+    # tier 2's first blocks travel beside the inserts ("f"), for those that have one
+    batch2 = [batch[0]._replace(first_block=(1 << 64) - 1), batch[1], batch[0]._replace(first_block=0)]
+    assert decode(KEY, encode(KEY, "router-a", 12345, 8, batch2)) == FeedMessage("router-a", 12345, 8, batch2)
     assert decode(b"j" * 32, frame) == "bad_mac"
     assert decode(KEY, frame, max_bytes=len(frame) - 1) == "oversize"
     assert decode(KEY, b"\x02" + frame[1:]) == "version"
@@ -190,6 +228,22 @@ def test_a_badly_shaped_insert_drops_the_message(t: object) -> None:
     assert decode(KEY, frame) == "malformed"
 
 
+@pytest.mark.parametrize("f", [
+    "not a list", [[1, 5]], [[-1, 5]], [[0, -1]], [[0, 1.5]], [[0, "x"]], [[0, True]], [[0]], [0], [[True, 5]],
+])
+def test_a_badly_shaped_first_block_drops_the_message(f: object) -> None:
+    import hmac
+
+    import msgpack
+
+    from llmgw.route.prefix_wire import decode
+
+    body = msgpack.packb({"s": "a", "i": 1, "n": 1, "t": [["m", None, None, "r", b"ok", 1]], "f": f},
+                         use_bin_type=True)
+    frame = b"\x01" + hmac.digest(KEY, b"\x01" + body, "sha256") + body
+    assert decode(KEY, frame) == "malformed"
+
+
 def test_any_body_with_a_good_mac_decodes_without_raising() -> None:
     import hmac
 
@@ -203,7 +257,7 @@ def test_any_body_with_a_good_mac_decodes_without_raising() -> None:
                                                 st.recursive(st.none() | st.integers(-2**63, 2**64 - 1) | st.text(max_size=5)
                                                              | st.binary(max_size=5),
                                                              lambda c: st.lists(c, max_size=6)
-                                                             | st.dictionaries(st.sampled_from("sintx"), c),
+                                                             | st.dictionaries(st.sampled_from("sintxf"), c),
                                                              max_leaves=20)))
     def check(body: bytes) -> None:
         frame = b"\x01" + hmac.digest(KEY, b"\x01" + body, "sha256") + body

@@ -112,6 +112,7 @@ class RouterCore(Admission, ExporterReads):
         self.kv_cache = KvCacheScorer()
         self.prefix.defer = self.kv_cache.verdict  # where tier 2 knows the holders, tier 1 votes its shares
         self.prefix.deny = self.kv_cache.denied  # where it knows a replica holds none, tier 1's guess is void
+        self.prefix.peer_sent = self.kv_cache.peer_sent  # unless it was sent there lately (by a peer too)
         self._share: PrefixShare | None = None  # routing as one: tier 1 shared with other routers
         self.sched = Scheduler(SchedulerConfig(kv_ceiling=rc.kv_ceiling, saturation_load=rc.saturation_load),
                                scorers={**self.prefix.scorers(), "kv_cache": self.kv_cache})

@@ -124,6 +124,18 @@ class RecentSends:
                 if n > 0:
                     d.pop((rid, first), None)
 
+    def heard(self, replica: str, first: int, now: float) -> None:
+        """A peer router sent it (its insert says so): due ``lag_s`` from now (its end is not heard)."""
+        key = (replica, first)
+        e = self._d.get(key)
+        if e is None:
+            if len(self._d) >= MAX_SENDS:
+                self._d.popitem(last=False)
+            self._d[key] = [0, now, now + self.lag_s]
+        else:
+            e[2] = max(e[2], now + self.lag_s)
+            self._d.move_to_end(key)
+
     def ended(self, replica: str, first: int, now: float) -> None:
         e = self._d.get((replica, first))
         if e is not None:
@@ -204,6 +216,10 @@ class KvCacheScorer:
                 self.awaited += len(kept)
                 out = [i for i in out if i not in kept]
         return out
+
+    def peer_sent(self, replica: str, first: int, now: float) -> None:
+        """Another router (routing as one) sent ``replica`` a request with this first block."""
+        self.sends.heard(replica, first, now)
 
     def ended(self, replica: str, req: RequestInfo, now: float) -> None:
         """A request :meth:`observe` saw sent to ``replica`` ended there (the router core's finish)."""

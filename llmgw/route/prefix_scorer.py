@@ -194,6 +194,9 @@ class PrefixRouting:
         # leaves it believing what the engine reports is gone (docs/prefix-routing.md).
         self.deny: Callable[[RequestInfo, Sequence[EndpointView], float], Sequence[int]] | None = None
         self.set_aside = 0  # decisions where such a belief was set aside
+        # A peer router sent `replica` a request whose tier-2 first block is this (its insert says
+        # so): that engine's events about it are due here too (the kv_cache scorer's ``peer_sent``).
+        self.peer_sent: Callable[[str, int, float], None] | None = None
         # Routing as one (several routers): each decision's insert is kept here for the shell to
         # send to the other routers (None: not shared). :mod:`.prefix_share`.
         self.share: PrefixOutbox | None = None
@@ -342,14 +345,14 @@ class PrefixRouting:
         if not req.head:
             return
         p = kept if kept is not None else _Pending(self.partition(req, req.cache_salt), req.head)
-        out = self._classify(p, decision.chosen, now)
+        out = self._classify(p, decision.chosen, now, req.kv_hashes[0] if req.kv_hashes else None)
         self.last = out
         if decision.chosen is None:
             return
         decision.prefix = out.outcome
         decision.note = f"{decision.note}; {out.note}" if decision.note else out.note
 
-    def _classify(self, p: _Pending, chosen: str | None, now: float) -> PrefixOutcome:
+    def _classify(self, p: _Pending, chosen: str | None, now: float, first: int | None) -> PrefixOutcome:
         cfg = self.config
         m = p.match
         if m is None:  # not scored (the strategy gives prefix no weight): look now
@@ -377,7 +380,7 @@ class PrefixRouting:
             model, adapter, salt = cast("tuple[str, str | None, str | None]", p.partition)  # partition_key's
             mx = self.index.config.max_head_bytes  # what the tree keeps of it: the rest is not sent
             head = p.head if len(p.head) <= mx else p.head[:mx]
-            self.share.offer(PrefixInsert(model, adapter, salt, chosen, head, count))
+            self.share.offer(PrefixInsert(model, adapter, salt, chosen, head, count, first))
         self.outcomes[outcome] += 1
         self._observe_length(got)
         self.alarm.observe(now, p.partition, p.head, outcome == "hit")
@@ -418,6 +421,8 @@ class PrefixRouting:
         count = min(max(int(ins.count), 1), self.index.config.max_count)
         self.index.record(partition_key(ins.model, ins.adapter, ins.salt), ins.head, ins.replica,
                           now, count=count)
+        if ins.first_block is not None and self.peer_sent is not None:
+            self.peer_sent(ins.replica, ins.first_block, now)  # its engine's events are due here too
 
     # -- metrics --------------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:

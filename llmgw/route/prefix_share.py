@@ -32,7 +32,9 @@ PEER_OUTCOMES = ("applied", "unknown_replica", "other_model")
 
 class PrefixInsert(NamedTuple):
     """One decision's insert: ``replica`` was sent ``head`` under the partition (``model``,
-    ``adapter``, ``salt``) and its count there grew by ``count``."""
+    ``adapter``, ``salt``) and its count there grew by ``count``. ``first_block``: the request's
+    first tier-2 block hash (kv_events models), so the receiver knows that engine's events about it
+    are due (``KvCacheScorer.peer_sent``); None where it had none."""
 
     model: str
     adapter: str | None
@@ -40,6 +42,7 @@ class PrefixInsert(NamedTuple):
     replica: str
     head: bytes
     count: int = 1
+    first_block: int | None = None
 
 
 class PrefixOutbox:

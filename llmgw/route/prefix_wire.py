@@ -8,7 +8,12 @@ One message is one ZeroMQ frame::
 
     body = {"s": sender router id, "i": incarnation (the sender's random 63-bit number for
             this run), "n": seq (1, 2, ... within the incarnation),
-            "t": [[model, adapter|nil, cache_salt|nil, replica, head (bin), count], ...]}
+            "t": [[model, adapter|nil, cache_salt|nil, replica, head (bin), count], ...],
+            "f": [[k, first block], ...]}   (optional)
+
+    "f" gives insert k (its index in "t") its tier-2 first block hash (a uint64: the request's
+    first KV block, PrefixInsert.first_block). It is a key of its own, not a 7th field of an
+    insert, so a router that predates it decodes the message as before (it ignores the key).
 
     MAC  = HMAC-SHA256(key, version byte + body)   (key: the store's cluster_secret)
 
@@ -53,7 +58,7 @@ def insert_bytes(ins: PrefixInsert) -> int:
     """An upper bound of the insert's share of a message body (msgpack: a header of at most 5
     bytes a field, at most 4 bytes a character)."""
     return len(ins.head) + 4 * (len(ins.model) + len(ins.replica) + len(ins.adapter or "")
-                                + len(ins.salt or "")) + 40
+                                + len(ins.salt or "")) + 40 + (0 if ins.first_block is None else 16)
 
 
 def overhead_bytes(sender: str) -> int:
@@ -62,9 +67,12 @@ def overhead_bytes(sender: str) -> int:
 
 
 def encode(key: bytes, sender: str, incarnation: int, seq: int, inserts: list[PrefixInsert]) -> bytes:
-    body = msgpack.packb({"s": sender, "i": incarnation, "n": seq,
-                          "t": [[i.model, i.adapter, i.salt, i.replica, i.head, i.count] for i in inserts]},
-                         use_bin_type=True)
+    d: dict[str, Any] = {"s": sender, "i": incarnation, "n": seq,
+                         "t": [[i.model, i.adapter, i.salt, i.replica, i.head, i.count] for i in inserts]}
+    firsts = [[k, i.first_block] for k, i in enumerate(inserts) if i.first_block is not None]
+    if firsts:
+        d["f"] = firsts
+    body = msgpack.packb(d, use_bin_type=True)
     return _VERSION_BYTE + hmac.digest(key, _VERSION_BYTE + body, "sha256") + body
 
 
@@ -113,5 +121,14 @@ def _shape(d: Any) -> FeedMessage | str:
             return "malformed"
         out.append(PrefixInsert(_name(t[0]), _name(t[1], optional=True), _name(t[2], optional=True),  # type: ignore[arg-type]
                                 _name(t[3]), t[4], _int(t[5], 1, 1 << 31)))  # type: ignore[arg-type]
+    fs = d.get("f")
+    if fs is not None:
+        if type(fs) is not list:
+            return "malformed"
+        for f in fs:
+            if type(f) is not list or len(f) != 2:
+                return "malformed"
+            k = _int(f[0], 0, len(out) - 1)
+            out[k] = out[k]._replace(first_block=_int(f[1], 0, (1 << 64) - 1))
     return FeedMessage(_name(d.get("s")), _int(d.get("i"), 0, (1 << 63) - 1),  # type: ignore[arg-type]
                        _int(d.get("n"), 1, (1 << 63) - 1), out)
