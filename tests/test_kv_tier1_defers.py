@@ -146,3 +146,17 @@ def test_a_burst_of_one_new_prompt_follows_its_first_request_while_its_events_ar
     d = ask(10.2)
     assert f"tier 1 set aside on {x}" in d.note, d.note
     assert len(kv.sends) <= 2  # bounded: settled pairs leave
+
+
+def test_recent_sends_hold_about_the_last_settle_time_of_sends() -> None:
+    from llmgw.route.kv_scorer import RecentSends
+
+    s = RecentSends(lag_s=2.0)
+    for k in range(1000):  # a new prompt every 10 ms, each ended 5 ms after it was sent
+        now = k * 0.01
+        s.sent("m/0", k, now)
+        s.ended("m/0", k, now + 0.005)
+    assert len(s) <= 210  # ~2 s of sends, not all 1,000
+    assert s.pending("m/0", 999, 10.0) and not s.pending("m/0", 0, 10.0)
+    s.sent("m/1", 7, 20.0)  # running, never ended: due at most MAX_RUNNING_S
+    assert s.pending("m/1", 7, 200.0) and not s.pending("m/1", 7, 321.0)

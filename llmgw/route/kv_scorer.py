@@ -15,7 +15,7 @@ router's guess, and the affinity keeps both tiers' weight. Where none does, tier
 not count for a candidate whose engine publishes events and holds none of the prompt
 (:meth:`KvCacheScorer.denied`, wired to ``PrefixRouting.deny``) — unless the router sent that
 replica this first block so lately that its events may still be on their way (:class:`RecentSends`:
-while the request runs and ``events_lag_s`` after it ends), so a burst of one new prefix follows
+while the request runs and ``EVENTS_LAG_S`` after it ends), so a burst of one new prefix follows
 its first request instead of spreading over the fleet in the events' lag. Either way the decision's
 note says which tier decided and why (``observe``).
 
@@ -107,13 +107,27 @@ class RecentSends:
         key = (replica, first)
         e = self._d.get(key)
         if e is None:
-            if len(self._d) >= MAX_SENDS:
-                self._d.popitem(last=False)
+            self._make_room(now)
             self._d[key] = [1, now, 0.0]
         else:
             e[0] += 1
             e[1] = now
             self._d.move_to_end(key)
+
+    def _make_room(self, now: float) -> None:
+        """Before an entry is added: the least recently sent ones that settled leave (two at most:
+        amortised, the map holds about the sends of the last ``lag_s`` and those running), and the
+        oldest when the map is full."""
+        d = self._d
+        for _ in range(2):
+            if not d:
+                return
+            key, e = next(iter(d.items()))
+            if (e[0] > 0 and now - e[1] < MAX_RUNNING_S) or now < e[2]:
+                break
+            del d[key]
+        if len(d) >= MAX_SENDS:
+            d.popitem(last=False)
 
     def confirmed(self, held: Mapping[Any, int], first: int) -> None:
         """The index shows these replicas holding the first block: their events are in, nothing to
@@ -129,8 +143,7 @@ class RecentSends:
         key = (replica, first)
         e = self._d.get(key)
         if e is None:
-            if len(self._d) >= MAX_SENDS:
-                self._d.popitem(last=False)
+            self._make_room(now)
             self._d[key] = [0, now, now + self.lag_s]
         else:
             e[2] = max(e[2], now + self.lag_s)
