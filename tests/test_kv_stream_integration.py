@@ -3,7 +3,9 @@ engine's KV events travel agent → router and fill the router's index for that 
 
 from __future__ import annotations
 
+import math
 import re
+import time
 from typing import Any
 
 import httpx
@@ -17,6 +19,29 @@ def index_blocks(f: Any) -> dict[str, float]:
     text = httpx.get(f"{f.router.url}/metrics", timeout=5).text
     return {m.group(1): float(m.group(2))
             for m in re.finditer(r'^llmgw_kv_index_blocks\{endpoint="([^"]+)"\} (\S+)$', text, re.MULTILINE)}
+
+
+def join_events(f: Any, urls: dict[str, str], words: int = 20) -> None:
+    """Until each engine's KV events reach the router's index (ZMQ's slow joiner: the agent's SUB may
+    join after an engine's first events, and nothing shows the gap until a later one): a new prompt a
+    second, sent to the engine directly (`urls`: replica id -> its URL), until the index holds blocks
+    of that replica. A repeated prompt would be a cache hit that publishes no event. Each probe adds
+    ~`words` tokens of blocks to that engine (not through the router: tier 1 does not see them)."""
+    asked = iter(range(1_000_000))
+    for rid, url in urls.items():
+        last = -math.inf
+
+        def probed() -> bool:
+            nonlocal last
+            if time.monotonic() - last > 1.0:
+                last = time.monotonic()
+                text = " ".join(f"probe{next(asked)}-{i}" for i in range(words))
+                r = httpx.post(f"{url}/v1/chat/completions", timeout=10, json={
+                    "model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 1})
+                assert r.status_code == 200, r.text
+            return index_blocks(f).get(rid, 0) > 0  # noqa: B023 — called before the loop moves on
+
+        wait_for(probed, 30)
 
 
 def test_engine_kv_events_reach_the_router_index(fleet_factory: Any) -> None:  # noqa: F811

@@ -7,15 +7,13 @@ of the first block, the belief does not count (issue 21 item 18). The decision's
 
 from __future__ import annotations
 
-import math
 import re
-import time
 from typing import Any
 
 import httpx
 
 from .test_fleet_integration import fleet_factory, sim_model  # noqa: F401 — the fixture
-from .test_kv_stream_integration import index_blocks
+from .test_kv_stream_integration import index_blocks, join_events
 from .test_sim_vllm import wait_for
 
 KV_BLOCKS = 64  # per engine: 1,024 tokens at 16 a block
@@ -48,22 +46,7 @@ def test_after_the_engine_evicts_a_prompt_tier_2_stops_voting_while_tier_1_still
     # both engines' events reach the index before the prompt is sent (the agent's SUB may join after
     # the first events): a probe of their own, sent to each engine directly, until the index has it.
     # Else a prompt sent again while its events were lost could land on both replicas, two holders.
-    # A new probe when the last one has not shown within a second (a repeated one is a cache hit that
-    # publishes no event); not one per poll, which would fill the small cache with probes.
-    asked = iter(range(1000))
-    last = [-math.inf]
-
-    def probed(rid: str, url: str) -> bool:
-        if time.monotonic() - last[0] > 1.0:
-            last[0] = time.monotonic()
-            probe = {"model": "m", "messages": [{"role": "user", "content": _words(f"probe{next(asked)}-", 20)}],
-                     "max_tokens": 1}
-            assert httpx.post(f"{url}/v1/chat/completions", json=probe, timeout=10).status_code == 200
-        return index_blocks(f).get(rid, 0) > 0
-
-    for rid, url in urls.items():
-        last[0] = -math.inf
-        wait_for(lambda: probed(rid, url), 30)  # noqa: B023
+    join_events(f, urls)
     seen = index_blocks(f)
     first = chat(prompt, "warm")["chosen"]  # the prompt, once through the router
     wait_for(lambda: index_blocks(f).get(first, 0) > seen.get(first, 0), 10)

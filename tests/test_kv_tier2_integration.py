@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from .test_fleet_integration import fleet_factory, sim_model  # noqa: F401 — the fixture
-from .test_kv_stream_integration import index_blocks
+from .test_kv_stream_integration import index_blocks, join_events
 from .test_sim_vllm import wait_for
 
 
@@ -18,16 +18,14 @@ def test_a_shared_prefix_is_routed_by_tier_2_to_its_holder(fleet_factory: Any) -
     f = fleet_factory([sim_model(count=2, kv_events=True)])
     f.start_agent("a")
     wait_for(lambda: len(f.ready("m")) == 2, 30)
+    join_events(f, {r["replica"]: r["url"] for r in f.ready("m")})  # both engines' events flow
+    seen = index_blocks(f)
     body = {"model": "m", "messages": [{"role": "user", "content": "a long shared system prompt " * 40}],
             "max_tokens": 2}
-
-    def filled() -> bool:
-        r = httpx.post(f"{f.router.url}/v1/chat/completions", json=body, timeout=10)
-        assert r.status_code == 200, r.text
-        return any(v > 0 for v in index_blocks(f).values())
-
-    wait_for(filled, 30)
-    holder = max(index_blocks(f).items(), key=lambda kv: kv[1])[0]
+    r = httpx.post(f"{f.router.url}/v1/chat/completions", json=body, timeout=10, headers={"x-request-id": "first"})
+    assert r.status_code == 200, r.text
+    holder = f.get("/api/v1/decisions/first")["decisions"][-1]["chosen"]
+    wait_for(lambda: index_blocks(f).get(holder, 0) > seen.get(holder, 0), 30)  # its events are in
     r = httpx.post(f"{f.router.url}/v1/chat/completions", json=body, timeout=10,
                    headers={"x-request-id": "tier2-probe"})
     assert r.status_code == 200, r.text
