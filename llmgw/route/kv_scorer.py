@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmgw.kv.parity import ParityConfig
+
 from .scorers import ScoreContext, Scores
 from .types import RequestInfo
 
@@ -56,8 +58,8 @@ MATCHED_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 MAX_REPLICAS = 4096  # per-replica tier counts kept (the oldest leave first)
 # After a request ends, how long the KV events of the blocks it stored may take to reach the index
 # (the engine publishes them as it computes; the agent flushes every 0.1 s; measured ~100–300 ms,
-# docs/prefix-routing.md): the parity check's settle time.
-EVENTS_LAG_S = 2.0
+# docs/prefix-routing.md): the parity check's settle time, the same wait.
+EVENTS_LAG_S = ParityConfig().settle_s
 MAX_SENDS = 65_536  # (replica, first block) pairs remembered; the oldest leave first
 MAX_RUNNING_S = 300.0  # a send whose end never came counts as running no longer than this
 
@@ -93,6 +95,11 @@ class KvDecisionStats:
     by_replica: dict[str, list[int]] = field(default_factory=dict)  # chosen -> [tier 1, tier 2] decisions
 
 
+def _due(e: list[float], now: float) -> bool:
+    """A RecentSends entry [running, last sent, until]: are its events still due?"""
+    return (e[0] > 0 and now - e[1] < MAX_RUNNING_S) or now < e[2]
+
+
 class RecentSends:
     """Which replica the router sent which first block it did not hold, until that engine's KV events
     about it may be in: while a request with it runs there, and ``lag_s`` after the last one ended —
@@ -123,7 +130,7 @@ class RecentSends:
             if not d:
                 return
             key, e = next(iter(d.items()))
-            if (e[0] > 0 and now - e[1] < MAX_RUNNING_S) or now < e[2]:
+            if _due(e, now):
                 break
             del d[key]
         if len(d) >= MAX_SENDS:
@@ -160,7 +167,7 @@ class RecentSends:
         e = self._d.get((replica, first))
         if e is None:
             return False
-        if (e[0] > 0 and now - e[1] < MAX_RUNNING_S) or now < e[2]:
+        if _due(e, now):
             return True
         if e[0] <= 0:
             del self._d[(replica, first)]  # settled: nothing left to wait for
